@@ -1,0 +1,17 @@
+"""Hardware and model catalogs: data shipped as YAML, loaded into pydantic models."""
+
+from .loader import CATALOG_ENV, Catalog, CatalogError, default_catalog, load_catalog
+from .profiles import DTYPE_BYTES, DTYPES, Accelerator, Dtype, ModelProfile
+
+__all__ = [
+    "CATALOG_ENV",
+    "DTYPES",
+    "DTYPE_BYTES",
+    "Accelerator",
+    "Catalog",
+    "CatalogError",
+    "Dtype",
+    "ModelProfile",
+    "default_catalog",
+    "load_catalog",
+]

@@ -1,0 +1,170 @@
+"""Pydantic schemas of the hardware and model catalogs.
+
+YAML keeps human units (GB, TB/s, TFLOPS, microseconds); the properties convert to SI so the
+performance model only ever sees bytes, seconds and FLOP/s.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["bf16", "fp8", "int8", "fp4"]
+DTYPES: tuple[Dtype, ...] = ("bf16", "fp8", "int8", "fp4")
+
+#: Bytes per element of each storage dtype (fp4 packs two values per byte).
+DTYPE_BYTES: dict[Dtype, float] = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
+
+GB = 1e9
+TB = 1e12
+US = 1e-6
+
+
+class Accelerator(BaseModel):
+    """One accelerator chip, as the performance model needs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Catalog name, e.g. h100-sxm.")
+    memory_kind: Literal["hbm", "sram"] = Field(description="Where weights and KV cache live.")
+    memory_gb: float = Field(gt=0, description="Memory capacity per chip, GB (1e9 bytes).")
+    memory_bandwidth_tb_per_s: float = Field(gt=0, description="Peak memory bandwidth, TB/s.")
+    peak_tflops: dict[Dtype, float] = Field(
+        description="Dense peak compute per dtype, TFLOP/s. bf16 is required."
+    )
+    interconnect_gb_per_s: float = Field(gt=0, description="Chip-to-chip bandwidth, GB/s.")
+    interconnect_latency_us: float = Field(
+        ge=0, description="Latency of one collective (GPUs) or one chip-to-chip hop (pipelines)."
+    )
+    chips_per_system: int = Field(ge=1, description="Chips in one server/system.")
+    price_per_chip_hour_usd: float = Field(ge=0, description="List price per chip-hour, USD.")
+    memory_bandwidth_efficiency: float = Field(
+        gt=0, le=1, description="Fraction of peak bandwidth reached when streaming weights/KV."
+    )
+    compute_efficiency: float = Field(
+        gt=0, le=1, description="Fraction of dense peak reached by compute-bound steps (prefill)."
+    )
+    step_overhead_us: float = Field(
+        ge=0, description="Fixed cost of every engine step: scheduling, sampling, launches."
+    )
+    layer_latency_us: float = Field(
+        ge=0, description="Fixed latency per layer per step (dataflow chips); 0 for GPUs."
+    )
+    usable_memory_fraction: float = Field(
+        gt=0, le=1, description="Fraction of memory the engine may use (gpu_memory_utilization)."
+    )
+    activation_reserve_gb: float = Field(
+        ge=0, description="Memory per chip held back for activations and runtime buffers, GB."
+    )
+
+    @model_validator(mode="after")
+    def _bf16_required(self) -> Accelerator:
+        if "bf16" not in self.peak_tflops:
+            raise ValueError(f"accelerator {self.name}: peak_tflops needs a bf16 entry")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * GB
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_tb_per_s * TB
+
+    @property
+    def interconnect_bytes_per_s(self) -> float:
+        return self.interconnect_gb_per_s * GB
+
+    @property
+    def interconnect_latency_s(self) -> float:
+        return self.interconnect_latency_us * US
+
+    @property
+    def step_overhead_s(self) -> float:
+        return self.step_overhead_us * US
+
+    @property
+    def layer_latency_s(self) -> float:
+        return self.layer_latency_us * US
+
+    @property
+    def usable_bytes_per_chip(self) -> float:
+        """Bytes per chip the engine may fill with weights and KV cache."""
+        return self.memory_bytes * self.usable_memory_fraction - self.activation_reserve_gb * GB
+
+    def peak_flops_per_s(self, dtype: Dtype) -> float:
+        """Dense peak for `dtype`; a dtype without native units computes at bf16.
+
+        That is weight-only quantisation: memory shrinks, arithmetic does not speed up.
+        """
+        return self.peak_tflops.get(dtype, self.peak_tflops["bf16"]) * TB
+
+
+class ModelProfile(BaseModel):
+    """One language model's architecture, as the performance model needs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Catalog name, e.g. llama-3.1-8b.")
+    layers: int = Field(ge=1, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, description="Model (residual) width.")
+    heads: int = Field(ge=1, description="Attention (query) heads.")
+    kv_heads: int = Field(ge=1, description="Key/value heads (GQA).")
+    head_dim: int = Field(ge=1, description="Dimension of one attention head.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    tied_embeddings: bool = Field(
+        default=False, description="Input embedding shared with the output projection."
+    )
+    total_params_b: float = Field(gt=0, description="All parameters, billions.")
+    active_params_b: float = Field(gt=0, description="Parameters used per token, billions.")
+    experts: int = Field(default=1, ge=1, description="Routed experts per MoE layer (1 = dense).")
+    experts_per_token: int = Field(default=1, ge=1, description="Experts each token is routed to.")
+    max_context_tokens: int = Field(ge=1, description="Longest supported context.")
+    quality: float = Field(
+        ge=0, le=1, description="Probability a tool call is well-formed and right."
+    )
+    distilled_from: str | None = Field(default=None, description="Teacher model, if distilled.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelProfile:
+        if self.active_params_b > self.total_params_b:
+            raise ValueError(f"model {self.name}: active_params_b exceeds total_params_b")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"model {self.name}: heads must be a multiple of kv_heads")
+        if self.experts_per_token > self.experts:
+            raise ValueError(f"model {self.name}: experts_per_token exceeds experts")
+        if self.experts > 1 and self.experts_per_token == self.experts:
+            raise ValueError(f"model {self.name}: every expert active; declare it dense")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def embedding_params(self) -> float:
+        """Input embedding table: looked up one row per token, never streamed whole."""
+        return 0.0 if self.tied_embeddings else float(self.vocab_size * self.hidden_size)
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert summed over all layers (0 for dense models)."""
+        if not self.is_moe:
+            return 0.0
+        total, active = self.total_params_b * 1e9, self.active_params_b * 1e9
+        return (total - active) / (self.experts - self.experts_per_token)
+
+    @property
+    def shared_params(self) -> float:
+        """Parameters every token uses and every step streams (attention, norms, lm_head)."""
+        return self.total_params_b * 1e9 - self.experts * self.expert_params - self.embedding_params
+
+    @property
+    def active_compute_params(self) -> float:
+        """Parameters that do matrix multiplies for one token."""
+        return self.active_params_b * 1e9 - self.embedding_params
+
+    def kv_bytes_per_token(self, kv_bytes_per_element: float) -> float:
+        """KV cache bytes per token of context: K and V for every layer and KV head."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * kv_bytes_per_element
