@@ -44,7 +44,8 @@ class Catalog:
             return self.accelerators[name]
         except KeyError:
             raise CatalogError(
-                f"unknown accelerator {name!r}; choose one of: {', '.join(sorted(self.accelerators))}"
+                f"unknown accelerator {name!r}; "
+                f"choose one of: {', '.join(sorted(self.accelerators))}"
             ) from None
 
     def model(self, name: str) -> ModelProfile:

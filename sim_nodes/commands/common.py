@@ -59,15 +59,18 @@ def int_or(keyword: str) -> Callable[[str], int | str]:
 
 def add_dtype_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", choices=DTYPES, default="bf16", help="weight dtype")
-    parser.add_argument("--kv-dtype", choices=DTYPES, default=None, help="KV cache dtype (default: weight dtype)")
+    parser.add_argument(
+        "--kv-dtype", choices=DTYPES, default=None, help="KV cache dtype (default: weight dtype)"
+    )
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain, aligned text table (first column left-aligned, the rest right-aligned)."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
+    """A plain, aligned text table: the first `left` columns (names) left-aligned, numbers right."""
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
     def line(cells: Sequence[str]) -> str:
         parts = [
-            str(c).ljust(w) if i == 0 else str(c).rjust(w)
+            str(c).ljust(w) if i < left else str(c).rjust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ]
         return "  ".join(parts).rstrip()

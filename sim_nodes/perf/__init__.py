@@ -7,9 +7,9 @@ from .deployment import (
     chips_to_hold,
     default_tensor_parallel,
 )
-from .steady_state import Batching, PerfResult, StepBreakdown, Workload, evaluate, max_running
 from .seeds import evaluate_seed_tiers, load_seed_tiers
 from .spec import BatchingSpec, PricingSpec, ServingSpec, SpeculativeSpec, build_deployment
+from .steady_state import Batching, PerfResult, StepBreakdown, Workload, evaluate, max_running
 from .step import IDLE, StepTerms, step_terms, touched_expert_fraction
 
 __all__ = [

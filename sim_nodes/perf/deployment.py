@@ -62,7 +62,9 @@ class Deployment:
         if self.chips < 1:
             raise PerfConfigError(f"chips must be at least 1 (got {self.chips})")
         if self.tensor_parallel < 1:
-            raise PerfConfigError(f"tensor parallel must be at least 1 (got {self.tensor_parallel})")
+            raise PerfConfigError(
+                f"tensor parallel must be at least 1 (got {self.tensor_parallel})"
+            )
         if self.chips % self.tensor_parallel:
             raise PerfConfigError(
                 f"tensor parallel {self.tensor_parallel} must divide chips {self.chips}"
@@ -75,7 +77,8 @@ class Deployment:
         stages = self.chips // self.tensor_parallel
         if stages > self.model.layers:
             raise PerfConfigError(
-                f"{stages} pipeline stages exceed the {self.model.layers} layers of {self.model.name}"
+                f"{stages} pipeline stages exceed the {self.model.layers} layers "
+                f"of {self.model.name}"
             )
         object.__setattr__(self, "pipeline_stages", stages)
         object.__setattr__(self, "weight_bytes_per_param", DTYPE_BYTES[self.weight_dtype])
@@ -98,9 +101,7 @@ class Deployment:
             return None
         draft = self.speculative.draft
         tp = math.gcd(self.tensor_parallel, draft.heads)
-        return Deployment(
-            draft, self.accelerator, tp, tp, self.weight_dtype, self.kv_dtype
-        )
+        return Deployment(draft, self.accelerator, tp, tp, self.weight_dtype, self.kv_dtype)
 
     # -- memory -------------------------------------------------------------------------------
 

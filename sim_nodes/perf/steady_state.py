@@ -155,9 +155,7 @@ def evaluate(d: Deployment, workload: Workload, batching: Batching | None = None
     out = workload.output_tokens
     decode_only_s = (out - 1) * decode.total_s / per_step
     # The other streams' prefills land in this stream's decode time in proportion to it.
-    decode_s = _decode_with_interference(
-        decode_only_s, ttft_s, (running - 1) * interference_s
-    )
+    decode_s = _decode_with_interference(decode_only_s, ttft_s, (running - 1) * interference_s)
     tpot_s = decode_s / (out - 1) if out > 1 else decode.total_s / per_step
     cycle_s = ttft_s + decode_s
     throughput = running * out / cycle_s

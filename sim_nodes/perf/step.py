@@ -78,7 +78,8 @@ def touched_expert_fraction(experts: int, experts_per_token: int, tokens: float)
     """
     if experts <= 1 or tokens <= 0:
         return 1.0 if experts <= 1 else 0.0
-    return 1.0 - (1.0 - experts_per_token / experts) ** tokens
+    untouched: float = (1.0 - experts_per_token / experts) ** tokens
+    return 1.0 - untouched
 
 
 def step_terms(
@@ -154,9 +155,7 @@ def step_terms(
         draft_s = spec.tokens * (one.total_s - one.overhead_s)
 
     overhead_s = a.step_overhead_s
-    total_s = (
-        roofline_s + communication_s + layer_latency_s + pipeline_hop_s + draft_s + overhead_s
-    )
+    total_s = roofline_s + communication_s + layer_latency_s + pipeline_hop_s + draft_s + overhead_s
     return StepTerms(
         tokens=tokens,
         weight_bytes=weight_bytes,

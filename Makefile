@@ -1,0 +1,47 @@
+# tiergate: `make demo` runs the main job, `make test` runs every check. Both install first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# mypy and import-linter cannot follow setuptools' editable-install finder, so they read a symlink view of the
+# package layout (tiergate.sim_nodes <- sim_nodes/, ...), rebuilt on every run.
+TYPEVIEW := $(VENV)/typecheck-view
+
+.PHONY: install demo test test-fast lint typecheck view bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/tiergate seeds
+
+test: install lint typecheck
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -x
+
+lint: install view
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	cd $(TYPEVIEW) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml
+
+typecheck: install view
+	cd $(TYPEVIEW) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tiergate
+
+view:
+	@rm -rf $(TYPEVIEW) && mkdir -p $(TYPEVIEW)/tiergate
+	@for f in tiergate/*.py; do ln -s $(CURDIR)/$$f $(TYPEVIEW)/tiergate/; done
+	@for d in sim_nodes router operator; do ln -s $(CURDIR)/$$d $(TYPEVIEW)/tiergate/$$d; done
+
+bench: install
+	$(BIN)/python benchmarks/simulate_speed.py
+	$(BIN)/python benchmarks/sim_node_stream.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,145 @@
+"""`tiergate perf`: steady-state prediction for one configuration (see the README for fields)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..catalogs import default_catalog
+from ..perf import (
+    BatchingSpec,
+    PerfResult,
+    ServingSpec,
+    SpeculativeSpec,
+    Workload,
+    build_deployment,
+    evaluate,
+)
+from .common import (
+    CliError,
+    add_dtype_arguments,
+    fraction,
+    int_or,
+    non_negative_int,
+    positive_int,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="catalog model name")
+    p.add_argument("--accelerator", required=True, help="catalog accelerator name")
+    p.add_argument("--chips", type=int_or("auto"), default="auto", help="chips per replica or auto")
+    p.add_argument("--tensor-parallel", type=positive_int, default=None, help="TP group size")
+    add_dtype_arguments(p)
+    p.add_argument(
+        "--concurrency", type=int_or("max"), default=1, help="streams, or max (KV-limited)"
+    )
+    p.add_argument("--input-tokens", type=positive_int, default=1024)
+    p.add_argument(
+        "--cached-input-tokens", type=non_negative_int, default=0, help="prefix-cache hits"
+    )
+    p.add_argument("--output-tokens", type=positive_int, default=256)
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="batch cap")
+    p.add_argument("--max-batched-tokens", type=positive_int, default=8192)
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--speculative-tokens", type=positive_int, default=None)
+    p.add_argument("--acceptance-rate", type=fraction, default=None)
+    p.add_argument("--draft-model", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def spec_from_args(args: argparse.Namespace) -> ServingSpec:
+    """The ServingSpec the flags describe (shared with `tiergate simulate`)."""
+    speculative = None
+    spec_flags = (args.speculative_tokens, args.acceptance_rate, args.draft_model)
+    if any(f is not None for f in spec_flags):
+        if any(f is None for f in spec_flags):
+            raise CliError(
+                "speculative decoding needs --speculative-tokens, --acceptance-rate "
+                "and --draft-model"
+            )
+        speculative = SpeculativeSpec(
+            draft_model=args.draft_model,
+            tokens=args.speculative_tokens,
+            acceptance_rate=args.acceptance_rate,
+        )
+    return ServingSpec(
+        model=args.model,
+        accelerator=args.accelerator,
+        chips=args.chips,
+        tensor_parallel=args.tensor_parallel,
+        weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype,
+        batching=BatchingSpec(
+            max_num_seqs=args.max_num_seqs or 1_000_000,
+            max_batched_tokens=args.max_batched_tokens,
+            chunked_prefill=not args.no_chunked_prefill,
+        ),
+        speculative_decoding=speculative,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    catalog = default_catalog()
+    concurrency = None if args.concurrency == "max" else args.concurrency
+    workload = Workload(
+        args.input_tokens, args.output_tokens, args.cached_input_tokens, concurrency
+    )
+    spec = spec_from_args(args)
+    # SRAM chips hold KV too: size `auto` for the requested streams (one when `max`).
+    kv_tokens = (concurrency or 1) * workload.tokens_per_sequence
+    deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
+    result = evaluate(deployment, workload, spec.batching.to_batching())
+    print(result.model_dump_json(indent=2) if args.json else render(result))
+    return 0
+
+
+def render(r: PerfResult) -> str:
+    """The human-readable report."""
+    head = (
+        f"{r.model} on {r.chips} x {r.accelerator} (tensor parallel {r.tensor_parallel}, "
+        f"{r.pipeline_stages} pipeline stage{'s' if r.pipeline_stages > 1 else ''}), "
+        f"weights {r.weight_dtype}, KV {r.kv_dtype}"
+    )
+    workload = (
+        f"workload: {r.input_tokens} input tokens ({r.cached_input_tokens} cached), "
+        f"{r.output_tokens} output, {r.concurrency} concurrent"
+    )
+    if not r.fits:
+        return f"{head}\n{workload}\nfits: no: {r.reason}"
+    s = r.decode_step
+    lines = [
+        head,
+        workload,
+        f"fits: yes; KV cache {r.kv_capacity_tokens:,} tokens = {r.max_concurrency} such sequences",
+        "",
+        f"  time to first token      {r.ttft_s * 1000:10.1f} ms",
+        f"  time per output token    {r.tpot_s * 1000:10.2f} ms",
+        f"  per-stream speed         {r.output_tokens_per_s_per_stream:10.1f} tok/s",
+        f"  throughput               {r.throughput_output_tokens_per_s:10.1f} tok/s",
+        f"  cost                     {r.cost_per_million_output_tokens_usd:10.2f} "
+        f"$/1M output tokens  (${r.cost_per_hour_usd:.2f}/h)",
+        f"  quality (tool calls)     {r.quality:10.2f}",
+        "",
+        f"decode step {s.total_s * 1000:.2f} ms "
+        f"({s.bound}-bound, {r.running_sequences} sequences):",
+    ]
+    terms = [
+        ("weight read", s.weight_read_s),
+        ("matmul compute", s.matmul_compute_s),
+        ("KV cache read", s.kv_read_s),
+        ("attention compute", s.attention_compute_s),
+        ("tensor-parallel comm", s.communication_s),
+        ("per-layer latency", s.layer_latency_s),
+        ("pipeline hops", s.pipeline_hop_s),
+        ("speculative draft", s.speculative_draft_s),
+        ("engine overhead", s.overhead_s),
+    ]
+    lines += [f"  {name:<22} {sec * 1000:10.3f} ms" for name, sec in terms if sec > 0]
+    lines.append(
+        "  (weights vs matmuls and KV vs attention overlap: the larger of each pair counts)"
+    )
+    if r.running_sequences > 1:
+        lines.append(
+            f"each prefill delays the other streams by {r.prefill_interference_s * 1000:.1f} ms"
+        )
+    return "\n".join(lines)

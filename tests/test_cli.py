@@ -1,0 +1,171 @@
+"""The `tiergate` command line: machine output, human output and one-line errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiergate.cli import COMMANDS, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+REQUIRED_JSON = {
+    "fits",
+    "chips",
+    "concurrency",
+    "max_concurrency",
+    "ttft_s",
+    "tpot_s",
+    "output_tokens_per_s_per_stream",
+    "throughput_output_tokens_per_s",
+    "cost_per_million_output_tokens_usd",
+    "decode_step",
+}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse exits on its own for usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_perf_json_is_one_object_with_the_contract_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(
+        capsys, "perf", "--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert REQUIRED_JSON <= set(data)
+    assert data["fits"] is True and data["chips"] == 1
+    assert data["output_tokens_per_s_per_stream"] == pytest.approx(1 / data["tpot_s"])
+    assert {"weight_read_s", "kv_read_s", "overhead_s", "bound"} <= set(data["decode_step"])
+
+
+def test_perf_table_explains_the_step(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "perf", "--model", "llama-3.1-70b", "--accelerator", "h100-sxm", "--chips", "4"
+    )
+    assert code == 0
+    assert "tensor-parallel comm" in out and "weight read" in out and "fits: yes" in out
+
+
+def test_perf_max_concurrency_and_auto_chips(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "perf",
+        "--model", "llama-3.1-70b",
+        "--accelerator", "wse-3",
+        "--concurrency", "max",
+        "--json",
+    )  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and data["chips"] == 4 and data["concurrency"] == data["max_concurrency"] >= 1
+
+
+def test_a_configuration_that_does_not_fit_is_not_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "perf",
+        "--model", "llama-3.1-405b",
+        "--accelerator", "h100-sxm",
+        "--chips", "1",
+        "--json",
+    )  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and data["fits"] is False and "GB per chip" in data["reason"]
+
+
+def test_speculative_decoding_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["perf", "--model", "llama-3.1-70b", "--accelerator", "h100-sxm", "--json"]
+    code, out, _ = run(
+        capsys,
+        *base,
+        "--speculative-tokens", "4",
+        "--acceptance-rate", "0.7",
+        "--draft-model", "llama-3.1-8b",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["tokens_per_step_per_sequence"] > 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "gpt-9", "--accelerator", "h100-sxm"], "unknown model 'gpt-9'; choose one of"),
+        (["--model", "llama-3.1-8b", "--accelerator", "tpu"], "unknown accelerator 'tpu'"),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--chips", "0"], "at least 1"),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--chips", "-2"], "at least 1"),
+        (
+            ["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--chips", "6",
+             "--tensor-parallel", "6"],
+            "must divide the 32 attention heads",
+        ),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--weight-dtype", "fp3"],
+         "invalid choice: 'fp3'"),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--input-tokens", "x"],
+         "expected a whole number"),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--concurrency", "lots"],
+         "or 'max'"),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--acceptance-rate", "0.5"],
+         "speculative decoding needs"),
+        (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--input-tokens", "200000"],
+         "exceed the 131072-token context"),
+        (["--accelerator", "h100-sxm"], "required: --model"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "perf", *argv)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_calibrate_reports_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "calibrate")
+    assert code == 0
+    assert "wse3-70b-c1" in out and ": ok" in out
+
+
+def test_calibrate_bad_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    f = tmp_path / "m.csv"
+    f.write_text("a,b\n1,2\n")
+    code, _, err = run(capsys, "calibrate", "--measurements", str(f))
+    assert code == 2 and err.count("\n") == 1 and "not a measurements CSV" in err
+
+
+def test_seeds_prints_the_three_tiers(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "seeds")
+    assert code == 0
+    for tier in ("batched", "premium", "wafer-scale"):
+        assert tier in out
+    code, out, _ = run(capsys, "seeds", "--json")
+    assert set(json.loads(out)) == {"batched", "premium", "wafer-scale"}
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys)
+    assert code == 2 and all(name in out for name in COMMANDS)
+
+
+def test_every_package_directory_is_in_the_distribution() -> None:
+    """A subpackage missing from pyproject's list would vanish from a non-editable install."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(config["packages"])
+    found = set()
+    for package, folder in config["package-dir"].items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder)
+            found.add(".".join([package, *rel.parts]))
+    assert found == declared

@@ -1,0 +1,5 @@
+import sys
+
+from tiergate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""The `tiergate` command: one entry point, one subcommand per job.
+
+Each subcommand lives in a module exposing ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``. User errors (bad flags, unknown names, impossible values) print one line
+and exit 2; nothing a user can type produces a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from pydantic import ValidationError
+
+from tiergate import __version__
+from tiergate.sim_nodes.catalogs import CatalogError
+from tiergate.sim_nodes.commands.common import CliError
+from tiergate.sim_nodes.perf import PerfConfigError
+
+#: subcommand -> (module implementing it, one-line help). A module is imported only when its
+#: subcommand runs, so `tiergate perf` never pays for the server's imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "perf": (
+        "tiergate.sim_nodes.commands.perf_cmd",
+        "predict TTFT, per-stream speed, throughput and cost of one configuration",
+    ),
+    "calibrate": (
+        "tiergate.sim_nodes.commands.calibrate_cmd",
+        "compare the performance model with published measurements",
+    ),
+    "seeds": (
+        "tiergate.sim_nodes.commands.seeds_cmd",
+        "print the batched, premium and wafer-scale seed tiers side by side",
+    ),
+    "simulate": (
+        "tiergate.sim_nodes.commands.simulate_cmd",
+        "run a workload through replicas of the batching engine in virtual time",
+    ),
+    "sim-node": (
+        "tiergate.sim_nodes.commands.sim_node_cmd",
+        "serve one simulated accelerator node (OpenAI-compatible API, vLLM metrics)",
+    ),
+}
+
+USAGE_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported and given its real arguments."""
+    parser = _Parser(
+        prog="tiergate", description="Tiered LLM inference: operator, router, simulated nodes."
+    )
+    parser.add_argument("--version", action="version", version=f"tiergate {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            module = _load(name)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if a in COMMANDS), None)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return USAGE_ERROR
+    try:
+        return int(args._run(args))
+    except (CliError, CatalogError, PerfConfigError) as exc:
+        print(f"tiergate {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        print(f"tiergate {args.command}: error: {where}: {first['msg']}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
