@@ -60,7 +60,7 @@ def int_or(keyword: str) -> Callable[[str], int | str]:
 def add_dtype_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-dtype", choices=DTYPES, default="bf16", help="weight dtype")
     parser.add_argument(
-        "--kv-dtype", choices=DTYPES, default=None, help="KV cache dtype (default: weight dtype)"
+        "--kv-dtype", choices=DTYPES, default="bf16", help="KV cache dtype"
     )
 
 

@@ -176,7 +176,7 @@ def chips_to_hold(
     per_chip = max(accelerator.usable_bytes_per_chip, 1.0)
     lower = max(1, math.ceil(need / per_chip))
     if accelerator.memory_kind == "sram":
-        return min(lower, model.layers)
+        return _sram_size(lower, model)
     sizes = _gpu_sizes(accelerator.chips_per_system, model)
     # KV heads are replicated when tensor parallel exceeds them, so check each size for real.
     for chips in sizes:
@@ -189,6 +189,26 @@ def chips_to_hold(
     return sizes[-1]
 
 
+def _sram_size(lower: int, model: ModelProfile) -> int:
+    """Fewest chips >= `lower` that lay out as (tensor-parallel group) x (stages <= layers).
+
+    One layer per chip at most while the model spans fewer chips than it has layers; beyond
+    that (an LPU holds 230 MB) each stage becomes a tensor-parallel group of chips.
+    """
+    if lower <= model.layers:
+        return lower
+    layouts = [
+        tp * math.ceil(lower / tp)
+        for tp in _head_divisors(model)
+        if math.ceil(lower / tp) <= model.layers
+    ]
+    return min(layouts) if layouts else max(_head_divisors(model)) * model.layers
+
+
+def _head_divisors(model: ModelProfile) -> list[int]:
+    return [tp for tp in range(1, model.heads + 1) if model.heads % tp == 0]
+
+
 def _gpu_sizes(per_system: int, model: ModelProfile) -> list[int]:
     sizes = [c for c in (1, 2, 4, 8, 16) if c <= per_system and model.heads % c == 0]
     biggest = sizes[-1]
@@ -197,12 +217,17 @@ def _gpu_sizes(per_system: int, model: ModelProfile) -> list[int]:
 
 
 def default_tensor_parallel(chips: int, model: ModelProfile, accelerator: Accelerator) -> int:
-    """The layout an operator would pick: SRAM chips pipeline, GPUs tensor-parallel per system.
+    """The layout an operator would pick.
 
-    On GPUs: the largest group that fits in one system, divides the chips and divides the
-    attention heads; the rest of the chips become pipeline stages.
+    GPUs: the largest group that fits in one system, divides the chips and divides the
+    attention heads; the rest of the chips become pipeline stages. SRAM chips: a pure pipeline
+    while there are no more chips than layers, then the smallest tensor-parallel group per
+    stage that makes the stages fit the layers.
     """
     if accelerator.memory_kind == "sram":
-        return 1
+        fitting = [
+            tp for tp in _head_divisors(model) if chips % tp == 0 and chips // tp <= model.layers
+        ]
+        return fitting[0] if fitting else 1
     limit = math.gcd(chips, accelerator.chips_per_system)
     return max(tp for tp in range(1, limit + 1) if limit % tp == 0 and model.heads % tp == 0)

@@ -67,7 +67,9 @@ class ServingSpec(_Spec):
         default=None, ge=1, description="Tensor-parallel group size (default: per system)."
     )
     weight_dtype: Dtype = Field(default="bf16", description="Weight storage dtype.")
-    kv_dtype: Dtype | None = Field(default=None, description="KV cache dtype (default: weights').")
+    kv_dtype: Dtype = Field(
+        default="bf16", description="KV cache dtype (bf16 unless set, like vLLM's auto)."
+    )
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batch limits.")
     speculative_decoding: SpeculativeSpec | None = Field(
         default=None, description="Speculative decoding, if any."
@@ -86,7 +88,7 @@ def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0)
         accelerator = accelerator.model_copy(
             update={"price_per_chip_hour_usd": spec.pricing.per_chip_hour_usd}
         )
-    kv_dtype: Dtype = spec.kv_dtype or spec.weight_dtype
+    kv_dtype = spec.kv_dtype
     speculative = None
     if spec.speculative_decoding is not None:
         sd = spec.speculative_decoding

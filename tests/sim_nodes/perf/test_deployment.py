@@ -30,13 +30,25 @@ def test_chips_to_hold_wafers_counts_kv_too(catalog: Catalog) -> None:
     assert more > 4
 
 
-def test_chips_to_hold_a_model_nothing_holds_returns_the_largest_candidate(
+def test_sram_chips_beyond_the_layer_count_become_tensor_parallel_groups(
     catalog: Catalog,
 ) -> None:
-    m, a = catalog.model("llama-3.1-405b"), catalog.accelerator("groq-lpu")
-    chips = chips_to_hold(m, a)
-    assert chips == m.layers
-    assert not Deployment(m, a, chips).weights_fit
+    m, a = catalog.model("llama-3.1-70b"), catalog.accelerator("groq-lpu")  # 230 MB per chip
+    chips = chips_to_hold(m, a, weight_dtype="fp8")
+    assert chips > m.layers
+    tp = default_tensor_parallel(chips, m, a)
+    d = Deployment(m, a, chips, tp, "fp8")
+    assert tp > 1 and d.pipeline_stages <= m.layers and d.weights_fit
+
+
+def test_chips_to_hold_what_nothing_holds_returns_the_largest_candidate(
+    catalog: Catalog,
+) -> None:
+    m, a = catalog.model("llama-3.1-405b"), catalog.accelerator("a100-40gb")
+    chips = chips_to_hold(m, a, kv_tokens=10**10)
+    d = Deployment(m, a, chips, default_tensor_parallel(chips, m, a))
+    assert chips == 128
+    assert d.kv_capacity_tokens < 10**10
 
 
 def test_kv_heads_are_replicated_beyond_their_count(catalog: Catalog) -> None:
