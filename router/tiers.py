@@ -1,0 +1,95 @@
+"""Tier resolution: which tier a request asks for (ARCHITECTURE.md, first match wins).
+
+1. header `x-tiergate-tier: batched|premium|wafer-scale`
+2. Anthropic style `"speed": "fast"` -> premium
+3. OpenAI `service_tier`: `priority` -> premium; `flex` -> batched at the lowest priority;
+   `default`, `auto` or absent state no preference and fall through
+4. a model served only by wafer-scale pools (e.g. a distilled `*-spark`) -> wafer-scale
+5. otherwise batched
+
+`service_tier: auto` additionally lets admission serve the request on another tier when its
+own is saturated; the resolution records that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import RouterError
+
+Tier = Literal["batched", "premium", "wafer-scale"]
+TIERS: tuple[Tier, ...] = ("batched", "premium", "wafer-scale")
+TIER_HEADER = "x-tiergate-tier"
+
+#: Admission priority: lower is served first and shed last.
+Priority = Literal["premium", "standard", "flex"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierChoice:
+    """The resolved tier and how it was chosen."""
+
+    tier: Tier
+    source: str  # header | speed | service_tier | model | default
+    priority: Priority
+    may_fall_back: bool  # service_tier: auto
+
+
+def resolve_tier(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    tiers_serving_model: Collection[Tier],
+) -> TierChoice:
+    """Resolve the tier of one request; raise RouterError(400) for an unknown tier name.
+
+    `headers` must have lower-case names. `tiers_serving_model` are the tiers with at least one
+    pool serving the requested model (empty when none does; that 404 is decided elsewhere).
+    """
+    service_tier = body.get("service_tier")
+    may_fall_back = service_tier == "auto"
+    header = headers.get(TIER_HEADER)
+    if header is not None:
+        tier = header.strip().lower()
+        if tier not in TIERS:
+            raise RouterError(
+                400,
+                f"unknown tier {header!r} in {TIER_HEADER}; choose one of: {', '.join(TIERS)}",
+                code="unknown_tier",
+                param=TIER_HEADER,
+            )
+        return TierChoice(tier, "header", _priority(tier, service_tier), may_fall_back)  # type: ignore[arg-type]
+
+    speed = body.get("speed")
+    if speed is not None and speed not in ("fast", "standard"):
+        raise RouterError(
+            400,
+            f"unknown speed {speed!r}; choose one of: fast, standard",
+            code="unknown_tier",
+            param="speed",
+        )
+    if speed == "fast":
+        return TierChoice("premium", "speed", "premium", may_fall_back)
+
+    if service_tier is not None and service_tier not in ("priority", "flex", "default", "auto"):
+        raise RouterError(
+            400,
+            f"unknown service_tier {service_tier!r}; choose one of: auto, default, flex, priority",
+            code="unknown_tier",
+            param="service_tier",
+        )
+    if service_tier == "priority":
+        return TierChoice("premium", "service_tier", "premium", may_fall_back)
+    if service_tier == "flex":
+        return TierChoice("batched", "service_tier", "flex", may_fall_back)
+
+    if tiers_serving_model and set(tiers_serving_model) == {"wafer-scale"}:
+        return TierChoice("wafer-scale", "model", "standard", may_fall_back)
+    return TierChoice("batched", "default", "standard", may_fall_back)
+
+
+def _priority(tier: str, service_tier: object) -> Priority:
+    if tier == "premium":
+        return "premium"
+    return "flex" if service_tier == "flex" else "standard"
