@@ -59,7 +59,7 @@ def resolve_tier(
                 code="unknown_tier",
                 param=TIER_HEADER,
             )
-        return TierChoice(tier, "header", _priority(tier, service_tier), may_fall_back)  # type: ignore[arg-type]
+        return TierChoice(tier, "header", _priority(tier, service_tier), may_fall_back)
 
     speed = body.get("speed")
     if speed is not None and speed not in ("fast", "standard"):

@@ -6,6 +6,7 @@ performance model only ever sees bytes, seconds and FLOP/s.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -142,12 +143,12 @@ class ModelProfile(BaseModel):
     def is_moe(self) -> bool:
         return self.experts > 1
 
-    @property
+    @cached_property
     def embedding_params(self) -> float:
         """Input embedding table: looked up one row per token, never streamed whole."""
         return 0.0 if self.tied_embeddings else float(self.vocab_size * self.hidden_size)
 
-    @property
+    @cached_property
     def expert_params(self) -> float:
         """Parameters of one routed expert summed over all layers (0 for dense models)."""
         if not self.is_moe:
@@ -155,12 +156,12 @@ class ModelProfile(BaseModel):
         total, active = self.total_params_b * 1e9, self.active_params_b * 1e9
         return (total - active) / (self.experts - self.experts_per_token)
 
-    @property
+    @cached_property
     def shared_params(self) -> float:
         """Parameters every token uses and every step streams (attention, norms, lm_head)."""
         return self.total_params_b * 1e9 - self.experts * self.expert_params - self.embedding_params
 
-    @property
+    @cached_property
     def active_compute_params(self) -> float:
         """Parameters that do matrix multiplies for one token."""
         return self.active_params_b * 1e9 - self.embedding_params

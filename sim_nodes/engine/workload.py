@@ -1,0 +1,166 @@
+"""Workloads for simulation: when requests arrive and how long their prompts and outputs are.
+
+Arrivals are a seeded Poisson process (or all at once) or a JSONL trace; lengths are fixed,
+uniform or lognormal, written as short specs (`1000`, `uniform:500:1500`,
+`lognormal:1000:0.5`) so they fit on a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "LengthDistribution",
+    "TraceRecord",
+    "WorkloadError",
+    "WorkloadRequest",
+    "load_trace",
+    "parse_length",
+    "poisson_workload",
+]
+
+
+class WorkloadError(ValueError):
+    """A malformed length spec or trace file; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    """One request of a workload."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDistribution:
+    """Token counts: `fixed` (a), `uniform` (a..b inclusive) or `lognormal` (mean a, sigma b).
+
+    For lognormal, `a` is the mean token count and `b` the sigma of the underlying normal, so
+    changing sigma widens the tail without moving the mean. Samples are at least 1.
+    """
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def sample(self, rng: random.Random) -> int:
+        """One token count drawn with `rng`."""
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        mu = math.log(self.a) - self.b * self.b / 2.0
+        return max(1, round(rng.lognormvariate(mu, self.b)))
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return str(int(self.a))
+        if self.kind == "uniform":
+            return f"uniform:{int(self.a)}:{int(self.b)}"
+        return f"lognormal:{self.a:g}:{self.b:g}"
+
+
+def parse_length(text: str) -> LengthDistribution:
+    """Parse `N`, `uniform:A:B` or `lognormal:MEAN:SIGMA`; raises WorkloadError."""
+    parts = text.strip().split(":")
+    try:
+        if len(parts) == 1:
+            n = int(parts[0])
+            if n < 1:
+                raise WorkloadError(f"token count must be at least 1, got {n}")
+            return LengthDistribution("fixed", n)
+        kind = parts[0]
+        if kind == "uniform" and len(parts) == 3:
+            low, high = int(parts[1]), int(parts[2])
+            if not 1 <= low <= high:
+                raise WorkloadError(f"uniform needs 1 <= A <= B, got {low}:{high}")
+            return LengthDistribution("uniform", low, high)
+        if kind == "lognormal" and len(parts) == 3:
+            mean, sigma = float(parts[1]), float(parts[2])
+            if not (math.isfinite(mean) and mean >= 1 and math.isfinite(sigma) and sigma >= 0):
+                raise WorkloadError(f"lognormal needs MEAN >= 1 and SIGMA >= 0, got {text!r}")
+            return LengthDistribution("lognormal", mean, sigma)
+    except ValueError as exc:
+        if isinstance(exc, WorkloadError):
+            raise
+    raise WorkloadError(f"bad length {text!r}: expected N, uniform:A:B or lognormal:MEAN:SIGMA")
+
+
+def poisson_workload(
+    requests: int,
+    rate_per_s: float | None,
+    prompt: LengthDistribution,
+    output: LengthDistribution,
+    rng: random.Random,
+) -> list[WorkloadRequest]:
+    """`requests` requests with exponential inter-arrival gaps at `rate_per_s` (None: all at
+    time 0, an offline batch)."""
+    if requests < 0:
+        raise WorkloadError(f"requests must not be negative, got {requests}")
+    if rate_per_s is not None and not (rate_per_s > 0 and math.isfinite(rate_per_s)):
+        raise WorkloadError(f"rate must be a positive number, got {rate_per_s}")
+    out: list[WorkloadRequest] = []
+    t = 0.0
+    for _ in range(requests):
+        if rate_per_s is not None:
+            t += rng.expovariate(rate_per_s)
+        out.append(WorkloadRequest(t, prompt.sample(rng), output.sample(rng)))
+    return out
+
+
+class TraceRecord(BaseModel):
+    """One line of a trace file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arrival_s: float = Field(ge=0, allow_inf_nan=False, description="Arrival time, seconds.")
+    prompt_tokens: int = Field(ge=1, description="Prompt length, tokens.")
+    output_tokens: int = Field(ge=1, description="Tokens to generate.")
+
+
+def load_trace(path: Path | str, limit: int | None = None) -> list[WorkloadRequest]:
+    """Requests from a JSONL trace (one TraceRecord per line; blank lines skipped), sorted by
+    arrival. `limit`: keep the first `limit` lines. Raises WorkloadError naming the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"trace {str(path)!r} is not UTF-8 text") from None
+    records = list(_parse_lines(path, text.splitlines(), limit))
+    if not records:
+        raise WorkloadError(f"trace {str(path)!r} has no requests")
+    records.sort(key=lambda r: r.arrival_s)
+    return records
+
+
+def _parse_lines(path: Path, lines: Iterable[str], limit: int | None) -> Iterable[WorkloadRequest]:
+    count = 0
+    for number, line in enumerate(lines, start=1):
+        if limit is not None and count >= limit:
+            return
+        if not line.strip():
+            continue
+        where = f"{path.name} line {number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}: not JSON ({exc.msg})") from None
+        try:
+            record = TraceRecord.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "record"
+            raise WorkloadError(f"{where}: {field}: {first['msg']}") from None
+        count += 1
+        yield WorkloadRequest(record.arrival_s, record.prompt_tokens, record.output_tokens)

@@ -1,0 +1,89 @@
+"""`tiergate simulate` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiergate.cli import main
+
+BASE = ["simulate", "--model", "llama-3.1-8b", "--accelerator", "h100-sxm"]
+
+
+def test_json_output_is_one_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            *BASE,
+            "--requests",
+            "50",
+            "--rate",
+            "20",
+            "--replicas",
+            "2",
+            "--prompt-tokens",
+            "uniform:100:400",
+            "--output-tokens",
+            "32",
+            "--max-num-seqs",
+            "16",
+            "--slo-ttft-ms",
+            "500",
+            "--json",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out)
+    assert report["requests"] == report["completed"] == 50
+    assert report["replicas"] == 2 and report["max_num_seqs"] == 16
+    assert report["slo_ttft_s"] == 0.5
+    assert report["output_tokens"] == 50 * 32
+
+
+def test_human_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"arrival_s": i * 0.1, "prompt_tokens": 100, "output_tokens": 8}) + "\n"
+            for i in range(10)
+        )
+    )
+    assert main([*BASE, "--trace", str(trace), "--no-chunked-prefill"]) == 0
+    out = capsys.readouterr().out
+    assert "10 requests: 10 completed" in out
+    assert "time to first token (ms)" in out and "whole prefill" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--prompt-tokens", "uniform:9:1"], "uniform needs"),
+        (["--output-tokens", "lots"], "bad length"),
+        (["--rate", "0"], "positive number"),
+        (["--rate", "1", "--trace", "x.jsonl"], "not allowed with"),
+        (["--trace", "/does/not/exist.jsonl"], "cannot read trace"),
+        (["--prompt-tokens", "200000"], "context of llama-3.1-8b"),
+        (["--replicas", "0"], "at least 1"),
+        (["--chips", "1", "--model", "llama-3.1-405b"], "does not fit"),
+        (["--model", "no-such-model"], "unknown model"),
+        (["--max-batched-tokens", "512", "--no-chunked-prefill"], "chunked prefill is off"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert exit_code([*BASE, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def exit_code(argv: list[str]) -> int:
+    """main()'s status, whether it returns it or argparse exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
