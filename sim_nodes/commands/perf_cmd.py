@@ -5,31 +5,18 @@ from __future__ import annotations
 import argparse
 
 from ..catalogs import default_catalog
-from ..perf import (
-    BatchingSpec,
-    PerfResult,
-    ServingSpec,
-    SpeculativeSpec,
-    Workload,
-    build_deployment,
-    evaluate,
-)
+from ..perf import PerfResult, Workload, build_deployment, evaluate
 from .common import (
-    CliError,
-    add_dtype_arguments,
-    fraction,
+    add_serving_arguments,
     int_or,
     non_negative_int,
     positive_int,
+    spec_from_args,
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="catalog model name")
-    p.add_argument("--accelerator", required=True, help="catalog accelerator name")
-    p.add_argument("--chips", type=int_or("auto"), default="auto", help="chips per replica or auto")
-    p.add_argument("--tensor-parallel", type=positive_int, default=None, help="TP group size")
-    add_dtype_arguments(p)
+    add_serving_arguments(p, max_num_seqs=None)
     p.add_argument(
         "--concurrency", type=int_or("max"), default=1, help="streams, or max (KV-limited)"
     )
@@ -38,44 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cached-input-tokens", type=non_negative_int, default=0, help="prefix-cache hits"
     )
     p.add_argument("--output-tokens", type=positive_int, default=256)
-    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="batch cap")
-    p.add_argument("--max-batched-tokens", type=positive_int, default=8192)
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--speculative-tokens", type=positive_int, default=None)
-    p.add_argument("--acceptance-rate", type=fraction, default=None)
-    p.add_argument("--draft-model", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def spec_from_args(args: argparse.Namespace) -> ServingSpec:
-    """The ServingSpec the flags describe (shared with `tiergate simulate`)."""
-    speculative = None
-    spec_flags = (args.speculative_tokens, args.acceptance_rate, args.draft_model)
-    if any(f is not None for f in spec_flags):
-        if any(f is None for f in spec_flags):
-            raise CliError(
-                "speculative decoding needs --speculative-tokens, --acceptance-rate "
-                "and --draft-model"
-            )
-        speculative = SpeculativeSpec(
-            draft_model=args.draft_model,
-            tokens=args.speculative_tokens,
-            acceptance_rate=args.acceptance_rate,
-        )
-    return ServingSpec(
-        model=args.model,
-        accelerator=args.accelerator,
-        chips=args.chips,
-        tensor_parallel=args.tensor_parallel,
-        weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype,
-        batching=BatchingSpec(
-            max_num_seqs=args.max_num_seqs or 1_000_000,
-            max_batched_tokens=args.max_batched_tokens,
-            chunked_prefill=not args.no_chunked_prefill,
-        ),
-        speculative_decoding=speculative,
-    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@ and validation are shared; the batching engine then schedules every request step
 from __future__ import annotations
 
 import argparse
-import math
 import random
 
 from ..catalogs import default_catalog
@@ -23,49 +22,21 @@ from ..engine.workload import (
 from ..perf import build_deployment
 from .common import (
     CliError,
-    add_dtype_arguments,
-    fraction,
-    int_or,
+    add_serving_arguments,
     non_negative_int,
+    positive_float,
     positive_int,
+    spec_from_args,
     table,
 )
-from .perf_cmd import spec_from_args
-
-HELP = "simulate a workload through replicas with continuous batching (virtual time)"
 
 #: vLLM's default batch cap.
 DEFAULT_MAX_NUM_SEQS = 256
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `tiergate simulate`."""
-    p.add_argument("--model", required=True, help="catalog model name")
-    p.add_argument("--accelerator", required=True, help="catalog accelerator name")
-    p.add_argument("--chips", type=int_or("auto"), default="auto", help="chips per replica or auto")
-    p.add_argument("--tensor-parallel", type=positive_int, default=None, help="TP group size")
-    add_dtype_arguments(p)
-    p.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=DEFAULT_MAX_NUM_SEQS,
-        help=f"batch cap (default {DEFAULT_MAX_NUM_SEQS})",
-    )
-    p.add_argument("--max-batched-tokens", type=positive_int, default=8192, help="step budget")
-    p.add_argument("--no-chunked-prefill", action="store_true", help="schedule prompts whole")
-    p.add_argument("--speculative-tokens", type=positive_int, default=None)
-    p.add_argument("--acceptance-rate", type=fraction, default=None)
-    p.add_argument("--draft-model", default=None)
+    add_serving_arguments(p, max_num_seqs=DEFAULT_MAX_NUM_SEQS)
     p.add_argument("--replicas", type=positive_int, default=1, help="replicas (least-loaded)")
     p.add_argument(
         "--requests",
@@ -76,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arrivals = p.add_mutually_exclusive_group()
     arrivals.add_argument(
         "--rate",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         help="Poisson arrivals per second (default: all arrive at once)",
     )
@@ -99,8 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="N, uniform:A:B or lognormal:MEAN:SIGMA (default 256)",
     )
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed")
-    p.add_argument("--slo-ttft-ms", type=_positive_float, default=None, help="TTFT SLO, ms")
-    p.add_argument("--slo-tpot-ms", type=_positive_float, default=None, help="TPOT SLO, ms")
+    p.add_argument("--slo-ttft-ms", type=positive_float, default=None, help="TTFT SLO, ms")
+    p.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="TPOT SLO, ms")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
