@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..catalogs import DTYPES
-from ..perf import BatchingSpec, ServingSpec, SpeculativeSpec
+from ..perf import ServingSpec
 
 
 class CliError(Exception):
@@ -54,6 +55,16 @@ def fraction(text: str) -> float:
     return value
 
 
+def unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
+
+
 def int_or(keyword: str) -> Callable[[str], int | str]:
     """Argument type accepting a positive whole number or one keyword (e.g. auto, max)."""
 
@@ -69,61 +80,92 @@ def int_or(keyword: str) -> Callable[[str], int | str]:
     return parse
 
 
-def add_serving_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int | None) -> None:
+def add_serving_arguments(
+    p: argparse.ArgumentParser, *, max_num_seqs: int | None, defaults: bool = True
+) -> None:
     """Flags describing a replica: model, hardware, layout, dtypes, batching, speculation.
 
     `max_num_seqs`: the batch cap's default (None: uncapped, only the KV cache limits it).
+    `defaults=False` leaves every flag unset unless given, so that the flags can override a
+    pool file field by field (`tiergate sim-node --pool-file`).
     """
-    p.add_argument("--model", required=True, help="catalog model name")
-    p.add_argument("--accelerator", required=True, help="catalog accelerator name")
-    p.add_argument("--chips", type=int_or("auto"), default="auto", help="chips per replica or auto")
-    p.add_argument("--tensor-parallel", type=positive_int, default=None, help="TP group size")
-    p.add_argument("--weight-dtype", choices=DTYPES, default="bf16", help="weight dtype")
-    p.add_argument("--kv-dtype", choices=DTYPES, default="bf16", help="KV cache dtype")
-    cap = "uncapped" if max_num_seqs is None else str(max_num_seqs)
-    p.add_argument(
-        "--max-num-seqs", type=positive_int, default=max_num_seqs, help=f"batch cap ({cap})"
+
+    def default(value: object) -> object:
+        return value if defaults else None
+
+    g = p.add_argument_group("serving spec")
+    g.add_argument("--model", required=defaults, help="catalog model name")
+    g.add_argument("--accelerator", required=defaults, help="catalog accelerator name")
+    g.add_argument(
+        "--chips", type=int_or("auto"), default=default("auto"), help="chips per replica or auto"
     )
-    p.add_argument("--max-batched-tokens", type=positive_int, default=8192, help="step budget")
-    p.add_argument("--no-chunked-prefill", action="store_true", help="schedule prompts whole")
-    p.add_argument("--speculative-tokens", type=positive_int, default=None)
-    p.add_argument("--acceptance-rate", type=fraction, default=None)
-    p.add_argument("--draft-model", default=None)
+    g.add_argument("--tensor-parallel", type=positive_int, help="TP group size")
+    g.add_argument("--weight-dtype", choices=DTYPES, default=default("bf16"), help="weights")
+    g.add_argument("--kv-dtype", choices=DTYPES, default=default("bf16"), help="KV cache")
+    cap = "uncapped" if max_num_seqs is None else str(max_num_seqs)
+    g.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=default(max_num_seqs),
+        help=f"batch cap (default {cap})",
+    )
+    g.add_argument(
+        "--max-batched-tokens", type=positive_int, default=default(8192), help="step budget"
+    )
+    g.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        default=default(True),
+        help="schedule prompts whole",
+    )
+    g.add_argument("--speculative-tokens", type=positive_int, help="draft tokens per step")
+    g.add_argument("--acceptance-rate", type=fraction, help="draft token acceptance rate")
+    g.add_argument("--draft-model", help="catalog name of the draft model")
 
 
 #: Stands for "no batch cap" where a spec needs a number.
 UNCAPPED = 1_000_000
 
 
-def spec_from_args(args: argparse.Namespace) -> ServingSpec:
-    """The ServingSpec that `add_serving_arguments`' flags describe."""
-    speculative = None
-    spec_flags = (args.speculative_tokens, args.acceptance_rate, args.draft_model)
-    if any(f is not None for f in spec_flags):
-        if any(f is None for f in spec_flags):
+def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The serving flags that are set, as a camelCase ServingSpec mapping."""
+    given = {
+        "model": args.model,
+        "accelerator": args.accelerator,
+        "chips": args.chips,
+        "tensorParallel": args.tensor_parallel,
+        "weightDtype": args.weight_dtype,
+        "kvDtype": args.kv_dtype,
+    }
+    data: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    batching = {
+        "maxNumSeqs": args.max_num_seqs,
+        "maxBatchedTokens": args.max_batched_tokens,
+        "chunkedPrefill": args.chunked_prefill,
+    }
+    if any(v is not None for v in batching.values()):
+        data["batching"] = {k: v for k, v in batching.items() if v is not None}
+    speculative = (args.speculative_tokens, args.acceptance_rate, args.draft_model)
+    if any(f is not None for f in speculative):
+        if any(f is None for f in speculative):
             raise CliError(
                 "speculative decoding needs --speculative-tokens, --acceptance-rate "
                 "and --draft-model"
             )
-        speculative = SpeculativeSpec(
-            draft_model=args.draft_model,
-            tokens=args.speculative_tokens,
-            acceptance_rate=args.acceptance_rate,
-        )
-    return ServingSpec(
-        model=args.model,
-        accelerator=args.accelerator,
-        chips=args.chips,
-        tensor_parallel=args.tensor_parallel,
-        weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype,
-        batching=BatchingSpec(
-            max_num_seqs=args.max_num_seqs or UNCAPPED,
-            max_batched_tokens=args.max_batched_tokens,
-            chunked_prefill=not args.no_chunked_prefill,
-        ),
-        speculative_decoding=speculative,
-    )
+        data["speculativeDecoding"] = {
+            "tokens": args.speculative_tokens,
+            "acceptanceRate": args.acceptance_rate,
+            "draftModel": args.draft_model,
+        }
+    return data
+
+
+def spec_from_args(args: argparse.Namespace) -> ServingSpec:
+    """The ServingSpec that `add_serving_arguments`' flags describe (no batch cap: uncapped)."""
+    data = spec_overrides(args)
+    data.setdefault("batching", {}).setdefault("maxNumSeqs", UNCAPPED)
+    return ServingSpec.model_validate(data)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1) -> str:

@@ -1,0 +1,175 @@
+"""`tiergate sim-node`: serve one simulated accelerator node (OpenAI API + vLLM metrics).
+
+The serving spec comes from flags, or from ``--pool-file`` (an InferencePool or just its
+spec, camelCase YAML) with any explicit flag overriding the file. One process, one uvicorn
+server, access log off; SIGTERM/SIGINT shut down gracefully (open streams get a few seconds).
+``--port 0`` picks a free port; the chosen one is printed as ``listening host=... port=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..engine.errors import EngineError
+from ..perf import ServingSpec
+from ..server.config import DEFAULT_MAX_BODY_BYTES, NodeConfig, PoolFileError, load_pool_spec
+from .common import (
+    CliError,
+    add_serving_arguments,
+    non_negative_int,
+    positive_int,
+    spec_overrides,
+    unit_interval,
+)
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pool-file", type=Path, help="InferencePool (or its spec) YAML; flags override it"
+    )
+    add_serving_arguments(parser, max_num_seqs=None, defaults=False)
+    node = parser.add_argument_group("node")
+    node.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    node.add_argument("--port", type=_port, default=8000, help="listen port (0: any free port)")
+    node.add_argument(
+        "--served-model-name",
+        action="append",
+        metavar="NAME",
+        help="name clients use (repeatable; default: the model name)",
+    )
+    node.add_argument("--node-name", help="x-tiergate-node header value (default host:port)")
+    node.add_argument("--seed", type=int, default=0, help="seed of text, tool calls and faults")
+    node.add_argument(
+        "--failure-rate",
+        type=unit_interval,
+        default=0.0,
+        help="fraction of completion requests failed with 500/503",
+    )
+    node.add_argument(
+        "--background-sequences",
+        type=non_negative_int,
+        default=0,
+        help="sequences kept decoding as other tenants' load",
+    )
+    node.add_argument(
+        "--background-context-tokens",
+        type=non_negative_int,
+        default=0,
+        help="context length of each background sequence",
+    )
+    node.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body (default 4 MiB)",
+    )
+    node.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log level (default info)",
+    )
+
+
+def serving_spec(args: argparse.Namespace) -> tuple[ServingSpec, list[str]]:
+    """The spec from --pool-file (if any) overlaid with explicit flags; plus served names."""
+    data: dict[str, Any] = {}
+    names: list[str] = []
+    if args.pool_file is not None:
+        try:
+            data, names = load_pool_spec(args.pool_file)
+        except PoolFileError as exc:
+            raise CliError(str(exc)) from None
+    overrides = spec_overrides(args)
+    batching = overrides.pop("batching", {})
+    data.update(overrides)
+    if batching:
+        base = data.get("batching")
+        data["batching"] = {**(base if isinstance(base, dict) else {}), **batching}
+    for required in ("model", "accelerator"):
+        if required not in data:
+            raise CliError(f"--{required} is required (or a --pool-file whose spec sets it)")
+    return ServingSpec.model_validate(data), list(args.served_model_name or names)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, names = serving_spec(args)
+    if args.background_sequences and not args.background_context_tokens:
+        raise CliError("--background-sequences needs --background-context-tokens")
+    sock = _bind(args.host, args.port)
+    try:
+        return _serve(args, spec, names, sock)
+    finally:
+        sock.close()
+
+
+def _serve(
+    args: argparse.Namespace, spec: ServingSpec, names: list[str], sock: socket.socket
+) -> int:
+    import uvicorn
+
+    from ..server.app import create_app
+
+    port = sock.getsockname()[1]
+    config = NodeConfig(
+        serving=spec,
+        served_model_names=names,
+        node_name=args.node_name or f"{args.host}:{port}",
+        seed=args.seed,
+        failure_rate=args.failure_rate,
+        background_sequences=args.background_sequences,
+        background_context_tokens=args.background_context_tokens,
+        max_body_bytes=args.max_body_bytes,
+    )
+    try:
+        app = create_app(config)
+    except EngineError as exc:
+        raise CliError(str(exc)) from None
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    print(f"listening host={args.host} port={port} model={config.names[0]}", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            access_log=False,
+            log_config=None,
+            log_level=args.log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock

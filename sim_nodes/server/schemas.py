@@ -1,0 +1,309 @@
+"""Request and response bodies of the OpenAI-compatible API (the subset the node serves).
+
+Requests are validated strictly (a string where a number belongs is an error, not coerced),
+and unknown fields are ignored, as OpenAI does. Responses serialise to OpenAI's shapes; the
+optional `tiergate` field of stream chunks (the engine's release time of those tokens) only
+appears when a client asks for timing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+__all__ = [
+    "ChatChoice",
+    "ChatChunkChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionRequest",
+    "Delta",
+    "FunctionCall",
+    "ModelCard",
+    "ModelList",
+    "NamedToolChoice",
+    "ReplyMessage",
+    "StreamOptions",
+    "Timing",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "Usage",
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+class ContentPart(_Request):
+    """One part of multi-part message content; only `text` parts carry tokens here."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    """One message of a chat prompt."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def text_pieces(self) -> list[str]:
+        """The texts whose tokens this message's content (and earlier tool calls) costs."""
+        pieces: list[str] = []
+        if isinstance(self.content, str):
+            pieces.append(self.content)
+        elif self.content is not None:
+            pieces.extend(p.text for p in self.content if p.text is not None)
+        for call in self.tool_calls or ():
+            function = call.get("function")
+            if isinstance(function, dict):
+                pieces.extend(str(v) for v in function.values())
+        return pieces
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Request):
+    """A function the model may call (its `parameters` are a JSON schema)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Request):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Request):
+    """`tool_choice` naming one tool."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _Generation(_Request):
+    """Fields both endpoints share."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_Generation):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """`max_completion_tokens` wins over the older `max_tokens`."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Generation):
+    """POST /v1/completions: one prompt (text or token ids)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+class Usage(_Response):
+    """Token counts of a reply."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class FunctionCall(_Response):
+    name: str | None = None
+    arguments: str
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self))
+
+
+class ToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCall
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self))
+
+
+class ReplyMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
+
+
+class ChatChoice(_Response):
+    index: int = 0
+    message: ReplyMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(_Response):
+    """A whole chat reply."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self))
+
+
+class Timing(_Response):
+    """Engine time (seconds, the node's clock) at which a chunk's tokens were released."""
+
+    t: float
+
+
+class ChatChunkChoice(_Response):
+    index: int = 0
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class _Chunk(_Response):
+    usage: Usage | None = None
+    tiergate: Timing | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_optional(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("usage", "tiergate"):  # last, and only when set
+            value = data.pop(key, None)
+            if value is not None:
+                data[key] = value
+        return data
+
+
+class ChatCompletionChunk(_Chunk):
+    """One SSE chunk of a streamed chat reply."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+
+
+class CompletionChoice(_Response):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(_Response):
+    """A whole text completion."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(_Chunk):
+    """One SSE chunk of a streamed text completion."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tiergate"
+    root: str
+    max_model_len: int
+
+
+class ModelList(_Response):
+    """GET /v1/models."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def _without_none(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not None}

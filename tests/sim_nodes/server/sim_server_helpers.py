@@ -1,0 +1,92 @@
+"""Helpers of the sim-node tests (a uniquely named module: conftest names clash)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig
+
+MODEL = "llama-3.1-8b"
+
+ClientFactory = Callable[..., Awaitable[httpx.AsyncClient]]
+
+
+class GateClock:
+    """A virtual clock whose steps end only once the gate is open: while it is shut, the
+    engine's current step never finishes, so requests stay running (visible in metrics)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.gate = asyncio.Event()
+
+    def now(self) -> float:
+        return self.now_s
+
+    async def sleep_until(self, deadline_s: float) -> None:
+        await self.gate.wait()
+        self.now_s = max(self.now_s, deadline_s)
+        await asyncio.sleep(0)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    """Poll `check` until true (yielding to the loop), failing after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        while not await check():
+            await asyncio.sleep(0.001)
+
+
+def node_config(**overrides: Any) -> NodeConfig:
+    """A small, fast node: llama-3.1-8b on one H100, batch cap 8."""
+    model = overrides.pop("model", MODEL)
+    serving = overrides.pop("serving", None) or ServingSpec(
+        model=model,
+        accelerator="h100-sxm",
+        batching=BatchingSpec(max_num_seqs=8),
+    )
+    return NodeConfig(serving=serving, **overrides)
+
+
+def app_of(client: httpx.AsyncClient) -> Starlette:
+    app: Starlette = client.app  # type: ignore[attr-defined]
+    return app
+
+
+def chat(content: str = "Hello there", **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}
+
+
+async def sse(
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> tuple[int, list[Any]]:
+    """POST a streaming request; (status, events) with JSON decoded and '[DONE]' kept as is."""
+    events: list[Any] = []
+    async with client.stream("POST", path, json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                events.append(data if data == "[DONE]" else json.loads(data))
+        return response.status_code, events
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in a Prometheus exposition."""
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        series, _, label_text = head.partition("{")
+        if series != name:
+            continue
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            return float(value)
+    raise AssertionError(f"no sample {name} {labels}")

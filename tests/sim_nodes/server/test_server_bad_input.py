@@ -1,0 +1,236 @@
+"""Bad input gets a 4xx in the OpenAI envelope, and the node keeps serving afterwards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sim_server_helpers import MODEL, ClientFactory, chat
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+LONG_PROMPT = "word " * 140_000  # > 131072 tokens: longer than llama-3.1-8b's context
+
+
+def _body(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+CHAT_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
+    # (case, body, status, code, param)
+    ("invalid json", b'{"model": ', 400, None, None),
+    ("empty body", b"", 400, None, None),
+    ("not an object", b"[1, 2]", 400, None, None),
+    ("a string", b'"hello"', 400, None, None),
+    ("NaN", b'{"model": "x", "temperature": NaN}', 400, None, None),
+    ("invalid utf-8", b'{"model": "\xff\xfe"}', 400, None, None),
+    ("missing model", _body(messages=MESSAGES), 400, "missing_required_parameter", "model"),
+    ("missing messages", _body(model=MODEL), 400, "missing_required_parameter", "messages"),
+    ("empty messages", _body(model=MODEL, messages=[]), 400, "invalid_value", "messages"),
+    ("messages not a list", _body(model=MODEL, messages="hi"), 400, "invalid_value", "messages"),
+    (
+        "bad role",
+        _body(model=MODEL, messages=[{"role": "robot", "content": "x"}]),
+        400,
+        "invalid_value",
+        "messages.0.role",
+    ),
+    (
+        "content a number",
+        _body(model=MODEL, messages=[{"role": "user", "content": 5}]),
+        400,
+        "invalid_value",
+        None,
+    ),
+    ("model a number", _body(model=5, messages=MESSAGES), 400, "invalid_value", "model"),
+    (
+        "max_tokens a string",
+        _body(model=MODEL, messages=MESSAGES, max_tokens="5"),
+        400,
+        "invalid_value",
+        "max_tokens",
+    ),
+    (
+        "max_tokens a bool",
+        _body(model=MODEL, messages=MESSAGES, max_tokens=True),
+        400,
+        "invalid_value",
+        "max_tokens",
+    ),
+    (
+        "max_tokens zero",
+        _body(model=MODEL, messages=MESSAGES, max_tokens=0),
+        400,
+        "invalid_value",
+        "max_tokens",
+    ),
+    (
+        "max_tokens negative",
+        _body(model=MODEL, messages=MESSAGES, max_tokens=-3),
+        400,
+        "invalid_value",
+        "max_tokens",
+    ),
+    (
+        "max_tokens absurd",
+        _body(model=MODEL, messages=MESSAGES, max_tokens=10**30),
+        400,
+        "context_length_exceeded",
+        "messages",
+    ),
+    (
+        "stream not a bool",
+        _body(model=MODEL, messages=MESSAGES, stream="yes"),
+        400,
+        "invalid_value",
+        "stream",
+    ),
+    ("n > 1", _body(model=MODEL, messages=MESSAGES, n=2), 400, "invalid_value", "n"),
+    ("empty tools", _body(model=MODEL, messages=MESSAGES, tools=[]), 400, None, "tools"),
+    (
+        "tool_choice without tools",
+        _body(model=MODEL, messages=MESSAGES, tool_choice="required"),
+        400,
+        None,
+        "tool_choice",
+    ),
+    (
+        "unknown tool_choice",
+        _body(
+            model=MODEL,
+            messages=MESSAGES,
+            tools=[{"type": "function", "function": {"name": "a"}}],
+            tool_choice={"type": "function", "function": {"name": "b"}},
+        ),
+        400,
+        None,
+        "tool_choice",
+    ),
+    (
+        "prompt longer than context",
+        _body(model=MODEL, messages=[{"role": "user", "content": LONG_PROMPT}]),
+        400,
+        "context_length_exceeded",
+        "messages",
+    ),
+    ("unknown model", _body(model="gpt-17", messages=MESSAGES), 404, "model_not_found", "model"),
+]
+
+COMPLETION_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
+    ("missing prompt", _body(model=MODEL), 400, "missing_required_parameter", "prompt"),
+    ("empty prompt", _body(model=MODEL, prompt=""), 400, None, "prompt"),
+    ("several prompts", _body(model=MODEL, prompt=["a", "b"]), 400, None, "prompt"),
+    ("prompt a number", _body(model=MODEL, prompt=3), 400, "invalid_value", "prompt"),
+    (
+        "prompt too long",
+        _body(model=MODEL, prompt=[1] * 131_072, max_tokens=1),
+        400,
+        "context_length_exceeded",
+        None,
+    ),
+]
+
+
+def _envelope_ok(
+    response: httpx.Response, status: int, code: str | None, param: str | None
+) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"}
+    assert isinstance(error["message"], str) and error["message"]
+    expected_type = "invalid_request_error"
+    assert error["type"] == expected_type
+    if code is not None:
+        assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.fixture
+async def served(client: httpx.AsyncClient) -> AsyncIterator[httpx.AsyncClient]:
+    """The client; after the test, the node must still answer a good request."""
+    yield client
+    r = await client.post("/v1/chat/completions", json=chat(max_tokens=2))
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "status", "code", "param"), CHAT_CASES, ids=[c[0] for c in CHAT_CASES]
+)
+async def test_bad_chat_request(
+    served: httpx.AsyncClient,
+    case: str,
+    body: bytes,
+    status: int,
+    code: str | None,
+    param: str | None,
+) -> None:
+    r = await served.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    _envelope_ok(r, status, code, param)
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "status", "code", "param"),
+    COMPLETION_CASES,
+    ids=[c[0] for c in COMPLETION_CASES],
+)
+async def test_bad_completion_request(
+    served: httpx.AsyncClient,
+    case: str,
+    body: bytes,
+    status: int,
+    code: str | None,
+    param: str | None,
+) -> None:
+    r = await served.post("/v1/completions", content=body)
+    _envelope_ok(r, status, code, param)
+
+
+async def test_bad_streaming_request_is_plain_json_error(served: httpx.AsyncClient) -> None:
+    r = await served.post("/v1/chat/completions", json={"model": MODEL, "stream": True})
+    _envelope_ok(r, 400, "missing_required_parameter", "messages")
+
+
+async def test_unknown_fields_are_ignored(served: httpx.AsyncClient) -> None:
+    body = chat(
+        max_tokens=2,
+        temperature=0.2,
+        top_p=0.9,
+        user="u",
+        frobnicate={"x": 1},
+        service_tier="priority",
+    )
+    assert (await served.post("/v1/chat/completions", json=body)).status_code == 200
+
+
+async def test_body_too_large_by_content_length(make_client: ClientFactory) -> None:
+    client = await make_client(max_body_bytes=1000)
+    body = json.dumps(chat("x " * 1000)).encode()
+    r = await client.post("/v1/chat/completions", content=body)
+    _envelope_ok(r, 413, "request_too_large", None)
+
+
+async def test_body_too_large_when_streamed(make_client: ClientFactory) -> None:
+    client = await make_client(max_body_bytes=1000)
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked upload
+        for _ in range(20):
+            yield b" " * 100
+
+    r = await client.post("/v1/chat/completions", content=chunks())
+    assert "content-length" not in r.request.headers
+    _envelope_ok(r, 413, "request_too_large", None)
+    ok = await client.post("/v1/chat/completions", json=chat(max_tokens=1))
+    assert ok.status_code == 200
+
+
+async def test_unknown_route_and_method(served: httpx.AsyncClient) -> None:
+    r = await served.get("/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = await served.get("/v1/chat/completions")
+    assert r.status_code == 405 and "error" in r.json()

@@ -1,0 +1,148 @@
+"""`tiergate sim-node` arguments: pool files, flag overrides, one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from tiergate.cli import main
+from tiergate.sim_nodes.commands import sim_node_cmd
+
+POOL = """\
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: premium}
+spec:
+  tier: premium
+  replicas: 3
+  model: frontier
+  accelerator: b200
+  chips: 8
+  tensorParallel: 8
+  weightDtype: fp8
+  batching: {maxNumSeqs: 4, maxBatchedTokens: 4096}
+  pricing: {perChipHourUsd: 5.5}
+  servedModelName: frontier-fast
+  slo: {ttftMs: 500}
+"""
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sim_node_cmd.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_pool_file_whole_object(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(POOL)
+    spec, names = sim_node_cmd.serving_spec(parse("--pool-file", str(path)))
+    assert (spec.model, spec.accelerator, spec.chips, spec.tensor_parallel) == (
+        "frontier",
+        "b200",
+        8,
+        8,
+    )
+    assert spec.weight_dtype == "fp8"
+    assert spec.batching.max_num_seqs == 4 and spec.batching.max_batched_tokens == 4096
+    assert spec.pricing is not None and spec.pricing.per_chip_hour_usd == 5.5
+    assert names == ["frontier-fast"]
+
+
+def test_pool_file_spec_only_and_flags_override(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "model: llama-3.1-8b\naccelerator: h100-sxm\nbatching: {maxNumSeqs: 64}\naliases: [a, b]\n"
+    )
+    args = parse(
+        "--pool-file",
+        str(path),
+        "--max-num-seqs",
+        "8",
+        "--accelerator",
+        "h200",
+        "--served-model-name",
+        "x",
+    )
+    spec, names = sim_node_cmd.serving_spec(args)
+    assert spec.accelerator == "h200" and spec.batching.max_num_seqs == 8
+    assert names == ["x"]
+    spec, names = sim_node_cmd.serving_spec(parse("--pool-file", str(path)))
+    assert names == ["a", "b"] and spec.batching.max_num_seqs == 64
+
+
+def test_flags_only() -> None:
+    spec, names = sim_node_cmd.serving_spec(
+        parse("--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--chips", "2")
+    )
+    assert spec.chips == 2 and names == []
+
+
+BAD_FILES = {
+    "missing": None,
+    "not yaml": "model: [unclosed\n",
+    "a list": "- model: x\n",
+    "spec not a mapping": "spec: 3\n",
+    "bad field value": "spec: {model: frontier, accelerator: b200, chips: -1}\n",
+    "bad batching": "model: frontier\naccelerator: b200\nbatching: {maxNumSeqs: zero}\n",
+    "bad served name": "model: frontier\naccelerator: b200\nservedModelName: [1]\n",
+    "no model": "accelerator: b200\n",
+    "unknown model": "model: gpt-17\naccelerator: b200\n",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_pool_file_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    path = tmp_path / "pool.yaml"
+    if BAD_FILES[case] is not None:
+        path.write_text(BAD_FILES[case] or "")
+    assert main(["sim-node", "--pool-file", str(path), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tiergate sim-node: error: ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sim-node", "--model", "frontier", "--accelerator", "b200", "--failure-rate", "2"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert (
+        main(
+            [
+                "sim-node",
+                "--model",
+                "frontier",
+                "--accelerator",
+                "b200",
+                "--background-sequences",
+                "3",
+                "--port",
+                "0",
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "sim-node",
+                "--model",
+                "llama-3.1-8b",
+                "--accelerator",
+                "h100-sxm",
+                "--background-sequences",
+                "100000",
+                "--background-context-tokens",
+                "100000",
+                "--port",
+                "0",
+            ]
+        )
+        == 2
+    )
+    assert "background" in capsys.readouterr().err.splitlines()[-1]

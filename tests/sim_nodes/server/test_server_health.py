@@ -1,0 +1,39 @@
+"""Liveness, readiness and the model list."""
+
+from __future__ import annotations
+
+import httpx
+from sim_server_helpers import ClientFactory, node_config
+
+from tiergate.sim_nodes.engine.clock import VirtualClock
+from tiergate.sim_nodes.server import create_app, running
+
+
+async def test_ready_only_while_the_engine_runs() -> None:
+    app = create_app(node_config(), clock=VirtualClock())
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://node"
+    ) as client:
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/ready")).status_code == 503
+        r = await client.post("/v1/completions", json={"model": "llama-3.1-8b", "prompt": "x"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+        async with running(app):
+            assert (await client.get("/ready")).status_code == 200
+            assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/ready")).status_code == 503
+        assert (await client.get("/health")).status_code == 200
+
+
+async def test_models_lists_every_served_name(make_client: ClientFactory) -> None:
+    client = await make_client(served_model_names=["fast", "fast-alias"])
+    body = (await client.get("/v1/models")).json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["fast", "fast-alias"]
+    assert all(m["object"] == "model" and m["root"] == "llama-3.1-8b" for m in body["data"])
+    assert body["data"][0]["max_model_len"] == 131072
+
+
+async def test_models_defaults_to_the_catalog_name(client: httpx.AsyncClient) -> None:
+    body = (await client.get("/v1/models")).json()
+    assert [m["id"] for m in body["data"]] == ["llama-3.1-8b"]
