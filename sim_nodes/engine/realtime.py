@@ -5,9 +5,11 @@ the task sleeps until the step's end on the clock, then hands every released tok
 request's queue. The next step starts at the previous step's end (not when the task woke),
 so scheduling lateness never accumulates; after an idle period the next step starts "now".
 
-Sleeping: asyncio's timers overshoot by up to a millisecond (epoll's resolution), so the
-driver sleeps to just before the deadline and then yields to the loop until the clock
-reaches it. With a clock that can sleep itself (`VirtualClock`) the driver lets it jump.
+Sleeping: asyncio's timers overshoot by up to a millisecond (epoll's resolution). The driver
+does not spin to hide that: on a 2-core machine a spinning node steals the CPU its clients,
+its neighbours and the router need, and measured lateness was no better for it
+(benchmarks/sim_node_stream.py). It only yields until the clock passes the deadline if a
+timer fires early. With a clock that can sleep itself (`VirtualClock`) the driver lets it jump.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from .request import EngineRequest
 __all__ = ["RealtimeEngine", "RequestStream", "TokenEvent"]
 
 FINISH_ABORT = "abort"
-#: Sleep this long before a deadline on the loop's timer, then yield until it passes.
-_SPIN_MARGIN_S = 0.0015
 #: Behind by more than this (e.g. the process was suspended), restart the timeline at now
 #: instead of replaying the missed steps in a burst.
 _MAX_LAG_S = 1.0
@@ -206,11 +206,10 @@ class RealtimeEngine:
         if isinstance(clock, SleepingClock):
             await clock.sleep_until(deadline_s)
             return
-        delay = deadline_s - clock.now() - _SPIN_MARGIN_S
+        delay = deadline_s - clock.now()
         if delay > 0:
             await asyncio.sleep(delay)
-        # Yield (not block) for the last stretch so other tasks keep running.
-        while clock.now() < deadline_s:
+        while clock.now() < deadline_s:  # a timer that fired early
             await asyncio.sleep(0)
 
     def _release(self, outcome: StepOutcome) -> None:

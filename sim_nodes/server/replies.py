@@ -10,6 +10,7 @@ that ends badly (engine abort, injected midstream fault) sends an error event an
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 
@@ -149,7 +150,7 @@ class _MiddleChunk:
         if not self._timing:
             return head + text + tail
         # The optional `tiergate` field is the chunk's last key (see schemas._Chunk).
-        stamp = b',"tiergate":{"t":' + repr(piece.time_s).encode() + b"}"
+        stamp = b',"tiergate":{"t":%r,"w":%r}' % (piece.time_s, time.monotonic())
         return head + text + tail[: -len(self._end)] + stamp + self._end
 
 
@@ -160,7 +161,7 @@ def _fail(abort: Callable[[], None] | None, error: ApiError | None) -> bytes:
 
 
 def _chunk(plan: RequestPlan, piece: Piece, *, first: bool, chat: bool, timing: bool) -> bytes:
-    stamp = Timing(t=piece.time_s) if timing else None
+    stamp = Timing(t=piece.time_s, w=time.monotonic()) if timing else None
     if not chat:
         choice = CompletionChoice(text=piece.text, finish_reason=piece.finish_reason)
         return sse_data(

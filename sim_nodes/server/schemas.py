@@ -225,9 +225,15 @@ class Delta(_Response):
 
 
 class Timing(_Response):
-    """Engine time (seconds, the node's clock) at which a chunk's tokens were released."""
+    """When a chunk's tokens were due and when the node wrote them (benchmarks only).
+
+    t: engine time of the release (the node's clock); w: `time.monotonic()` as the chunk was
+    rendered for sending. With the real clock both are CLOCK_MONOTONIC, so w - t is the node's
+    own lateness and a client on the same machine can compare its receipt time with t.
+    """
 
     t: float
+    w: float
 
 
 class ChatChunkChoice(_Response):
