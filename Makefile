@@ -1,4 +1,7 @@
 # tiergate: `make demo` runs the main job, `make test` runs every check. Both install first.
+#
+# Every `python -m` here runs with -P: the repo root holds a folder named `operator` (mapped to
+# tiergate.operator), and with the root on sys.path it would shadow the standard library.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -12,19 +15,21 @@ TYPEVIEW := $(VENV)/typecheck-view
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
+		{ echo "tiergate needs Python 3.11 or newer: make PYTHON=python3.11 ..." >&2; exit 2; }
+	@test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
+	$(BIN)/python -P -m pip install --quiet --upgrade pip
+	$(BIN)/python -P -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
 demo: install
 	$(BIN)/tiergate seeds
 
 test: install lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -P -m pytest -q
 
 test-fast: install
-	$(BIN)/python -m pytest -q -x
+	$(BIN)/python -P -m pytest -q -x
 
 lint: install view
 	$(BIN)/ruff check .

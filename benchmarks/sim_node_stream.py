@@ -64,6 +64,7 @@ def _quantile_ms(values: list[float], q: float) -> float:
 def start_node(args: argparse.Namespace) -> tuple[subprocess.Popen[str], int]:
     cmd = [
         sys.executable,
+        "-P",  # never the repo root on sys.path: its operator/ would shadow the stdlib
         "-m",
         "tiergate",
         "sim-node",
