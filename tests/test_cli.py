@@ -149,7 +149,19 @@ def test_seeds_prints_the_three_tiers(capsys: pytest.CaptureFixture[str]) -> Non
     for tier in ("batched", "premium", "wafer-scale"):
         assert tier in out
     code, out, _ = run(capsys, "seeds", "--json")
-    assert set(json.loads(out)) == {"batched", "premium", "wafer-scale"}
+    seeds = json.loads(out)
+    assert set(seeds) == {"batched", "premium", "wafer-scale"}
+
+
+def test_seeds_hint_reproduces_the_batched_row(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "seeds", "--json")
+    batched = json.loads(out)["batched"]
+    _, out, _ = run(capsys, "seeds")
+    hint = out.split("Why: `", 1)[1].split("`", 1)[0].split()
+    assert hint[0] == "tiergate"
+    code, out, _ = run(capsys, *hint[1:], "--json")
+    assert code == 0
+    assert json.loads(out)["tpot_s"] == pytest.approx(batched["tpot_s"])
 
 
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ import json
 
 from ..catalogs import default_catalog
 from ..perf import evaluate_seed_tiers, load_seed_tiers
+from ..perf.seeds import SeedFile, SeedTier
 from .common import table
 
 
@@ -61,8 +62,20 @@ def run(args: argparse.Namespace) -> int:
     print(table(headers, rows, left=3))
     print(
         "\nspeed and cost are relative to batched; quality is the probability a tool call is "
-        "well-formed and right.\nWhy: `tiergate perf --model frontier --accelerator b200 --chips 8 "
-        "--weight-dtype fp8 --input-tokens 30000 --cached-input-tokens 27000 "
-        "--output-tokens 1000 --concurrency 60` shows the step breakdown."
+        "well-formed and right."
     )
+    batched = next(t for t in seeds.tiers if t.tier == "batched")
+    print(f"Why: `{perf_command(batched, seeds)}` shows the step broken into its terms.")
     return 0
+
+
+def perf_command(tier: SeedTier, seeds: SeedFile) -> str:
+    """The `tiergate perf` invocation that reproduces one seed tier's row."""
+    w = seeds.workload
+    return (
+        f"tiergate perf --model {tier.model} --accelerator {tier.accelerator} "
+        f"--chips {tier.chips} --weight-dtype {tier.weight_dtype} --kv-dtype {tier.kv_dtype} "
+        f"--max-num-seqs {tier.batching.max_num_seqs} --concurrency {tier.concurrency} "
+        f"--input-tokens {w.input_tokens} --cached-input-tokens {w.cached_input_tokens} "
+        f"--output-tokens {w.output_tokens}"
+    )
