@@ -75,6 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="context length of each background sequence",
     )
     node.add_argument(
+        "--background-turn-input-tokens",
+        type=non_negative_int,
+        default=0,
+        help="new prompt tokens each background user sends per turn (prefill interference)",
+    )
+    node.add_argument(
+        "--background-turn-output-tokens",
+        type=non_negative_int,
+        default=0,
+        help="tokens each background user decodes between turns",
+    )
+    node.add_argument(
         "--max-body-bytes",
         type=positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
@@ -136,6 +148,8 @@ def _serve(
         failure_rate=args.failure_rate,
         background_sequences=args.background_sequences,
         background_context_tokens=args.background_context_tokens,
+        background_turn_input_tokens=args.background_turn_input_tokens,
+        background_turn_output_tokens=args.background_turn_output_tokens,
         max_body_bytes=args.max_body_bytes,
     )
     try:

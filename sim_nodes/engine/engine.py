@@ -7,7 +7,9 @@ time), which is what lets the same code serve HTTP streams and simulate a day in
 
 Background load models the other users of a busy node: resident sequences that hold KV
 blocks and batch slots and decode every step but never finish and emit nothing, so a lone
-request sees the step times of a full batch.
+request sees the step times of a full batch. With turnover, each background user also sends
+a new turn every `turn_output_tokens` tokens: its `turn_input_tokens` of new prompt are
+prefilled in one step, as the other users of a shared fleet interrupt everyone's decoding.
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ FINISH_LENGTH = "length"
 
 @dataclass(frozen=True, slots=True)
 class Background:
-    """`sequences` resident sequences of `context_tokens` each, decoding every step."""
+    """`sequences` resident sequences of `context_tokens` each, decoding every step.
+
+    turn_input_tokens: new (uncached) prompt tokens each background user sends per turn;
+    turn_output_tokens: tokens it decodes between turns (0: it never takes a new turn).
+    """
 
     sequences: int
     context_tokens: int
+    turn_input_tokens: int = 0
+    turn_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.sequences < 0:
@@ -42,6 +50,22 @@ class Background:
             raise EngineCapacityError(
                 f"background context must be at least 1 token (got {self.context_tokens})"
             )
+        if self.turn_input_tokens < 0 or self.turn_output_tokens < 0:
+            raise EngineCapacityError("background turn sizes must not be negative")
+        if self.turn_input_tokens and not self.turn_output_tokens:
+            raise EngineCapacityError("background turns need turn_output_tokens of at least 1")
+        if self.turn_input_tokens > self.context_tokens:
+            raise EngineCapacityError(
+                f"a background turn ({self.turn_input_tokens} tokens) cannot exceed the "
+                f"background context ({self.context_tokens} tokens)"
+            )
+
+    @property
+    def turns_per_step(self) -> float:
+        """Background turns (prefills) per engine step, on average."""
+        if not (self.sequences and self.turn_input_tokens):
+            return 0.0
+        return self.sequences / self.turn_output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +142,8 @@ class Engine:
             reserved_seqs=bg.sequences,
         )
         self._bg_context = bg.sequences * bg.context_tokens
+        # Turns arrive at a steady rate; a credit makes them land in whole steps, on time.
+        self._bg_turn_credit = 0.0
         self.steps = 0
 
     # -- requests ------------------------------------------------------------------------------
@@ -222,16 +248,20 @@ class Engine:
             preempted=len(batch.preempted),
         )
 
-    def batch_terms(self, batch: ScheduledBatch) -> StepTerms:
-        """What `batch` costs on this replica (background decodes included)."""
-        bg = self.background.sequences
+    def batch_terms(self, batch: ScheduledBatch, background_turns: int = 0) -> StepTerms:
+        """What `batch` costs on this replica: background decodes included, plus the prefill
+        of `background_turns` background users' new turns."""
+        bg = self.background
+        new = background_turns * bg.turn_input_tokens
+        prefix = bg.context_tokens - bg.turn_input_tokens
         return step_terms(
             self.deployment,
-            decode_seqs=len(batch.decode) + bg,
+            decode_seqs=len(batch.decode) + bg.sequences,
             decode_context_tokens=batch.decode_context_tokens + self._bg_context,
-            prefill_tokens=batch.prefill_tokens,
-            prefill_prefix_tokens=batch.prefill_prefix_tokens,
-            prefill_attended_positions=batch.prefill_attended_positions,
+            prefill_tokens=batch.prefill_tokens + new,
+            prefill_prefix_tokens=batch.prefill_prefix_tokens + background_turns * prefix,
+            prefill_attended_positions=batch.prefill_attended_positions
+            + new * (prefix + bg.turn_input_tokens / 2.0),
         )
 
     @property
@@ -246,7 +276,13 @@ class Engine:
             batch = self.scheduler.schedule()
             if batch.empty:
                 raise RuntimeError("scheduler produced an empty batch while work is pending")
-        terms = self.batch_terms(batch)
+        turns = 0
+        rate = self.background.turns_per_step
+        if rate:
+            self._bg_turn_credit += rate
+            turns = int(self._bg_turn_credit)
+            self._bg_turn_credit -= turns
+        terms = self.batch_terms(batch, turns)
         extra = self._draw_accepted(len(batch.decode)) if self._speculative_tokens else None
         done = self.scheduler.complete(batch, extra)
         self.steps += 1

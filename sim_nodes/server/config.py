@@ -48,6 +48,12 @@ class NodeConfig(BaseModel):
     background_context_tokens: int = Field(
         default=0, ge=0, description="Context length of each background sequence."
     )
+    background_turn_input_tokens: int = Field(
+        default=0, ge=0, description="New prompt tokens each background user sends per turn."
+    )
+    background_turn_output_tokens: int = Field(
+        default=0, ge=0, description="Tokens a background user decodes between its turns."
+    )
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1, description="Largest request body accepted."
     )

@@ -37,7 +37,12 @@ class Node:
         )
         background = None
         if config.background_sequences > 0:
-            background = Background(config.background_sequences, config.background_context_tokens)
+            background = Background(
+                config.background_sequences,
+                config.background_context_tokens,
+                config.background_turn_input_tokens,
+                config.background_turn_output_tokens,
+            )
         self.engine = Engine(
             self.deployment,
             serving.batching.to_batching(),

@@ -1,0 +1,145 @@
+"""The router's configuration file: the router's own settings and its pools.
+
+A pool has the fields of an InferencePool spec (camelCase, `ServingSpec` plus tier, names and
+replicas) and, for the static discovery source, the URLs of its endpoints. `tiergate up`
+uses the same file and starts the endpoints itself (`replicas` sim nodes per pool), so a
+pool there needs no URLs; `background` configures those sim nodes' other-tenant load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from tiergate.sim_nodes.perf import ServingSpec
+
+from .tiers import Tier
+
+
+class ConfigError(ValueError):
+    """The configuration file is unreadable or invalid; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class ReferenceWorkload(_Model):
+    """The request shape a pool's performance envelope (and so its price) is computed for."""
+
+    input_tokens: int = Field(default=2048, ge=1)
+    cached_input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=512, ge=1)
+
+
+class Billing(_Model):
+    """What the router charges per token served by a pool (default: the envelope's cost)."""
+
+    output_per_million_usd: float | None = Field(default=None, ge=0)
+    input_per_million_usd: float = Field(default=0.0, ge=0)
+
+
+class BackgroundLoad(_Model):
+    """Other tenants' sequences a local sim node keeps decoding (`tiergate up` only)."""
+
+    sequences: int = Field(ge=0)
+    context_tokens: int = Field(ge=1)
+
+
+class PoolSpec(ServingSpec):
+    """One pool: an InferencePool spec plus where its endpoints are."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    tier: Tier
+    served_model_name: str | None = Field(default=None, description="Name clients ask for.")
+    aliases: list[str] = Field(default_factory=list, description="More names clients may use.")
+    replicas: int = Field(default=1, ge=0)
+    endpoints: list[str] = Field(default_factory=list, description="Base URLs (static source).")
+    workload: ReferenceWorkload = Field(default_factory=ReferenceWorkload)
+    billing: Billing = Field(default_factory=Billing)
+    background: BackgroundLoad | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {url!r} is not an http(s) URL")
+        return [u.rstrip("/") for u in urls]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every model name this pool answers to, the primary first."""
+        primary = self.served_model_name or self.model
+        return (primary, *[a for a in self.aliases if a != primary])
+
+
+class RouterSettings(_Model):
+    """How the router itself runs."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    tenants_file: Path | None = Field(
+        default=None, description="Tenants YAML, or a mounted Secret folder; none: open mode."
+    )
+    ledger_path: Path = Field(default=Path(".tiergate/ledger.sqlite"))
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    upstream_attempts: int = Field(default=3, ge=1, le=10)
+    scrape_interval_s: float = Field(default=0.5, gt=0)
+    reload_interval_s: float = Field(default=1.0, gt=0)
+
+
+class LocalSettings(_Model):
+    """`tiergate up`: where the sim nodes listen."""
+
+    host: str = "127.0.0.1"
+    first_port: int = Field(default=9000, ge=1, le=65535)
+
+
+class RouterConfig(_Model):
+    """A whole configuration file."""
+
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    pools: list[PoolSpec]
+    kind: Literal["TiergateConfig"] = "TiergateConfig"
+
+    @field_validator("pools")
+    @classmethod
+    def _unique(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
+        seen: set[str] = set()
+        for p in pools:
+            if p.name in seen:
+                raise ValueError(f"pool name {p.name!r} is used twice")
+            seen.add(p.name)
+        return pools
+
+
+def load_config(path: Path) -> RouterConfig:
+    """Read and validate a configuration file; ConfigError says where it is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, origin: str = "<config>") -> RouterConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{origin}:{where} not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping with `pools`")
+    try:
+        return RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{origin}: {where}: {first['msg']}") from None

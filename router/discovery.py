@@ -1,0 +1,222 @@
+"""Discovery: the router's view of pools and endpoints, and the sources that build it.
+
+`PoolView` is immutable once built and indexed by (served model name, tier), so picking
+candidates on the request path is one dict lookup whatever the number of pools. Sources
+build a new view when something changes and hand it over with one assignment: requests in
+flight keep the view they started with, so a reload never drops them. `EndpointState`
+objects are carried over from the previous view by (pool, URL), so live metrics, in-flight
+counts and ejections survive a reload.
+
+Sources: `StaticSource` (a fixed list of pools, e.g. what `tiergate up` started) and
+`FileSource` (a YAML file, polled for changes: hot reload). The Kubernetes source of a later
+issue builds the same view from InferencePools and EndpointSlices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiergate.sim_nodes.catalogs import Catalog, CatalogError
+from tiergate.sim_nodes.perf import (
+    Deployment,
+    PerfConfigError,
+    PerfResult,
+    Workload,
+    build_deployment,
+    evaluate,
+    max_running,
+)
+
+from .config import ConfigError, PoolSpec, RouterConfig, load_config
+from .state import EndpointState
+from .tiers import TIERS, Tier
+
+log = logging.getLogger("tiergate.router.discovery")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedPool:
+    """A pool as the router uses it: spec, performance envelope, prices and endpoints."""
+
+    spec: PoolSpec
+    deployment: Deployment
+    envelope: PerfResult
+    output_price_per_token_usd: float
+    input_price_per_token_usd: float
+    endpoints: tuple[EndpointState, ...]
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.input_price_per_token_usd
+            + completion_tokens * self.output_price_per_token_usd
+        )
+
+
+class PoolView:
+    """Every pool and endpoint, indexed for the request path."""
+
+    def __init__(self, pools: Iterable[RoutedPool]) -> None:
+        self.pools: dict[str, RoutedPool] = {p.spec.name: p for p in pools}
+        self._candidates: dict[tuple[str, Tier], list[EndpointState]] = {}
+        tiers: dict[str, set[Tier]] = {}
+        for pool in self.pools.values():
+            for name in pool.spec.names:
+                key = (name, pool.spec.tier)
+                self._candidates.setdefault(key, []).extend(pool.endpoints)
+                tiers.setdefault(name, set()).add(pool.spec.tier)
+        self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
+
+    def candidates(self, model: str, tier: Tier) -> list[EndpointState]:
+        """Endpoints of pools of `tier` serving `model` (shared list: do not modify)."""
+        return self._candidates.get((model, tier), [])
+
+    def tiers_serving(self, model: str) -> tuple[Tier, ...]:
+        return self._tiers.get(model, ())
+
+    @property
+    def served_models(self) -> dict[str, tuple[Tier, ...]]:
+        """Model name -> tiers serving it."""
+        return dict(self._tiers)
+
+    def endpoints(self) -> list[EndpointState]:
+        return [e for p in self.pools.values() for e in p.endpoints]
+
+
+def build_pool(
+    spec: PoolSpec,
+    catalog: Catalog,
+    urls: Sequence[str],
+    previous: dict[tuple[str, str], EndpointState] | None = None,
+) -> RoutedPool:
+    """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run."""
+    w = spec.workload
+    try:
+        workload = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, None)
+        kv_tokens = spec.batching.max_num_seqs * workload.tokens_per_sequence
+        deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
+        batching = spec.batching.to_batching()
+        # The envelope: the pool's batch full (or as full as the KV cache allows).
+        running = max(max_running(deployment, workload, batching), 1)
+        envelope = evaluate(
+            deployment,
+            Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, running),
+            batching,
+        )
+    except (CatalogError, PerfConfigError) as exc:
+        raise ConfigError(f"pool {spec.name}: {exc}") from None
+    if not envelope.fits:
+        raise ConfigError(f"pool {spec.name}: does not fit: {envelope.reason}")
+    out_price = spec.billing.output_per_million_usd
+    if out_price is None:
+        out_price = envelope.cost_per_million_output_tokens_usd
+    previous = previous or {}
+    endpoints = tuple(
+        _endpoint(previous.get((spec.name, url)), spec, url) for url in dict.fromkeys(urls)
+    )
+    return RoutedPool(
+        spec,
+        deployment,
+        envelope,
+        out_price / 1e6,
+        spec.billing.input_per_million_usd / 1e6,
+        endpoints,
+    )
+
+
+def _endpoint(old: EndpointState | None, spec: PoolSpec, url: str) -> EndpointState:
+    if old is not None and old.tier == spec.tier and old.served_names == spec.names:
+        return old
+    return EndpointState(url, spec.name, spec.tier, spec.model, spec.names)
+
+
+def build_view(
+    specs: Sequence[PoolSpec],
+    catalog: Catalog,
+    previous: PoolView | None = None,
+    urls_of: Callable[[PoolSpec], Sequence[str]] = lambda s: s.endpoints,
+) -> PoolView:
+    """A view of `specs`, reusing `previous`' endpoint states where pool and URL match."""
+    old = {(e.pool, e.url): e for e in previous.endpoints()} if previous else {}
+    return PoolView(build_pool(s, catalog, urls_of(s), old) for s in specs)
+
+
+class StaticSource:
+    """A fixed set of pools (what `tiergate up` started, or a test's)."""
+
+    def __init__(self, view: PoolView) -> None:
+        self.view = view
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+class FileSource:
+    """Pools from a YAML configuration file, reloaded when its content changes.
+
+    A changed file that does not parse or validate is logged and ignored: the router keeps
+    serving with the last good view (a typo must not take a gateway down).
+    """
+
+    def __init__(self, path: Path, catalog: Catalog, *, interval_s: float = 1.0) -> None:
+        self.path = path
+        self.catalog = catalog
+        self.interval_s = interval_s
+        self.config: RouterConfig = load_config(path)
+        self._digest = _digest(path)
+        self.view = build_view(self.config.pools, catalog)
+        self.reloads = 0
+        self.reload_errors = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="tiergate-config-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def reload_if_changed(self) -> bool:
+        """Rebuild the view if the file changed; True if a new view is in place."""
+        digest = _digest(self.path)
+        if digest == self._digest:
+            return False
+        self._digest = digest
+        try:
+            config = load_config(self.path)
+            view = build_view(config.pools, self.catalog, self.view)
+        except ConfigError as exc:
+            self.reload_errors += 1
+            log.error("event=config_reload_failed path=%s error=%r", self.path, str(exc))
+            return False
+        self.config, self.view = config, view
+        self.reloads += 1
+        log.info("event=config_reloaded path=%s pools=%d", self.path, len(view.pools))
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.reload_if_changed()
+            except Exception:  # never let the watcher die: a dead watcher is a silent one
+                log.exception("event=config_watch_error path=%s", self.path)
+
+
+def _digest(path: Path) -> bytes | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None

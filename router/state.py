@@ -1,0 +1,52 @@
+"""What the router knows about its endpoints and about the request being routed.
+
+`EndpointState` is the live view of one serving endpoint (a sim node or any vLLM-compatible
+server): its pool and tier, the load its `/metrics` last reported, and the router's own
+in-flight count. The scraper and the proxy update it; the policy plugins only read it.
+`RequestContext` is what the policy plugins may know about a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .tiers import Tier
+
+
+@dataclass(slots=True)
+class EndpointState:
+    """One endpoint of one pool, as the router sees it now."""
+
+    url: str  # base URL, e.g. http://127.0.0.1:9000
+    pool: str
+    tier: Tier
+    model: str  # catalog model name of the pool
+    served_names: tuple[str, ...]  # model names clients may ask this pool for
+    # From the endpoint's /metrics (vLLM names); None until the first successful scrape.
+    running: float | None = None  # vllm:num_requests_running
+    waiting: float | None = None  # vllm:num_requests_waiting
+    kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
+    scraped_at_s: float | None = None  # router clock time of the last successful scrape
+    # The router's own view.
+    inflight: int = 0  # requests the router has open to this endpoint
+    consecutive_failures: int = 0
+    ejected_until_s: float = 0.0  # outlier detection: not picked before this time
+
+    def is_ejected(self, now_s: float) -> bool:
+        return now_s < self.ejected_until_s
+
+    @property
+    def queue_depth(self) -> float:
+        """Requests waiting at the endpoint, or the router's in-flight count before a scrape."""
+        return self.waiting if self.waiting is not None else float(self.inflight)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What routing policy may use about one request (never its text beyond a hash)."""
+
+    model: str  # the requested (served) model name
+    tier: Tier
+    prompt_tokens: int
+    max_output_tokens: int
+    prefix_hashes: tuple[int, ...] = field(default=())  # hashes of the prompt's first blocks

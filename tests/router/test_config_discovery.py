@@ -1,0 +1,128 @@
+"""Router configuration and discovery: validation, the pool view's index, hot reload."""
+
+from pathlib import Path
+
+import pytest
+
+from tiergate.router.config import ConfigError, parse_config
+from tiergate.router.discovery import FileSource, build_view
+from tiergate.sim_nodes.catalogs import default_catalog
+
+POOLS = """
+pools:
+  - name: fr-batched
+    tier: batched
+    model: llama-3.1-8b
+    servedModelName: coder
+    accelerator: h100-sxm
+    batching: {maxNumSeqs: 64}
+    endpoints: [http://127.0.0.1:9000, http://127.0.0.1:9001/]
+  - name: fr-premium
+    tier: premium
+    model: llama-3.1-8b
+    servedModelName: coder
+    accelerator: h100-sxm
+    batching: {maxNumSeqs: 4}
+    endpoints: [http://127.0.0.1:9002]
+  - name: spark
+    tier: wafer-scale
+    model: llama-3.1-8b
+    servedModelName: coder-spark
+    aliases: [spark]
+    accelerator: wse-3
+    batching: {maxNumSeqs: 4}
+    billing: {outputPerMillionUsd: 2.5}
+    endpoints: [http://127.0.0.1:9003]
+"""
+
+
+def test_view_indexes_candidates_by_model_and_tier() -> None:
+    view = build_view(parse_config(POOLS).pools, default_catalog())
+    assert [e.url for e in view.candidates("coder", "batched")] == [
+        "http://127.0.0.1:9000",
+        "http://127.0.0.1:9001",
+    ]
+    assert view.candidates("coder", "wafer-scale") == []
+    assert view.tiers_serving("coder") == ("batched", "premium")
+    assert view.tiers_serving("spark") == ("wafer-scale",)
+    assert view.served_models == {
+        "coder": ("batched", "premium"),
+        "coder-spark": ("wafer-scale",),
+        "spark": ("wafer-scale",),
+    }
+
+
+def test_prices_come_from_the_envelope_unless_billing_overrides() -> None:
+    view = build_view(parse_config(POOLS).pools, default_catalog())
+    batched, premium, spark = (view.pools[n] for n in ("fr-batched", "fr-premium", "spark"))
+    assert batched.output_price_per_token_usd == pytest.approx(
+        batched.envelope.cost_per_million_output_tokens_usd / 1e6
+    )
+    # a smaller batch cap on the same hardware costs more per token
+    assert premium.output_price_per_token_usd > 3 * batched.output_price_per_token_usd
+    assert spark.output_price_per_token_usd == pytest.approx(2.5e-6)
+    assert spark.cost_usd(1000, 2000) == pytest.approx(2000 * 2.5e-6)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pools: [{name: a, tier: turbo, model: llama-3.1-8b, accelerator: h100-sxm}]", "tier"),
+        ("pools: [{name: A_B, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]", "name"),
+        (
+            "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+            "endpoints: [ftp://x]}]",
+            "not an http",
+        ),
+        (
+            "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+            "colour: red}]",
+            "Extra inputs",
+        ),
+        ("pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}, "
+         "{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]", "used twice"),
+        ("pools: [\n  - {name: [}", "not valid YAML"),
+        ("- 1\n- 2", "expected a mapping"),
+    ],
+)  # fmt: skip
+def test_bad_config_names_the_problem(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(text)
+
+
+def test_a_pool_that_does_not_fit_is_a_config_error() -> None:
+    text = "pools: [{name: big, tier: batched, model: llama-3.1-405b, accelerator: h100-sxm, chips: 1}]"
+    with pytest.raises(ConfigError, match="pool big: does not fit: weights need"):
+        build_view(parse_config(text).pools, default_catalog())
+
+
+def test_unknown_model_is_a_config_error() -> None:
+    text = "pools: [{name: x, tier: batched, model: gpt-9, accelerator: h100-sxm}]"
+    with pytest.raises(ConfigError, match="pool x: unknown model 'gpt-9'"):
+        build_view(parse_config(text).pools, default_catalog())
+
+
+def test_hot_reload_keeps_endpoint_state_and_survives_a_bad_edit(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(POOLS)
+    source = FileSource(path, default_catalog())
+    old = source.view.candidates("coder", "batched")[0]
+    old.inflight = 3
+    assert not source.reload_if_changed()  # unchanged content: nothing to do
+
+    path.write_text(POOLS.replace("maxNumSeqs: 4}\n    endpoints: [http://127.0.0.1:9002]",
+                                  "maxNumSeqs: 8}\n    endpoints: [http://127.0.0.1:9002]"))  # fmt: skip
+    assert source.reload_if_changed()
+    assert source.view.candidates("coder", "batched")[0] is old  # state carried over
+    assert source.view.pools["fr-premium"].spec.batching.max_num_seqs == 8
+
+    before = source.view
+    path.write_text("pools: [{name: x, tier: nope}]")
+    assert not source.reload_if_changed()
+    assert source.view is before and source.reload_errors == 1
+
+    path.write_text(POOLS.replace("http://127.0.0.1:9001/", "http://127.0.0.1:9005"))
+    assert source.reload_if_changed()
+    urls = [e.url for e in source.view.candidates("coder", "batched")]
+    assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9005"]
+    assert source.reloads == 2
