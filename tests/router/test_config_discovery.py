@@ -91,7 +91,10 @@ def test_bad_config_names_the_problem(text: str, message: str) -> None:
 
 
 def test_a_pool_that_does_not_fit_is_a_config_error() -> None:
-    text = "pools: [{name: big, tier: batched, model: llama-3.1-405b, accelerator: h100-sxm, chips: 1}]"
+    text = (
+        "pools: [{name: big, tier: batched, model: llama-3.1-405b, accelerator: h100-sxm, "
+        "chips: 1}]"
+    )
     with pytest.raises(ConfigError, match="pool big: does not fit: weights need"):
         build_view(parse_config(text).pools, default_catalog())
 
@@ -110,8 +113,8 @@ def test_hot_reload_keeps_endpoint_state_and_survives_a_bad_edit(tmp_path: Path)
     old.inflight = 3
     assert not source.reload_if_changed()  # unchanged content: nothing to do
 
-    path.write_text(POOLS.replace("maxNumSeqs: 4}\n    endpoints: [http://127.0.0.1:9002]",
-                                  "maxNumSeqs: 8}\n    endpoints: [http://127.0.0.1:9002]"))  # fmt: skip
+    premium = "maxNumSeqs: 4}\n    endpoints: [http://127.0.0.1:9002]"
+    path.write_text(POOLS.replace(premium, premium.replace("4}", "8}")))
     assert source.reload_if_changed()
     assert source.view.candidates("coder", "batched")[0] is old  # state carried over
     assert source.view.pools["fr-premium"].spec.batching.max_num_seqs == 8
