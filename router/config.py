@@ -48,6 +48,8 @@ class BackgroundLoad(_Model):
 
     sequences: int = Field(ge=0)
     context_tokens: int = Field(ge=1)
+    turn_input_tokens: int = Field(default=0, ge=0, description="New tokens per turn.")
+    turn_output_tokens: int = Field(default=0, ge=0, description="Tokens between turns.")
 
 
 class PoolSpec(ServingSpec):

@@ -27,10 +27,12 @@ class EndpointState:
     waiting: float | None = None  # vllm:num_requests_waiting
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
     scraped_at_s: float | None = None  # router clock time of the last successful scrape
+    scrape_failures: int = 0  # consecutive failed scrapes (0 after a success)
     # The router's own view.
     inflight: int = 0  # requests the router has open to this endpoint
     consecutive_failures: int = 0
     ejected_until_s: float = 0.0  # outlier detection: not picked before this time
+    ejections: int = 0  # outlier detection: recent ejections, doubling the next one's length
 
     def is_ejected(self, now_s: float) -> bool:
         return now_s < self.ejected_until_s

@@ -39,10 +39,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tiergate.sim_nodes.commands.simulate_cmd",
         "run a workload through replicas of the batching engine in virtual time",
     ),
+    "router": (
+        "tiergate.router.cli.router_cmd",
+        "serve the tier router with pools from a configuration file (hot-reloaded)",
+    ),
+    "up": (
+        "tiergate.router.cli.up_cmd",
+        "run the whole system locally: sim nodes of every pool and the router",
+    ),
     "sim-node": (
         "tiergate.sim_nodes.commands.sim_node_cmd",
         "serve one simulated accelerator node (OpenAI-compatible API, vLLM metrics)",
     ),
+    "bench": ("tiergate.router.bench.command", "drive load through a router; per-tier speed, cost"),
 }
 
 USAGE_ERROR = 2

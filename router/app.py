@@ -1,0 +1,138 @@
+"""The router's ASGI app: the OpenAI-compatible API, usage, health, metrics and OpenAPI.
+
+Raw ASGI with a dict of routes: the request path is `handler.Router.completion`; the rest
+are small. The lifespan starts discovery and metric scraping and stops them, closing the
+shared upstream client and the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from .asgi import Receive, Scope, Send, header_map, send_bytes, send_error, send_json
+from .errors import RouterError
+from .handler import Router
+from .metrics import CONTENT_TYPE
+from .openapi import openapi_document
+from .usage import usage_response
+
+log = logging.getLogger("tiergate.router")
+
+
+class Service(Protocol):
+    """Something the app starts with it and stops with it (discovery, scraper)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class RouterApp:
+    """The ASGI application."""
+
+    def __init__(self, router: Router, services: list[Service] | None = None) -> None:
+        self.router = router
+        self.services = services or []
+        self.ready = False
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/v1/usage"): self._usage,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
+            ("GET", "/openapi.json"): self._openapi,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            handler = self._routes.get((scope["method"], scope["path"]))
+            if handler is not None:
+                await handler(scope, receive, send)
+            elif scope["path"] in self._paths:
+                await send_error(
+                    send, RouterError(405, "method not allowed", code="method_not_allowed")
+                )
+            else:
+                await send_error(
+                    send, RouterError(404, f"no route {scope['path']}", code="not_found")
+                )
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def start(self) -> None:
+        for service in self.services:
+            await service.start()
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        for service in reversed(self.services):
+            await service.stop()
+        await self.router.upstream.client.aclose()
+        self.router.ledger.close()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:  # a router that cannot start must say why
+                    log.exception("event=startup_failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.router.completion(scope, receive, send, chat=True)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.router.completion(scope, receive, send, chat=False)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        data: list[dict[str, Any]] = [
+            {"id": name, "object": "model", "owned_by": "tiergate", "tiers": list(tiers)}
+            for name, tiers in sorted(self.router.view().served_models.items())
+        ]
+        await send_json(send, 200, {"object": "list", "data": data})
+
+    async def _usage(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            tenant = self.router.tenants.authenticate(header_map(scope).get("authorization"))
+        except RouterError as error:
+            await send_error(send, error)
+            return
+        body = usage_response(self.router.ledger, tenant, self.router.budgets, self.router.wall())
+        await send_json(send, 200, body)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self.router.metrics.exposition()
+        await send_bytes(send, 200, body, content_type=(b"content-type", CONTENT_TYPE.encode()))
+
+    async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"status": "ok"})
+
+    async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoints = self.router.view().endpoints()
+        now = self.router.clock()
+        usable = [e for e in endpoints if not e.is_ejected(now)]
+        if self.ready and usable:
+            await send_json(send, 200, {"status": "ready", "endpoints": len(usable)})
+        else:
+            reason = "starting" if not self.ready else "no usable endpoint"
+            await send_json(send, 503, {"status": "not ready", "reason": reason})
+
+    async def _openapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, openapi_document())

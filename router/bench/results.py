@@ -1,0 +1,33 @@
+"""`RequestResult`: how one bench request went (the client fills it, the stats read it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RequestResult"]
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """How one request went. Times are seconds from sending it."""
+
+    index: int
+    requested_tier: str
+    served_tier: str
+    model: str
+    pool: str | None = None
+    status: int | None = None
+    error: str | None = None
+    error_message: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    tool_call_expected: bool = False
+    tool_call_valid: bool | None = None  # None: no tools sent, or the request failed
+    tool_call_problem: str | None = None
+    escalated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None

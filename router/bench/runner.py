@@ -1,0 +1,109 @@
+"""Running a bench: one shared client, `concurrency` workers, the planned requests, a report.
+
+`run_bench` is the whole run as a coroutine (the CLI only parses flags and prints); tests
+pass a `transport` to drive it in-process, or point it at a real socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from .client import send_request
+from .discovery import choose_models, discover_models
+from .errors import BenchError
+from .results import RequestResult
+from .stats import BenchReport, RunInfo, summarize
+from .workload import Workload
+
+__all__ = ["BenchSettings", "normalize_url", "run_bench"]
+
+#: Connecting should be quick even when replies are slow.
+_CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    """Everything a run needs besides the workload."""
+
+    url: str
+    requests: int
+    concurrency: int
+    workload: Workload
+    model: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 120.0
+
+
+def normalize_url(url: str) -> str:
+    """`url` without a trailing slash or `/v1` (accepted as OpenAI clients' base URL)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BenchError(
+            f"--router: expected an http(s) URL such as http://127.0.0.1:8080, got {url!r}"
+        )
+    base = url.strip().rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+async def run_bench(
+    settings: BenchSettings,
+    *,
+    on_result: Callable[[RequestResult], None] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> BenchReport:
+    """Run the bench and summarize it. Raises BenchError if the server is unreachable."""
+    url = normalize_url(settings.url)
+    headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    limits = httpx.Limits(
+        max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
+    )
+    timeout = httpx.Timeout(settings.timeout_s, connect=min(_CONNECT_TIMEOUT_S, settings.timeout_s))
+    workload = settings.workload
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, limits=limits, timeout=timeout, transport=transport
+    ) as client:
+        served = await discover_models(client, url)
+        models = choose_models(workload.mix, settings.model, served, url)
+        planned = iter(workload.plan(settings.requests))
+        results: list[RequestResult] = []
+
+        async def worker() -> None:
+            for request in planned:  # a shared iterator: each request is taken once
+                result = await send_request(
+                    client,
+                    workload,
+                    request,
+                    models[request.tier],
+                    timeout_s=settings.timeout_s,
+                    clock=clock,
+                )
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+
+        start = clock()
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(settings.concurrency, settings.requests)):
+                group.create_task(worker())
+        wall_s = clock() - start
+
+    run = RunInfo(
+        url=url,
+        requests=settings.requests,
+        concurrency=settings.concurrency,
+        mix=workload.mix,
+        models=models,
+        input_tokens=workload.input_tokens,
+        max_tokens=workload.max_tokens,
+        tools_fraction=workload.tools_fraction,
+        seed=workload.seed,
+    )
+    results.sort(key=lambda r: r.index)
+    return summarize(results, run, wall_s)

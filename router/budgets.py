@@ -1,0 +1,158 @@
+"""Spend budgets: refuse a tenant's requests once it has spent its budget for the period.
+
+A tenant's budget (`budgetUsd`) applies per `budgetPeriod`: a UTC calendar `day`, an ISO `week`
+(from Monday 00:00 UTC), a calendar `month`, or `total` (never resets). The guard keeps each
+tenant's spend in the current period in memory and reads it from the ledger the first time the
+tenant is checked, so a restarted router keeps enforcing budgets.
+
+Contract with the caller: record an attempt in the ledger first, then call `add` with no
+`await` in between. The ledger is then always the truth the in-memory figure is rebuilt from,
+and a figure rebuilt from it never counts an attempt twice (`add` only updates a tenant the
+guard already tracks; one it does not yet track is read from the ledger at its next `check`).
+
+Budgets are soft by the requests already in flight: `check` admits while the spend so far is
+under the budget, and requests running at that moment still complete and are billed.
+Time is Unix time (`time.time` by default) because periods are calendar periods.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from .errors import RouterError
+from .ledger import Ledger
+from .tenants import BudgetPeriod, Tenant
+
+__all__ = ["BudgetGuard", "BudgetStatus", "period_bounds"]
+
+
+def period_bounds(period: BudgetPeriod, now_s: float) -> tuple[float, float | None]:
+    """Start and end (Unix seconds) of the UTC period containing `now_s`; `total` has no end."""
+    if period == "total":
+        return 0.0, None
+    now = datetime.fromtimestamp(now_s, UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start, end = day, day + timedelta(days=1)
+    elif period == "week":
+        start = day - timedelta(days=day.weekday())
+        end = start + timedelta(days=7)
+    else:
+        start = day.replace(day=1)
+        end = (
+            start.replace(year=start.year + 1, month=1)
+            if start.month == 12
+            else (start.replace(month=start.month + 1))
+        )
+    return start.timestamp(), end.timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """A tenant's spend in its current budget period."""
+
+    period: BudgetPeriod
+    period_start_s: float
+    period_end_s: float | None  # None for `total`
+    spent_usd: float
+    budget_usd: float | None  # None: unlimited
+
+    @property
+    def remaining_usd(self) -> float | None:
+        return None if self.budget_usd is None else max(0.0, self.budget_usd - self.spent_usd)
+
+
+@dataclass(slots=True)
+class _Spend:
+    period: BudgetPeriod
+    start_s: float
+    end_s: float | None
+    spent_usd: float
+
+    def contains(self, now_s: float) -> bool:
+        return self.start_s <= now_s and (self.end_s is None or now_s < self.end_s)
+
+
+class BudgetGuard:
+    """Per-tenant spend in the current period, enforced before each request."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        clock: Callable[[], float] = time.time,
+        tenants: Iterable[Tenant] = (),
+    ) -> None:
+        """`tenants` with budgets are read from the ledger now rather than at first use."""
+        self._ledger = ledger
+        self._clock = clock
+        self._spend: dict[str, _Spend] = {}
+        now_s = clock()
+        for tenant in tenants:
+            if tenant.budget_usd is not None:
+                self._tracked(tenant, now_s)
+
+    def check(self, tenant: Tenant, now_s: float | None = None) -> None:
+        """Raise RouterError(429, insufficient_quota) if the tenant has spent its budget.
+
+        `Retry-After` is the time to the next period; a spent `total` budget has none.
+        """
+        budget = tenant.budget_usd
+        if budget is None:
+            return
+        now = self._clock() if now_s is None else now_s
+        spend = self._tracked(tenant, now)
+        if spend.spent_usd < budget:
+            return
+        headers = {}
+        if spend.end_s is None:
+            when = "it does not reset; an administrator can raise budgetUsd"
+        else:
+            headers["Retry-After"] = str(max(1, math.ceil(spend.end_s - now)))
+            reset = datetime.fromtimestamp(spend.end_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = f"it resets at {reset}"
+        raise RouterError(
+            429,
+            f"tenant {tenant.name!r} has spent its {_label(spend.period)} budget "
+            f"(${spend.spent_usd:.4f} of ${budget:.2f}); {when}",
+            type="insufficient_quota",
+            code="budget_exceeded",
+            headers=headers,
+        )
+
+    def add(self, tenant: Tenant, cost_usd: float, now_s: float | None = None) -> None:
+        """Count an attempt's cost, after it was recorded in the ledger (see the module doc)."""
+        spend = self._spend.get(tenant.name)
+        if spend is None:
+            return  # read from the ledger, this attempt included, when first needed
+        now = self._clock() if now_s is None else now_s
+        if spend.period != tenant.budget_period or not spend.contains(now):
+            # A new period (or a reload changed the period): the ledger is rebuilt from lazily.
+            del self._spend[tenant.name]
+            return
+        spend.spent_usd += cost_usd
+
+    def status(self, tenant: Tenant, now_s: float | None = None) -> BudgetStatus:
+        """The tenant's spend in its current period (for `GET /v1/usage`)."""
+        now = self._clock() if now_s is None else now_s
+        spend = self._tracked(tenant, now)
+        return BudgetStatus(
+            spend.period, spend.start_s, spend.end_s, spend.spent_usd, tenant.budget_usd
+        )
+
+    def _tracked(self, tenant: Tenant, now_s: float) -> _Spend:
+        spend = self._spend.get(tenant.name)
+        if spend is None or spend.period != tenant.budget_period or not spend.contains(now_s):
+            # One indexed range read per tenant per period (near-empty right after a rollover).
+            start_s, end_s = period_bounds(tenant.budget_period, now_s)
+            spent_usd = self._ledger.spend_since(tenant.name, start_s, end_s)
+            spend = _Spend(tenant.budget_period, start_s, end_s, spent_usd)
+            self._spend[tenant.name] = spend
+        return spend
+
+
+def _label(period: BudgetPeriod) -> str:
+    return {"day": "daily", "week": "weekly", "month": "monthly", "total": "total"}[period]

@@ -1,0 +1,66 @@
+"""Assembling a router from its configuration: one place that wires the stages together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tiergate.sim_nodes.catalogs import Catalog, default_catalog
+
+from .app import RouterApp, Service
+from .budgets import BudgetGuard
+from .config import RouterConfig
+from .discovery import FileSource, PoolView, StaticSource
+from .handler import Router
+from .ledger import Ledger
+from .metrics import RouterMetrics
+from .policy import default_policy
+from .proxy import Upstream, default_client
+from .ratelimit import RateLimiter
+from .tenants import TenantRegistry, load_tenants
+
+
+def build_app(
+    config: RouterConfig,
+    source: StaticSource | FileSource,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    extra_services: list[Service] | None = None,
+) -> RouterApp:
+    """The router app for `config`, reading pools from `source`.
+
+    Raises TenantConfigError / LedgerError when the tenants file or the ledger is unusable.
+    """
+    settings = config.router
+    if settings.tenants_file is not None:
+        tenants = load_tenants(settings.tenants_file)
+    else:
+        tenants = TenantRegistry.open()
+    ledger_path = settings.ledger_path
+    if str(ledger_path) != ":memory:":
+        Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(ledger_path)
+
+    def view() -> PoolView:
+        return source.view
+
+    router = Router(
+        view=view,
+        tenants=tenants,
+        limiter=RateLimiter(clock),
+        budgets=BudgetGuard(ledger, tenants=tenants.tenants.values()),
+        ledger=ledger,
+        upstream=Upstream(default_client(), attempts=settings.upstream_attempts),
+        metrics=RouterMetrics(view, clock),
+        settings=settings,
+        policy=default_policy(),
+        clock=clock,
+    )
+    return RouterApp(router, [source, *(extra_services or [])])
+
+
+def file_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfig, FileSource]:
+    """The configuration in `path` and a source that hot-reloads its pools."""
+    source = FileSource(path, catalog or default_catalog())
+    return source.config, source

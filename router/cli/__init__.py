@@ -1,0 +1,1 @@
+"""Command-line front ends of the router: `tiergate router`, `tiergate up`, `tiergate demo`."""

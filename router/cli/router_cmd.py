@@ -1,0 +1,35 @@
+"""`tiergate router --config FILE`: serve the tier router, pools from a hot-reloaded file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from tiergate.sim_nodes.commands.common import CliError
+
+from ..build import build_app, file_source
+from ..config import ConfigError
+from ..ledger import LedgerError
+from ..tenants import TenantConfigError
+from .serve import configure_logging, serve
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, required=True, help="router configuration (YAML)")
+    p.add_argument("--host", default=None, help="listen address (default: from the config)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: from the config)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    try:
+        config, source = file_source(args.config)
+        app = build_app(config, source)
+    except (ConfigError, TenantConfigError, LedgerError) as exc:
+        raise CliError(str(exc)) from None
+    host = args.host or config.router.host
+    port = args.port if args.port is not None else config.router.port
+    ok = asyncio.run(serve(app, host, port, args.log_level))
+    return 0 if ok else 1

@@ -1,0 +1,103 @@
+"""`tiergate up`: the whole system on localhost: sim nodes for every pool, and the router.
+
+Without --config it runs the embedded default (router/local.yaml, the three seed tiers);
+`tiergate up --print-config` shows it, to copy and edit. Ctrl-C or SIGTERM stops everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from importlib import resources
+from pathlib import Path
+
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.commands.common import CliError, table
+
+from ..build import build_app
+from ..config import ConfigError, RouterConfig, load_config, parse_config
+from ..discovery import PoolView, StaticSource, build_view
+from ..ledger import LedgerError
+from ..tenants import TenantConfigError
+from .nodes import NodeStartError, start_nodes, stop_nodes
+from .serve import configure_logging, serve
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, help="configuration (default: embedded)")
+    p.add_argument("--print-config", action="store_true", help="print the embedded default")
+    p.add_argument("--host", default=None, help="router address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="router port (default 8080)")
+    p.add_argument("--first-node-port", type=int, default=None, help="first sim-node port (9000)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+
+
+def default_config_text() -> str:
+    return resources.files("tiergate.router").joinpath("local.yaml").read_text(encoding="utf-8")
+
+
+def load(args: argparse.Namespace) -> RouterConfig:
+    try:
+        if args.config is None:
+            config = parse_config(default_config_text(), "embedded local.yaml")
+        else:
+            config = load_config(args.config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    updates: dict[str, object] = {}
+    if args.host is not None:
+        updates["host"] = args.host
+    if args.port is not None:
+        updates["port"] = args.port
+    router = config.router.model_copy(update=updates)
+    local = config.local
+    if args.first_node_port is not None:
+        local = local.model_copy(update={"first_port": args.first_node_port})
+    return config.model_copy(update={"router": router, "local": local})
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.print_config:
+        print(default_config_text(), end="")
+        return 0
+    configure_logging(args.log_level)
+    config = load(args)
+    try:
+        # Validate every pool (and its envelope) before starting any process.
+        planned = build_view(config.pools, default_catalog())
+        nodes = start_nodes(config, planned)
+    except (ConfigError, NodeStartError) as exc:
+        raise CliError(str(exc)) from None
+    try:
+        urls: dict[str, list[str]] = {}
+        for node in nodes:
+            urls.setdefault(node.pool.name, []).append(node.url)
+        view = build_view(config.pools, default_catalog(), urls_of=lambda s: urls.get(s.name, []))
+        try:
+            app = build_app(config, StaticSource(view))
+        except (TenantConfigError, LedgerError) as exc:
+            raise CliError(str(exc)) from None
+        host, port = config.router.host, config.router.port
+        print(summary(view, f"http://{host}:{port}"), flush=True)
+        ok = asyncio.run(serve(app, host, port, args.log_level))
+        return 0 if ok else 1
+    finally:
+        stop_nodes(nodes)
+
+
+def summary(view: PoolView, router_url: str) -> str:
+    rows = []
+    for name, pool in view.pools.items():
+        e = pool.envelope
+        rows.append([
+            pool.spec.tier, name, pool.spec.names[0],
+            f"{pool.deployment.chips} x {pool.deployment.accelerator.name}",
+            f"{e.output_tokens_per_s_per_stream:.0f}",
+            f"{pool.output_price_per_token_usd * 1e6:.2f}",
+            " ".join(ep.url for ep in pool.endpoints),
+        ])  # fmt: skip
+    headers = ["tier", "pool", "model", "hardware", "tok/s/stream", "$/1M out", "endpoints"]
+    return (
+        f"{table(headers, rows, left=4)}\n\nrouter: {router_url}  (OpenAI-compatible; "
+        f"try: tiergate bench --router {router_url})\nCtrl-C stops everything."
+    )

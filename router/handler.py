@@ -1,0 +1,446 @@
+"""The completion request path, stage by stage (ARCHITECTURE.md):
+
+    tenant -> body -> tier -> limits and budget -> admission -> pick -> upstream -> relay -> bill
+
+Every refusal is a RouterError, turned into the OpenAI error envelope once, at the end. Every
+request that got as far as a tenant is written to the ledger, whatever its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .admission import Shed, TierQueue, saturated, shed_error
+from .asgi import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    encode_headers,
+    header_map,
+    read_body,
+    send_bytes,
+    send_error,
+)
+from .budgets import BudgetGuard
+from .config import RouterSettings
+from .discovery import PoolView, RoutedPool
+from .errors import RouterError
+from .ledger import Ledger, Outcome, UsageRecord
+from .metrics import RouterMetrics
+from .policy import Pipeline, PolicyConfig, prefix_hashes
+from .proxy import Opened, Upstream
+from .ratelimit import RateLimiter
+from .request import CompletionRequest, parse_completion, upstream_body
+from .sse import StreamRewriter
+from .state import RequestContext
+from .tenants import Tenant, TenantRegistry, authorize_tier
+from .tiers import TIERS, Tier, TierChoice, resolve_tier
+
+log = logging.getLogger("tiergate.router")
+
+#: Request headers passed on to the serving node (never Authorization: keys stay here).
+FORWARDED = ("x-tiergate-fault", "x-tiergate-timing")
+#: Per-endpoint waiting requests beyond which a tier counts as saturated.
+SATURATION_WAITING = 8.0
+#: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
+HEADROOM = 1.5
+
+
+@dataclass
+class Progress:
+    """What happened to one request, filled in as it goes (for metrics and the ledger)."""
+
+    outcome: Outcome = "error"
+    status: int = 500
+    tier_served: Tier | None = None
+    pool: RoutedPool | None = None
+    endpoint: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    cost_usd: float = 0.0
+    estimated_tokens: int = 0  # what the rate limiter charged up front
+
+
+@dataclass
+class Router:
+    """Everything the request path needs; built by the app, one per process."""
+
+    view: Callable[[], PoolView]
+    tenants: TenantRegistry
+    limiter: RateLimiter
+    budgets: BudgetGuard
+    ledger: Ledger
+    upstream: Upstream
+    metrics: RouterMetrics
+    settings: RouterSettings
+    policy: PolicyConfig
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    _pipeline: tuple[PoolView | None, Pipeline | None] = field(default=(None, None))
+    _queues: dict[Tier, TierQueue] = field(default_factory=dict)
+
+    # -- per-view derived state ------------------------------------------------------------
+
+    def pipeline(self, view: PoolView) -> Pipeline:
+        cached_view, pipeline = self._pipeline
+        if cached_view is view and pipeline is not None:
+            return pipeline
+        pipeline = Pipeline.from_config(
+            self.policy,
+            deployments={n: p.deployment for n, p in view.pools.items()},
+            batch_caps={n: p.spec.batching.max_num_seqs for n, p in view.pools.items()},
+        )
+        self._pipeline = (view, pipeline)
+        self._resize_queues(view)
+        return pipeline
+
+    def _resize_queues(self, view: PoolView) -> None:
+        caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        for pool in view.pools.values():
+            caps[pool.spec.tier] += len(pool.endpoints) * pool.spec.batching.max_num_seqs
+        for tier, cap in caps.items():
+            capacity = max(1, int(cap * HEADROOM))
+            queue = self._queues.get(tier)
+            if queue is None:
+                self._queues[tier] = TierQueue(tier, capacity, max_waiting=max(16, capacity))
+            else:
+                queue.capacity = capacity
+                queue.max_waiting = max(16, capacity)
+
+    # -- the request path ------------------------------------------------------------------
+
+    async def completion(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+        started = self.clock()
+        request_id = uuid.uuid4().hex
+        headers = header_map(scope)
+        done = Progress()
+        tenant: Tenant | None = None
+        choice: TierChoice | None = None
+        try:
+            tenant = self.tenants.authenticate(headers.get("authorization"))
+            request = parse_completion(
+                await read_body(receive, headers, self.settings.max_body_bytes), chat=chat
+            )
+            view = self.view()
+            pipeline = self.pipeline(view)
+            choice, tier = self._tier(headers, request, view, tenant)
+            self.budgets.check(tenant, self.wall())
+            estimate = request.prompt_tokens_estimate + request.max_tokens
+            self.limiter.check(tenant, started, estimate)
+            done.estimated_tokens = estimate
+            tier = await self._admit(view, request, choice, tier, tenant)
+            try:
+                await self._serve(
+                    scope, receive, send, view, pipeline, request, choice, tier, request_id, done
+                )
+            finally:
+                self._queues[tier].release()
+        except RouterError as error:
+            done.status = error.status
+            done.outcome = "shed" if error.code == "tier_saturated" else "rejected"
+            await self._refuse(send, error, request_id)
+        except ClientGone:
+            done.outcome, done.status = "client_disconnect", 499
+        finally:
+            self._account(done, tenant, choice, request_id, started)
+
+    def _tier(
+        self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
+    ) -> tuple[TierChoice, Tier]:
+        serving = view.tiers_serving(request.model)
+        if not serving:
+            served = ", ".join(sorted(view.served_models)) or "none"
+            raise RouterError(
+                404,
+                f"model {request.model!r} is not served here; served models: {served}",
+                code="model_not_found",
+                param="model",
+            )
+        choice = resolve_tier(headers, request.body, serving)
+        authorize_tier(tenant, choice.tier)
+        if choice.tier in serving:
+            return choice, choice.tier
+        allowed = [t for t in serving if t in tenant.allowed_tiers]
+        if choice.may_fall_back and allowed:
+            return choice, allowed[0]
+        raise RouterError(
+            400,
+            f"model {request.model!r} is not served in the {choice.tier} tier; "
+            f"tiers serving it: {', '.join(serving)}",
+            code="tier_not_served",
+            param="model",
+        )
+
+    async def _admit(
+        self,
+        view: PoolView,
+        request: CompletionRequest,
+        choice: TierChoice,
+        tier: Tier,
+        tenant: Tenant,
+    ) -> Tier:
+        """A slot in `tier`'s queue; `service_tier: auto` may move to a quieter tier."""
+        tiers = [tier]
+        if choice.may_fall_back:
+            tiers += [
+                t
+                for t in view.tiers_serving(request.model)
+                if t != tier and t in tenant.allowed_tiers
+            ]
+        for i, candidate in enumerate(tiers):
+            last = i == len(tiers) - 1
+            busy = saturated(view.candidates(request.model, candidate), SATURATION_WAITING)
+            queue = self._queues[candidate]
+            if busy and (choice.priority == "flex" or not last):
+                if last:
+                    self.metrics.shed.labels(candidate, choice.priority).inc()
+                    raise shed_error(candidate, 2)
+                continue
+            if not last and queue.active >= queue.capacity:
+                continue  # full here: an auto request tries the next tier before waiting
+            try:
+                await queue.acquire(choice.priority)
+            except Shed:
+                self.metrics.shed.labels(candidate, choice.priority).inc()
+                if last:
+                    raise shed_error(candidate, 1) from None
+                continue
+            return candidate
+        raise shed_error(tier, 1)  # unreachable: the last tier either admits or raises
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        view: PoolView,
+        pipeline: Pipeline,
+        request: CompletionRequest,
+        choice: TierChoice,
+        tier: Tier,
+        request_id: str,
+        done: Progress,
+    ) -> None:
+        ctx = RequestContext(
+            request.model,
+            tier,
+            request.prompt_tokens_estimate,
+            request.max_tokens,
+            prefix_hashes(request.prefix_text),
+        )
+        order = pipeline.pick(ctx, view.candidates(request.model, tier), self.clock())
+        if not order:
+            raise RouterError(
+                503,
+                f"no endpoint of the {tier} tier is available for {request.model!r}",
+                type="server_error",
+                code="no_capacity",
+                headers={"Retry-After": "1"},
+            )
+        forwarded = {"content-type": "application/json", "x-tiergate-request-id": request_id}
+        forwarded.update({h: scope_v for h in FORWARDED if (scope_v := _header(scope, h))})
+        path = "/v1/chat/completions" if request.chat else "/v1/completions"
+        retries_before = self.upstream.retries
+        opened = await self.upstream.open(order, path, upstream_body(request), forwarded)
+        self.metrics.retries.inc(self.upstream.retries - retries_before)
+        pipeline.observe(ctx, opened.endpoint)
+        pool = view.pools[opened.endpoint.pool]
+        done.tier_served, done.pool, done.endpoint = tier, pool, opened.endpoint.url
+        reply_headers = {
+            "x-tiergate-tier": tier,
+            "x-tiergate-tier-requested": choice.tier,
+            "x-tiergate-pool": pool.spec.name,
+            "x-tiergate-request-id": request_id,
+        }
+        if tier != choice.tier:
+            reply_headers["x-tiergate-fallback"] = "true"
+        try:
+            if request.stream and opened.response.status_code == 200:
+                await self._relay_stream(receive, send, opened, request, pool, reply_headers, done)
+            else:
+                await self._relay_whole(send, opened, pool, reply_headers, done)
+        finally:
+            await opened.close()
+
+    async def _relay_whole(
+        self,
+        send: Send,
+        opened: Opened,
+        pool: RoutedPool,
+        headers: dict[str, str],
+        done: Progress,
+    ) -> None:
+        response = opened.response
+        body = await response.aread()
+        done.status = response.status_code
+        if response.status_code != 200:
+            # The node refused the request itself (4xx): its envelope goes back as it is.
+            done.outcome = "rejected"
+            await send_bytes(send, response.status_code, body, encode_headers(headers))
+            return
+        try:
+            data: dict[str, Any] = json.loads(body)
+            usage = data.get("usage") or {}
+            done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            done.completion_tokens = int(usage.get("completion_tokens") or 0)
+        except (ValueError, TypeError, AttributeError):
+            done.outcome, done.status = "upstream_error", 502
+            raise RouterError(
+                502,
+                "the serving node returned a malformed reply",
+                type="server_error",
+                code="bad_upstream_reply",
+            ) from None
+        done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+        data["service_tier"] = pool.spec.tier
+        if isinstance(data.get("usage"), dict):
+            data["usage"]["cost_usd"] = round(done.cost_usd, 10)
+        headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
+        done.outcome = "ok"
+        await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode(),
+                         encode_headers(headers))  # fmt: skip
+
+    async def _relay_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        opened: Opened,
+        request: CompletionRequest,
+        pool: RoutedPool,
+        headers: dict[str, str],
+        done: Progress,
+    ) -> None:
+        start = self.clock()
+        rewriter = StreamRewriter(
+            pool.spec.tier, include_usage=request.include_usage, cost_of=pool.cost_usd
+        )
+        raw_headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            *encode_headers(headers),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
+        done.status = 200
+        relay = asyncio.current_task()
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            if relay is not None:
+                relay.cancel()  # stop reading upstream; closing it cancels the node's work
+
+        watcher = asyncio.create_task(watch())
+        last_chunk_s = start
+        try:
+            async for raw in opened.response.aiter_raw():
+                out = rewriter.feed(raw)
+                if not out:
+                    continue
+                now = self.clock()
+                if done.ttft_s is None and rewriter.content_chunks:
+                    done.ttft_s = now - start
+                last_chunk_s = now
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            done.outcome = "error" if rewriter.error else "ok"
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            if relay is not None:
+                relay.uncancel()
+            done.outcome, done.status = "client_disconnect", 499
+        except (httpx.HTTPError, OSError) as exc:
+            done.outcome = "upstream_error"
+            self.metrics.midstream_errors.labels(pool.spec.tier).inc()
+            log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
+                        pool.spec.name, opened.endpoint.url, type(exc).__name__)  # fmt: skip
+            if not gone:
+                error = RouterError(502, "the serving node failed mid-stream",
+                                    type="server_error", code="upstream_failed")  # fmt: skip
+                event = b"data: " + json.dumps(error.envelope()).encode() + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        finally:
+            watcher.cancel()
+        if rewriter.usage is not None:
+            done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
+            done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
+        else:  # no usage chunk (cut short): bill what was relayed
+            done.completion_tokens = rewriter.content_chunks
+        done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+        if done.ttft_s is not None and done.completion_tokens > 1:
+            tpot = (last_chunk_s - start - done.ttft_s) / (done.completion_tokens - 1)
+            self.metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
+        if not gone:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _refuse(self, send: Send, error: RouterError, request_id: str) -> None:
+        try:
+            await send_error(send, error, {"x-tiergate-request-id": request_id})
+        except (OSError, RuntimeError):
+            pass  # the response had started, or the client is gone: nothing more to say
+
+    def _account(
+        self,
+        done: Progress,
+        tenant: Tenant | None,
+        choice: TierChoice | None,
+        request_id: str,
+        started: float,
+    ) -> None:
+        requested = choice.tier if choice is not None else "batched"
+        served = done.tier_served or "none"
+        self.metrics.requests.labels(requested, served, done.outcome).inc()
+        if done.tier_served is not None:
+            tier = done.tier_served
+            if done.ttft_s is not None:
+                self.metrics.ttft.labels(tier).observe(done.ttft_s)
+            self.metrics.cost.labels(tier).inc(done.cost_usd)
+            self.metrics.tokens.labels(tier, "prompt").inc(done.prompt_tokens)
+            self.metrics.tokens.labels(tier, "completion").inc(done.completion_tokens)
+        if tenant is None or choice is None:
+            return  # unauthenticated or unparsable: no tenant to bill
+        now = self.clock()
+        actual = done.prompt_tokens + done.completion_tokens
+        self.limiter.settle(tenant, now, actual - done.estimated_tokens)
+        self.ledger.record(
+            UsageRecord(
+                request_id=request_id,
+                time_s=self.wall(),
+                tenant=tenant.name,
+                tier_requested=choice.tier,
+                tier_served=done.tier_served,
+                pool=done.pool.spec.name if done.pool else None,
+                endpoint=done.endpoint,
+                prompt_tokens=done.prompt_tokens,
+                completion_tokens=done.completion_tokens,
+                latency_s=now - started,
+                ttft_s=done.ttft_s,
+                cost_usd=done.cost_usd,
+                http_status=done.status,
+                outcome=done.outcome,
+            )
+        )
+        # After the ledger, with no await between: the guard may re-read the ledger.
+        if done.cost_usd:
+            self.budgets.add(tenant, done.cost_usd, self.wall())
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    key = name.encode()
+    for k, v in scope["headers"]:
+        if k == key:
+            return str(v.decode("latin-1"))
+    return None

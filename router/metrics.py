@@ -1,0 +1,108 @@
+"""The router's Prometheus metrics, on a registry of its own (one per app, so tests can make
+many). Queue depth and endpoint health are read from the live pool view at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .discovery import PoolView
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TPOT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1)
+
+
+class RouterMetrics:
+    def __init__(self, view: Callable[[], PoolView], now: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "tiergate_requests",
+            "Completion requests by tier requested, tier served and outcome.",
+            ["tier_requested", "tier_served", "outcome"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tiergate_time_to_first_token_seconds",
+            "Time to first token seen by clients.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "tiergate_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            ["tier"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.cost = Counter(
+            "tiergate_cost_usd",
+            "Cost billed, USD, at the served tier's price.",
+            ["tier"],
+            registry=r,
+        )
+        self.tokens = Counter("tiergate_tokens", "Tokens served.", ["tier", "kind"], registry=r)
+        self.shed = Counter(
+            "tiergate_shed", "Requests shed by admission control.", ["tier", "priority"], registry=r
+        )
+        self.retries = Counter(
+            "tiergate_upstream_retries", "Upstream attempts beyond the first.", registry=r
+        )
+        self.midstream_errors = Counter(
+            "tiergate_midstream_errors",
+            "Streams ended by an upstream failure.",
+            ["tier"],
+            registry=r,
+        )
+        self.escalations = Counter(
+            "tiergate_cascade_escalations",
+            "Cascaded requests re-run on the full-quality tier.",
+            ["from_tier", "to_tier"],
+            registry=r,
+        )
+        r.register(_LiveCollector(view, now))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LiveCollector(Collector):
+    def __init__(self, view: Callable[[], PoolView], now: Callable[[], float]) -> None:
+        self._view, self._now = view, now
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting = GaugeMetricFamily(
+            "tiergate_queue_depth",
+            "Requests waiting at the endpoints of each tier (their vLLM metrics).",
+            labels=["tier"],
+        )
+        endpoints = GaugeMetricFamily(
+            "tiergate_endpoints", "Endpoints by tier and state.", labels=["tier", "state"]
+        )
+        inflight = GaugeMetricFamily(
+            "tiergate_inflight_requests", "Requests the router has open, by tier.", labels=["tier"]
+        )
+        now = self._now()
+        depth: dict[str, float] = {}
+        states: dict[tuple[str, str], int] = {}
+        open_: dict[str, int] = {}
+        for e in self._view().endpoints():
+            depth[e.tier] = depth.get(e.tier, 0.0) + (e.waiting or 0.0)
+            state = "ejected" if e.is_ejected(now) else "ready"
+            states[(e.tier, state)] = states.get((e.tier, state), 0) + 1
+            open_[e.tier] = open_.get(e.tier, 0) + e.inflight
+        for tier, value in depth.items():
+            waiting.add_metric([tier], value)
+        for (tier, state), count in states.items():
+            endpoints.add_metric([tier, state], count)
+        for tier, count in open_.items():
+            inflight.add_metric([tier], count)
+        yield waiting
+        yield endpoints
+        yield inflight

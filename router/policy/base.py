@@ -1,0 +1,119 @@
+"""The three kinds of routing plugin and what they are built with.
+
+A request's candidates go through every `Filter` in order, then every `Scorer` scores the
+survivors in [0, 1] (1 = best) and the `Picker` orders them by the weighted sum. Plugins are
+built once from configuration and called on the request path, so they must be cheap: no I/O,
+no clock reads (the pipeline passes `now_s`), no pydantic objects per request.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from tiergate.sim_nodes.perf import Deployment
+
+from ..state import EndpointState, RequestContext
+
+__all__ = [
+    "Filter",
+    "NoParameters",
+    "Parameters",
+    "Picker",
+    "Plugin",
+    "PluginContext",
+    "PluginKind",
+    "Scorer",
+]
+
+PluginKind = Literal["filter", "scorer", "picker"]
+
+
+class Parameters(BaseModel):
+    """Base of every plugin's parameters: unknown keys are an error, values are frozen.
+
+    Keys may be snake_case or camelCase, as everywhere else in the YAML configuration.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class NoParameters(Parameters):
+    """For plugins that take no parameters."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginContext:
+    """What plugins may be built with besides their parameters.
+
+    deployments: pool name -> the replica its ServingSpec describes (for latency prediction).
+    batch_caps: pool name -> the pool's max_num_seqs; a pool without one is treated as uncapped.
+    rng: the only source of randomness, seeded by whoever builds the pipeline.
+    """
+
+    deployments: Mapping[str, Deployment] = field(default_factory=dict)
+    batch_caps: Mapping[str, int] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+
+class Plugin(ABC):
+    """A named, configured plugin instance."""
+
+    kind: ClassVar[PluginKind]
+    #: Set by `registry.register`: the kebab-case type name used in configuration.
+    type_name: ClassVar[str] = ""
+
+    def __init__(self, name: str, parameters: Any, context: PluginContext) -> None:
+        # `parameters` is the plugin's own Parameters subclass, validated by the registry;
+        # subclasses narrow the annotation.
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class Filter(Plugin):
+    """Drops candidates that must not serve the request."""
+
+    kind = "filter"
+
+    @abstractmethod
+    def filter(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> Sequence[EndpointState]:
+        """The candidates to keep, in their given order (the input itself if all are kept)."""
+
+
+class Scorer(Plugin):
+    """Rates candidates in [0, 1], 1 being the best."""
+
+    kind = "scorer"
+
+    @abstractmethod
+    def score(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> list[float]:
+        """One score per candidate, aligned with `candidates`."""
+
+    def observe(self, ctx: RequestContext, endpoint: EndpointState) -> None:
+        """Learn that `endpoint` was chosen for `ctx` (stateful scorers override this)."""
+
+
+class Picker(Plugin):
+    """Orders the scored candidates: the first is chosen, the rest are the retry order."""
+
+    kind = "picker"
+
+    @abstractmethod
+    def pick(
+        self, candidates: Sequence[EndpointState], scores: Sequence[float]
+    ) -> list[EndpointState]:
+        """All candidates, most preferred first."""

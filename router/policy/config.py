@@ -1,0 +1,136 @@
+"""The routing policy's configuration: which plugins, with which parameters and weights.
+
+    filters:
+      - {type: model-filter}
+      - {type: tier-filter}
+    scorers:
+      - {type: queue-depth-scorer, weight: 1}
+      - {name: affinity, type: prefix-affinity-scorer, weight: 2, parameters: {capacity: 50000}}
+    picker: {type: max-score-picker}
+
+Every entry is validated against the registry when the configuration is loaded, so a typo in
+a type or a parameter fails at startup with a message naming the plugin.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from .base import PluginKind
+from .registry import PolicyConfigError, plugin_type, validate_parameters
+
+__all__ = ["PluginSpec", "PolicyConfig", "ScorerSpec", "default_policy"]
+
+S = TypeVar("S", bound="PluginSpec")
+
+
+class PluginSpec(BaseModel):
+    """One plugin: `{name, type, parameters}`; the name defaults to the type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(default="", description="Unique within the policy (default: the type).")
+    type: str = Field(description="Registered kebab-case plugin type, e.g. model-filter.")
+    parameters: dict[str, Any] = Field(
+        default_factory=dict, description="The type's parameters (see each plugin)."
+    )
+
+    @model_validator(mode="after")
+    def _default_name(self) -> PluginSpec:
+        if not self.name:
+            # Frozen model: set through object.__setattr__ once, at validation.
+            object.__setattr__(self, "name", self.type)
+        return self
+
+    def check(self, kind: PluginKind) -> None:
+        """Raise PolicyConfigError unless this is a known `kind` type with valid parameters."""
+        validate_parameters(plugin_type(self.type, kind, self.name), self.name, self.parameters)
+
+
+class ScorerSpec(PluginSpec):
+    """A scorer and its weight in the sum the picker orders by."""
+
+    weight: float = Field(default=1.0, gt=0, description="Relative weight of this score.")
+
+
+class PolicyConfig(BaseModel):
+    """Filters (in order), weighted scorers and one picker."""
+
+    # camelCase keys (maxCandidates) like the rest of the YAML configuration.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+    filters: list[PluginSpec] = Field(default_factory=list)
+    scorers: list[ScorerSpec] = Field(default_factory=list)
+    picker: PluginSpec = Field(default_factory=lambda: PluginSpec(type="max-score-picker"))
+    max_candidates: int = Field(
+        default=64,
+        ge=1,
+        description="Endpoints scored per request; beyond this a random sample of this many "
+        "is scored, so per-request cost does not grow with the pool.",
+    )
+
+    @field_validator("filters")
+    @classmethod
+    def _filters(cls, specs: list[PluginSpec]) -> list[PluginSpec]:
+        return _checked(specs, "filter")
+
+    @field_validator("scorers")
+    @classmethod
+    def _scorers(cls, specs: list[ScorerSpec]) -> list[ScorerSpec]:
+        return _checked(specs, "scorer")
+
+    @field_validator("picker")
+    @classmethod
+    def _picker(cls, spec: PluginSpec) -> PluginSpec:
+        return _checked([spec], "picker")[0]
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PolicyConfig:
+        seen: set[str] = set()
+        for spec in [*self.filters, *self.scorers, self.picker]:
+            if spec.name in seen:
+                raise ValueError(
+                    f"plugin name {spec.name!r} is used twice; give each plugin a unique name"
+                )
+            seen.add(spec.name)
+        return self
+
+
+def _checked(specs: list[S], kind: PluginKind) -> list[S]:
+    for spec in specs:
+        try:
+            spec.check(kind)
+        except PolicyConfigError as exc:
+            # pydantic reports a ValueError raised here with the field's location.
+            raise ValueError(str(exc)) from None
+    return specs
+
+
+def default_policy() -> PolicyConfig:
+    """The policy used when the configuration names none.
+
+    Filters keep only endpoints that serve the model at the tier and are not ejected. The
+    predicted latency (perf model over each endpoint's load and hardware) weighs most; queue
+    depth reacts to the router's own in-flight requests between scrapes, so a burst does not
+    all land on the endpoint that looked idlest at the last scrape; KV-cache headroom avoids
+    preemption; prefix affinity reuses a warm prompt cache when the load allows.
+    """
+    return PolicyConfig(
+        filters=[
+            PluginSpec(type="model-filter"),
+            PluginSpec(type="tier-filter"),
+            PluginSpec(type="ejected-filter"),
+        ],
+        scorers=[
+            ScorerSpec(type="predicted-latency-scorer", weight=2.0),
+            ScorerSpec(type="queue-depth-scorer", weight=1.0),
+            ScorerSpec(type="kv-cache-utilization-scorer", weight=1.0),
+            ScorerSpec(type="prefix-affinity-scorer", weight=1.0),
+        ],
+        picker=PluginSpec(type="max-score-picker"),
+    )

@@ -1,0 +1,31 @@
+"""`tier-filter`: keep endpoints of the request's tier."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..state import EndpointState, RequestContext
+from .base import Filter, NoParameters, PluginContext
+from .registry import register
+
+__all__ = ["TierFilter"]
+
+
+@register("tier-filter", NoParameters)
+class TierFilter(Filter):
+    """Drops endpoints whose pool is of another tier than `ctx.tier`.
+
+    Admission decides fallbacks to another tier (service_tier: auto) by changing `ctx.tier`;
+    this filter never crosses tiers on its own, since that would change the price billed.
+    """
+
+    def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
+        super().__init__(name, parameters, context)
+
+    def filter(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> Sequence[EndpointState]:
+        tier = ctx.tier
+        if all(ep.tier == tier for ep in candidates):
+            return candidates
+        return [ep for ep in candidates if ep.tier == tier]

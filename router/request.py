@@ -1,0 +1,125 @@
+"""Parsing and checking a completion request before it is routed.
+
+The router checks what it needs to route and bill (the model, the stream flag, token limits,
+that the body is a JSON object with messages or a prompt). Everything else is the serving
+node's to validate; unknown fields are passed through, as OpenAI ignores them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RouterError
+
+#: A rough prompt size before the node counts it: ~4 characters per token, as for English.
+CHARS_PER_TOKEN = 4
+#: Output budget assumed when a request sets none (for rate limits and latency prediction).
+DEFAULT_MAX_TOKENS = 256
+#: How much of the prompt the prefix-affinity hash looks at.
+PREFIX_CHARS = 2048
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    """A validated completion request."""
+
+    body: dict[str, Any]
+    chat: bool
+    model: str
+    stream: bool
+    include_usage: bool  # what the client asked for; the router always asks upstream
+    max_tokens: int
+    prompt_tokens_estimate: int
+    prefix_text: str  # the start of the prompt, for prefix affinity (never logged)
+
+
+def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError:
+        raise _bad("the request body is not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise _bad(f"the request body is not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("`model` is required and must be a string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("`stream` must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("`stream_options` must be an object", param="stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    max_tokens = _max_tokens(body)
+    text = _prompt_text(body, chat)
+    return CompletionRequest(
+        body=body,
+        chat=chat,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
+        prompt_tokens_estimate=max(1, len(text) // CHARS_PER_TOKEN),
+        prefix_text=text[:PREFIX_CHARS],
+    )
+
+
+def upstream_body(request: CompletionRequest) -> bytes:
+    """The body sent upstream: the client's, asking for usage on streams (for billing)."""
+    body = request.body
+    if request.stream and not request.include_usage:
+        body = {
+            **body,
+            "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
+        }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad(f"`{key}` must be an integer", param=key)
+        if value < 1:
+            raise _bad(f"`{key}` must be at least 1 (got {value})", param=key)
+        return value
+    return None
+
+
+def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("`messages` must be a non-empty array", param="messages")
+        parts: list[str] = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise _bad(f"`messages[{i}]` must be an object", param="messages")
+            parts.append(_content_text(message.get("content")))
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt)
+    raise _bad("`prompt` must be a string or a non-empty array of strings", param="prompt")
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multi-part content: count the text parts
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _bad(message: str, *, param: str | None = None) -> RouterError:
+    return RouterError(400, message, code="invalid_request", param=param)

@@ -1,0 +1,226 @@
+"""Scraping each endpoint's vLLM-named Prometheus metrics into its `EndpointState`.
+
+Every `interval_s` the `Scraper` fetches `/metrics` from all current endpoints at once (each
+with a timeout shorter than the interval, so one slow node never delays the next round) and
+writes running / waiting / KV usage into the states in place. A failed scrape keeps the old
+values: `scraped_at_s` stays at the last success (so their age shows) and `scrape_failures`
+counts consecutive failures.
+
+Parsing reads only the three families routing needs: a vLLM exposition has ~150 lines of
+histograms, and parsing all of them for hundreds of endpoints each second would take the
+event loop away from the request path for tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .state import EndpointState
+
+__all__ = ["EndpointMetrics", "MetricsParseError", "ScrapeRound", "Scraper", "parse_vllm_metrics"]
+
+log = logging.getLogger("tiergate.router.scraper")
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+#: vLLM before v0.10 called it this; read it when the new name is absent.
+KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
+_WANTED = (RUNNING, WAITING, KV_USAGE, KV_USAGE_LEGACY)
+
+# One sample line of the text format: name, optional {labels}, value, optional timestamp.
+_SAMPLE_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?[ \t]+\S+([ \t]+\S+)?[ \t]*")
+
+
+class MetricsParseError(ValueError):
+    """The text is not a Prometheus exposition (an HTML error page, JSON, binary...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """What routing reads from one scrape; None for a metric the endpoint did not expose."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+
+
+def parse_vllm_metrics(text: str) -> EndpointMetrics:
+    """The routing metrics of a Prometheus text exposition.
+
+    Several series of one metric (several `model_name` labels, or data-parallel engines) are
+    summed for the request counts; KV usage is their mean, since summing the fill fractions of
+    separate caches means nothing. Missing metrics are None. Raises MetricsParseError when the
+    text is not an exposition at all.
+    """
+    kept: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in _WANTED:
+                kept.append(line)
+            continue
+        if not _SAMPLE_LINE.fullmatch(line):
+            raise MetricsParseError(f"not a Prometheus exposition line: {line[:80]!r}")
+        if line.startswith(_WANTED):
+            kept.append(line)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    try:
+        for family in text_string_to_metric_families("\n".join(kept) + "\n"):
+            for sample in family.samples:
+                if sample.name in _WANTED and not math.isnan(sample.value):
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+                    counts[sample.name] = counts.get(sample.name, 0) + 1
+    except ValueError as exc:
+        raise MetricsParseError(f"bad Prometheus exposition: {exc}") from None
+    kv_name = KV_USAGE if KV_USAGE in sums else KV_USAGE_LEGACY
+    kv_usage = None
+    if kv_name in sums:
+        kv_usage = min(max(sums[kv_name] / counts[kv_name], 0.0), 1.0)
+    running, waiting = sums.get(RUNNING), sums.get(WAITING)
+    return EndpointMetrics(
+        running=None if running is None else max(running, 0.0),
+        waiting=None if waiting is None else max(waiting, 0.0),
+        kv_usage=kv_usage,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeRound:
+    """The outcome of one `scrape_once`."""
+
+    scraped: int
+    failed: int
+
+
+class Scraper:
+    """Scrapes every endpoint's metrics each interval and updates their states in place."""
+
+    def __init__(
+        self,
+        endpoints: Callable[[], Sequence[EndpointState]],
+        client: httpx.AsyncClient,
+        *,
+        clock: Callable[[], float],
+        interval_s: float = 1.0,
+        timeout_s: float | None = None,
+        max_concurrency: int = 64,
+        max_body_bytes: int = 1 << 20,
+        path: str = "/metrics",
+    ) -> None:
+        """
+        endpoints: returns the current endpoints (called each round, so discovery may change
+            them between rounds).
+        client: shared with the proxy or not; the scraper never closes it.
+        clock: the router's clock (seconds); stamps `scraped_at_s`.
+        timeout_s: per request; default 80% of the interval, so a round ends before the next.
+        max_concurrency: requests in flight at once, so scraping a big fleet never takes every
+            connection of a shared client's pool.
+        max_body_bytes: a larger reply is a failure (a misbehaving endpoint cannot make the
+            router buffer gigabytes).
+        """
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.endpoints = endpoints
+        self.client = client
+        self.clock = clock
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s if timeout_s is not None else 0.8 * interval_s
+        self.max_body_bytes = max_body_bytes
+        self.path = path
+        self.rounds = 0
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._task: asyncio.Task[None] | None = None
+
+    async def scrape_once(self) -> ScrapeRound:
+        """Scrape every current endpoint once, concurrently."""
+        endpoints = list(self.endpoints())
+        results = await asyncio.gather(*(self._scrape(ep) for ep in endpoints))
+        self.rounds += 1
+        ok = sum(results)
+        return ScrapeRound(scraped=ok, failed=len(results) - ok)
+
+    def start(self) -> None:
+        """Scrape in the background every `interval_s` until `stop()`."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="tiergate-scraper")
+
+    async def stop(self) -> None:
+        """Cancel the background scraping and wait for it to end."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            # Re-raise only if *we* are being cancelled, not because we cancelled the task.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.scrape_once()
+            except Exception:  # a bug here must not stop scraping for the router's lifetime
+                log.exception("event=scrape_round_failed")
+            # Fixed rate, not fixed delay: a slow round shortens the wait after it.
+            await asyncio.sleep(max(self.interval_s - (loop.time() - started), 0.0))
+
+    async def _scrape(self, ep: EndpointState) -> bool:
+        url = ep.url.rstrip("/") + self.path
+        try:
+            async with self._limit:
+                text = await self._fetch(url)
+            metrics = parse_vllm_metrics(text)
+        except (httpx.HTTPError, MetricsParseError, _ScrapeError) as exc:
+            ep.scrape_failures += 1
+            if ep.scrape_failures == 1:  # log transitions, not every failed round
+                log.warning(
+                    "event=scrape_failed endpoint=%s pool=%s error=%r",
+                    ep.url,
+                    ep.pool,
+                    _describe(exc),
+                )
+            return False
+        if ep.scrape_failures:
+            log.info("event=scrape_recovered endpoint=%s failures=%d", ep.url, ep.scrape_failures)
+        ep.running, ep.waiting, ep.kv_usage = metrics.running, metrics.waiting, metrics.kv_usage
+        ep.scraped_at_s = self.clock()
+        ep.scrape_failures = 0
+        return True
+
+    async def _fetch(self, url: str) -> str:
+        async with self.client.stream("GET", url, timeout=self.timeout_s) as response:
+            if response.status_code != 200:
+                raise _ScrapeError(f"HTTP {response.status_code}")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > self.max_body_bytes:
+                    raise _ScrapeError(f"reply larger than {self.max_body_bytes} bytes")
+        return body.decode("utf-8", "replace")
+
+
+class _ScrapeError(Exception):
+    """A reply that is not a metrics page (bad status, too big)."""
+
+
+def _describe(exc: Exception) -> str:
+    # httpx timeouts have empty messages; the class name says what happened.
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,83 @@
+"""Rewriting an upstream SSE stream for the client, event by event, without buffering.
+
+Every `data: {...}` chunk gets the tier that served it (`service_tier`, as OpenAI's chunks
+carry it), inserted as bytes rather than by re-encoding the JSON: a busy router relays
+thousands of chunks a second. The usage chunk (which the router always asks for, to bill) is
+parsed: its counts feed the ledger, and the client gets it, with `cost_usd` added, only if it
+asked for usage. Upstream error events pass through and are remembered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+
+
+class StreamRewriter:
+    """Feed upstream bytes in, get client bytes out."""
+
+    def __init__(
+        self, tier: str, *, include_usage: bool, cost_of: Callable[[int, int], float]
+    ) -> None:
+        self._tier = tier
+        self._tier_field = b'"service_tier":"' + tier.encode() + b'",'
+        self._include_usage = include_usage
+        self._cost_of = cost_of
+        self._pending = b""
+        self.usage: dict[str, Any] | None = None
+        self.cost_usd: float | None = None
+        self.content_chunks = 0  # chunks other than usage/[DONE]/errors
+        self.error: dict[str, Any] | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        """The complete events in `pending + data`, rewritten; a partial event waits."""
+        buffer = self._pending + data if self._pending else data
+        end = buffer.rfind(b"\n\n")
+        if end < 0:
+            self._pending = buffer
+            return b""
+        self._pending = buffer[end + 2 :]
+        return b"".join(self._event(e) for e in buffer[:end].split(b"\n\n") if e)
+
+    def _event(self, event: bytes) -> bytes:
+        if not event.startswith(b"data: {"):
+            if event.strip() == b"data: [DONE]":
+                self.done = True
+            return event + b"\n\n"
+        if b'"usage":{' in event:
+            return self._usage(event)
+        if event.startswith(b'data: {"error"'):
+            try:
+                self.error = json.loads(event[6:]).get("error")
+            except ValueError:
+                self.error = {"message": "malformed error event"}
+            return event + b"\n\n"
+        self.content_chunks += 1
+        return b"data: {" + self._tier_field + event[7:] + b"\n\n"
+
+    def _usage(self, event: bytes) -> bytes:
+        try:
+            data = json.loads(event[6:])
+        except ValueError:
+            return event + b"\n\n"
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            self.cost_usd = self._cost_of(
+                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+            )
+        has_choices = bool(data.get("choices"))
+        if not self._include_usage:
+            if not has_choices:
+                return b""  # the client did not ask for usage: the usage-only chunk goes
+            data.pop("usage", None)
+        elif isinstance(usage, dict):
+            usage["cost_usd"] = round(self.cost_usd or 0.0, 10)
+        if has_choices:
+            self.content_chunks += 1
+        data["service_tier"] = self._tier
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

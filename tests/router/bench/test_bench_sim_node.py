@@ -1,0 +1,170 @@
+"""End to end: `tiergate bench` against real sim nodes served by uvicorn on a real socket.
+
+A sim node is a plain OpenAI-compatible server (no tiergate headers), so every request counts
+for the tier it asked for; its model's `quality` sets the tool-call error rate. Each request
+carries a seed drawn from --seed, so the counts below are the same on every run. No timing
+is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from tiergate.cli import main
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
+
+MODEL = "llama-3.1-8b"
+
+
+@contextmanager
+def serve(config: NodeConfig) -> Iterator[str]:
+    """Serve a sim node on a free localhost port in a thread; yield its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config), log_level="warning", access_log=False)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "sim node did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+
+
+def node_config(**overrides: Any) -> NodeConfig:
+    """Fast tokens: the 8B model on one wafer-scale chip."""
+    serving = ServingSpec(model=MODEL, accelerator="wse-3", batching=BatchingSpec(max_num_seqs=32))
+    return NodeConfig(serving=serving, **overrides)
+
+
+@pytest.fixture(scope="module")
+def node_url() -> Iterator[str]:
+    with serve(node_config()) as url:
+        yield url
+
+
+def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(["bench", *argv])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_run_against_a_sim_node(
+    node_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report_path = tmp_path / "bench.json"
+    code, out, err = bench(
+        capsys,
+        "--router", node_url,
+        "--requests", "400",
+        "--concurrency", "16",
+        "--tools-fraction", "0.6",
+        "--input-tokens", "64",
+        "--max-tokens", "12",
+        "--seed", "3",
+        "--json", str(report_path),
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(report_path.read_text())
+
+    assert set(data) == {"run", "wall_s", "tiers", "total"}
+    assert data["run"]["models"] == {t: MODEL for t in ("batched", "premium", "wafer-scale")}
+    total = data["total"]
+    assert total["requests"] == 400 and total["errors"] == 0
+    assert [t["tier"] for t in data["tiers"]] == ["batched", "premium", "wafer-scale"]
+    assert sum(t["requests"] for t in data["tiers"]) == 400
+    # The default mix is 6:3:1; the draw is seeded.
+    shares = [t["requests"] / 400 for t in data["tiers"]]
+    assert shares == pytest.approx([0.6, 0.3, 0.1], abs=0.06)
+    for row in data["tiers"]:
+        assert row["ttft_p50_ms"] > 0 and row["output_tokens_per_s_per_stream_p50"] > 0
+        assert row["cost_per_million_output_tokens_usd"] is None  # a sim node bills nothing
+        assert row["escalations"] == 0 and row["pools"] == []
+
+    quality = default_catalog().model(MODEL).quality
+    assert total["tool_calls"] == pytest.approx(240, abs=30)
+    assert total["tool_call_error_rate"] == pytest.approx(1 - quality, abs=0.07)
+    text_tokens = (400 - total["tool_calls"]) * 12
+    assert total["output_tokens"] > text_tokens  # tool calls add their arguments' tokens
+
+    assert "batched" in out and "wafer-scale" in out and "tool-call err" in out
+    assert f"400 requests to {node_url}" in out
+    assert "bench: 400/400 requests" in err  # plain progress lines: stderr is not a TTY
+
+
+def test_the_same_seed_gives_the_same_counts(
+    node_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = []
+    for name in ("a.json", "b.json"):
+        argv = ["--router", node_url + "/v1/", "--requests", "60", "--tools-fraction", "0.5"]
+        code, _, err = bench(capsys, *argv, "--max-tokens", "4", "--json", str(tmp_path / name))
+        assert code == 0, err
+        reports.append(json.loads((tmp_path / name).read_text()))
+    keys = ("tier", "requests", "output_tokens", "tool_calls", "tool_call_errors")
+    rows = [[{k: row[k] for k in keys} for row in r["tiers"]] for r in reports]
+    assert rows[0] == rows[1]
+
+
+def test_failing_requests_are_counted_not_fatal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serve(node_config(failure_rate=0.3, seed=5)) as url:
+        code, out, err = bench(
+            capsys,
+            "--router", url,
+            "--requests", "100",
+            "--mix", "premium=1",
+            "--max-tokens", "4",
+            "--json", str(tmp_path / "r.json"),
+        )  # fmt: skip
+    assert code == 0, err
+    row = json.loads((tmp_path / "r.json").read_text())["tiers"][0]
+    assert row["tier"] == "premium" and row["requests"] == 100
+    assert 10 <= row["errors"] <= 50
+    assert set(row["errors_by_kind"]) <= {"500", "503"}
+    assert sum(row["errors_by_kind"].values()) == row["errors"]
+    assert "errors: premium: 5" in out
+
+
+def test_an_explicit_unknown_model_is_a_404_per_request(
+    node_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = bench(capsys, "--router", node_url, "--requests", "5", "--model", "nope")
+    assert code == 1  # every request failed
+    assert "errors: " in out and "404 x" in out
+
+
+def test_a_refused_connection_is_one_line_naming_the_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    code, out, err = bench(capsys, "--router", url, "--requests", "3")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"tiergate bench: error: cannot connect to {url}")

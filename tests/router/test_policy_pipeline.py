@@ -1,0 +1,135 @@
+"""The pipeline: filters in order, weighted scores, picker; determinism; observe; sampling."""
+
+import random
+from collections.abc import Sequence
+
+from policy_helpers import MODEL, endpoint, endpoints, request
+
+from tiergate.router.policy import (
+    NoParameters,
+    Pipeline,
+    PluginContext,
+    PolicyConfig,
+    Scorer,
+    default_policy,
+    prefix_hashes,
+)
+from tiergate.router.policy.max_score_picker import MaxScorePicker
+from tiergate.router.policy.model_filter import ModelFilter
+from tiergate.router.state import EndpointState, RequestContext
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import ServingSpec, build_deployment
+
+DEPLOYMENT = build_deployment(ServingSpec(model=MODEL, accelerator="h100-sxm"), default_catalog())
+
+
+class Fixed(Scorer):
+    """Test scorer: fixed scores by URL."""
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        super().__init__("fixed", NoParameters(), PluginContext())
+        self.scores = scores
+        self.seen: list[list[str]] = []
+
+    def score(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> list[float]:
+        self.seen.append([ep.url for ep in candidates])
+        return [self.scores[ep.url] for ep in candidates]
+
+
+def picker() -> MaxScorePicker:
+    return MaxScorePicker("max", NoParameters(), PluginContext())
+
+
+def test_weighted_sum_decides_the_order() -> None:
+    a, b, c = endpoints(3)
+    fast = Fixed({"http://e0": 1.0, "http://e1": 0.0, "http://e2": 0.5})
+    light = Fixed({"http://e0": 0.0, "http://e1": 1.0, "http://e2": 0.5})
+    assert Pipeline([], [(fast, 3.0), (light, 1.0)], picker()).pick(request(), [a, b, c], 0) == [
+        a,
+        c,
+        b,
+    ]
+    assert Pipeline([], [(fast, 1.0), (light, 3.0)], picker()).pick(request(), [a, b, c], 0) == [
+        b,
+        c,
+        a,
+    ]
+
+
+def test_filters_run_before_scorers_and_can_empty_the_list() -> None:
+    keep = endpoint("http://keep")
+    other = endpoint("http://other", served_names=("other-model",))
+    scorer = Fixed({"http://keep": 1.0, "http://third": 0.0})
+    third = endpoint("http://third")
+    pipeline = Pipeline(
+        [ModelFilter("m", NoParameters(), PluginContext())], [(scorer, 1.0)], picker()
+    )
+    assert pipeline.pick(request(), [keep, other, third], 0.0) == [keep, third]
+    assert scorer.seen == [["http://keep", "http://third"]]
+    assert pipeline.pick(request(model="nobody"), [keep, other], 0.0) == []
+    # A single survivor is returned without scoring.
+    assert pipeline.pick(request(), [keep, other], 0.0) == [keep]
+    assert len(scorer.seen) == 1
+
+
+def test_default_policy_routes_to_the_idle_endpoint_of_the_right_tier() -> None:
+    pipeline = Pipeline.from_config(default_policy(), deployments={"p0": DEPLOYMENT})
+    busy = endpoint("http://busy", running=40.0, waiting=5.0, kv_usage=0.8)
+    idle = endpoint("http://idle", running=1.0, waiting=0.0, kv_usage=0.1)
+    premium = endpoint("http://premium", tier="premium", running=0.0, waiting=0.0)
+    ejected = endpoint("http://ejected", running=0.0, waiting=0.0, ejected_until_s=100.0)
+    order = pipeline.pick(request(), [busy, idle, premium, ejected], now_s=50.0)
+    assert order == [idle, busy]
+
+
+def test_prefix_affinity_through_observe() -> None:
+    config = PolicyConfig.model_validate(
+        {"scorers": [{"type": "prefix-affinity-scorer"}, {"type": "queue-depth-scorer"}]}
+    )
+    pipeline = Pipeline.from_config(config)
+    a, b = endpoints(2)
+    ctx = request(prefix_hashes=prefix_hashes("system prompt " * 100))
+    pipeline.observe(ctx, b)
+    assert pipeline.pick(ctx, [a, b], 0.0)[0] is b
+    # A partial match (2 of 4 blocks) loses to a much shorter queue.
+    longer = request(prefix_hashes=prefix_hashes("system prompt " * 100, max_blocks=4))
+    pipeline = Pipeline.from_config(config)
+    pipeline.observe(request(prefix_hashes=longer.prefix_hashes[:2]), b)
+    b.waiting = 10.0
+    assert pipeline.pick(longer, [a, b], 0.0)[0] is a
+
+
+def test_same_seed_same_choices() -> None:
+    config = PolicyConfig.model_validate(
+        {"scorers": [{"type": "queue-depth-scorer"}], "picker": {"type": "weighted-random-picker"}}
+    )
+    candidates = [endpoint(f"http://e{i}", waiting=float(i % 3)) for i in range(8)]
+
+    def run(seed: int) -> list[str]:
+        pipeline = Pipeline.from_config(config, rng=random.Random(seed))
+        return [pipeline.pick(request(), candidates, 0.0)[0].url for _ in range(50)]
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_large_candidate_sets_are_sampled_down() -> None:
+    config = PolicyConfig.model_validate(
+        {"scorers": [{"type": "queue-depth-scorer"}], "maxCandidates": 8}
+    )
+    pipeline = Pipeline.from_config(config)
+    candidates = endpoints(100)
+    order = pipeline.pick(request(), candidates, 0.0)
+    assert len(order) == 8 and len({ep.url for ep in order}) == 8
+
+
+def test_no_scorers_still_orders_every_candidate() -> None:
+    pipeline = Pipeline.from_config(PolicyConfig())
+    candidates = endpoints(3)
+    assert sorted(ep.url for ep in pipeline.pick(request(), candidates, 0.0)) == [
+        "http://e0",
+        "http://e1",
+        "http://e2",
+    ]
