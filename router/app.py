@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from .asgi import Receive, Scope, Send, header_map, send_bytes, send_error, send_json
+from .asgi import Message, Receive, Scope, Send, header_map, send_bytes, send_error, send_json
 from .errors import RouterError
 from .handler import Router
 from .metrics import CONTENT_TYPE
@@ -24,8 +24,8 @@ log = logging.getLogger("tiergate.router")
 class Service(Protocol):
     """Something the app starts with it and stops with it (discovery, scraper)."""
 
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
+    def start(self) -> Awaitable[None] | None: ...
+    def stop(self) -> Awaitable[None] | None: ...
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -55,7 +55,7 @@ class RouterApp:
         if kind == "http":
             handler = self._routes.get((scope["method"], scope["path"]))
             if handler is not None:
-                await handler(scope, receive, send)
+                await self._guarded(handler, scope, receive, send)
             elif scope["path"] in self._paths:
                 await send_error(
                     send, RouterError(405, "method not allowed", code="method_not_allowed")
@@ -67,15 +67,38 @@ class RouterApp:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
+    async def _guarded(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run a handler; a bug becomes a logged 500 in the error envelope, never a traceback."""
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await handler(scope, receive, tracking_send)
+        except Exception:
+            self.router.metrics.internal_errors.inc()
+            log.exception("event=internal_error path=%s", scope["path"])
+            if not started:
+                error = RouterError(500, "internal router error", type="server_error",
+                                    code="internal_error")  # fmt: skip
+                await send_error(send, error)
+
     async def start(self) -> None:
         for service in self.services:
-            await service.start()
+            started = service.start()
+            if started is not None:
+                await started
         self.ready = True
 
     async def stop(self) -> None:
         self.ready = False
         for service in reversed(self.services):
-            await service.stop()
+            stopped = service.stop()
+            if stopped is not None:
+                await stopped
         await self.router.upstream.client.aclose()
         self.router.ledger.close()
 

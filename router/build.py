@@ -15,9 +15,12 @@ from .discovery import FileSource, PoolView, StaticSource
 from .handler import Router
 from .ledger import Ledger
 from .metrics import RouterMetrics
+from .outliers import OutlierDetector
 from .policy import default_policy
 from .proxy import Upstream, default_client
 from .ratelimit import RateLimiter
+from .scraper import Scraper
+from .state import EndpointState
 from .tenants import TenantRegistry, load_tenants
 
 
@@ -45,19 +48,34 @@ def build_app(
     def view() -> PoolView:
         return source.view
 
+    def pool_members(pool: str) -> list[EndpointState]:
+        routed = source.view.pools.get(pool)
+        return list(routed.endpoints) if routed is not None else []
+
+    outliers = OutlierDetector(pool_members=pool_members)
+    client = default_client()
+    upstream = Upstream(
+        client,
+        attempts=settings.upstream_attempts,
+        on_success=outliers.record_success,
+        on_failure=lambda e: outliers.record_failure(e, clock()),
+    )
+    scraper = Scraper(
+        lambda: source.view.endpoints(), client, clock=clock, interval_s=settings.scrape_interval_s
+    )
     router = Router(
         view=view,
         tenants=tenants,
         limiter=RateLimiter(clock),
         budgets=BudgetGuard(ledger, tenants=tenants.tenants.values()),
         ledger=ledger,
-        upstream=Upstream(default_client(), attempts=settings.upstream_attempts),
+        upstream=upstream,
         metrics=RouterMetrics(view, clock),
         settings=settings,
         policy=default_policy(),
         clock=clock,
     )
-    return RouterApp(router, [source, *(extra_services or [])])
+    return RouterApp(router, [source, scraper, *(extra_services or [])])
 
 
 def file_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfig, FileSource]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from tiergate.sim_nodes.perf import Deployment
 
 from .admission import Shed, TierQueue, saturated, shed_error
 from .asgi import (
@@ -87,23 +90,34 @@ class Router:
     policy: PolicyConfig
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
-    _pipeline: tuple[PoolView | None, Pipeline | None] = field(default=(None, None))
+    _pipeline: Pipeline | None = None
+    _pipeline_view: PoolView | None = None
+    _deployments: dict[str, Deployment] = field(default_factory=dict)
+    _batch_caps: dict[str, int] = field(default_factory=dict)
     _queues: dict[Tier, TierQueue] = field(default_factory=dict)
 
     # -- per-view derived state ------------------------------------------------------------
 
     def pipeline(self, view: PoolView) -> Pipeline:
-        cached_view, pipeline = self._pipeline
-        if cached_view is view and pipeline is not None:
-            return pipeline
-        pipeline = Pipeline.from_config(
-            self.policy,
-            deployments={n: p.deployment for n, p in view.pools.items()},
-            batch_caps={n: p.spec.batching.max_num_seqs for n, p in view.pools.items()},
-        )
-        self._pipeline = (view, pipeline)
-        self._resize_queues(view)
-        return pipeline
+        """The routing pipeline, built once: a new view only refreshes the pools it reads, so
+        prefix affinity and the pickers' seeded randomness survive hot reloads."""
+        if self._pipeline is None:
+            self._pipeline = Pipeline.from_config(
+                self.policy,
+                deployments=self._deployments,
+                batch_caps=self._batch_caps,
+                rng=random.Random(0),
+            )
+        if self._pipeline_view is not view:
+            self._deployments.clear()
+            self._deployments.update({n: p.deployment for n, p in view.pools.items()})
+            self._batch_caps.clear()
+            self._batch_caps.update(
+                {n: p.spec.batching.max_num_seqs for n, p in view.pools.items()}
+            )
+            self._resize_queues(view)
+            self._pipeline_view = view
+        return self._pipeline
 
     def _resize_queues(self, view: PoolView) -> None:
         caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
@@ -153,7 +167,11 @@ class Router:
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499
         finally:
-            self._account(done, tenant, choice, request_id, started)
+            try:
+                self._account(done, tenant, choice, request_id, started)
+            except Exception:  # the reply is out: a billing failure must be loud, not fatal
+                self.metrics.accounting_errors.inc()
+                log.exception("event=accounting_failed request_id=%s", request_id)
 
     def _tier(
         self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant

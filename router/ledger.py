@@ -164,7 +164,11 @@ class Ledger:
         self.path = str(path)
         try:
             # Autocommit mode: transactions are explicit, one per record.
-            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=1.0)
+            # Built on one thread (the CLI's), used on the event loop's, one at a time: the
+            # connection may change threads, it is never shared by two at once.
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, timeout=1.0, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
         try:

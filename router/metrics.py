@@ -66,6 +66,14 @@ class RouterMetrics:
             ["from_tier", "to_tier"],
             registry=r,
         )
+        self.accounting_errors = Counter(
+            "tiergate_accounting_errors",
+            "Requests whose usage could not be recorded (ledger failures).",
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
+        )
         r.register(_LiveCollector(view, now))
 
     def exposition(self) -> bytes:

@@ -72,8 +72,8 @@ class Upstream:
         client: httpx.AsyncClient,
         *,
         attempts: int = 3,
-        on_success: Callable[[EndpointState], None] = lambda e: None,
-        on_failure: Callable[[EndpointState], None] = lambda e: None,
+        on_success: Callable[[EndpointState], object] = lambda e: None,
+        on_failure: Callable[[EndpointState], object] = lambda e: None,
     ) -> None:
         self.client = client
         self.attempts = attempts

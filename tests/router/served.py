@@ -1,0 +1,36 @@
+"""Serving any ASGI app (a sim node, the router) with uvicorn on a free localhost port, in a
+thread of its own, for tests that need real sockets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+
+@contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """Yield the base URL of `app` served on 127.0.0.1; stop it on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
