@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(BIN)/tiergate seeds
+	@echo
+	$(BIN)/tiergate demo
 
 test: install lint typecheck
 	$(BIN)/python -P -m pytest -q

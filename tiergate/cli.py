@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tiergate.router.cli.up_cmd",
         "run the whole system locally: sim nodes of every pool and the router",
     ),
+    "demo": (
+        "tiergate.router.cli.demo_cmd",
+        "start the local system, run a short bench through it, print the table, stop",
+    ),
     "sim-node": (
         "tiergate.sim_nodes.commands.sim_node_cmd",
         "serve one simulated accelerator node (OpenAI-compatible API, vLLM metrics)",

@@ -1,0 +1,68 @@
+"""`tiergate demo` (what `make demo` runs): `tiergate up` on the embedded default, a short
+`tiergate bench` through it, the per-tier table, and everything stopped again."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tiergate.sim_nodes.commands.common import CliError, positive_int
+
+ROUTER = "http://127.0.0.1:8080"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=positive_int, default=60, help="requests to send (60)")
+    p.add_argument("--concurrency", type=positive_int, default=6, help="parallel streams (6)")
+
+
+def run(args: argparse.Namespace) -> int:
+    up = subprocess.Popen(
+        [sys.executable, "-P", "-m", "tiergate", "up", "--log-level", "error"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        print(_wait_until_up(up), flush=True)
+        from tiergate.cli import main
+
+        return main([
+            "bench", "--router", ROUTER,
+            "--requests", str(args.requests), "--concurrency", str(args.concurrency),
+            "--mix", "batched=.4,premium=.3,wafer-scale=.3",
+            "--tools-fraction", "0.5", "--max-tokens", "200",
+        ])  # fmt: skip
+    finally:
+        up.terminate()
+        try:
+            up.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            up.kill()
+
+
+def _wait_until_up(up: subprocess.Popen[str], timeout_s: float = 90.0) -> str:
+    """The `tiergate up` summary, once the router answers /readyz."""
+    assert up.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = up.stdout.readline()
+        if not line:
+            break  # exited
+        lines.append(line.rstrip("\n"))
+        if line.startswith("Ctrl-C stops everything"):
+            break
+    while time.monotonic() < deadline and up.poll() is None:
+        try:
+            if httpx.get(ROUTER + "/readyz", timeout=1).status_code == 200:
+                return "\n".join(lines[:-1])
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    detail = lines[-1] if lines else "no output"
+    raise CliError(f"tiergate up did not become ready: {detail}")
