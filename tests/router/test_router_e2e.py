@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from served import serve_app
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
@@ -57,7 +56,10 @@ def pools_yaml(urls: dict[str, list[str]], tenants: Path, ledger: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def system(
+    tmp_path_factory: pytest.TempPathFactory, served: Callable[[Any], AbstractContextManager[str]]
+) -> Iterator[dict[str, Any]]:
+    serve_app = served
     tmp = tmp_path_factory.mktemp("router")
     tenants = tmp / "tenants.yaml"
     tenants.write_text(TENANTS)

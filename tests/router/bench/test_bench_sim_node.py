@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from tiergate.cli import main
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -28,29 +25,6 @@ from tiergate.sim_nodes.server import NodeConfig, create_app
 MODEL = "llama-3.1-8b"
 
 
-@contextmanager
-def serve(config: NodeConfig) -> Iterator[str]:
-    """Serve a sim node on a free localhost port in a thread; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), log_level="warning", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "sim node did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-        sock.close()
-
-
 def node_config(**overrides: Any) -> NodeConfig:
     """Fast tokens: the 8B model on one wafer-scale chip."""
     serving = ServingSpec(model=MODEL, accelerator="wse-3", batching=BatchingSpec(max_num_seqs=32))
@@ -58,8 +32,8 @@ def node_config(**overrides: Any) -> NodeConfig:
 
 
 @pytest.fixture(scope="module")
-def node_url() -> Iterator[str]:
-    with serve(node_config()) as url:
+def node_url(served: Callable[[Any], AbstractContextManager[str]]) -> Iterator[str]:
+    with served(create_app(node_config())) as url:
         yield url
 
 
@@ -130,9 +104,11 @@ def test_the_same_seed_gives_the_same_counts(
 
 
 def test_failing_requests_are_counted_not_fatal(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    served: Callable[[Any], AbstractContextManager[str]],
 ) -> None:
-    with serve(node_config(failure_rate=0.3, seed=5)) as url:
+    with served(create_app(node_config(failure_rate=0.3, seed=5))) as url:
         code, out, err = bench(
             capsys,
             "--router", url,

@@ -1,15 +1,16 @@
-"""Serving any ASGI app (a sim node, the router) with uvicorn on a free localhost port, in a
-thread of its own, for tests that need real sockets."""
+"""Router tests' shared fixture: serving any ASGI app (a sim node, the router) with uvicorn on
+a free localhost port, in a thread of its own, for tests that need real sockets."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+import pytest
 import uvicorn
 
 
@@ -34,3 +35,9 @@ def serve_app(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(20)
         sock.close()
+
+
+@pytest.fixture(scope="session")
+def served() -> Callable[[Any], AbstractContextManager[str]]:
+    """`with served(app) as url:` serves `app` on a real socket for the block."""
+    return serve_app
