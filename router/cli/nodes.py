@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import subprocess
 import sys
 import time
@@ -82,7 +84,12 @@ def start_nodes(
             d = view.pools[pool.name].deployment
             for _ in range(pool.replicas):
                 cmd = node_command(pool, d.chips, d.tensor_parallel, host, port, seed=port)
-                process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                process = subprocess.Popen(
+                    cmd,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    preexec_fn=_die_with_parent,
+                )
                 nodes.append(LocalNode(pool, f"http://{host}:{port}", process))
                 port += 1
         _wait_ready(nodes, timeout_s)
@@ -90,6 +97,19 @@ def start_nodes(
         stop_nodes(nodes)
         raise
     return nodes
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: have Linux send SIGTERM when `tiergate up` dies, however it dies, so a
+    killed `up` never leaves nodes holding its ports. Elsewhere this does nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait_ready(nodes: list[LocalNode], timeout_s: float) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -61,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         print(default_config_text(), end="")
         return 0
     configure_logging(args.log_level)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; with the default handler
+    # that would kill this process before it stops its nodes. Exit through Python instead.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     config = load(args)
     try:
         # Validate every pool (and its envelope) before starting any process.
