@@ -162,7 +162,12 @@ class Router:
                 self._queues[tier].release()
         except RouterError as error:
             done.status = error.status
-            done.outcome = "shed" if error.code == "tier_saturated" else "rejected"
+            if error.code == "tier_saturated":
+                done.outcome = "shed"
+            elif error.status >= 502:
+                done.outcome = "upstream_error"
+            else:
+                done.outcome = "rejected"
             await self._refuse(send, error, request_id)
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499
@@ -284,7 +289,14 @@ class Router:
         if tier != choice.tier:
             reply_headers["x-tiergate-fallback"] = "true"
         try:
-            if request.stream and opened.response.status_code == 200:
+            response = opened.response
+            if (
+                request.stream
+                and response.status_code == 200
+                and not response.headers.get("content-type", "").startswith("text/event-stream")
+            ):
+                raise _bad_reply("the serving node answered a stream request without a stream")
+            if request.stream and response.status_code == 200:
                 await self._relay_stream(receive, send, opened, request, pool, reply_headers, done)
             else:
                 await self._relay_whole(send, opened, pool, reply_headers, done)
@@ -313,13 +325,7 @@ class Router:
             done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             done.completion_tokens = int(usage.get("completion_tokens") or 0)
         except (ValueError, TypeError, AttributeError):
-            done.outcome, done.status = "upstream_error", 502
-            raise RouterError(
-                502,
-                "the serving node returned a malformed reply",
-                type="server_error",
-                code="bad_upstream_reply",
-            ) from None
+            raise _bad_reply("the serving node returned a malformed reply") from None
         done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
         data["service_tier"] = pool.spec.tier
         if isinstance(data.get("usage"), dict):
@@ -454,6 +460,10 @@ class Router:
         # After the ledger, with no await between: the guard may re-read the ledger.
         if done.cost_usd:
             self.budgets.add(tenant, done.cost_usd, self.wall())
+
+
+def _bad_reply(message: str) -> RouterError:
+    return RouterError(502, message, type="server_error", code="bad_upstream_reply")
 
 
 def _header(scope: Scope, name: str) -> str | None:

@@ -1,0 +1,169 @@
+"""Faults around the router: clients that leave, nodes that die or talk nonsense.
+
+The broken nodes here are small ASGI apps that misbehave on purpose (test doubles of one
+failing piece); the router and the healthy sim node are the real ones, on real sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tiergate.router.build import build_app
+from tiergate.router.config import parse_config
+from tiergate.router.discovery import StaticSource, build_view
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
+
+Served = Callable[[Any], AbstractContextManager[str]]
+CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'  # noqa: E501
+
+
+async def dies_midstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Starts a stream, sends two chunks, then the process 'dies' (connection dropped)."""
+    if scope["type"] != "http":
+        return
+    await receive()
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for _ in range(2):
+        await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
+    raise RuntimeError("node crashed")
+
+
+async def talks_garbage(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers 200 with something that is neither JSON nor a stream."""
+    if scope["type"] != "http":
+        return
+    await receive()
+    headers = [(b"content-type", b"text/html")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"<html>oops</html>"})
+
+
+def pool(name: str, served: str, urls: list[str]) -> str:
+    return (
+        f"  - {{name: {name}, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+        f"servedModelName: {served}, batching: {{maxNumSeqs: 8}}, "
+        f"endpoints: {json.dumps(urls)}}}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("faults")
+    node = NodeConfig(
+        serving=ServingSpec(
+            model="llama-3.1-8b", accelerator="h100-sxm", batching=BatchingSpec(max_num_seqs=8)
+        ),
+        served_model_names=["slow"],
+    )
+    with ExitStack() as stack:
+        healthy = stack.enter_context(served(create_app(node)))
+        dying = stack.enter_context(served(dies_midstream))
+        garbage = stack.enter_context(served(talks_garbage))
+        text = f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}}}\npools:\n" + "".join(
+            [
+                pool("slow", "slow", [healthy]),
+                pool("dying", "dying", [dying]),
+                pool("garbage", "garbage", [garbage]),
+            ]  # fmt: skip
+        )
+        config = parse_config(text)
+        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+        router = stack.enter_context(served(app))
+        yield {"url": router, "node": healthy, "ledger": tmp / "ledger.sqlite"}
+
+
+def body(model: str, **fields: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def running(node_url: str) -> float:
+    text = httpx.get(node_url + "/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("vllm:num_requests_running"))
+    return float(line.split()[-1])
+
+
+def test_a_client_that_leaves_mid_stream_cancels_the_node_s_work(system: dict[str, Any]) -> None:
+    url = system["url"] + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body("slow", max_tokens=5000, stream=True)) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        assert running(system["node"]) == 1
+    # the client hung up after one chunk of a 5000-token reply (~40 s of decoding)
+    deadline = time.monotonic() + 10
+    while running(system["node"]) != 0:
+        assert time.monotonic() < deadline, "the node kept decoding for a client that left"
+        time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while True:
+        outcomes = [
+            row[0]
+            for row in sqlite3.connect(system["ledger"]).execute(
+                "select outcome from usage where pool = 'slow'"
+            )
+        ]
+        if "client_disconnect" in outcomes:
+            break
+        assert time.monotonic() < deadline, outcomes
+        time.sleep(0.05)
+
+
+def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(
+    system: dict[str, Any],
+) -> None:
+    url = system["url"] + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body("dying", stream=True), timeout=30) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 3  # two relayed chunks, then the router's error event
+    assert json.loads(events[0][6:])["service_tier"] == "batched"
+    assert json.loads(events[-1][6:])["error"]["code"] == "upstream_failed"
+    metrics = httpx.get(system["url"] + "/metrics").text
+    assert 'tiergate_midstream_errors_total{tier="batched"} 1.0' in metrics
+    # and the router keeps serving
+    ok = httpx.post(url, json=body("slow", max_tokens=2), timeout=30)
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_node_talking_garbage_is_a_502_envelope(system: dict[str, Any], stream: bool) -> None:
+    r = httpx.post(
+        system["url"] + "/v1/chat/completions", json=body("garbage", stream=stream), timeout=30
+    )
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "bad_upstream_reply"
+
+
+def test_hot_reload_through_a_running_router(
+    tmp_path: Path, served: Served, system: dict[str, Any]
+) -> None:
+    from tiergate.router.build import file_source
+
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        f"router: {{ledgerPath: {tmp_path / 'l.sqlite'}}}\npools:\n"
+        + pool("a", "first", [system["node"]])
+    )
+    config, source = file_source(path)
+    source.interval_s = 0.05
+    with served(build_app(config, source)) as url:
+        models = lambda: [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]  # noqa: E731
+        assert models() == ["first"]
+        path.write_text(path.read_text().replace("servedModelName: first", "servedModelName: slow"))
+        deadline = time.monotonic() + 10
+        while models() != ["slow"]:
+            assert time.monotonic() < deadline, "the router did not pick up the new file"
+            time.sleep(0.05)
+        r = httpx.post(url + "/v1/chat/completions", json=body("slow", max_tokens=2), timeout=30)
+        assert r.status_code == 200
