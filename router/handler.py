@@ -15,7 +15,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ from .asgi import (
     send_error,
 )
 from .budgets import BudgetGuard
+from .cascade import CASCADE_HEADER, Cascade, as_event_stream, parse_cascade, tool_call_problem
 from .config import RouterSettings
 from .discovery import PoolView, RoutedPool
 from .errors import RouterError
@@ -59,6 +60,13 @@ SATURATION_WAITING = 8.0
 HEADROOM = 1.5
 
 
+@dataclass(frozen=True, slots=True)
+class CascadePlan:
+    cascade: Cascade
+    first_model: str
+    then_model: str
+
+
 @dataclass
 class Progress:
     """What happened to one request, filled in as it goes (for metrics and the ledger)."""
@@ -73,6 +81,8 @@ class Progress:
     ttft_s: float | None = None
     cost_usd: float = 0.0
     estimated_tokens: int = 0  # what the rate limiter charged up front
+    attempt: int = 1  # 2 for the second attempt of an escalated cascade
+    escalated: bool = False
 
 
 @dataclass
@@ -148,12 +158,22 @@ class Router:
             )
             view = self.view()
             pipeline = self.pipeline(view)
-            choice, tier = self._tier(headers, request, view, tenant)
+            plan = self._cascade_plan(headers, request, view, tenant)
+            if plan is None:
+                choice, tier = self._tier(headers, request, view, tenant)
+            else:
+                choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
             self.budgets.check(tenant, self.wall())
             estimate = request.prompt_tokens_estimate + request.max_tokens
             self.limiter.check(tenant, started, estimate)
             done.estimated_tokens = estimate
-            tier = await self._admit(view, request, choice, tier, tenant)
+            if plan is not None:
+                request, choice = await self._first_attempt(
+                    send, view, pipeline, request, plan, tenant, request_id, started, done
+                )
+                if not done.escalated:
+                    return
+            tier = await self._admit(view, request, choice, choice.tier if plan else tier, tenant)
             try:
                 await self._serve(
                     scope, receive, send, view, pipeline, request, choice, tier, request_id, done
@@ -177,6 +197,135 @@ class Router:
             except Exception:  # the reply is out: a billing failure must be loud, not fatal
                 self.metrics.accounting_errors.inc()
                 log.exception("event=accounting_failed request_id=%s", request_id)
+
+    def _cascade_plan(
+        self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
+    ) -> CascadePlan | None:
+        """The cascade a request asks for, with the model to use on each tier; None if it asks
+        for none or has no tools to check (then it is served as usual)."""
+        value = headers.get(CASCADE_HEADER)
+        if value is None:
+            return None
+        cascade = parse_cascade(value)
+        if not (request.chat and request.body.get("tools")):
+            return None
+        for tier in (cascade.first, cascade.then):
+            authorize_tier(tenant, tier)
+        family: set[str] = set()
+        for pool in view.pools.values():
+            if request.model in pool.spec.names:
+                model = pool.deployment.model
+                family |= {model.name, *([model.distilled_from] if model.distilled_from else [])}
+        models = []
+        for tier in (cascade.first, cascade.then):
+            match = next(
+                (
+                    p.spec.names[0]
+                    for p in view.pools.values()
+                    if p.spec.tier == tier
+                    and p.endpoints
+                    and (
+                        p.deployment.model.name in family
+                        or p.deployment.model.distilled_from in family
+                    )
+                ),
+                None,
+            )
+            if match is None:
+                raise RouterError(
+                    400,
+                    f"cascade: no model related to {request.model!r} is served in the {tier} tier",
+                    code="invalid_cascade",
+                    param=CASCADE_HEADER,
+                )
+            models.append(match)
+        return CascadePlan(cascade, models[0], models[1])
+
+    async def _first_attempt(
+        self,
+        send: Send,
+        view: PoolView,
+        pipeline: Pipeline,
+        request: CompletionRequest,
+        plan: CascadePlan,
+        tenant: Tenant,
+        request_id: str,
+        started: float,
+        done: Progress,
+    ) -> tuple[CompletionRequest, TierChoice]:
+        """Serve on the cascade's first tier, whole. A usable reply goes to the client and
+        `done` describes it; otherwise attempt 1 is billed here, `done` is reset for attempt 2
+        and the request and tier for attempt 2 are returned."""
+        first, then = plan.cascade.first, plan.cascade.then
+        attempt = replace(
+            request,
+            body={**request.body, "model": plan.first_model, "stream": False},
+            model=plan.first_model,
+            stream=False,
+        )
+        choice = TierChoice(first, "cascade", "standard", False)
+        problem: str | None = "no reply"
+        reply: dict[str, Any] | None = None
+        one = Progress(estimated_tokens=done.estimated_tokens)
+        await self._admit(view, attempt, choice, first, tenant)
+        try:
+            opened, pool = await self._open(view, pipeline, attempt, first, request_id, one)
+            try:
+                body = await opened.response.aread()
+                one.status = opened.response.status_code
+            finally:
+                await opened.close()
+            if one.status == 200:
+                try:
+                    reply = json.loads(body)
+                    self._bill(one, pool, reply)
+                    problem = tool_call_problem(reply, request.body)
+                except (ValueError, TypeError, AttributeError):
+                    problem = "a malformed reply"
+        except RouterError as error:
+            one.status, problem = error.status, error.message
+        finally:
+            self._queues[first].release()
+        if problem is None and reply is not None:
+            one.outcome = "ok"
+            reply["service_tier"] = first
+            headers = {
+                "x-tiergate-tier": first,
+                "x-tiergate-tier-requested": first,
+                "x-tiergate-pool": one.pool.spec.name if one.pool else "",
+                "x-tiergate-request-id": request_id,
+                "x-tiergate-escalated": "false",
+                "x-tiergate-cost-usd": f"{one.cost_usd:.10f}",
+            }
+            if request.stream:
+                payload = as_event_stream(reply, include_usage=request.include_usage)
+                kind = (b"content-type", b"text/event-stream")
+            else:
+                payload = json.dumps(reply, separators=(",", ":")).encode()
+                kind = (b"content-type", b"application/json")
+            await send_bytes(send, 200, payload, encode_headers(headers), content_type=kind)
+            done.__dict__.update(one.__dict__)
+            return request, choice
+        # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
+        one.outcome = "error" if one.status == 200 else "upstream_error"
+        one.escalated = True
+        self._account(one, tenant, choice, request_id, started)
+        self.metrics.escalations.labels(first, then).inc()
+        log.info("event=cascade_escalated request_id=%s from=%s to=%s reason=%r",
+                 request_id, first, then, problem)  # fmt: skip
+        done.attempt, done.escalated, done.estimated_tokens = 2, True, 0
+        second = replace(
+            request, body={**request.body, "model": plan.then_model}, model=plan.then_model
+        )
+        return second, TierChoice(then, "cascade", "standard", False)
+
+    def _bill(self, done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
+        usage = reply.get("usage") or {}
+        done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        done.completion_tokens = int(usage.get("completion_tokens") or 0)
+        done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+        if isinstance(reply.get("usage"), dict):
+            reply["usage"]["cost_usd"] = round(done.cost_usd, 10)
 
     def _tier(
         self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
@@ -255,6 +404,44 @@ class Router:
         request_id: str,
         done: Progress,
     ) -> None:
+        extra = {h: v for h in FORWARDED if (v := _header(scope, h))}
+        opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
+        reply_headers = {
+            "x-tiergate-tier": tier,
+            "x-tiergate-tier-requested": choice.tier,
+            "x-tiergate-pool": pool.spec.name,
+            "x-tiergate-request-id": request_id,
+        }
+        if tier != choice.tier:
+            reply_headers["x-tiergate-fallback"] = "true"
+        if done.escalated:
+            reply_headers["x-tiergate-escalated"] = "true"
+        try:
+            response = opened.response
+            if (
+                request.stream
+                and response.status_code == 200
+                and not response.headers.get("content-type", "").startswith("text/event-stream")
+            ):
+                raise _bad_reply("the serving node answered a stream request without a stream")
+            if request.stream and response.status_code == 200:
+                await self._relay_stream(receive, send, opened, request, pool, reply_headers, done)
+            else:
+                await self._relay_whole(send, opened, pool, reply_headers, done)
+        finally:
+            await opened.close()
+
+    async def _open(
+        self,
+        view: PoolView,
+        pipeline: Pipeline,
+        request: CompletionRequest,
+        tier: Tier,
+        request_id: str,
+        done: Progress,
+        extra_headers: dict[str, str] | None = None,
+    ) -> tuple[Opened, RoutedPool]:
+        """Pick endpoints of `tier` and open the upstream request on the first that answers."""
         ctx = RequestContext(
             request.model,
             tier,
@@ -271,37 +458,19 @@ class Router:
                 code="no_capacity",
                 headers={"Retry-After": "1"},
             )
-        forwarded = {"content-type": "application/json", "x-tiergate-request-id": request_id}
-        forwarded.update({h: scope_v for h in FORWARDED if (scope_v := _header(scope, h))})
+        headers = {
+            "content-type": "application/json",
+            "x-tiergate-request-id": request_id,
+            **(extra_headers or {}),
+        }
         path = "/v1/chat/completions" if request.chat else "/v1/completions"
         retries_before = self.upstream.retries
-        opened = await self.upstream.open(order, path, upstream_body(request), forwarded)
+        opened = await self.upstream.open(order, path, upstream_body(request), headers)
         self.metrics.retries.inc(self.upstream.retries - retries_before)
         pipeline.observe(ctx, opened.endpoint)
         pool = view.pools[opened.endpoint.pool]
         done.tier_served, done.pool, done.endpoint = tier, pool, opened.endpoint.url
-        reply_headers = {
-            "x-tiergate-tier": tier,
-            "x-tiergate-tier-requested": choice.tier,
-            "x-tiergate-pool": pool.spec.name,
-            "x-tiergate-request-id": request_id,
-        }
-        if tier != choice.tier:
-            reply_headers["x-tiergate-fallback"] = "true"
-        try:
-            response = opened.response
-            if (
-                request.stream
-                and response.status_code == 200
-                and not response.headers.get("content-type", "").startswith("text/event-stream")
-            ):
-                raise _bad_reply("the serving node answered a stream request without a stream")
-            if request.stream and response.status_code == 200:
-                await self._relay_stream(receive, send, opened, request, pool, reply_headers, done)
-            else:
-                await self._relay_whole(send, opened, pool, reply_headers, done)
-        finally:
-            await opened.close()
+        return opened, pool
 
     async def _relay_whole(
         self,
@@ -321,15 +490,10 @@ class Router:
             return
         try:
             data: dict[str, Any] = json.loads(body)
-            usage = data.get("usage") or {}
-            done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            done.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self._bill(done, pool, data)
         except (ValueError, TypeError, AttributeError):
             raise _bad_reply("the serving node returned a malformed reply") from None
-        done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
         data["service_tier"] = pool.spec.tier
-        if isinstance(data.get("usage"), dict):
-            data["usage"]["cost_usd"] = round(done.cost_usd, 10)
         headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
         done.outcome = "ok"
         await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode(),
@@ -455,6 +619,8 @@ class Router:
                 cost_usd=done.cost_usd,
                 http_status=done.status,
                 outcome=done.outcome,
+                escalated=done.escalated,
+                attempt=done.attempt,
             )
         )
         # After the ledger, with no await between: the guard may re-read the ledger.

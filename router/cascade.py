@@ -1,0 +1,114 @@
+"""Cascade: answer on the fast distilled tier first, escalate malformed tool calls.
+
+`x-tiergate-cascade: wafer-scale>premium` asks the router to serve a tool-calling request on
+the first tier (a distilled model: fast, cheaper, sloppier) and to check the reply's tool
+call: arguments that are not JSON, or that do not match the tool's JSON schema, send the
+request to the second tier (the full model), whose reply is returned instead. Both attempts
+are billed and recorded. The first attempt is read whole (it is the fast one); a client that
+asked for a stream gets the kept reply as server-sent events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from .errors import RouterError
+from .tiers import TIERS, Tier
+
+CASCADE_HEADER = "x-tiergate-cascade"
+
+
+@dataclass(frozen=True, slots=True)
+class Cascade:
+    first: Tier
+    then: Tier
+
+
+def parse_cascade(value: str) -> Cascade:
+    """`first>then`, two different tier names; RouterError(400) otherwise."""
+    parts = [p.strip().lower() for p in value.split(">")]
+    if len(parts) != 2 or parts[0] == parts[1] or not all(p in TIERS for p in parts):
+        raise RouterError(
+            400,
+            f"{CASCADE_HEADER} must be two different tiers as first>then, "
+            f"e.g. wafer-scale>premium; tiers: {', '.join(TIERS)}",
+            code="invalid_cascade",
+            param=CASCADE_HEADER,
+        )
+    return Cascade(parts[0], parts[1])  # type: ignore[arg-type]
+
+
+def tool_call_problem(reply: dict[str, Any], request: dict[str, Any]) -> str | None:
+    """Why the reply's tool call is unusable, or None when it is fine (or there is none to
+    check). Arguments must be JSON matching the called tool's `parameters` schema."""
+    tools = {
+        t["function"]["name"]: t["function"].get("parameters") or {}
+        for t in request.get("tools") or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+    }
+    if not tools:
+        return None
+    try:
+        message = reply["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        return "the reply has no message"
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not calls:
+        return None  # the model chose to answer in text: nothing malformed to escalate
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return "a tool call without a function"
+        name = function.get("name")
+        if name not in tools:
+            return f"a call to an unknown tool {name!r}"
+        try:
+            arguments = json.loads(function.get("arguments") or "")
+        except (ValueError, TypeError):
+            return f"the arguments of {name!r} are not valid JSON"
+        try:
+            error = next(iter(Draft202012Validator(tools[name]).iter_errors(arguments)), None)
+        except SchemaError:
+            return None  # the client's schema is broken: not the model's fault
+        if error is not None:
+            return f"the arguments of {name!r} do not match its schema: {error.message}"
+    return None
+
+
+def as_event_stream(reply: dict[str, Any], *, include_usage: bool) -> bytes:
+    """A whole chat completion as the SSE a streaming client expects: one chunk with the
+    message, one with usage if asked, then [DONE]."""
+    choices = []
+    for choice in reply.get("choices") or []:
+        message = dict(choice.get("message") or {})
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+            ]
+        choices.append(
+            {
+                "index": choice.get("index", 0),
+                "delta": message,
+                "finish_reason": choice.get("finish_reason"),
+            }
+        )
+    base: dict[str, Any] = {
+        k: reply[k] for k in ("id", "created", "model", "service_tier") if k in reply
+    }
+    chunk: dict[str, Any] = {**base, "object": "chat.completion.chunk", "choices": choices}
+    out = [b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"]
+    if include_usage and "usage" in reply:
+        usage: dict[str, Any] = {
+            **base,
+            "object": "chat.completion.chunk",
+            "choices": [],
+            "usage": reply["usage"],
+        }
+        out.append(b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n")
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)

@@ -1,0 +1,174 @@
+"""The cascade: parsing, the tool-call check, SSE replay, and escalation end to end."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any
+
+import httpx
+import pytest
+
+from tiergate.router.build import build_app
+from tiergate.router.cascade import as_event_stream, parse_cascade, tool_call_problem
+from tiergate.router.config import parse_config
+from tiergate.router.discovery import StaticSource, build_view
+from tiergate.router.errors import RouterError
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "run",
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}, "timeout": {"type": "integer"}},
+            "required": ["cmd"],
+            "additionalProperties": False,
+        },
+    },
+}
+REQUEST = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [TOOL]}
+
+
+def reply(arguments: str, name: str = "run") -> dict[str, Any]:
+    call = {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    return {"id": "r", "model": "m", "choices": [{"index": 0, "message": message}]}
+
+
+def test_parse_cascade() -> None:
+    c = parse_cascade("wafer-scale>premium")
+    assert (c.first, c.then) == ("wafer-scale", "premium")
+    for bad in ("premium", "premium>premium", "fast>premium", "a>b>c"):
+        with pytest.raises(RouterError) as caught:
+            parse_cascade(bad)
+        assert caught.value.status == 400 and caught.value.code == "invalid_cascade"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "name", "problem"),
+    [
+        ('{"cmd": "ls"}', "run", None),
+        ('{"cmd": "ls", "timeout": 3}', "run", None),
+        ('{"cmd": "ls"', "run", "not valid JSON"),
+        ('{"timeout": 3}', "run", "do not match its schema"),
+        ('{"cmd": 3}', "run", "do not match its schema"),
+        ('{"cmd": "ls", "extra": 1}', "run", "do not match its schema"),
+        ('{"cmd": "ls"}', "rm", "unknown tool"),
+    ],
+)
+def test_tool_call_problem(arguments: str, name: str, problem: str | None) -> None:
+    found = tool_call_problem(reply(arguments, name), REQUEST)
+    assert found is None if problem is None else (found is not None and problem in found)
+
+
+def test_a_text_answer_or_no_tools_has_nothing_to_escalate() -> None:
+    text = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
+    assert tool_call_problem(text, REQUEST) is None
+    assert tool_call_problem(reply("{bad"), {"model": "m", "messages": []}) is None
+
+
+def test_as_event_stream_replays_a_whole_reply() -> None:
+    data = {**reply('{"cmd": "ls"}'), "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+    events = as_event_stream(data, include_usage=True).decode().split("\n\n")
+    first = json.loads(events[0][6:])
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
+    assert json.loads(events[1][6:])["usage"]["completion_tokens"] == 5
+    assert events[2] == "data: [DONE]"
+    assert "usage" not in as_event_stream(data, include_usage=False).decode()
+
+
+Served = Callable[[Any], AbstractContextManager[str]]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("cascade")
+    spark = NodeConfig(
+        serving=ServingSpec(model="frontier-spark", accelerator="wse-3", chips=2,
+                            batching=BatchingSpec(max_num_seqs=8)),
+    )  # fmt: skip
+    full = NodeConfig(
+        serving=ServingSpec(model="frontier", accelerator="b200", chips=8, tensor_parallel=8,
+                            weight_dtype="fp8", kv_dtype="fp8",
+                            batching=BatchingSpec(max_num_seqs=4)),
+    )  # fmt: skip
+    with ExitStack() as stack:
+        spark_url = stack.enter_context(served(create_app(spark)))
+        full_url = stack.enter_context(served(create_app(full)))
+        config = parse_config(
+            f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}}}\npools:\n"
+            f"  - {{name: spark, tier: wafer-scale, model: frontier-spark, accelerator: wse-3, "
+            f"chips: 2, batching: {{maxNumSeqs: 8}}, endpoints: [{spark_url}]}}\n"
+            f"  - {{name: full, tier: premium, model: frontier, accelerator: b200, chips: 8, "
+            f"tensorParallel: 8, weightDtype: fp8, kvDtype: fp8, batching: {{maxNumSeqs: 4}}, "
+            f"endpoints: [{full_url}]}}\n"
+        )
+        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+        yield {"url": stack.enter_context(served(app)), "ledger": tmp / "ledger.sqlite"}
+
+
+def cascade(url: str, seed: int, **fields: Any) -> httpx.Response:
+    body = {
+        "model": "frontier-spark",
+        "messages": [{"role": "user", "content": "list the files"}],
+        "tools": [TOOL],
+        "seed": seed,
+        **fields,
+    }
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"x-tiergate-cascade": "wafer-scale>premium"})  # fmt: skip
+
+
+def test_malformed_tool_calls_escalate_to_the_full_model(router: dict[str, Any]) -> None:
+    replies = [cascade(router["url"], seed) for seed in range(40)]
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies][:2]
+    escalated = [r for r in replies if r.headers["x-tiergate-escalated"] == "true"]
+    kept = [r for r in replies if r.headers["x-tiergate-escalated"] == "false"]
+    # spark's quality is 0.73: about a quarter of its tool calls are malformed
+    assert 4 <= len(escalated) <= 20
+    assert all(r.headers["x-tiergate-tier"] == "wafer-scale" for r in kept)
+    assert all(tool_call_problem(r.json(), {"tools": [TOOL]}) is None for r in kept)
+    assert all(r.headers["x-tiergate-tier"] == "premium" for r in escalated)
+    assert all(r.json()["model"] == "frontier" for r in escalated)
+    ids = [r.headers["x-tiergate-request-id"] for r in escalated]
+    rows = (
+        sqlite3.connect(router["ledger"])
+        .execute(
+            f"select request_id, attempt, tier_served, escalated, cost_usd from usage "
+            f"where request_id in ({','.join('?' * len(ids))})",
+            ids,
+        )
+        .fetchall()
+    )
+    assert len(rows) == 2 * len(ids)  # both attempts recorded
+    assert {(r[1], r[2]) for r in rows} == {(1, "wafer-scale"), (2, "premium")}
+    assert all(r[3] and r[4] > 0 for r in rows)  # both escalated, both billed
+    metrics = httpx.get(router["url"] + "/metrics").text
+    series = 'tiergate_cascade_escalations_total{from_tier="wafer-scale",to_tier="premium"}'
+    assert f"{series} {float(len(ids))}" in metrics
+
+
+def test_a_streaming_client_gets_the_kept_reply_as_events(router: dict[str, Any]) -> None:
+    r = cascade(router["url"], 1, stream=True, stream_options={"include_usage": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in r.text.split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] > 0
+
+
+def test_without_tools_the_cascade_header_changes_nothing(router: dict[str, Any]) -> None:
+    body = {"model": "frontier-spark", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3}  # fmt: skip
+    r = httpx.post(router["url"] + "/v1/chat/completions", json=body, timeout=30,
+                   headers={"x-tiergate-cascade": "wafer-scale>premium"})  # fmt: skip
+    assert r.status_code == 200 and r.headers["x-tiergate-tier"] == "wafer-scale"
+    bad = httpx.post(router["url"] + "/v1/chat/completions", json=body, timeout=30,
+                     headers={"x-tiergate-cascade": "premium"})  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cascade"
