@@ -41,12 +41,19 @@ from .discovery import PoolView, RoutedPool
 from .errors import RouterError
 from .ledger import Ledger, Outcome, UsageRecord
 from .metrics import RouterMetrics
-from .policy import Pipeline, PolicyConfig, prefix_hashes
+from .policy import (
+    LatencyEstimate,
+    LatencyPredictor,
+    Pipeline,
+    PolicyConfig,
+    endpoint_load,
+    prefix_hashes,
+)
 from .proxy import Opened, Upstream
 from .ratelimit import RateLimiter
-from .request import CompletionRequest, parse_completion, upstream_body
+from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
 from .sse import StreamRewriter
-from .state import RequestContext
+from .state import EndpointState, RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
 from .tiers import TIERS, Tier, TierChoice, resolve_tier
 
@@ -105,8 +112,16 @@ class Router:
     _deployments: dict[str, Deployment] = field(default_factory=dict)
     _batch_caps: dict[str, int] = field(default_factory=dict)
     _queues: dict[Tier, TierQueue] = field(default_factory=dict)
+    _predictor: LatencyPredictor | None = None
 
     # -- per-view derived state ------------------------------------------------------------
+
+    @property
+    def predictor(self) -> LatencyPredictor:
+        """The perf model's latency predictions for SLO checks (reads the live pool maps)."""
+        if self._predictor is None:
+            self._predictor = LatencyPredictor(self._deployments, self._batch_caps)
+        return self._predictor
 
     def pipeline(self, view: PoolView) -> Pipeline:
         """The routing pipeline, built once: a new view only refreshes the pools it reads, so
@@ -156,6 +171,7 @@ class Router:
             request = parse_completion(
                 await read_body(receive, headers, self.settings.max_body_bytes), chat=chat
             )
+            request.slo = parse_slo(headers)
             view = self.view()
             pipeline = self.pipeline(view)
             plan = self._cascade_plan(headers, request, view, tenant)
@@ -319,6 +335,46 @@ class Router:
         )
         return second, TierChoice(then, "cascade", "standard", False)
 
+    def _within_slo(
+        self, order: list[EndpointState], request: CompletionRequest
+    ) -> list[EndpointState]:
+        """The endpoints the perf model expects to meet the request's SLO; 503 when none is:
+        better to say so now than to serve late."""
+        assert request.slo is not None
+        ttft_slo, tpot_slo = request.slo
+        best: LatencyEstimate | None = None
+        kept = []
+        for endpoint in order:
+            estimate = self.predictor.predict(
+                endpoint.pool,
+                endpoint_load(endpoint),
+                request.prompt_tokens_estimate,
+                request.max_tokens,
+            )
+            if estimate is None:
+                kept.append(endpoint)  # unknown to the model: give it the benefit of the doubt
+                continue
+            if (ttft_slo is None or estimate.ttft_s <= ttft_slo) and (
+                tpot_slo is None or estimate.tpot_s <= tpot_slo
+            ):
+                kept.append(endpoint)
+            elif best is None or estimate.total_s < best.total_s:
+                best = estimate
+        if kept:
+            return kept
+        detail = (
+            f" (best predicted: TTFT {best.ttft_s * 1000:.0f} ms, TPOT {best.tpot_s * 1000:.1f} ms)"
+            if best is not None
+            else ""
+        )
+        raise RouterError(
+            503,
+            f"no endpoint is predicted to meet the requested SLO{detail}",
+            type="server_error",
+            code="slo_unattainable",
+            headers={"Retry-After": "1"},
+        )
+
     def _bill(self, done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
         usage = reply.get("usage") or {}
         done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -458,6 +514,8 @@ class Router:
                 code="no_capacity",
                 headers={"Retry-After": "1"},
             )
+        if request.slo is not None:
+            order = self._within_slo(order, request)
         headers = {
             "content-type": "application/json",
             "x-tiergate-request-id": request_id,

@@ -33,6 +33,29 @@ class CompletionRequest:
     max_tokens: int
     prompt_tokens_estimate: int
     prefix_text: str  # the start of the prompt, for prefix affinity (never logged)
+    slo: tuple[float | None, float | None] | None = None  # (TTFT s, TPOT s) the client asks for
+
+
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
+SLO_TPOT_HEADER = "x-slo-tpot-ms"
+
+
+def parse_slo(headers: dict[str, str]) -> tuple[float | None, float | None] | None:
+    """The per-request SLO headers, in seconds; None when neither is set."""
+    values: list[float | None] = []
+    for name in (SLO_TTFT_HEADER, SLO_TPOT_HEADER):
+        text = headers.get(name)
+        if text is None:
+            values.append(None)
+            continue
+        try:
+            ms = float(text)
+        except ValueError:
+            ms = -1.0
+        if not (ms > 0 and ms < 1e9):
+            raise _bad(f"`{name}` must be a positive number of milliseconds", param=name)
+        values.append(ms / 1000.0)
+    return None if values == [None, None] else (values[0], values[1])
 
 
 def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:

@@ -246,3 +246,25 @@ def test_models_health_and_openapi(system: dict[str, Any]) -> None:
     spec = httpx.get(system["url"] + "/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/usage", "/v1/models"} <= set(spec["paths"])
     assert httpx.get(system["url"] + "/nope").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "code"),
+    [
+        ({"x-slo-tpot-ms": "100", "x-slo-ttft-ms": "5000"}, 200, None),
+        ({"x-slo-tpot-ms": "0.001"}, 503, "slo_unattainable"),
+        ({"x-slo-ttft-ms": "0.001"}, 503, "slo_unattainable"),
+        ({"x-slo-ttft-ms": "soon"}, 400, "invalid_request"),
+        ({"x-slo-tpot-ms": "-5"}, 400, "invalid_request"),
+    ],
+)
+def test_slo_headers_reject_early_what_the_model_says_will_be_late(
+    system: dict[str, Any], headers: dict[str, str], status: int, code: str | None
+) -> None:
+    r = post(system, chat("coder-spark", max_tokens=5), headers)
+    assert r.status_code == status, r.text
+    if code is not None:
+        assert r.json()["error"]["code"] == code
+    if code == "slo_unattainable":
+        assert "best predicted" in r.json()["error"]["message"]
+        assert r.headers["retry-after"] == "1"
