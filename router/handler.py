@@ -278,6 +278,7 @@ class Router:
             body={**request.body, "model": plan.first_model, "stream": False},
             model=plan.first_model,
             stream=False,
+            raw=None,
         )
         choice = TierChoice(first, "cascade", "standard", False)
         problem: str | None = "no reply"
@@ -331,7 +332,10 @@ class Router:
                  request_id, first, then, problem)  # fmt: skip
         done.attempt, done.escalated, done.estimated_tokens = 2, True, 0
         second = replace(
-            request, body={**request.body, "model": plan.then_model}, model=plan.then_model
+            request,
+            body={**request.body, "model": plan.then_model},
+            model=plan.then_model,
+            raw=None,
         )
         return second, TierChoice(then, "cascade", "standard", False)
 

@@ -34,6 +34,7 @@ class CompletionRequest:
     prompt_tokens_estimate: int
     prefix_text: str  # the start of the prompt, for prefix affinity (never logged)
     slo: tuple[float | None, float | None] | None = None  # (TTFT s, TPOT s) the client asks for
+    raw: bytes | None = None  # the client's bytes, forwarded as they are while `body` is unchanged
 
 
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
@@ -88,13 +89,21 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
         prompt_tokens_estimate=max(1, len(text) // CHARS_PER_TOKEN),
         prefix_text=text[:PREFIX_CHARS],
+        raw=raw,
     )
 
 
 def upstream_body(request: CompletionRequest) -> bytes:
-    """The body sent upstream: the client's, asking for usage on streams (for billing)."""
+    """The body sent upstream: the client's, asking for usage on streams (for billing).
+
+    The client's own bytes go through untouched when nothing needs changing: re-encoding a
+    long prompt on every request is work the request path does not need.
+    """
     body = request.body
-    if request.stream and not request.include_usage:
+    needs_usage = request.stream and not request.include_usage
+    if request.raw is not None and not needs_usage:
+        return request.raw
+    if needs_usage:
         body = {
             **body,
             "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
