@@ -17,7 +17,10 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from .discovery import PoolView
 from .errors import RouterError
+from .request import CompletionRequest
+from .tenants import Tenant, authorize_tier
 from .tiers import TIERS, Tier
 
 CASCADE_HEADER = "x-tiergate-cascade"
@@ -27,6 +30,15 @@ CASCADE_HEADER = "x-tiergate-cascade"
 class Cascade:
     first: Tier
     then: Tier
+
+
+@dataclass(frozen=True, slots=True)
+class CascadePlan:
+    """A cascade with the served model to use on each of its tiers."""
+
+    cascade: Cascade
+    first_model: str
+    then_model: str
 
 
 def parse_cascade(value: str) -> Cascade:
@@ -112,3 +124,46 @@ def as_event_stream(reply: dict[str, Any], *, include_usage: bool) -> bytes:
         out.append(b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n")
     out.append(b"data: [DONE]\n\n")
     return b"".join(out)
+
+
+def cascade_plan(
+    headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
+) -> CascadePlan | None:
+    """The cascade a request asks for, with the model to use on each tier; None if it asks
+    for none or has no tools to check (then it is served as usual)."""
+    value = headers.get(CASCADE_HEADER)
+    if value is None:
+        return None
+    cascade = parse_cascade(value)
+    if not (request.chat and request.body.get("tools")):
+        return None
+    for tier in (cascade.first, cascade.then):
+        authorize_tier(tenant, tier)
+    family: set[str] = set()
+    for pool in view.pools.values():
+        if request.model in pool.spec.names:
+            model = pool.deployment.model
+            family |= {model.name, *([model.distilled_from] if model.distilled_from else [])}
+    models = []
+    for tier in (cascade.first, cascade.then):
+        match = next(
+            (
+                p.spec.names[0]
+                for p in view.pools.values()
+                if p.spec.tier == tier
+                and p.endpoints
+                and (
+                    p.deployment.model.name in family or p.deployment.model.distilled_from in family
+                )
+            ),
+            None,
+        )
+        if match is None:
+            raise RouterError(
+                400,
+                f"cascade: no model related to {request.model!r} is served in the {tier} tier",
+                code="invalid_cascade",
+                param=CASCADE_HEADER,
+            )
+        models.append(match)
+    return CascadePlan(cascade, models[0], models[1])

@@ -8,7 +8,6 @@ request that got as far as a tenant is written to the ledger, whatever its outco
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -17,8 +16,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import httpx
 
 from tiergate.sim_nodes.perf import Deployment
 
@@ -35,11 +32,11 @@ from .asgi import (
     send_error,
 )
 from .budgets import BudgetGuard
-from .cascade import CASCADE_HEADER, Cascade, as_event_stream, parse_cascade, tool_call_problem
+from .cascade import CascadePlan, as_event_stream, cascade_plan, tool_call_problem
 from .config import RouterSettings
 from .discovery import PoolView, RoutedPool
 from .errors import RouterError
-from .ledger import Ledger, Outcome, UsageRecord
+from .ledger import Ledger, UsageRecord
 from .metrics import RouterMetrics
 from .policy import (
     LatencyEstimate,
@@ -49,10 +46,11 @@ from .policy import (
     endpoint_load,
     prefix_hashes,
 )
+from .progress import Progress
 from .proxy import Opened, Upstream
 from .ratelimit import RateLimiter
+from .relay import bad_reply, bill, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
-from .sse import StreamRewriter
 from .state import EndpointState, RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
 from .tiers import TIERS, Tier, TierChoice, resolve_tier
@@ -65,31 +63,6 @@ FORWARDED = ("x-tiergate-fault", "x-tiergate-timing")
 SATURATION_WAITING = 8.0
 #: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
 HEADROOM = 1.5
-
-
-@dataclass(frozen=True, slots=True)
-class CascadePlan:
-    cascade: Cascade
-    first_model: str
-    then_model: str
-
-
-@dataclass
-class Progress:
-    """What happened to one request, filled in as it goes (for metrics and the ledger)."""
-
-    outcome: Outcome = "error"
-    status: int = 500
-    tier_served: Tier | None = None
-    pool: RoutedPool | None = None
-    endpoint: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float | None = None
-    cost_usd: float = 0.0
-    estimated_tokens: int = 0  # what the rate limiter charged up front
-    attempt: int = 1  # 2 for the second attempt of an escalated cascade
-    escalated: bool = False
 
 
 @dataclass
@@ -174,7 +147,7 @@ class Router:
             request.slo = parse_slo(headers)
             view = self.view()
             pipeline = self.pipeline(view)
-            plan = self._cascade_plan(headers, request, view, tenant)
+            plan = cascade_plan(headers, request, view, tenant)
             if plan is None:
                 choice, tier = self._tier(headers, request, view, tenant)
             else:
@@ -214,49 +187,6 @@ class Router:
                 self.metrics.accounting_errors.inc()
                 log.exception("event=accounting_failed request_id=%s", request_id)
 
-    def _cascade_plan(
-        self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
-    ) -> CascadePlan | None:
-        """The cascade a request asks for, with the model to use on each tier; None if it asks
-        for none or has no tools to check (then it is served as usual)."""
-        value = headers.get(CASCADE_HEADER)
-        if value is None:
-            return None
-        cascade = parse_cascade(value)
-        if not (request.chat and request.body.get("tools")):
-            return None
-        for tier in (cascade.first, cascade.then):
-            authorize_tier(tenant, tier)
-        family: set[str] = set()
-        for pool in view.pools.values():
-            if request.model in pool.spec.names:
-                model = pool.deployment.model
-                family |= {model.name, *([model.distilled_from] if model.distilled_from else [])}
-        models = []
-        for tier in (cascade.first, cascade.then):
-            match = next(
-                (
-                    p.spec.names[0]
-                    for p in view.pools.values()
-                    if p.spec.tier == tier
-                    and p.endpoints
-                    and (
-                        p.deployment.model.name in family
-                        or p.deployment.model.distilled_from in family
-                    )
-                ),
-                None,
-            )
-            if match is None:
-                raise RouterError(
-                    400,
-                    f"cascade: no model related to {request.model!r} is served in the {tier} tier",
-                    code="invalid_cascade",
-                    param=CASCADE_HEADER,
-                )
-            models.append(match)
-        return CascadePlan(cascade, models[0], models[1])
-
     async def _first_attempt(
         self,
         send: Send,
@@ -295,7 +225,7 @@ class Router:
             if one.status == 200:
                 try:
                     reply = json.loads(body)
-                    self._bill(one, pool, reply)
+                    bill(one, pool, reply)
                     problem = tool_call_problem(reply, request.body)
                 except (ValueError, TypeError, AttributeError):
                     problem = "a malformed reply"
@@ -378,14 +308,6 @@ class Router:
             code="slo_unattainable",
             headers={"Retry-After": "1"},
         )
-
-    def _bill(self, done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
-        usage = reply.get("usage") or {}
-        done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        done.completion_tokens = int(usage.get("completion_tokens") or 0)
-        done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
-        if isinstance(reply.get("usage"), dict):
-            reply["usage"]["cost_usd"] = round(done.cost_usd, 10)
 
     def _tier(
         self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
@@ -483,11 +405,14 @@ class Router:
                 and response.status_code == 200
                 and not response.headers.get("content-type", "").startswith("text/event-stream")
             ):
-                raise _bad_reply("the serving node answered a stream request without a stream")
+                raise bad_reply("the serving node answered a stream request without a stream")
             if request.stream and response.status_code == 200:
-                await self._relay_stream(receive, send, opened, request, pool, reply_headers, done)
+                await relay_stream(
+                    receive, send, opened, request, pool, reply_headers, done,
+                    clock=self.clock, metrics=self.metrics,
+                )  # fmt: skip
             else:
-                await self._relay_whole(send, opened, pool, reply_headers, done)
+                await relay_whole(send, opened, pool, reply_headers, done)
         finally:
             await opened.close()
 
@@ -533,108 +458,6 @@ class Router:
         pool = view.pools[opened.endpoint.pool]
         done.tier_served, done.pool, done.endpoint = tier, pool, opened.endpoint.url
         return opened, pool
-
-    async def _relay_whole(
-        self,
-        send: Send,
-        opened: Opened,
-        pool: RoutedPool,
-        headers: dict[str, str],
-        done: Progress,
-    ) -> None:
-        response = opened.response
-        body = await response.aread()
-        done.status = response.status_code
-        if response.status_code != 200:
-            # The node refused the request itself (4xx): its envelope goes back as it is.
-            done.outcome = "rejected"
-            await send_bytes(send, response.status_code, body, encode_headers(headers))
-            return
-        try:
-            data: dict[str, Any] = json.loads(body)
-            self._bill(done, pool, data)
-        except (ValueError, TypeError, AttributeError):
-            raise _bad_reply("the serving node returned a malformed reply") from None
-        data["service_tier"] = pool.spec.tier
-        headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
-        done.outcome = "ok"
-        await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode(),
-                         encode_headers(headers))  # fmt: skip
-
-    async def _relay_stream(
-        self,
-        receive: Receive,
-        send: Send,
-        opened: Opened,
-        request: CompletionRequest,
-        pool: RoutedPool,
-        headers: dict[str, str],
-        done: Progress,
-    ) -> None:
-        start = self.clock()
-        rewriter = StreamRewriter(
-            pool.spec.tier, include_usage=request.include_usage, cost_of=pool.cost_usd
-        )
-        raw_headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"cache-control", b"no-cache"),
-            *encode_headers(headers),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
-        done.status = 200
-        relay = asyncio.current_task()
-        gone = False
-
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone = True
-            if relay is not None:
-                relay.cancel()  # stop reading upstream; closing it cancels the node's work
-
-        watcher = asyncio.create_task(watch())
-        last_chunk_s = start
-        try:
-            async for raw in opened.response.aiter_raw():
-                out = rewriter.feed(raw)
-                if not out:
-                    continue
-                now = self.clock()
-                if done.ttft_s is None and rewriter.content_chunks:
-                    done.ttft_s = now - start
-                last_chunk_s = now
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-            done.outcome = "error" if rewriter.error else "ok"
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            if relay is not None:
-                relay.uncancel()
-            done.outcome, done.status = "client_disconnect", 499
-        except (httpx.HTTPError, OSError) as exc:
-            done.outcome = "upstream_error"
-            self.metrics.midstream_errors.labels(pool.spec.tier).inc()
-            log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
-                        pool.spec.name, opened.endpoint.url, type(exc).__name__)  # fmt: skip
-            if not gone:
-                error = RouterError(502, "the serving node failed mid-stream",
-                                    type="server_error", code="upstream_failed")  # fmt: skip
-                event = b"data: " + json.dumps(error.envelope()).encode() + b"\n\n"
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-        finally:
-            watcher.cancel()
-        if rewriter.usage is not None:
-            done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
-            done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
-        else:  # no usage chunk (cut short): bill what was relayed
-            done.completion_tokens = rewriter.content_chunks
-        done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
-        if done.ttft_s is not None and done.completion_tokens > 1:
-            tpot = (last_chunk_s - start - done.ttft_s) / (done.completion_tokens - 1)
-            self.metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
-        if not gone:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _refuse(self, send: Send, error: RouterError, request_id: str) -> None:
         try:
@@ -688,10 +511,6 @@ class Router:
         # After the ledger, with no await between: the guard may re-read the ledger.
         if done.cost_usd:
             self.budgets.add(tenant, done.cost_usd, self.wall())
-
-
-def _bad_reply(message: str) -> RouterError:
-    return RouterError(502, message, type="server_error", code="bad_upstream_reply")
 
 
 def _header(scope: Scope, name: str) -> str | None:

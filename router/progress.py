@@ -1,0 +1,27 @@
+"""The record of one request (or one cascade attempt) as it goes through the router."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .discovery import RoutedPool
+from .ledger import Outcome
+from .tiers import Tier
+
+
+@dataclass
+class Progress:
+    """What happened to one request, filled in as it goes (for metrics and the ledger)."""
+
+    outcome: Outcome = "error"
+    status: int = 500
+    tier_served: Tier | None = None
+    pool: RoutedPool | None = None
+    endpoint: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    cost_usd: float = 0.0
+    estimated_tokens: int = 0  # what the rate limiter charged up front
+    attempt: int = 1  # 2 for the second attempt of an escalated cascade
+    escalated: bool = False

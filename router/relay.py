@@ -1,0 +1,141 @@
+"""Relaying an upstream reply to the client, whole or as a stream, and billing it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from .asgi import Receive, Send, encode_headers, send_bytes
+from .discovery import RoutedPool
+from .errors import RouterError
+from .metrics import RouterMetrics
+from .progress import Progress
+from .proxy import Opened
+from .request import CompletionRequest
+from .sse import StreamRewriter
+
+log = logging.getLogger("tiergate.router")
+
+
+def bad_reply(message: str) -> RouterError:
+    return RouterError(502, message, type="server_error", code="bad_upstream_reply")
+
+
+def bill(done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
+    """Count the reply's usage and cost into `done`, and add the cost to the reply."""
+    usage = reply.get("usage") or {}
+    done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    done.completion_tokens = int(usage.get("completion_tokens") or 0)
+    done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+    if isinstance(reply.get("usage"), dict):
+        reply["usage"]["cost_usd"] = round(done.cost_usd, 10)
+
+
+async def relay_whole(
+    send: Send,
+    opened: Opened,
+    pool: RoutedPool,
+    headers: dict[str, str],
+    done: Progress,
+) -> None:
+    response = opened.response
+    body = await response.aread()
+    done.status = response.status_code
+    if response.status_code != 200:
+        # The node refused the request itself (4xx): its envelope goes back as it is.
+        done.outcome = "rejected"
+        await send_bytes(send, response.status_code, body, encode_headers(headers))
+        return
+    try:
+        data: dict[str, Any] = json.loads(body)
+        bill(done, pool, data)
+    except (ValueError, TypeError, AttributeError):
+        raise bad_reply("the serving node returned a malformed reply") from None
+    data["service_tier"] = pool.spec.tier
+    headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
+    done.outcome = "ok"
+    await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode(),
+                     encode_headers(headers))  # fmt: skip
+
+
+async def relay_stream(
+    receive: Receive,
+    send: Send,
+    opened: Opened,
+    request: CompletionRequest,
+    pool: RoutedPool,
+    headers: dict[str, str],
+    done: Progress,
+    *,
+    clock: Callable[[], float],
+    metrics: RouterMetrics,
+) -> None:
+    start = clock()
+    rewriter = StreamRewriter(
+        pool.spec.tier, include_usage=request.include_usage, cost_of=pool.cost_usd
+    )
+    raw_headers = [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache"),
+        *encode_headers(headers),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
+    done.status = 200
+    relay = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        if relay is not None:
+            relay.cancel()  # stop reading upstream; closing it cancels the node's work
+
+    watcher = asyncio.create_task(watch())
+    last_chunk_s = start
+    try:
+        async for raw in opened.response.aiter_raw():
+            out = rewriter.feed(raw)
+            if not out:
+                continue
+            now = clock()
+            if done.ttft_s is None and rewriter.content_chunks:
+                done.ttft_s = now - start
+            last_chunk_s = now
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        done.outcome = "error" if rewriter.error else "ok"
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        if relay is not None:
+            relay.uncancel()
+        done.outcome, done.status = "client_disconnect", 499
+    except (httpx.HTTPError, OSError) as exc:
+        done.outcome = "upstream_error"
+        metrics.midstream_errors.labels(pool.spec.tier).inc()
+        log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
+                    pool.spec.name, opened.endpoint.url, type(exc).__name__)  # fmt: skip
+        if not gone:
+            error = RouterError(502, "the serving node failed mid-stream",
+                                type="server_error", code="upstream_failed")  # fmt: skip
+            event = b"data: " + json.dumps(error.envelope()).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+    finally:
+        watcher.cancel()
+    if rewriter.usage is not None:
+        done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
+        done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
+    else:  # no usage chunk (cut short): bill what was relayed
+        done.completion_tokens = rewriter.content_chunks
+    done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+    if done.ttft_s is not None and done.completion_tokens > 1:
+        tpot = (last_chunk_s - start - done.ttft_s) / (done.completion_tokens - 1)
+        metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
+    if not gone:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
