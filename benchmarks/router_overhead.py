@@ -1,0 +1,1070 @@
+"""Benchmark: what the tiergate router adds to a request, next to nginx and LiteLLM, in one run.
+
+Starts everything itself on 127.0.0.1 (free ports), measures, prints markdown tables (with the
+command that produced them) and stops everything on any exit:
+
+1. Non-streaming, fixed-reply upstream (a raw-asyncio server answering one constant small chat
+   completion; isolates the proxies' own cost): upstream direct, nginx as a plain reverse proxy,
+   LiteLLM's proxy (one worker, the upstream as an openai-compatible model) and the router.
+   `wrk`, one connection (latency p50/p99) and 64 connections (req/s), several rounds,
+   interleaved, medians reported.
+2. The same against a real `tiergate sim-node` (llama-3.1-8b on wse-3: fast tokens).
+3. Streaming: `--streams` (512) concurrent streams from an async httpx client in a separate
+   process (started evenly over 2 s: a gateway's steady state), through the router to a sim
+   node and directly. The node stamps every SSE chunk with the time it wrote it
+   (`x-tiergate-timing: 1`, CLOCK_MONOTONIC); received-minus-written through the router versus
+   direct is the router's added delay per token. A stall is a chunk delivered more than 1 s
+   after the node wrote it (gaps between chunks are reported too, but they include the
+   engine's own schedule). The node is a slow-token configuration (llama-3.1-70b on
+   a100-80gb, ~5 tok/s per stream at 512): a wse-3 node would schedule ~560,000 tok/s for 512
+   streams, far more than
+   any Python process on this 2-core machine can write, so every path would be saturated.
+4. Endpoint count: the router with 3 and with 300 endpoints in its pool (3 fixed-reply
+   processes listening on 0.0.0.0; 300 distinct URLs through 127.0.0.1..127.0.0.100, all
+   loopback), req/s at 64 connections, p50 at 1, and the idle router's CPU (metrics scraping).
+
+`--profile` adds one 64-connection run per router under py-spy (installed into its own venv)
+and prints where the router spends its time.
+
+Tools: `wrk` and `nginx` (Debian packages; installed with apt-get when missing and running as
+root, else the command to run is printed), LiteLLM in ~/.cache/tiergate/bench-venvs/litellm
+(created on first use; its row says why when it cannot be installed or started).
+
+    .venv/bin/python benchmarks/router_overhead.py [--quick] [--profile] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ASSETS = HERE / "router_overhead"
+FIXED_UPSTREAM = ASSETS / "fixed_upstream.py"
+WRK_SCRIPT = ASSETS / "post.lua"
+NGINX_TEMPLATE = ASSETS / "nginx.conf.template"
+BENCH_VENVS = Path.home() / ".cache" / "tiergate" / "bench-venvs"
+LITELLM_VENV = BENCH_VENVS / "litellm"
+PYSPY_VENV = BENCH_VENVS / "py-spy"
+
+MODEL = "llama-3.1-8b"
+CHAT_BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "max_tokens": 8,
+}
+
+# The issue's targets.
+TARGET_ADDED_P50_MS = 0.5
+TARGET_ADDED_P99_MS = 2.0
+TARGET_NGINX_SHARE = 0.5
+TARGET_STREAM_P99_MS = 2.0
+STALL_S = 1.0
+#: A direct-path p99 above this means the machine, not the router, sets the streaming figures.
+BASELINE_SANE_MS = 50.0
+
+_STAMP = re.compile(rb'"tiergate":\{"t":([-0-9.e+]+),"w":([-0-9.e+]+)\}')
+_WRK_LINE = re.compile(r"TGRESULT (.*)")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def _child_setup() -> None:
+    """In the child before exec: its own process group, and SIGKILL when we die (even -9)."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Processes:
+    """Every process the benchmark starts; each in its own group, all stopped by `stop_all`."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        logfile = (self.workdir / f"{name}.log").open("wb")
+        try:
+            proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_child_setup,  # noqa: PLW1509 - no threads in this process
+            )
+        finally:
+            logfile.close()
+        self.procs.append(proc)
+        return proc
+
+    def log_tail(self, name: str, lines: int = 8) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group may outlive its leader (nginx workers, uvicorn children).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc, timeout_s=5.0)
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+
+
+def http_status(url: str, timeout_s: float = 2.0) -> int | None:
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, ValueError):
+        return None
+
+
+def wait_ready(
+    url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: Callable[[int], bool]
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with status {proc.returncode} before it was ready")
+        status = http_status(url)
+        if status is not None and ok(status):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"not ready after {timeout_s:.0f} s ({url})")
+
+
+def post_ok(url: str, body: dict[str, Any], timeout_s: float = 30.0) -> None:
+    """One request that must succeed (a smoke test before measuring)."""
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with _OPENER.open(request, timeout=timeout_s) as response:
+        reply = json.loads(response.read())
+    if not reply.get("choices"):
+        raise RuntimeError(f"unexpected reply: {str(reply)[:200]}")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- tools -----------------------------------------------------------------------------------
+
+
+def ensure_debian_tools(names: dict[str, str]) -> None:
+    """`names`: executable -> Debian package. Installs missing ones with apt-get as root."""
+    missing = {exe: pkg for exe, pkg in names.items() if shutil.which(exe) is None}
+    if not missing:
+        return
+    packages = sorted(set(missing.values()))
+    command = f"apt-get update && apt-get install -y {' '.join(packages)}"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise SystemExit(f"missing {', '.join(missing)}; install with: sudo sh -c '{command}'")
+    log(f"installing {' '.join(packages)} with apt-get ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+
+
+def ensure_venv_tool(venv: Path, requirement: str, executable: str) -> Path:
+    """`executable` from `requirement` pip-installed into its own venv (never the project's)."""
+    exe = venv / "bin" / executable
+    if exe.exists():
+        return exe
+    log(f"installing {requirement} into {venv} ...")
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-P", "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-P", "-m", "pip", "install", "-q", requirement],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    if not exe.exists():
+        raise RuntimeError(f"{requirement} installed no {executable}")
+    return exe
+
+
+def tool_version(cmd: Sequence[str], pattern: str) -> str:
+    try:
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    match = re.search(pattern, out.stdout + out.stderr)
+    return match.group(1) if match else "?"
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    url: str  # base URL, no trailing slash
+    proc: subprocess.Popen[bytes] | None = None
+    unavailable: str | None = None  # why, when it could not be started
+
+
+def start_fixed(procs: Processes, name: str) -> Server:
+    port = free_port()
+    proc = procs.start(
+        name, [sys.executable, "-P", str(FIXED_UPSTREAM), "--host", "0.0.0.0", "--port", str(port)]
+    )
+    server = Server(name, f"http://127.0.0.1:{port}", proc)
+    wait_ready(server.url + "/health", proc, 15, lambda s: s == 200)
+    return server
+
+
+def start_sim_node(
+    procs: Processes, name: str, model: str, accelerator: str, max_num_seqs: int
+) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-P", "-m", "tiergate", "sim-node", "--model", model,
+           "--accelerator", accelerator, "--max-num-seqs", str(max_num_seqs),
+           "--served-model-name", MODEL, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    proc = procs.start(name, cmd)
+    server = Server(name, f"http://127.0.0.1:{port}", proc)
+    wait_ready(server.url + "/ready", proc, 60, lambda s: s == 200)
+    return server
+
+
+def start_nginx(procs: Processes, name: str, upstream: Server, workers: int) -> Server:
+    prefix = procs.workdir / name
+    prefix.mkdir()
+    port = free_port()
+    upstream_port = upstream.url.rsplit(":", 1)[1]
+    conf = string.Template(NGINX_TEMPLATE.read_text()).substitute(
+        workers=workers, prefix=prefix, port=port, upstream_port=upstream_port
+    )
+    (prefix / "nginx.conf").write_text(conf)
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    proc = procs.start(name, [nginx, "-e", "stderr", "-p", str(prefix), "-c", "nginx.conf"])
+    server = Server(name, f"http://127.0.0.1:{port}", proc)
+    wait_ready(server.url + "/health", proc, 15, lambda s: s == 200)
+    return server
+
+
+def start_litellm(procs: Processes, name: str, upstream: Server) -> Server:
+    """LiteLLM's proxy with one worker; an unavailable Server (with the reason) on failure."""
+    try:
+        exe = ensure_venv_tool(LITELLM_VENV, "litellm[proxy]", "litellm")
+    except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+        return Server(name, "", unavailable=f"cannot install litellm[proxy]: {exc}")
+    port = free_port()
+    config = procs.workdir / f"{name}.yaml"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "model_list": [
+                    {
+                        "model_name": MODEL,
+                        "litellm_params": {
+                            "model": f"openai/{MODEL}",
+                            "api_base": upstream.url + "/v1",
+                            "api_key": "unused",
+                        },
+                    }
+                ],
+                "litellm_settings": {"drop_params": True},
+            },
+            indent=2,
+        )
+    )
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no download of the price list at start
+        "LITELLM_LOG": "ERROR",
+        # No master key: unauthenticated like the router here (LiteLLM refuses by default).
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    cmd = [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+           "--num_workers", "1"]  # fmt: skip
+    proc = procs.start(name, cmd, env=env)
+    server = Server(name, f"http://127.0.0.1:{port}", proc)
+    try:
+        wait_ready(server.url + "/health/liveliness", proc, 120, lambda s: s == 200)
+        post_ok(server.url, CHAT_BODY)
+    except (RuntimeError, OSError, ValueError) as exc:
+        tail = procs.log_tail(name, 3).replace("\n", " / ")
+        procs.stop(proc)
+        return Server(name, "", unavailable=f"LiteLLM did not start: {exc} ({tail[-300:]})")
+    return server
+
+
+def start_router(
+    procs: Processes, name: str, endpoints: Sequence[str], max_num_seqs: int
+) -> Server:
+    port = free_port()
+    config = {
+        "router": {
+            "host": "127.0.0.1",
+            "port": port,
+            "ledgerPath": str(procs.workdir / f"{name}-ledger.sqlite"),
+        },
+        "pools": [
+            {
+                "name": "bench",
+                "tier": "batched",
+                "model": "llama-3.1-8b",
+                "accelerator": "wse-3",
+                "servedModelName": MODEL,
+                "batching": {"maxNumSeqs": max_num_seqs},
+                "endpoints": list(endpoints),
+            }
+        ],
+    }
+    path = procs.workdir / f"{name}.yaml"
+    path.write_text(json.dumps(config, indent=2))
+    cmd = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(path),
+           "--log-level", "warning"]  # fmt: skip
+    proc = procs.start(name, cmd)
+    server = Server(name, f"http://127.0.0.1:{port}", proc)
+    try:
+        wait_ready(server.url + "/readyz", proc, 60, lambda s: s == 200)
+        post_ok(server.url, CHAT_BODY)
+    except (RuntimeError, OSError, ValueError) as exc:
+        log(f"{name} failed: {exc}; its log ends:\n{procs.log_tail(name, 40)}")
+        raise
+    return server
+
+
+# -- wrk -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """One wrk run."""
+
+    requests: int
+    duration_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.duration_s if self.duration_s else 0.0
+
+
+def run_wrk(url: str, connections: int, duration_s: int) -> Load:
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--timeout", "10s",
+           "-s", str(WRK_SCRIPT), url + "/v1/chat/completions"]  # fmt: skip
+    env = {**os.environ, "TG_WRK_BODY": json.dumps(CHAT_BODY, separators=(",", ":"))}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=duration_s + 60)
+    match = _WRK_LINE.search(out.stdout)
+    if out.returncode != 0 or match is None:
+        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout[-300:]} {out.stderr}")
+    f = {k: int(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
+    errors = f["connect"] + f["read"] + f["write"] + f["status"] + f["timeout"]
+    if f["requests"] == 0:  # nothing answered within the run: no latency to speak of
+        return Load(0, f["duration_us"] / 1e6, float("nan"), float("nan"), errors)
+    return Load(f["requests"], f["duration_us"] / 1e6, f["p50_us"] / 1e3, f["p99_us"] / 1e3, errors)
+
+
+@dataclass
+class Row:
+    """A path's wrk runs: at 1 connection and at 64, one per round."""
+
+    label: str
+    server: Server
+    one: list[Load] = field(default_factory=list)
+    many: list[Load] = field(default_factory=list)
+
+    @property
+    def available(self) -> bool:
+        return self.server.unavailable is None and bool(self.one) and bool(self.many)
+
+    def p50(self) -> float:
+        return statistics.median(r.p50_ms for r in self.one)
+
+    def p99(self) -> float:
+        return statistics.median(r.p99_ms for r in self.one)
+
+    def rps(self) -> float:
+        return statistics.median(r.rps for r in self.many)
+
+    def p50_many(self) -> float:
+        return statistics.median(r.p50_ms for r in self.many)
+
+    def errors(self) -> int:
+        return sum(r.errors for r in self.one + self.many)
+
+
+def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> None:
+    """Warm each path up, then `args.rounds` rounds, paths interleaved within a round."""
+    live = [r for r in rows if r.server.unavailable is None]
+    for row in live:
+        run_wrk(row.server.url, args.connections, 1)
+    for i in range(args.rounds):
+        for row in live:
+            one = run_wrk(row.server.url, 1, args.duration)
+            many = run_wrk(row.server.url, args.connections, args.duration)
+            row.one.append(one)
+            row.many.append(many)
+            log(
+                f"[{section}] round {i + 1}/{args.rounds} {row.label}: 1 conn p50 "
+                f"{one.p50_ms:.3f} ms p99 {one.p99_ms:.3f} ms; {args.connections} conns "
+                f"{many.rps:,.0f} req/s" + (f"; {one.errors + many.errors} errors" if
+                                            one.errors + many.errors else "")
+            )  # fmt: skip
+
+
+# -- streaming -------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamRound:
+    lags_s: list[float] = field(default_factory=list)  # received - written, every chunk
+    max_gaps_s: list[float] = field(default_factory=list)  # per stream, between chunks
+    max_lags_s: list[float] = field(default_factory=list)  # per stream, worst received-written
+    first_chunk_s: list[float] = field(default_factory=list)
+    chunks: int = 0
+    failed: int = 0
+    failures: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def stream_worker(
+    url: str, health_path: str, streams: int, max_tokens: int, start_at: float, ramp_s: float
+) -> StreamRound:
+    """Runs in a client process: `streams` concurrent streams, started evenly over `ramp_s`
+    from `start_at` (a gateway's steady state, not 512 prefills in the same millisecond)."""
+    import httpx
+
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Benchmark the router's stream relay. " * 4}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    out = StreamRound()
+
+    async def one(client: httpx.AsyncClient, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        started = time.monotonic()
+        last = started
+        max_gap = max_lag = 0.0
+        try:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers={"x-tiergate-timing": "1"}
+            ) as response:
+                if response.status_code != 200:
+                    out.failed += 1
+                    out.failures.append(f"HTTP {response.status_code}")
+                    await response.aread()
+                    return
+                pending = b""
+                first = True
+                async for raw in response.aiter_raw():
+                    received = time.monotonic()
+                    pending += raw
+                    end = pending.rfind(b"\n\n") + 2
+                    if end < 2:
+                        continue
+                    complete, pending = pending[:end], pending[end:]
+                    stamps = _STAMP.findall(complete)
+                    if not stamps:
+                        continue
+                    if first:  # time to first token is the node's prefill queue, not a stall
+                        out.first_chunk_s.append(received - started)
+                        first = False
+                    else:
+                        max_gap = max(max_gap, received - last)
+                    last = received
+                    for _t, w in stamps:
+                        lag = received - float(w)
+                        out.lags_s.append(lag)
+                        max_lag = max(max_lag, lag)
+                    out.chunks += len(stamps)
+        except httpx.HTTPError as exc:
+            out.failed += 1
+            out.failures.append(type(exc).__name__)
+            return
+        out.max_gaps_s.append(max_gap)
+        out.max_lags_s.append(max_lag)
+
+    async def go() -> None:
+        limits = httpx.Limits(max_connections=streams + 8, max_keepalive_connections=streams + 8)
+        async with httpx.AsyncClient(
+            base_url=url, limits=limits, timeout=120, trust_env=False
+        ) as client:
+            # Open the connections before the common start: setup is not what is measured.
+            await asyncio.gather(*(client.get(health_path) for _ in range(streams)))
+            await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+            step = ramp_s / streams
+            await asyncio.gather(*(one(client, i * step) for i in range(streams)))
+            out.wall_s = time.monotonic() - start_at
+
+    asyncio.run(go())
+    return out
+
+
+def run_streams(
+    pool: ProcessPoolExecutor, url: str, health: str, args: argparse.Namespace, max_tokens: int
+) -> StreamRound:
+    clients = args.stream_clients
+    shares = [args.streams // clients] * clients
+    shares[0] += args.streams - sum(shares)
+    start_at = time.monotonic() + 1.5
+    futures = [
+        pool.submit(stream_worker, url, health, n, max_tokens, start_at, args.stream_ramp)
+        for n in shares
+        if n
+    ]
+    total = StreamRound()
+    for future in futures:
+        part = future.result()
+        total.lags_s += part.lags_s
+        total.max_gaps_s += part.max_gaps_s
+        total.max_lags_s += part.max_lags_s
+        total.first_chunk_s += part.first_chunk_s
+        total.chunks += part.chunks
+        total.failed += part.failed
+        total.failures += part.failures
+        total.wall_s = max(total.wall_s, part.wall_s)
+    return total
+
+
+def quantile_ms(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class StreamStats:
+    rounds: list[StreamRound] = field(default_factory=list)
+
+    def lag(self, q: float) -> float:
+        return statistics.median(quantile_ms(r.lags_s, q) for r in self.rounds)
+
+    def stalled(self) -> int:
+        """Streams with a chunk held back more than 1 s after the node wrote it."""
+        return sum(sum(g > STALL_S for g in r.max_lags_s) for r in self.rounds)
+
+    def max_gap_ms(self) -> float:
+        return 1000 * max((max(r.max_gaps_s, default=0.0) for r in self.rounds), default=0.0)
+
+    def first_chunk_p99(self) -> float:
+        return statistics.median(quantile_ms(r.first_chunk_s, 0.99) for r in self.rounds)
+
+    def failed(self) -> int:
+        return sum(r.failed for r in self.rounds)
+
+    def tokens_per_s(self) -> float:
+        return statistics.median(r.chunks / r.wall_s if r.wall_s else 0.0 for r in self.rounds)
+
+
+# -- profiling -------------------------------------------------------------------------------
+
+
+def profile_router(
+    procs: Processes, router: Server, args: argparse.Namespace, label: str
+) -> str | None:
+    """py-spy on the router during one 64-connection run; a markdown summary, or None."""
+    assert router.proc is not None
+    try:
+        pyspy = ensure_venv_tool(PYSPY_VENV, "py-spy", "py-spy")
+    except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+        log(f"profile: py-spy unavailable: {exc}")
+        return None
+    raw = procs.workdir / f"profile-{label}.txt"
+    duration = max(args.duration, 4)
+    spy = subprocess.Popen(
+        [str(pyspy), "record", "--pid", str(router.proc.pid), "--duration", str(duration),
+         "--rate", "200", "--format", "raw", "--output", str(raw)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_child_setup,  # noqa: PLW1509
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        run_wrk(router.url, args.connections, duration)
+        _, err = spy.communicate(timeout=duration + 30)
+    finally:
+        if spy.poll() is None:
+            spy.kill()
+            spy.wait()
+    if not raw.exists():
+        log(f"profile: py-spy failed: {err.decode(errors='replace')[-300:]}")
+        return None
+    keep = BENCH_VENVS.parent / "router-overhead-profiles"
+    keep.mkdir(parents=True, exist_ok=True)
+    kept = keep / f"{re.sub(r'[^a-z0-9]+', '-', label.lower()).strip('-')}.txt"
+    shutil.copyfile(raw, kept)
+    log(f"profile: collapsed stacks in {kept} (flamegraph.pl or speedscope read them)")
+    return summarize_profile(raw.read_text(), label)
+
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+_TIERGATE_DIRS = ("router", "sim_nodes", "tiergate", "operator")
+
+
+def _area(path: str) -> str:
+    """Where a frame's code lives: a tiergate module, else a package or stdlib module."""
+    if path.startswith("<frozen importlib") or "__editable__" in path:
+        return "import machinery (importlib)"
+    if path.startswith("<frozen "):
+        return path.strip("<>").replace("frozen ", "")
+    parts = path.split("/")
+    if parts[0] in _TIERGATE_DIRS:
+        return f"tiergate {path}"
+    return parts[0].removesuffix(".py")
+
+
+def summarize_profile(text: str, label: str, top: int = 14) -> str:
+    """Self time by area (a router module, a package), and the heaviest functions inclusive.
+
+    `text` is py-spy's raw (collapsed) format: `frame;frame;... count`, root first.
+    """
+    self_area: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += count
+        matches = [_FRAME.match(f) for f in frames]
+        leaf = matches[-1]
+        area = _area(leaf.group("file")) if leaf else frames[-1]
+        self_area[area] = self_area.get(area, 0) + count
+        seen: set[str] = set()
+        for m, f in zip(matches, frames, strict=True):
+            key = f"{m.group('func')} ({m.group('file')})" if m else f
+            if key not in seen:
+                seen.add(key)
+                inclusive[key] = inclusive.get(key, 0) + count
+    if not total:
+        return f"(profile {label}: no samples)"
+    lines = [f"**Where the router spends its time ({label}; py-spy, {total:,} samples)**", ""]
+    lines += ["| self time in | share |", "|---|---:|"]
+    for area, n in sorted(self_area.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| {area} | {100 * n / total:.1f}% |")
+    # Inclusive: skip the frames every request passes through (event loop, uvicorn's cycle).
+    ranked = [(k, n) for k, n in inclusive.items() if n < 0.6 * total]
+    lines += ["", "| function (inclusive, below the event loop) | share |", "|---|---:|"]
+    for key, n in sorted(ranked, key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| `{key}` | {100 * n / total:.1f}% |")
+    return "\n".join(lines)
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def wrk_table(title: str, rows: list[Row], args: argparse.Namespace) -> list[str]:
+    c = args.connections
+    lines = [f"### {title}", ""]
+    lines += [f"| path | p50 @1 conn (ms) | p99 @1 conn (ms) | req/s @{c} conns "
+              f"| p50 @{c} conns (ms) | errors |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for row in rows:
+        if row.server.unavailable is not None:
+            lines.append(f"| {row.label} | unavailable: {row.server.unavailable} | | | | |")
+        elif not row.available:
+            lines.append(f"| {row.label} | not measured | | | | |")
+        else:
+            lines.append(
+                f"| {row.label} | {row.p50():.3f} | {row.p99():.3f} | {row.rps():,.0f} "
+                f"| {row.p50_many():.2f} | {row.errors()} |".replace("nan", "n/a")
+            )
+    return lines
+
+
+def overhead_lines(rows: list[Row], args: argparse.Namespace) -> tuple[list[str], list[bool]]:
+    by = {r.label.split(" ")[0]: r for r in rows}
+    direct, nginx, router = by["direct"], by["nginx"], by["tiergate"]
+    litellm = by.get("LiteLLM")
+    if not (direct.available and router.available):
+        return ["(router or direct not measured)"], []
+    add50 = router.p50() - direct.p50()
+    add99 = router.p99() - direct.p99()
+    lines = [
+        "",
+        f"Router added latency at 1 connection: p50 {add50:+.3f} ms (target <= "
+        f"{TARGET_ADDED_P50_MS} ms: {verdict(add50 <= TARGET_ADDED_P50_MS)}), p99 {add99:+.3f} ms "
+        f"(target <= {TARGET_ADDED_P99_MS} ms: {verdict(add99 <= TARGET_ADDED_P99_MS)}).",
+    ]
+    oks = [add50 <= TARGET_ADDED_P50_MS, add99 <= TARGET_ADDED_P99_MS]
+    if nginx.available:
+        share = router.rps() / nginx.rps()
+        oks.append(share >= TARGET_NGINX_SHARE)
+        extra = ""
+        if litellm is not None and litellm.available and litellm.rps() > 0:
+            extra = f"; {router.rps() / litellm.rps():,.0f}x LiteLLM's"
+        lines.append(
+            f"Router throughput at {args.connections} connections: {100 * share:.0f}% of nginx's "
+            f"(target >= {100 * TARGET_NGINX_SHARE:.0f}%: {verdict(share >= TARGET_NGINX_SHARE)})"
+            f"{extra}; {100 * router.rps() / direct.rps():.0f}% of direct."
+        )
+    return lines, oks
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="~1-minute smoke run")
+    p.add_argument("--rounds", type=int, default=None, help="wrk rounds per path (default 3)")
+    p.add_argument("--duration", type=int, default=None, help="seconds per wrk run (default 2)")
+    p.add_argument("--connections", type=int, default=64, help="the throughput load (64)")
+    p.add_argument("--sections", default="fixed,sim,stream,endpoints",
+                   help="comma-separated subset of fixed,sim,stream,endpoints")  # fmt: skip
+    p.add_argument("--nginx-workers", type=int, default=1,
+                   help="nginx workers (1: one process, like the router)")  # fmt: skip
+    p.add_argument("--no-litellm", action="store_true", help="skip LiteLLM (row unavailable)")
+    p.add_argument("--streams", type=int, default=512)
+    p.add_argument("--stream-tokens", type=int, default=None, help="tokens per stream (24)")
+    p.add_argument("--stream-rounds", type=int, default=None, help="default 2 (quick: 1)")
+    p.add_argument("--stream-clients", type=int, default=1, help="client processes")
+    p.add_argument("--stream-ramp", type=float, default=2.0, help="seconds to start all streams")
+    p.add_argument("--stream-model", default="llama-3.1-70b")
+    p.add_argument("--stream-accelerator", default="a100-80gb")
+    p.add_argument("--endpoints", type=int, default=300, help="the large pool's endpoint count")
+    p.add_argument("--profile", action="store_true", help="py-spy the router at 64 connections")
+    p.add_argument("--json", type=Path, default=None, help="also write raw figures here")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.duration = args.duration or (1 if args.quick else 2)
+    args.stream_tokens = args.stream_tokens or (12 if args.quick else 24)
+    args.stream_rounds = args.stream_rounds or (1 if args.quick else 2)
+    args.sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    unknown = args.sections - {"fixed", "sim", "stream", "endpoints"}
+    if unknown:
+        p.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.endpoints % 3 or args.endpoints > 3 * 254:
+        p.error("--endpoints must be a multiple of 3, at most 762")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
+    command = "python " + shlex.join(
+        [os.path.relpath(__file__), *(sys.argv[1:] if argv is None else argv)]
+    )
+    ensure_debian_tools({"wrk": "wrk", "nginx": "nginx-light"})
+    workdir = Path(tempfile.mkdtemp(prefix="tiergate-router-overhead-"))
+    procs = Processes(workdir)
+    started = time.monotonic()
+    out: list[str] = []
+    raw: dict[str, Any] = {"command": command}
+    targets: list[tuple[str, bool]] = []
+    try:
+        run(args, procs, out, raw, targets)
+    finally:
+        procs.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    header = [
+        "## Router overhead benchmark",
+        "",
+        f"Command: `{command}` ({elapsed:.0f} s). Machine: {os.cpu_count()} cores, "
+        f"{_cpu_name()}; Python {sys.version.split()[0]}; "
+        f"nginx {tool_version(['nginx', '-v'], r'nginx/([0-9.]+)')} "
+        f"({args.nginx_workers} worker{'s' if args.nginx_workers > 1 else ''}); "
+        f"wrk {tool_version(['wrk', '-v'], r'wrk (?:debian/)?([0-9.]+)')} (1 thread); "
+        f"rounds {args.rounds} x {args.duration} s, medians. Everything on this machine, "
+        "client included.",
+        "",
+    ]
+    if targets:
+        out += ["### Targets (issue 3)", "", "| target | result |", "|---|---|"]
+        out += [f"| {name} | {verdict(ok)} |" for name, ok in targets]
+    print("\n".join(header + out))
+    if args.json is not None:
+        args.json.write_text(json.dumps(raw, indent=2, default=str))
+    return 0
+
+
+def litellm_installed_version() -> str:
+    pip = LITELLM_VENV / "bin" / "pip"
+    return tool_version([str(pip), "show", "litellm"], r"Version: (\S+)") if pip.exists() else "?"
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def run(
+    args: argparse.Namespace,
+    procs: Processes,
+    out: list[str],
+    raw: dict[str, Any],
+    targets: list[tuple[str, bool]],
+) -> None:
+    litellm_version = "" if args.no_litellm else litellm_installed_version()
+    for section in ("fixed", "sim"):
+        if section not in args.sections:
+            continue
+        log(f"[{section}] starting the upstream and the proxies ...")
+        if section == "fixed":
+            upstream = start_fixed(procs, "fixed")
+            title = "Non-streaming, fixed-reply upstream (the proxies' own cost)"
+        else:
+            upstream = start_sim_node(procs, "sim", "llama-3.1-8b", "wse-3", 512)
+            title = "Non-streaming, sim node upstream (llama-3.1-8b on wse-3, max_tokens 8)"
+        nginx = start_nginx(procs, f"nginx-{section}", upstream, args.nginx_workers)
+        if args.no_litellm:
+            litellm = Server("litellm", "", unavailable="skipped (--no-litellm)")
+        else:
+            litellm = start_litellm(procs, f"litellm-{section}", upstream)
+            if litellm.unavailable is None and litellm_version == "?":
+                litellm_version = litellm_installed_version()
+        router = start_router(procs, f"router-{section}", [upstream.url], 256)
+        rows = [
+            Row("direct (upstream)", upstream),
+            Row(f"nginx {args.nginx_workers}w", nginx),
+            Row(f"LiteLLM {litellm_version} (1 worker)", litellm),
+            Row("tiergate router", router),
+        ]
+        measure_rows(rows, args, section)
+        out += wrk_table(title, rows, args)
+        lines, oks = overhead_lines(rows, args)
+        out += [*lines, ""]
+        if section == "fixed" and len(oks) == 3:
+            targets += [
+                ("added latency p50 <= 0.5 ms at 1 client (fixed upstream)", oks[0]),
+                ("added latency p99 <= 2 ms at 1 client (fixed upstream)", oks[1]),
+                ("throughput at 64 clients >= 50% of nginx's (fixed upstream)", oks[2]),
+            ]
+        raw[section] = {r.label: {"one": r.one, "many": r.many,
+                                  "unavailable": r.server.unavailable} for r in rows}  # fmt: skip
+        if args.profile and section == "fixed":
+            log("[fixed] profiling the router ...")
+            summary = profile_router(procs, router, args, "1 endpoint, fixed upstream")
+            if summary:
+                out += [summary, ""]
+        for server in (router, litellm, nginx, upstream):
+            if server.proc is not None:
+                procs.stop(server.proc)
+    if "stream" in args.sections:
+        stream_section(args, procs, out, raw, targets)
+    if "endpoints" in args.sections:
+        endpoints_section(args, procs, out, raw, targets)
+
+
+def stream_section(
+    args: argparse.Namespace,
+    procs: Processes,
+    out: list[str],
+    raw: dict[str, Any],
+    targets: list[tuple[str, bool]],
+) -> None:
+    log("[stream] starting a sim node and the router ...")
+    node = start_sim_node(procs, "stream-node", args.stream_model, args.stream_accelerator, 512)
+    router = start_router(procs, "router-stream", [node.url], 512)
+    direct, routed = StreamStats(), StreamStats()
+    with ProcessPoolExecutor(args.stream_clients, mp_context=get_context("spawn")) as pool:
+        run_streams(pool, node.url, "/health", args, 4)  # warm-up, both paths
+        run_streams(pool, router.url, "/healthz", args, 4)
+        for i in range(args.stream_rounds):
+            for name, url, health, stats in (
+                ("direct", node.url, "/health", direct),
+                ("router", router.url, "/healthz", routed),
+            ):
+                r = run_streams(pool, url, health, args, args.stream_tokens)
+                stats.rounds.append(r)
+                log(
+                    f"[stream] round {i + 1}/{args.stream_rounds} {name}: {r.chunks} chunks in "
+                    f"{r.wall_s:.1f} s; received-written p50 {quantile_ms(r.lags_s, 0.5):.2f} "
+                    f"ms p99 {quantile_ms(r.lags_s, 0.99):.2f} ms; max gap "
+                    f"{1000 * max(r.max_gaps_s, default=0):.0f} ms; failed {r.failed}"
+                    + (f" ({', '.join(sorted(set(r.failures)))})" if r.failures else "")
+                )
+    for server in (router, node):
+        if server.proc is not None:
+            procs.stop(server.proc)
+    add50 = routed.lag(0.5) - direct.lag(0.5)
+    add99 = routed.lag(0.99) - direct.lag(0.99)
+    c = args.streams
+    out += [
+        f"### Streaming: {c} concurrent streams, sim node ({args.stream_model} on "
+        f"{args.stream_accelerator}, {args.stream_tokens} tokens each)",
+        "",
+        "| path | tokens/s | received - written p50 (ms) | p99 (ms) | first chunk p99 (ms) "
+        "| max gap between chunks (ms) | streams stalled | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in (("direct (sim node)", direct), ("tiergate router", routed)):
+        out.append(
+            f"| {name} | {s.tokens_per_s():,.0f} | {s.lag(0.5):.2f} | {s.lag(0.99):.2f} "
+            f"| {s.first_chunk_p99():.0f} | {s.max_gap_ms():.0f} | {s.stalled()} | {s.failed()} |"
+        )
+    stalls = routed.stalled() + routed.failed()
+    baseline_ok = direct.lag(0.99) <= BASELINE_SANE_MS and direct.stalled() == 0
+    delay_verdict = (
+        verdict(add99 <= TARGET_STREAM_P99_MS)
+        if baseline_ok
+        else f"inconclusive: direct p99 is {direct.lag(0.99):.0f} ms, the machine is saturated"
+    )
+    out += [
+        "",
+        f"Router added delay per token: p50 {add50:+.2f} ms, p99 {add99:+.2f} ms (target p99 <= "
+        f"{TARGET_STREAM_P99_MS} ms: {delay_verdict}); streams through the router that stalled "
+        f"(a chunk delivered > {STALL_S:.0f} s after the node wrote it) or failed: {stalls} of "
+        f"{c * len(routed.rounds)} ({verdict(stalls == 0)}). Received-minus-written includes the "
+        "Python client's own lag, the same on both paths; gaps between chunks include the "
+        "engine's own schedule (prefills of arriving streams delay the others' decode steps).",
+        "",
+    ]
+    targets += [
+        (f"{c} streams through the router without stalls", stalls == 0),
+        ("per-token added delay p99 <= 2 ms", baseline_ok and add99 <= TARGET_STREAM_P99_MS),
+    ]
+    raw["stream"] = {
+        "direct": {"p50_ms": direct.lag(0.5), "p99_ms": direct.lag(0.99)},
+        "router": {"p50_ms": routed.lag(0.5), "p99_ms": routed.lag(0.99)},
+    }
+
+
+def endpoints_section(
+    args: argparse.Namespace,
+    procs: Processes,
+    out: list[str],
+    raw: dict[str, Any],
+    targets: list[tuple[str, bool]],
+) -> None:
+    log("[endpoints] starting 3 fixed-reply upstreams ...")
+    upstreams = [start_fixed(procs, f"fixed-ep{i}") for i in range(3)]
+    ports = [u.url.rsplit(":", 1)[1] for u in upstreams]
+    sizes = {
+        3: [f"http://127.0.0.1:{p}" for p in ports],
+        args.endpoints: [
+            f"http://127.0.0.{host}:{p}"
+            for host in range(1, args.endpoints // 3 + 1)
+            for p in ports
+        ],
+    }
+    rows: list[tuple[int, Row, float]] = []
+    profiles: list[str] = []
+    for count, urls in sizes.items():
+        # One router at a time: an idle router still scrapes its endpoints' metrics.
+        router = start_router(procs, f"router-ep{count}", urls, 256)
+        assert router.proc is not None
+        time.sleep(1.0)
+        before, t0 = cpu_seconds(router.proc.pid), time.monotonic()
+        time.sleep(3.0 if not args.quick else 1.5)
+        idle = (cpu_seconds(router.proc.pid) - before) / (time.monotonic() - t0)
+        row = Row(f"tiergate router, {count} endpoints", router)
+        measure_rows([row], args, f"endpoints {count}")
+        rows.append((count, row, idle))
+        if args.profile and count != 3:
+            log(f"[endpoints] profiling the router with {count} endpoints ...")
+            summary = profile_router(procs, router, args, f"{count} endpoints, fixed upstream")
+            if summary:
+                profiles += [summary, ""]
+        procs.stop(router.proc)
+    for u in upstreams:
+        if u.proc is not None:
+            procs.stop(u.proc)
+    c = args.connections
+    out += [
+        "### Endpoint count: one pool of 3 vs "
+        f"{args.endpoints} endpoints (3 fixed-reply processes)",
+        "",
+        f"| endpoints | req/s @{c} conns | p50 @{c} conns (ms) | p50 @1 conn (ms) "
+        "| p99 @1 conn (ms) | idle router CPU | errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for count, row, idle in rows:
+        out.append(
+            f"| {count} | {row.rps():,.0f} | {row.p50_many():.2f} | {row.p50():.3f} "
+            f"| {row.p99():.3f} | {100 * idle:.0f}% of a core | {row.errors()} |".replace(
+                "nan", "n/a (no reply in the run)"
+            )
+        )
+    small, large = rows[0][1], rows[-1][1]
+    rps_change = large.rps() / small.rps() - 1
+    p50_change = large.p50() - small.p50()
+    flat = rps_change >= -0.10 and p50_change <= 0.1  # False when nan (no reply at all)
+    out += [
+        "",
+        f"{args.endpoints} vs 3 endpoints: req/s {100 * rps_change:+.0f}%, p50 at 1 connection "
+        f"{p50_change:+.3f} ms ".replace("+nan", "n/a: no reply")
+        + f"({verdict(flat)}: flat means within 10% and 0.1 ms).",
+        "",
+        *profiles,
+    ]
+    targets.append((f"router cost flat from 3 to {args.endpoints} endpoints", flat))
+    raw["endpoints"] = {count: {"one": row.one, "many": row.many, "idle_cpu": idle}
+                        for count, row, idle in rows}  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
