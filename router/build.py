@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 
 from .app import RouterApp, Service
@@ -60,8 +62,18 @@ def build_app(
         on_success=outliers.record_success,
         on_failure=lambda e: outliers.record_failure(e, clock()),
     )
+    # The scraper has a client of its own: scraping hundreds of endpoints must not make the
+    # proxy's connection pool (walked on every request) any bigger.
+    scrape_client = httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.scrape_interval_s),
+        limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+    )
     scraper = Scraper(
-        lambda: source.view.endpoints(), client, clock=clock, interval_s=settings.scrape_interval_s
+        lambda: source.view.endpoints(),
+        scrape_client,
+        clock=clock,
+        interval_s=settings.scrape_interval_s,
+        max_concurrency=32,
     )
     router = Router(
         view=view,
@@ -75,7 +87,20 @@ def build_app(
         policy=default_policy(),
         clock=clock,
     )
-    return RouterApp(router, [source, scraper, *(extra_services or [])])
+    return RouterApp(router, [source, _Closing(scrape_client), scraper, *(extra_services or [])])
+
+
+class _Closing:
+    """Closes a client when the app stops (services stop in reverse order)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        await self.client.aclose()
 
 
 def file_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfig, FileSource]:

@@ -115,6 +115,7 @@ class Scraper:
         *,
         clock: Callable[[], float],
         interval_s: float = 1.0,
+        max_scrapes_per_s: float = 50.0,
         timeout_s: float | None = None,
         max_concurrency: int = 64,
         max_body_bytes: int = 1 << 20,
@@ -137,6 +138,7 @@ class Scraper:
         self.client = client
         self.clock = clock
         self.interval_s = interval_s
+        self.max_scrapes_per_s = max_scrapes_per_s
         self.timeout_s = timeout_s if timeout_s is not None else 0.8 * interval_s
         self.max_body_bytes = max_body_bytes
         self.path = path
@@ -171,6 +173,11 @@ class Scraper:
             if current is not None and current.cancelling():
                 raise
 
+    def round_interval_s(self) -> float:
+        """Time between rounds: `interval_s`, stretched with the fleet so that scraping stays
+        a bounded share of the router's CPU (its own in-flight counts cover the gaps)."""
+        return max(self.interval_s, len(self.endpoints()) / self.max_scrapes_per_s)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -180,7 +187,7 @@ class Scraper:
             except Exception:  # a bug here must not stop scraping for the router's lifetime
                 log.exception("event=scrape_round_failed")
             # Fixed rate, not fixed delay: a slow round shortens the wait after it.
-            await asyncio.sleep(max(self.interval_s - (loop.time() - started), 0.0))
+            await asyncio.sleep(max(self.round_interval_s() - (loop.time() - started), 0.0))
 
     async def _scrape(self, ep: EndpointState) -> bool:
         url = ep.url.rstrip("/") + self.path

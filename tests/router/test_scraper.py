@@ -259,3 +259,19 @@ async def test_scrapes_a_real_sim_node() -> None:
     assert ep.kv_usage is not None and 0.0 < ep.kv_usage < 1.0
     # The full exposition (histograms and all) parses to the same numbers.
     assert parse_vllm_metrics(text) == EndpointMetrics(ep.running, ep.waiting, ep.kv_usage)
+
+
+def test_rounds_stretch_with_the_fleet_to_bound_the_scrape_rate() -> None:
+    fleet: list[EndpointState] = []
+    scraper = Scraper(
+        lambda: fleet,
+        httpx.AsyncClient(),
+        clock=lambda: 0.0,
+        interval_s=0.5,
+        max_scrapes_per_s=50,
+    )
+    assert scraper.round_interval_s() == 0.5
+    fleet.extend(
+        EndpointState(f"http://127.0.0.{i}:9000", "p", "batched", "m", ("m",)) for i in range(300)
+    )
+    assert scraper.round_interval_s() == 6.0  # 300 endpoints at 50 scrapes/s
