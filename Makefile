@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 		{ echo "tiergate needs Python 3.11 or newer: make PYTHON=python3.11 ..." >&2; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
 	$(BIN)/python -P -m pip install --quiet --upgrade pip
-	$(BIN)/python -P -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -P -m pip install --quiet -e '.[dev,plot]'
 	@touch $(STAMP)
 
 demo: install
