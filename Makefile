@@ -14,7 +14,7 @@ TYPEVIEW := $(VENV)/typecheck-view
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
 		{ echo "tiergate needs Python 3.11 or newer: make PYTHON=python3.11 ..." >&2; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
