@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from tiergate.sim_nodes.perf import ServingSpec
+from tiergate.sim_nodes.validation import first_problem, yaml_position
 
 from .tiers import Tier
 
@@ -134,14 +135,10 @@ def parse_config(text: str, origin: str = "<config>") -> RouterConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{origin}:{where} not valid YAML") from None
+        raise ConfigError(f"{origin}: not valid YAML{yaml_position(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping with `pools`")
     try:
         return RouterConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{origin}: {where}: {first['msg']}") from None
+        raise ConfigError(f"{origin}: {first_problem(exc)}") from None

@@ -165,7 +165,7 @@ class Router:
             tier = await self._admit(view, request, choice, choice.tier if plan else tier, tenant)
             try:
                 await self._serve(
-                    scope, receive, send, view, pipeline, request, choice, tier, request_id, done
+                    headers, receive, send, view, pipeline, request, choice, tier, request_id, done
                 )
             finally:
                 self._queues[tier].release()
@@ -375,7 +375,7 @@ class Router:
 
     async def _serve(
         self,
-        scope: Scope,
+        headers: dict[str, str],
         receive: Receive,
         send: Send,
         view: PoolView,
@@ -386,7 +386,7 @@ class Router:
         request_id: str,
         done: Progress,
     ) -> None:
-        extra = {h: v for h in FORWARDED if (v := _header(scope, h))}
+        extra = {h: headers[h] for h in FORWARDED if h in headers}
         opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
         reply_headers = {
             "x-tiergate-tier": tier,
@@ -511,11 +511,3 @@ class Router:
         # After the ledger, with no await between: the guard may re-read the ledger.
         if done.cost_usd:
             self.budgets.add(tenant, done.cost_usd, self.wall())
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    key = name.encode()
-    for k, v in scope["headers"]:
-        if k == key:
-            return str(v.decode("latin-1"))
-    return None

@@ -37,11 +37,6 @@ class EndpointState:
     def is_ejected(self, now_s: float) -> bool:
         return now_s < self.ejected_until_s
 
-    @property
-    def queue_depth(self) -> float:
-        """Requests waiting at the endpoint, or the router's in-flight count before a scrape."""
-        return self.waiting if self.waiting is not None else float(self.inflight)
-
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:

@@ -19,6 +19,7 @@ from tiergate import __version__
 from tiergate.sim_nodes.catalogs import CatalogError
 from tiergate.sim_nodes.commands.common import CliError
 from tiergate.sim_nodes.perf import PerfConfigError
+from tiergate.sim_nodes.validation import first_problem
 
 #: subcommand -> (module implementing it, one-line help). A module is imported only when its
 #: subcommand runs, so `tiergate perf` never pays for the server's imports.
@@ -102,9 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tiergate {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        print(f"tiergate {args.command}: error: {where}: {first['msg']}", file=sys.stderr)
+        print(f"tiergate {args.command}: error: {first_problem(exc)}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         return 130

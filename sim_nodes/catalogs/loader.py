@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..validation import first_problem, yaml_position
 from .profiles import Accelerator, ModelProfile
 
 CATALOG_ENV = "TIERGATE_CATALOG"
@@ -62,11 +63,9 @@ def _parse(text: str, origin: str) -> _CatalogFile:
         data = yaml.safe_load(text) or {}
         return _CatalogFile.model_validate(data)
     except yaml.YAMLError as exc:
-        raise CatalogError(f"{origin}: not valid YAML: {exc}") from None
+        raise CatalogError(f"{origin}: not valid YAML{yaml_position(exc)}") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CatalogError(f"{origin}: {where}: {first['msg']}") from None
+        raise CatalogError(f"{origin}: {first_problem(exc)}") from None
 
 
 def _shipped(filename: str) -> _CatalogFile:

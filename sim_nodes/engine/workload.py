@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..validation import first_problem
+
 __all__ = [
     "LengthDistribution",
     "TraceRecord",
@@ -159,8 +161,7 @@ def _parse_lines(path: Path, lines: Iterable[str], limit: int | None) -> Iterabl
         try:
             record = TraceRecord.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "record"
-            raise WorkloadError(f"{where}: {field}: {first['msg']}") from None
+            problem = first_problem(exc, default_field="record")
+            raise WorkloadError(f"{where}: {problem}") from None
         count += 1
         yield WorkloadRequest(record.arrival_s, record.prompt_tokens, record.output_tokens)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..perf import ServingSpec
+from ..validation import yaml_position
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "NodeConfig", "PoolFileError", "load_pool_spec"]
 
@@ -82,9 +83,7 @@ def load_pool_spec(path: Path) -> tuple[dict[str, Any], list[str]]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise PoolFileError(f"pool file {path} is not valid YAML{where}") from None
+        raise PoolFileError(f"pool file {path} is not valid YAML{yaml_position(exc)}") from None
     if not isinstance(data, dict):
         raise PoolFileError(f"pool file {path}: expected a mapping (an InferencePool or its spec)")
     if "spec" in data:

@@ -1,0 +1,24 @@
+"""One wording for the two ways a user's file can be wrong: YAML syntax, and a schema.
+
+Every loader of user input (catalogs, pool files, traces, the router's configuration, CLI
+flags built into models) reports the *first* problem as ``field.path: message`` and a YAML
+syntax error by its position, never by quoting the offending text (it may hold a secret).
+"""
+
+from __future__ import annotations
+
+import yaml
+from pydantic import ValidationError
+
+
+def first_problem(exc: ValidationError, *, default_field: str = "") -> str:
+    """``field.path: message`` of the first error in `exc`."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or default_field
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
+def yaml_position(exc: yaml.YAMLError) -> str:
+    """`` (line L, column C)`` of a YAML syntax error, or an empty string if unknown."""
+    mark = getattr(exc, "problem_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
