@@ -99,7 +99,7 @@ class RouterApp:
             stopped = service.stop()
             if stopped is not None:
                 await stopped
-        await self.router.upstream.client.aclose()
+        await self.router.upstream.aclose()
         self.router.ledger.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

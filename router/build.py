@@ -19,7 +19,7 @@ from .ledger import Ledger
 from .metrics import RouterMetrics
 from .outliers import OutlierDetector
 from .policy import default_policy
-from .proxy import Upstream, default_client
+from .proxy import Upstream, default_transport
 from .ratelimit import RateLimiter
 from .scraper import Scraper
 from .state import EndpointState
@@ -55,15 +55,15 @@ def build_app(
         return list(routed.endpoints) if routed is not None else []
 
     outliers = OutlierDetector(pool_members=pool_members)
-    client = default_client()
+    transport = default_transport()
     upstream = Upstream(
-        client,
+        transport,
         attempts=settings.upstream_attempts,
         on_success=outliers.record_success,
         on_failure=lambda e: outliers.record_failure(e, clock()),
     )
-    # The scraper has a client of its own: scraping hundreds of endpoints must not make the
-    # proxy's connection pool (walked on every request) any bigger.
+    # The scraper has a client of its own: scraping hundreds of endpoints must not take
+    # connections from (or add connections to) the proxy's pool.
     scrape_client = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.scrape_interval_s),
         limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),

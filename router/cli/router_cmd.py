@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
 from tiergate.sim_nodes.commands.common import CliError
@@ -12,7 +11,7 @@ from ..build import build_app, file_source
 from ..config import ConfigError
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
-from .serve import configure_logging, serve
+from .serve import configure_logging, run_router
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     host = args.host or config.router.host
     port = args.port if args.port is not None else config.router.port
-    ok = asyncio.run(serve(app, host, port, args.log_level))
+    ok = run_router(app, host, port, args.log_level)
     return 0 if ok else 1

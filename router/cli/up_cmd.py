@@ -7,7 +7,6 @@ Without --config it runs the embedded default (router/local.yaml, the three seed
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 from importlib import resources
@@ -22,7 +21,7 @@ from ..discovery import PoolView, StaticSource, build_view
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
 from .nodes import NodeStartError, start_nodes, stop_nodes
-from .serve import configure_logging, serve
+from .serve import configure_logging, run_router
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         host, port = config.router.host, config.router.port
         print(summary(view, f"http://{host}:{port}"), flush=True)
-        ok = asyncio.run(serve(app, host, port, args.log_level))
+        ok = run_router(app, host, port, args.log_level)
         return 0 if ok else 1
     finally:
         stop_nodes(nodes)

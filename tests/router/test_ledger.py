@@ -96,6 +96,32 @@ def test_schema_is_created_once_in_wal_mode(tmp_path: Path) -> None:
         assert ledger.tenant_totals("team-a").requests == 1
 
 
+def test_checkpoints_run_off_the_recording_connection(tmp_path: Path) -> None:
+    """`record` never runs a checkpoint (a 3-7 ms stall of the event loop): with SQLite's
+    automatic checkpoints off, what it commits stays in the WAL until the thread folds it."""
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as ledger:
+        assert ledger._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        assert ledger._checkpointer is not None
+        ledger._checkpointer.stop()  # nothing but `record` may touch the file from here
+        for n in range(3000):  # ~2 WAL pages each: past SQLite's default 1000-page trigger
+            ledger.record(usage(request_id=f"r{n}"))
+        wal_bytes = (tmp_path / "ledger.db-wal").stat().st_size
+        # Checkpointed every 1000 pages, the WAL would be reused and stay near 4 MB.
+        assert wal_bytes > 8 * 1024 * 1024, "a record ran a checkpoint"
+    with Ledger(path) as reopened:
+        assert reopened.tenant_totals("team-a").requests == 3000
+
+
+def test_closing_the_ledger_stops_its_checkpoint_thread(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.db")
+    checkpointer = ledger._checkpointer
+    assert checkpointer is not None and checkpointer._thread.is_alive()
+    ledger.close()
+    assert not checkpointer._thread.is_alive()
+    assert Ledger(":memory:")._checkpointer is None
+
+
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     Ledger(path).close()
