@@ -15,10 +15,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from tiergate.sim_nodes.perf import ServingSpec
+from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
 from tiergate.sim_nodes.validation import first_problem, yaml_position
 
-from .tiers import Tier
+__all__ = [
+    "BackgroundLoad",
+    "Billing",
+    "ConfigError",
+    "LocalSettings",
+    "PoolSpec",
+    "ReferenceWorkload",
+    "RouterConfig",
+    "RouterSettings",
+    "load_config",
+]
 
 
 class ConfigError(ValueError):
@@ -29,14 +39,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
-class ReferenceWorkload(_Model):
-    """The request shape a pool's performance envelope (and so its price) is computed for."""
-
-    input_tokens: int = Field(default=2048, ge=1)
-    cached_input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=512, ge=1)
-
-
 class Billing(_Model):
     """What the router charges per token served by a pool (default: the envelope's cost)."""
 
@@ -44,27 +46,12 @@ class Billing(_Model):
     input_per_million_usd: float = Field(default=0.0, ge=0)
 
 
-class BackgroundLoad(_Model):
-    """Other tenants' sequences a local sim node keeps decoding (`tiergate up` only)."""
+class PoolSpec(InferencePoolSpec):
+    """One pool: an InferencePool spec plus its name, where its endpoints are and billing."""
 
-    sequences: int = Field(ge=0)
-    context_tokens: int = Field(ge=1)
-    turn_input_tokens: int = Field(default=0, ge=0, description="New tokens per turn.")
-    turn_output_tokens: int = Field(default=0, ge=0, description="Tokens between turns.")
-
-
-class PoolSpec(ServingSpec):
-    """One pool: an InferencePool spec plus where its endpoints are."""
-
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
-    tier: Tier
-    served_model_name: str | None = Field(default=None, description="Name clients ask for.")
-    aliases: list[str] = Field(default_factory=list, description="More names clients may use.")
-    replicas: int = Field(default=1, ge=0)
+    name: str = Field(pattern=DNS_LABEL, max_length=63, description="The pool's name.")
     endpoints: list[str] = Field(default_factory=list, description="Base URLs (static source).")
-    workload: ReferenceWorkload = Field(default_factory=ReferenceWorkload)
-    billing: Billing = Field(default_factory=Billing)
-    background: BackgroundLoad | None = None
+    billing: Billing = Field(default_factory=Billing, description="Price override.")
 
     @field_validator("endpoints")
     @classmethod
@@ -73,12 +60,6 @@ class PoolSpec(ServingSpec):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"endpoint {url!r} is not an http(s) URL")
         return [u.rstrip("/") for u in urls]
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every model name this pool answers to, the primary first."""
-        primary = self.served_model_name or self.model
-        return (primary, *[a for a in self.aliases if a != primary])
 
 
 class RouterSettings(_Model):

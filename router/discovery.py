@@ -21,16 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiergate.operator.api import predict
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
-from tiergate.sim_nodes.perf import (
-    Deployment,
-    PerfConfigError,
-    PerfResult,
-    Workload,
-    build_deployment,
-    evaluate,
-    max_running,
-)
+from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult
 
 from .config import ConfigError, PoolSpec, RouterConfig, load_config
 from .state import EndpointState
@@ -94,21 +87,11 @@ def build_pool(
     previous: dict[tuple[str, str], EndpointState] | None = None,
 ) -> RoutedPool:
     """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run."""
-    w = spec.workload
     try:
-        workload = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, None)
-        kv_tokens = spec.batching.max_num_seqs * workload.tokens_per_sequence
-        deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
-        batching = spec.batching.to_batching()
-        # The envelope: the pool's batch full (or as full as the KV cache allows).
-        running = max(max_running(deployment, workload, batching), 1)
-        envelope = evaluate(
-            deployment,
-            Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, running),
-            batching,
-        )
+        performance = predict(spec, spec.workload, catalog)
     except (CatalogError, PerfConfigError) as exc:
         raise ConfigError(f"pool {spec.name}: {exc}") from None
+    deployment, envelope = performance.deployment, performance.result
     if not envelope.fits:
         raise ConfigError(f"pool {spec.name}: does not fit: {envelope.reason}")
     out_price = spec.billing.output_per_million_usd

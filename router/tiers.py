@@ -17,10 +17,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tiergate.operator.api import TIERS, Tier
+
 from .errors import RouterError
 
-Tier = Literal["batched", "premium", "wafer-scale"]
-TIERS: tuple[Tier, ...] = ("batched", "premium", "wafer-scale")
+__all__ = ["TIERS", "TIER_HEADER", "Priority", "Tier", "TierChoice", "resolve_tier"]
 TIER_HEADER = "x-tiergate-tier"
 
 #: Admission priority: lower is served first and shed last.

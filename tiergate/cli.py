@@ -57,6 +57,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "serve one simulated accelerator node (OpenAI-compatible API, vLLM metrics)",
     ),
     "bench": ("tiergate.router.bench.command", "drive load through a router; per-tier speed, cost"),
+    "crds": (
+        "tiergate.operator.commands.crds_cmd",
+        "write the InferencePool CRD YAML generated from the API models (--check: drift)",
+    ),
+    "operator": (
+        "tiergate.operator.commands.operator_cmd",
+        "run the kopf operator that reconciles InferencePools into sim-node Deployments",
+    ),
 }
 
 USAGE_ERROR = 2

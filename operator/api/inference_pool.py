@@ -1,0 +1,182 @@
+"""The InferencePool API, `tiergate.dev/v1alpha1`: the one place its schema is written.
+
+`spec` is the serving spec the performance model reads (`ServingSpec`: model, accelerator,
+chips, layout, dtypes, batching, speculative decoding, price) plus what makes it a pool: tier,
+names, replicas, the reference workload its envelope is computed for, SLO targets and pod
+template overrides. `tiergate crds` turns these models into the CRD's structural OpenAPI
+schema (operator/crd.py); a test fails when the committed YAML differs.
+
+Wire names are camelCase (Kubernetes style); Python names snake_case.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from tiergate.sim_nodes.perf import ServingSpec
+
+GROUP = "tiergate.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferencePool"
+PLURAL = "inferencepools"
+
+Tier = Literal["batched", "premium", "wafer-scale"]
+TIERS: tuple[Tier, ...] = ("batched", "premium", "wafer-scale")
+
+#: Premium is "the same model with a small batch cap": above this it is not premium.
+PREMIUM_MAX_NUM_SEQS = 16
+
+#: Kubernetes object names (RFC 1123 labels: Services are named after their pool).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class _Api(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class ReferenceWorkload(_Api):
+    """The request shape a pool's performance envelope (and so its price) is computed for."""
+
+    input_tokens: int = Field(default=2048, ge=1, description="Prompt tokens per request.")
+    cached_input_tokens: int = Field(
+        default=0, ge=0, description="Of those, tokens served from the prefix cache."
+    )
+    output_tokens: int = Field(default=512, ge=1, description="Generated tokens per request.")
+
+
+class BackgroundLoad(_Api):
+    """Other tenants' sequences each simulated node keeps decoding (a busy shared tier)."""
+
+    sequences: int = Field(ge=0, description="Sequences decoding at all times.")
+    context_tokens: int = Field(ge=1, description="Context length of each of them.")
+    turn_input_tokens: int = Field(default=0, ge=0, description="New tokens per turn.")
+    turn_output_tokens: int = Field(default=0, ge=0, description="Tokens between turns.")
+
+
+class SloSpec(_Api):
+    """Latency targets for the pool; the envelope is checked against them (condition Ready)."""
+
+    ttft_ms: float | None = Field(default=None, gt=0, description="Time to first token, ms.")
+    tpot_ms: float | None = Field(default=None, gt=0, description="Time per output token, ms.")
+
+
+class Toleration(_Api):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default Equal)."
+    )
+    value: str | None = Field(default=None, description="Taint value (with Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class Resources(_Api):
+    """Container resources (core/v1 ResourceRequirements); quantities as strings."""
+
+    requests: dict[str, str] = Field(default_factory=dict, description="e.g. cpu: 100m.")
+    limits: dict[str, str] = Field(default_factory=dict, description="e.g. memory: 256Mi.")
+
+
+class TemplateSpec(_Api):
+    """Overrides of the pods the operator renders for the pool."""
+
+    image: str | None = Field(
+        default=None, description="Container image (default: the operator's own image)."
+    )
+    resources: Resources | None = Field(default=None, description="Container resources.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra pod labels (tiergate's own labels win)."
+    )
+
+
+class InferencePoolSpec(ServingSpec):
+    """What a pool serves, on what, how batched, at which tier, and how many replicas."""
+
+    tier: Tier = Field(description="batched, premium (small batch cap) or wafer-scale (SRAM).")
+    served_model_name: str | None = Field(
+        default=None, description="Model name clients ask for (default: the catalog name)."
+    )
+    aliases: list[str] = Field(default_factory=list, description="More names clients may use.")
+    replicas: int = Field(default=1, ge=0, description="Serving replicas (scale subresource).")
+    workload: ReferenceWorkload = Field(
+        default_factory=ReferenceWorkload,
+        description="Request shape the status envelope (speed, cost) is computed for.",
+    )
+    background: BackgroundLoad | None = Field(
+        default=None, description="Simulated other-tenant load on every replica."
+    )
+    slo: SloSpec | None = Field(default=None, description="Latency targets.")
+    template: TemplateSpec | None = Field(default=None, description="Pod overrides.")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every model name this pool answers to, the primary first."""
+        primary = self.served_model_name or self.model
+        return (primary, *[a for a in self.aliases if a != primary])
+
+
+ConditionType = Literal["Ready", "Fits", "Progressing", "Degraded"]
+
+
+class Condition(_Api):
+    """A Kubernetes API condition."""
+
+    type: ConditionType = Field(description="Ready, Fits, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="One CamelCase word, for machines.")
+    message: str = Field(description="What happened, for people.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the condition is about."
+    )
+
+
+class Envelope(_Api):
+    """The performance model's prediction for one replica under the reference workload,
+    with its batch as full as the batch cap and KV cache allow."""
+
+    max_concurrency: int = Field(description="Sequences one replica decodes at once.")
+    tokens_per_second_per_stream: float = Field(description="Output tokens/s of one stream.")
+    throughput_tokens_per_second: float = Field(description="Output tokens/s of one replica.")
+    ttft_seconds: float = Field(description="Time to first token, seconds.")
+    cost_per_million_output_tokens_usd: float = Field(
+        alias="costPerMillionOutputTokensUSD", description="Hardware cost per 1M output tokens."
+    )
+    chips: int = Field(description="Chips per replica.")
+
+
+class InferencePoolStatus(_Api):
+    """What the operator observed and predicted."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation last reconciled."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Fits, ...")
+    replicas: int | None = Field(default=None, description="Replicas of the Deployment.")
+    ready_replicas: int | None = Field(default=None, description="Replicas passing readiness.")
+    envelope: Envelope | None = Field(default=None, description="Predicted performance.")
+    selector: str | None = Field(default=None, description="Label selector of the pods.")
+
+
+class InferencePool(_Api):
+    """A pool of simulated inference replicas of one tier."""
+
+    api_version: Literal["tiergate.dev/v1alpha1"] = Field(
+        default="tiergate.dev/v1alpha1", description="tiergate.dev/v1alpha1"
+    )
+    kind: Literal["InferencePool"] = Field(default="InferencePool", description="InferencePool")
+    metadata: dict[str, object] = Field(default_factory=dict, description="Object metadata.")
+    spec: InferencePoolSpec = Field(description="The desired pool.")
+    status: InferencePoolStatus | None = Field(default=None, description="Observed state.")

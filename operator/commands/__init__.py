@@ -1,0 +1,1 @@
+"""The operator's CLI commands: `tiergate crds`, `tiergate operator`."""

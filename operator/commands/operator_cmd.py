@@ -1,0 +1,72 @@
+"""`tiergate operator`: run the kopf operator, in a cluster or locally against a kubeconfig.
+
+Watches InferencePools in the given namespaces (or all), renders sim-node Deployments with
+`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image).
+Replicas of the operator elect one writer through kopf peering: each starts with a random
+priority, the highest one runs, the others stand by and take over when its peering record
+expires. `--standalone` turns peering off (local development).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import sys
+
+from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
+from tiergate.sim_nodes.commands.common import CliError
+
+PEERING_NAME = "tiergate"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--namespace", action="append", default=[], help="watch this (repeatable)")
+    where.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--image", default=os.environ.get("TIERGATE_IMAGE"),
+                   help="image of the sim-node pods (default: $TIERGATE_IMAGE)")  # fmt: skip
+    p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
+    p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
+    p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.image:
+        raise CliError("no sim-node image: pass --image or set TIERGATE_IMAGE")
+    try:
+        catalog = default_catalog()
+    except CatalogError as exc:
+        raise CliError(str(exc)) from None
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    import kopf
+    from kubernetes.config import ConfigException
+
+    from .. import handlers
+    from ..kube import load_kube_config
+
+    try:
+        load_kube_config(args.kubeconfig)
+    except (ConfigException, OSError) as exc:
+        raise CliError(f"no Kubernetes credentials: {exc}") from None
+    kopf.configure(verbose=args.log_level == "debug")
+    memo = handlers.OperatorMemo(catalog=catalog, image=args.image)
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            standalone=args.standalone,
+            peering_name=PEERING_NAME,
+            priority=random.SystemRandom().randint(1, 1_000_000),
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+            memo=memo,
+        )
+    )
+    return 0

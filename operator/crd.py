@@ -1,0 +1,217 @@
+"""The InferencePool CustomResourceDefinition, generated from the pydantic models.
+
+`inference_pool_crd(catalog)` turns `InferencePool`'s JSON schema into the *structural*
+OpenAPI v3 schema the API server wants: every `$ref` inlined, `Optional[X]` as an optional X,
+`int | "auto"` as int-or-string with a CEL rule, JSON-Schema-2020 exclusive bounds in their
+OpenAPI 3.0 form, no titles, defaults stated in descriptions (the operator applies them, so a
+stored object never changes meaning when a default does). Rules the schema alone cannot state
+are CEL `x-kubernetes-validations`, each with a message a person understands; the list of
+SRAM accelerators comes from the catalog.
+
+`tiergate crds` writes the result; tests fail when the committed YAML differs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tiergate.sim_nodes.catalogs import Catalog
+
+from .api import GROUP, KIND, PLURAL, PREMIUM_MAX_NUM_SEQS, VERSION, InferencePool
+
+__all__ = ["inference_pool_crd", "spec_rules", "structural"]
+
+Schema = dict[str, Any]
+
+_DROP = {"title", "default", "additionalProperties"}
+
+
+def _resolve(node: Any, defs: Schema) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            merged = {**_resolve(target, defs), **{k: v for k, v in node.items() if k != "$ref"}}
+            return _resolve(merged, defs)
+        return {k: _resolve(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, defs) for v in node]
+    return node
+
+
+def _default_text(value: Any) -> str | None:
+    if value is None or value == [] or value == {}:
+        return None
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def structural(node: Schema) -> Schema:
+    """One pydantic (JSON Schema 2020) node, `$ref`s already resolved, as structural OpenAPI."""
+    out: Schema = {}
+    variants = node.get("anyOf")
+    if variants is not None:
+        kept = [v for v in variants if v.get("type") != "null"]
+        if len(kept) == 1:  # Optional[X]: optional in the object, never null on the wire
+            inner = structural(kept[0])
+            out.update(inner)
+        elif {v.get("type") for v in kept} == {"integer", "string"}:
+            out["x-kubernetes-int-or-string"] = True
+        else:
+            raise ValueError(f"no structural form for anyOf {variants}")
+    if "type" in node:
+        out["type"] = node["type"]
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    for key in ("enum", "minimum", "maximum", "pattern", "maxLength", "minLength", "format"):
+        if key in node:
+            out[key] = node[key]
+    for key, base in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if key in node:
+            out[base], out[key] = node[key], True
+    if node.get("type") == "object" or "properties" in node:
+        out["type"] = "object"
+        props = node.get("properties", {})
+        if props:
+            out["properties"] = {name: structural(sub) for name, sub in props.items()}
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            out["additionalProperties"] = structural(extra)
+        if node.get("required"):
+            out["required"] = list(node["required"])
+    if node.get("type") == "array":
+        out["items"] = structural(node["items"])
+    description = node.get("description")
+    default = _default_text(node.get("default"))
+    if default is not None and description:
+        description = f"{description.rstrip('.')}. Default: {default}."
+    if description:
+        out["description"] = " ".join(description.split())
+    return {k: v for k, v in out.items() if k not in _DROP or k == "additionalProperties"}
+
+
+def spec_rules(sram_accelerators: list[str]) -> list[Schema]:
+    """CEL rules on `spec` that span fields (the API server evaluates them on apply)."""
+    names = ", ".join(sram_accelerators)
+    listed = ", ".join(f"'{a}'" for a in sram_accelerators)
+    return [
+        {
+            "rule": (
+                "self.tier != 'premium' || (has(self.batching) && "
+                f"has(self.batching.maxNumSeqs) && self.batching.maxNumSeqs <= "
+                f"{PREMIUM_MAX_NUM_SEQS})"
+            ),
+            "message": (
+                "premium pools serve a small batch: set spec.batching.maxNumSeqs to "
+                f"{PREMIUM_MAX_NUM_SEQS} or less"
+            ),
+            "fieldPath": ".batching.maxNumSeqs",
+        },
+        {
+            "rule": f"self.tier != 'wafer-scale' || self.accelerator in [{listed}]",
+            "message": (
+                f"wafer-scale pools need an SRAM accelerator ({names}); "
+                "spec.accelerator keeps weights in HBM"
+            ),
+            "fieldPath": ".accelerator",
+        },
+        {
+            "rule": (
+                "!has(self.tensorParallel) || !has(self.chips) || type(self.chips) != int || "
+                "int(self.chips) % self.tensorParallel == 0"
+            ),
+            "message": "spec.tensorParallel must divide spec.chips",
+            "fieldPath": ".tensorParallel",
+        },
+    ]
+
+
+_CHIPS_RULE = {
+    "rule": "type(self) == int ? int(self) >= 1 : self == 'auto'",
+    "message": 'chips must be a positive integer or "auto"',
+}
+
+
+def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
+    spec: Schema = schema["properties"]["spec"]
+    spec["properties"]["chips"]["x-kubernetes-validations"] = [_CHIPS_RULE]
+    sram = sorted(a.name for a in catalog.accelerators.values() if a.memory_kind == "sram")
+    spec["x-kubernetes-validations"] = spec_rules(sram)
+    return spec
+
+
+def _status_schema(schema: Schema) -> Schema:
+    status: Schema = schema["properties"]["status"]
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return status
+
+
+def inference_pool_crd(catalog: Catalog) -> Schema:
+    """The whole CRD object, ready to dump as YAML."""
+    raw = InferencePool.model_json_schema(by_alias=True)
+    resolved = _resolve({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {}))
+    schema = structural(resolved)
+    root: Schema = {
+        "type": "object",
+        "description": schema["description"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "tiergate.dev/v1alpha1"},
+            "kind": {"type": "string", "description": KIND},
+            "metadata": {"type": "object"},
+            "spec": _spec_schema(catalog, schema),
+            "status": _status_schema(schema),
+        },
+        "required": ["spec"],
+    }
+    columns = [
+        ("Tier", "string", ".spec.tier", 0),
+        ("Model", "string", ".spec.model", 0),
+        ("Accelerator", "string", ".spec.accelerator", 0),
+        ("Replicas", "integer", ".spec.replicas", 0),
+        ("Ready", "integer", ".status.readyReplicas", 0),
+        ("Tok/s", "number", ".status.envelope.tokensPerSecondPerStream", 0),
+        ("$/Mtok", "number", ".status.envelope.costPerMillionOutputTokensUSD", 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "tiergate"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["ipool"],
+                "categories": ["tiergate"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
+                        for n, t, p, pr in columns
+                    ],
+                }
+            ],
+        },
+    }

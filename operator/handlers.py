@@ -1,0 +1,125 @@
+"""kopf handlers: thin wrappers that hand an InferencePool to `reconcile` and write back.
+
+- `inferencepool_reconcile`: on create, on spec change and on operator start (resume).
+- `inferencepool_resync`: a timer that reconciles every `RESYNC_S`: repairs drift (a deleted
+  or edited Deployment is re-applied) and refreshes readiness in the status.
+- `deployment_changed`: a Deployment the operator owns changed (pods became ready, someone
+  deleted it): reconcile its pool at once rather than at the next timer.
+
+Operator settings (`configure`): watch timeouts so a silently stalled watch is re-opened,
+progress kept in annotations (the CRD's structural schema would prune kopf's `status.kopf`),
+and peering so that only one operator replica writes (see commands/operator_cmd.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from tiergate.sim_nodes.catalogs import Catalog
+
+from .api import GROUP, PLURAL, VERSION
+from .kube import Cluster, KubeCluster
+from .reconcile import reconcile
+from .render import FIELD_MANAGER
+
+__all__ = ["OperatorMemo", "configure"]
+
+log = logging.getLogger("tiergate.operator")
+
+#: Seconds between two reconciliations of an idle pool (drift repair, readiness refresh).
+RESYNC_S = 30
+#: The API server ends each watch after this long; kopf then re-opens it.
+WATCH_SERVER_TIMEOUT_S = 270
+#: A watch silent for longer than this is presumed stalled and re-opened.
+WATCH_CLIENT_TIMEOUT_S = 300
+
+
+@dataclass
+class OperatorMemo:
+    """What every handler needs, passed as kopf's `memo`."""
+
+    catalog: Catalog
+    image: str
+    cluster: Cluster | None = None  # built on first use (needs the kube config loaded)
+
+    def api(self) -> Cluster:
+        if self.cluster is None:
+            self.cluster = KubeCluster()
+        return self.cluster
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Production settings (called at startup; also by tests)."""
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.networking.error_backoffs = [1, 2, 5, 10, 30]  # transient API errors back off
+
+
+@kopf.on.startup()
+def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    configure(settings)
+
+
+def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo) -> None:
+    outcome = reconcile(dict(body), memo.api(), memo.catalog, memo.image, _now)
+    patch.status.update(outcome.status)
+    for reason, message in outcome.warnings:
+        kopf.warn(body, reason=reason, message=message)
+    if outcome.permanent_error is not None:
+        raise kopf.PermanentError(outcome.permanent_error)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def inferencepool_reconcile(
+    body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any
+) -> None:
+    _run(body, patch, memo)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
+def inferencepool_resync(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any) -> None:
+    try:
+        _run(body, patch, memo)
+    except kopf.PermanentError:
+        pass  # already reported by the change handler; the timer must not spam events
+
+
+def _owned_pool(body: kopf.Body) -> str | None:
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == "InferencePool" and ref.get("apiVersion", "").startswith(GROUP):
+            return str(ref["name"])
+    return None
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": FIELD_MANAGER})
+def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    """Re-reconcile the owning pool (re-creating a deleted Deployment, refreshing status)."""
+    pool = _owned_pool(body)
+    namespace = body.metadata.namespace
+    if pool is None or namespace is None:
+        return
+    cluster = memo.api()
+    obj = cluster.pool(namespace, pool)
+    if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
+        return  # the pool is gone: garbage collection removes its objects
+    outcome = reconcile(obj, cluster, memo.catalog, memo.image, _now)
+    cluster.patch_pool_status(namespace, pool, outcome.status)
+    log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))

@@ -1,0 +1,118 @@
+"""The operator's writes to the Kubernetes API, behind a small interface.
+
+`Cluster` is what reconciliation needs: server-side apply of a manifest (idempotent: the same
+manifest twice changes nothing), reading a Deployment's status, deleting. `KubeCluster` is the
+real one (the official `kubernetes` client; kopf runs sync handlers in threads); tests pass a
+fake. A transient API failure raises `kopf.TemporaryError` so kopf retries with backoff.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from .api import GROUP, PLURAL, VERSION
+from .render import FIELD_MANAGER
+
+__all__ = ["Cluster", "KubeCluster", "load_kube_config"]
+
+Manifest = dict[str, Any]
+
+#: Seconds before a request to the API server is abandoned (a stalled call must not hang).
+REQUEST_TIMEOUT_S = 30
+RETRY_DELAY_S = 10
+
+
+class Cluster(Protocol):
+    def apply(self, manifest: Manifest) -> None: ...
+
+    def deployment_status(self, namespace: str, name: str) -> Manifest | None: ...
+
+    def pool(self, namespace: str, name: str) -> Manifest | None: ...
+
+    def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None: ...
+
+
+def load_kube_config(kubeconfig: str | None = None) -> None:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+
+
+def _temporary(action: str, exc: ApiException) -> kopf.TemporaryError:
+    reason = exc.reason or "error"
+    try:
+        reason = json.loads(exc.body or "{}").get("message") or reason
+    except ValueError:
+        pass
+    return kopf.TemporaryError(f"{action}: HTTP {exc.status}: {reason}", delay=RETRY_DELAY_S)
+
+
+class KubeCluster:
+    """`Cluster` over the official client."""
+
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self._apps = client.AppsV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    def apply(self, manifest: Manifest) -> None:
+        meta = manifest["metadata"]
+        kind, namespace, name = manifest["kind"], meta["namespace"], meta["name"]
+        patch = {
+            "Deployment": self._apps.patch_namespaced_deployment,
+            "Service": self._core.patch_namespaced_service,
+        }[kind]
+        try:
+            patch(
+                name,
+                namespace,
+                manifest,
+                field_manager=FIELD_MANAGER,
+                force=True,  # the operator owns these objects' fields
+                _content_type="application/apply-patch+yaml",
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            raise _temporary(f"apply {kind} {namespace}/{name}", exc) from None
+
+    def deployment_status(self, namespace: str, name: str) -> Manifest | None:
+        try:
+            deployment = self._apps.read_namespaced_deployment_status(
+                name, namespace, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _temporary(f"read Deployment {namespace}/{name}", exc) from None
+        status = client.ApiClient().sanitize_for_serialization(  # type: ignore[no-untyped-call]
+            deployment.status
+        )
+        return status if isinstance(status, dict) else None
+
+    def pool(self, namespace: str, name: str) -> Manifest | None:
+        try:
+            obj = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _temporary(f"read InferencePool {namespace}/{name}", exc) from None
+        return obj if isinstance(obj, dict) else None
+
+    def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None:
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status},
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing to report on
+                raise _temporary(f"patch InferencePool {namespace}/{name} status", exc) from None

@@ -1,0 +1,189 @@
+"""Manifests for one InferencePool: a Deployment of `tiergate sim-node` and its Service.
+
+Pure functions of (pool name, namespace, spec, image): the handlers apply what these return,
+so reconciling twice, or after a restart, writes the same objects. The Service is named after
+the pool, port `http`: that is how the router finds a pool's endpoints (EndpointSlices labelled
+`kubernetes.io/service-name=<pool>`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import InferencePoolSpec
+
+__all__ = [
+    "CONTAINER_PORT",
+    "FIELD_MANAGER",
+    "deployment_manifest",
+    "pod_labels",
+    "selector_labels",
+    "service_manifest",
+    "sim_node_args",
+]
+
+Manifest = dict[str, Any]
+
+#: The sim node's port inside the pod.
+CONTAINER_PORT = 8000
+#: The field manager of every server-side apply the operator makes.
+FIELD_MANAGER = "tiergate-operator"
+#: Default resources of a sim node (one Python process; it simulates, it does not compute).
+DEFAULT_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
+UID = 10001
+
+
+def selector_labels(pool: str) -> dict[str, str]:
+    """What the Deployment and the Service select pods by (never changes for a pool)."""
+    return {"app.kubernetes.io/name": "tiergate-sim-node", "tiergate.dev/pool": pool}
+
+
+def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
+    extra = spec.template.labels if spec.template else {}
+    return {
+        **extra,
+        **selector_labels(pool),
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": "sim-node",
+        "app.kubernetes.io/part-of": "tiergate",
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        "tiergate.dev/tier": spec.tier,
+    }
+
+
+def sim_node_args(spec: InferencePoolSpec) -> list[str]:
+    """`tiergate sim-node` flags that reproduce `spec` (every batching limit explicit: the
+    node's own default is uncapped)."""
+    b = spec.batching
+    args = [
+        "sim-node",
+        "--host", "0.0.0.0",
+        "--port", str(CONTAINER_PORT),
+        "--node-name", "$(POD_NAME)",
+        "--model", spec.model,
+        "--accelerator", spec.accelerator,
+        "--chips", str(spec.chips),
+        "--weight-dtype", spec.weight_dtype,
+        "--kv-dtype", spec.kv_dtype,
+        "--max-num-seqs", str(b.max_num_seqs),
+        "--max-batched-tokens", str(b.max_batched_tokens),
+    ]  # fmt: skip
+    if spec.tensor_parallel is not None:
+        args += ["--tensor-parallel", str(spec.tensor_parallel)]
+    if not b.chunked_prefill:
+        args.append("--no-chunked-prefill")
+    if spec.speculative_decoding is not None:
+        sd = spec.speculative_decoding
+        args += ["--draft-model", sd.draft_model, "--speculative-tokens", str(sd.tokens),
+                 "--acceptance-rate", repr(sd.acceptance_rate)]  # fmt: skip
+    for name in spec.names:
+        args += ["--served-model-name", name]
+    if spec.background is not None:
+        bg = spec.background
+        args += [
+            "--background-sequences", str(bg.sequences),
+            "--background-context-tokens", str(bg.context_tokens),
+            "--background-turn-input-tokens", str(bg.turn_input_tokens),
+            "--background-turn-output-tokens", str(bg.turn_output_tokens),
+        ]  # fmt: skip
+    return args
+
+
+def _probe(path: str, period_s: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def _resources(spec: InferencePoolSpec) -> Manifest:
+    own = spec.template.resources if spec.template else None
+    if own is None:
+        return DEFAULT_RESOURCES
+    return {k: v for k, v in (("requests", own.requests), ("limits", own.limits)) if v}
+
+
+def _scheduling(spec: InferencePoolSpec) -> Manifest:
+    template = spec.template
+    if template is None:
+        return {}
+    out: Manifest = {}
+    if template.node_selector:
+        out["nodeSelector"] = dict(template.node_selector)
+    if template.tolerations:
+        out["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in template.tolerations
+        ]
+    return out
+
+
+def deployment_manifest(pool: str, namespace: str, spec: InferencePoolSpec, image: str) -> Manifest:
+    """The pool's Deployment (owner reference added by the caller)."""
+    labels = pod_labels(pool, spec)
+    image = spec.template.image if spec.template and spec.template.image else image
+    container = {
+        "name": "sim-node",
+        "image": image,
+        "args": sim_node_args(spec),
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "readinessProbe": _probe("/ready", 2, 3),
+        "livenessProbe": _probe("/health", 10, 3),
+        "resources": _resources(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": pool, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(pool)},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": UID,
+                        "fsGroup": UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    **_scheduling(spec),
+                },
+            },
+        },
+    }
+
+
+def service_manifest(pool: str, namespace: str, spec: InferencePoolSpec) -> Manifest:
+    """The pool's Service: named after the pool, port `http` (the router's contract)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": pool, "namespace": namespace, "labels": pod_labels(pool, spec)},
+        "spec": {
+            "selector": selector_labels(pool),
+            "ports": [
+                {"name": "http", "port": CONTAINER_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],  # fmt: skip
+        },
+    }

@@ -1,0 +1,130 @@
+"""An InferencePool's status: what the spec predicts and how its replicas are doing.
+
+Pure functions. `assess` runs the performance model on a spec and says whether the pool can
+exist at all (`SpecProblem`: unknown names, impossible layouts; `DoesNotFit`: the model or its
+KV cache does not fit the chips, with the numbers) or what it will deliver (`Envelope`).
+`conditions` merges new condition values into the old list the Kubernetes way:
+`lastTransitionTime` changes only when a condition's status does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tiergate.sim_nodes.catalogs import Catalog, CatalogError
+from tiergate.sim_nodes.perf import PerfConfigError
+
+from .api import Condition, ConditionType, Envelope, InferencePoolSpec, predict
+
+__all__ = [
+    "Assessment",
+    "ConditionValue",
+    "assess",
+    "conditions",
+    "replica_conditions",
+]
+
+Status = Literal["True", "False", "Unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionValue:
+    status: Status
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """What the performance model says about a spec."""
+
+    envelope: Envelope | None  # None: the pool cannot run
+    problem: str | None = None  # spec errors the schema cannot catch (unknown model...)
+    misfit: str | None = None  # the model does not fit: the numbers
+    slo_misses: tuple[str, ...] = ()
+
+    @property
+    def runnable(self) -> bool:
+        return self.envelope is not None
+
+
+def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
+    try:
+        performance = predict(spec, spec.workload, catalog)
+    except (CatalogError, PerfConfigError) as exc:
+        return Assessment(None, problem=str(exc))
+    result = performance.result
+    if not result.fits:
+        d = performance.deployment
+        where = f"{spec.model} on {d.chips} x {spec.accelerator} ({spec.weight_dtype} weights)"
+        return Assessment(None, misfit=f"{where}: {result.reason}")
+    envelope = performance.envelope()
+    misses: list[str] = []
+    if spec.slo is not None:
+        if spec.slo.ttft_ms is not None and envelope.ttft_seconds * 1e3 > spec.slo.ttft_ms:
+            misses.append(
+                f"TTFT {envelope.ttft_seconds * 1e3:.0f} ms > target {spec.slo.ttft_ms:g} ms"
+            )
+        if spec.slo.tpot_ms is not None:
+            tpot_ms = 1e3 / envelope.tokens_per_second_per_stream
+            if tpot_ms > spec.slo.tpot_ms:
+                misses.append(f"TPOT {tpot_ms:.1f} ms > target {spec.slo.tpot_ms:g} ms")
+    return Assessment(envelope, slo_misses=tuple(misses))
+
+
+def replica_conditions(
+    assessment: Assessment, desired: int, ready: int, updated: int
+) -> dict[ConditionType, ConditionValue]:
+    """Ready / Progressing / Degraded of a runnable pool from its Deployment's counts."""
+    if ready >= desired:
+        if assessment.slo_misses:
+            ready_value = ConditionValue(
+                "True", "SloAtRisk", "serving, but predicted to miss: "
+                + "; ".join(assessment.slo_misses)
+            )  # fmt: skip
+        else:
+            ready_value = ConditionValue("True", "Serving", f"{ready}/{desired} replicas ready")
+    else:
+        ready_value = ConditionValue(
+            "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready"
+        )
+    settled = ready >= desired and updated >= desired
+    return {
+        "Ready": ready_value,
+        "Progressing": ConditionValue(
+            "False" if settled else "True",
+            "Settled" if settled else "RollingOut",
+            f"{updated}/{desired} replicas updated, {ready} ready",
+        ),
+        "Degraded": ConditionValue(
+            "True" if 0 < desired and ready == 0 and updated >= desired else "False",
+            "NoReplicaReady" if 0 < desired and ready == 0 and updated >= desired else "AsExpected",
+            f"{ready}/{desired} replicas ready",
+        ),
+    }
+
+
+def conditions(
+    previous: list[Condition],
+    values: dict[ConditionType, ConditionValue],
+    *,
+    now: str,
+    generation: int | None,
+) -> list[Condition]:
+    """`previous` with `values` applied; a condition's transition time moves only when its
+    status does. Conditions not in `values` are kept as they are."""
+    by_type = {c.type: c for c in previous}
+    for kind, value in values.items():
+        old = by_type.get(kind)
+        changed = old is None or old.status != value.status
+        by_type[kind] = Condition(
+            type=kind,
+            status=value.status,
+            reason=value.reason,
+            message=value.message,
+            last_transition_time=now if changed or old is None else old.last_transition_time,
+            observed_generation=generation,
+        )
+    order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded"]
+    return [by_type[k] for k in order if k in by_type]

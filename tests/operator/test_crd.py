@@ -1,0 +1,143 @@
+"""The generated CRD: matches the committed YAML, is structural, and its validation (schema and
+CEL rules) refuses bad pools with readable messages while accepting the examples."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import yaml
+
+from tiergate.operator.commands.crds_cmd import FILE_NAME, TARGETS, render
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return yaml.safe_load(render())
+
+
+def schema_of(crd: dict[str, Any]) -> dict[str, Any]:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("folder", TARGETS, ids=str)
+def test_committed_crd_is_what_the_models_generate(folder: Path) -> None:
+    committed = (ROOT / folder / FILE_NAME).read_text(encoding="utf-8")
+    assert committed == render(), "stale CRD: run `tiergate crds`"
+
+
+def test_crds_check_fails_on_drift(tmp_path: Path) -> None:
+    for folder in TARGETS:
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / FILE_NAME).write_text(render() + "# edited\n", encoding="utf-8")
+    cmd = [sys.executable, "-P", "-m", "tiergate", "crds", "--check", "--root", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1 and "stale" in done.stdout
+
+
+def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for key, sub in node.get("properties", {}).items():
+            out += walk(sub, f"{path}.{key}")
+        if "items" in node:
+            out += walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            out += walk(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def test_schema_is_structural_and_documented(crd: dict[str, Any]) -> None:
+    for path, node in walk(schema_of(crd)):
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "default"} & node.keys(), path
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), path
+        if path.startswith((".spec", ".status")) and not path.endswith(("[]", "{}")):
+            assert node.get("description"), f"{path} has no description (kubectl explain)"
+
+
+def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    assert version["subresources"]["status"] == {}
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names[:8] == ["Tier", "Model", "Accelerator", "Replicas", "Ready", "Tok/s",
+                         "$/Mtok", "Age"]  # fmt: skip
+    assert crd["spec"]["names"]["plural"] == "inferencepools"
+
+
+# -- validation as the API server does it: OpenAPI schema, then CEL rules ---------------------
+
+
+def _strip(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
+
+
+def problems(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+    """What the API server would refuse `obj` for: schema errors, then failed CEL rules."""
+    schema = schema_of(crd)
+    validator = jsonschema.Draft4Validator(_strip(schema))  # OpenAPI 3.0 bounds are draft 4's
+    found = [e.message for e in validator.iter_errors(obj)]
+    env = celpy.Environment()
+    for path, node in walk(schema):
+        value: Any = obj
+        for key in [p for p in path.split(".") if p]:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        for rule in node.get("x-kubernetes-validations", []):
+            program = env.program(env.compile(rule["rule"]))
+            if not program.evaluate({"self": celpy.json_to_cel(value)}):
+                found.append(rule["message"])
+    return found
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(crd: dict[str, Any], path: Path) -> None:
+    assert problems(crd, yaml.safe_load(path.read_text(encoding="utf-8"))) == []
+
+
+def bad(change: dict[str, Any]) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "examples" / "premium.yaml").read_text(encoding="utf-8"))
+    spec = copy.deepcopy(obj["spec"])
+    for key, value in change.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return {**obj, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"batching": {"maxNumSeqs": 64}}, "premium pools serve a small batch"),
+        ({"batching": None}, "premium pools serve a small batch"),
+        ({"tier": "wafer-scale", "accelerator": "h100-sxm"}, "need an SRAM accelerator"),
+        ({"tensorParallel": 3}, "tensorParallel must divide spec.chips"),
+        ({"chips": 0}, 'positive integer or "auto"'),
+        ({"chips": "many"}, 'positive integer or "auto"'),
+        ({"tier": "turbo"}, "'turbo' is not one of"),
+        ({"replicas": -1}, "less than the minimum of 0"),
+        ({"weightDtype": "fp16"}, "'fp16' is not one of"),
+        ({"model": None}, "'model' is a required property"),
+    ],
+)
+def test_bad_pools_are_refused_with_a_readable_message(
+    crd: dict[str, Any], change: dict[str, Any], message: str
+) -> None:
+    found = problems(crd, bad(change))
+    assert any(message in p for p in found), found

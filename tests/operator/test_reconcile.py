@@ -1,0 +1,191 @@
+"""Reconciling pools against a fake cluster: objects applied with owner references, status and
+conditions the Kubernetes way, misfits and spec errors reported without Deployments, and the
+same result every time (level-based)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from tiergate.operator import handlers
+from tiergate.operator.reconcile import reconcile
+from tiergate.sim_nodes.catalogs import default_catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = default_catalog()
+IMAGE = "tiergate:0.1.0"
+
+
+class FakeCluster:
+    """Records applies; Deployment statuses are set by the test."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pools: dict[tuple[str, str], dict[str, Any]] = {}
+        self.status_patches: list[tuple[str, dict[str, Any]]] = []
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.applied.append(copy.deepcopy(manifest))
+
+    def deployment_status(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.deployments.get((namespace, name))
+
+    def pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pools.get((namespace, name))
+
+    def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status_patches.append((name, status))
+
+
+def pool(name: str = "premium", **spec_changes: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text(encoding="utf-8"))
+    obj["spec"].update(spec_changes)
+    obj["metadata"].update(namespace="team-a", uid="uid-1", generation=3)
+    return obj
+
+
+def clock() -> Any:
+    ticks = (f"2026-11-21T00:00:{s:02d}Z" for s in itertools.count())
+    return lambda: next(ticks)
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_a_fitting_pool_gets_its_objects_and_envelope() -> None:
+    cluster = FakeCluster()
+    outcome = reconcile(pool(), cluster, CATALOG, IMAGE, clock())
+    kinds = [(m["kind"], m["metadata"]["name"]) for m in cluster.applied]
+    assert kinds == [("Deployment", "frontier-premium"), ("Service", "frontier-premium")]
+    for manifest in cluster.applied:
+        (owner,) = manifest["metadata"]["ownerReferences"]
+        assert owner["uid"] == "uid-1" and owner["controller"] is True
+    status = outcome.status
+    assert status["observedGeneration"] == 3
+    assert status["envelope"]["tokensPerSecondPerStream"] > 100
+    assert status["envelope"]["costPerMillionOutputTokensUSD"] > 0
+    assert status["selector"] == (
+        "app.kubernetes.io/name=tiergate-sim-node,tiergate.dev/pool=frontier-premium")  # fmt: skip
+    c = conditions(status)
+    assert c["Fits"]["status"] == "True"
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasNotReady")
+    assert c["Progressing"]["status"] == "True"
+    assert outcome.warnings == [] and outcome.permanent_error is None
+
+
+def test_premium_envelope_shows_the_seed_ratios_next_to_batched() -> None:
+    """2.5x the speed at ~6x the cost: out of the model, through the operator's status."""
+    batched = reconcile(pool("batched"), FakeCluster(), CATALOG, IMAGE, clock()).status
+    premium = reconcile(pool("premium"), FakeCluster(), CATALOG, IMAGE, clock()).status
+    speed = (premium["envelope"]["tokensPerSecondPerStream"]
+             / batched["envelope"]["tokensPerSecondPerStream"])  # fmt: skip
+    cost = (premium["envelope"]["costPerMillionOutputTokensUSD"]
+            / batched["envelope"]["costPerMillionOutputTokensUSD"])  # fmt: skip
+    assert 2.2 < speed < 2.8 and 5 < cost < 7
+
+
+def test_ready_replicas_make_it_ready_and_transition_times_move_only_on_change() -> None:
+    cluster = FakeCluster()
+    now = clock()
+    body = pool()
+    first = reconcile(body, cluster, CATALOG, IMAGE, now).status
+    body["status"] = first
+    again = reconcile(body, cluster, CATALOG, IMAGE, now).status
+    assert conditions(again)["Ready"]["lastTransitionTime"] == conditions(first)["Ready"][
+        "lastTransitionTime"]  # fmt: skip
+    assert cluster.applied[:2] == cluster.applied[2:]  # the same objects: idempotent
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    body["status"] = again
+    ready = reconcile(body, cluster, CATALOG, IMAGE, now).status
+    c = conditions(ready)
+    assert (c["Ready"]["status"], c["Progressing"]["status"]) == ("True", "False")
+    assert c["Ready"]["lastTransitionTime"] != conditions(again)["Ready"]["lastTransitionTime"]
+    assert c["Fits"]["lastTransitionTime"] == conditions(first)["Fits"]["lastTransitionTime"]
+    assert (ready["replicas"], ready["readyReplicas"]) == (1, 1)
+
+
+def test_a_model_that_does_not_fit_gets_no_deployment_and_the_numbers() -> None:
+    cluster = FakeCluster()
+    outcome = reconcile(pool(chips=1, tensorParallel=1), cluster, CATALOG, IMAGE, clock())
+    assert cluster.applied == []
+    fits = conditions(outcome.status)["Fits"]
+    assert (fits["status"], fits["reason"]) == ("False", "ModelDoesNotFit")
+    assert "GB per chip" in fits["message"] and "b200" in fits["message"]
+    assert outcome.warnings[0][0] == "ModelDoesNotFit"
+    assert outcome.status["envelope"] is None and outcome.permanent_error is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"model": "gpt-17"}, "gpt-17"),
+        ({"accelerator": "tpu-v9"}, "tpu-v9"),
+        ({"batching": {"maxNumSeqs": "lots"}}, "batching.maxNumSeqs"),
+    ],
+)
+def test_spec_errors_the_schema_cannot_catch_are_permanent(
+    changes: dict[str, Any], words: str
+) -> None:
+    cluster = FakeCluster()
+    outcome = reconcile(pool(**changes), cluster, CATALOG, IMAGE, clock())
+    assert cluster.applied == []
+    ready = conditions(outcome.status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert outcome.permanent_error is not None and words in outcome.permanent_error
+
+
+def test_slo_the_envelope_misses_is_flagged_on_ready() -> None:
+    cluster = FakeCluster()
+    cluster.deployments[("team-a", "frontier-batched")] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    body = pool("batched", slo={"tpotMs": 5})
+    ready = conditions(reconcile(body, cluster, CATALOG, IMAGE, clock()).status)["Ready"]
+    assert ready["reason"] == "SloAtRisk" and "TPOT" in ready["message"]
+
+
+# -- the kopf handlers ---------------------------------------------------------------------
+
+
+def test_handlers_are_registered_for_pools_and_owned_deployments() -> None:
+    registry = kopf.get_default_registry()
+    ids = {h.id for h in registry._changing.get_all_handlers()} | {
+        h.id for h in registry._spawning.get_all_handlers()} | {
+        h.id for h in registry._watching.get_all_handlers()}  # fmt: skip
+    for name in ("inferencepool_reconcile", "inferencepool_resync", "deployment_changed"):
+        assert any(name in i for i in ids), (name, ids)
+
+
+def test_settings_recover_stalled_watches_and_keep_progress_out_of_status() -> None:
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+    assert settings.watching.client_timeout and settings.watching.server_timeout
+    assert settings.watching.client_timeout > settings.watching.server_timeout
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+
+
+def test_a_deployment_event_reconciles_its_pool() -> None:
+    """Someone deleted the Deployment: its pool's objects are applied again at once."""
+    cluster = FakeCluster()
+    body = pool()
+    cluster.pools[("team-a", "frontier-premium")] = body
+    memo = handlers.OperatorMemo(catalog=CATALOG, image=IMAGE, cluster=cluster)
+    deployment = kopf.Body({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "frontier-premium", "namespace": "team-a", "ownerReferences": [
+            {"apiVersion": "tiergate.dev/v1alpha1", "kind": "InferencePool",
+             "name": "frontier-premium", "uid": "uid-1"}]}})  # fmt: skip
+    handlers.deployment_changed(event={"type": "DELETED"}, body=deployment, memo=memo)
+    assert [m["kind"] for m in cluster.applied] == ["Deployment", "Service"]
+    assert cluster.status_patches[0][0] == "frontier-premium"
+    cluster.pools.clear()  # the pool itself is gone: nothing is re-created
+    handlers.deployment_changed(event={"type": "DELETED"}, body=deployment, memo=memo)
+    assert len(cluster.applied) == 2

@@ -1,0 +1,112 @@
+"""Rendered manifests: the sim node's flags reproduce the spec, pods are locked down, and the
+Service is the router's contract (named after the pool, port `http`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiergate.cli import build_parser
+from tiergate.operator.api import InferencePool, InferencePoolSpec
+from tiergate.operator.render import (
+    deployment_manifest,
+    selector_labels,
+    service_manifest,
+    sim_node_args,
+)
+from tiergate.sim_nodes.commands.common import spec_from_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def example(name: str) -> InferencePoolSpec:
+    text = (ROOT / "examples" / f"{name}.yaml").read_text(encoding="utf-8")
+    return InferencePool.model_validate(yaml.safe_load(text)).spec
+
+
+def parse(args: list[str]) -> argparse.Namespace:
+    return build_parser("sim-node").parse_args(args)
+
+
+@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale"])
+def test_sim_node_flags_reproduce_the_spec(name: str) -> None:
+    spec = example(name)
+    parsed = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec)])
+    served = spec_from_args(parsed)
+    fields = ("model", "accelerator", "chips", "tensor_parallel", "weight_dtype", "kv_dtype",
+              "batching", "speculative_decoding")  # fmt: skip
+    for field in fields:
+        assert getattr(served, field) == getattr(spec, field), field
+    assert parsed.background_sequences == spec.background.sequences  # type: ignore[union-attr]
+    assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
+
+
+def test_speculative_decoding_and_names_reach_the_node() -> None:
+    spec = InferencePoolSpec.model_validate(
+        {
+            **example("batched").model_dump(by_alias=True, exclude_none=True),
+            "speculativeDecoding": {
+                "draftModel": "llama-3.2-1b",
+                "tokens": 4,
+                "acceptanceRate": 0.7,
+            },
+            "servedModelName": "claude-ish",
+            "aliases": ["fast-one"],
+        }  # fmt: skip
+    )
+    parsed = parse(sim_node_args(spec))
+    assert (parsed.draft_model, parsed.speculative_tokens, parsed.acceptance_rate) == (
+        "llama-3.2-1b", 4, 0.7)  # fmt: skip
+    assert parsed.served_model_name == ["claude-ish", "fast-one"]
+
+
+def test_pods_are_non_root_read_only_and_probed() -> None:
+    spec = example("premium")
+    d = deployment_manifest("frontier-premium", "ns", spec, "tiergate:0.1.0")
+    pod = d["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
+    assert not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["resources"]["requests"]
+    assert container["image"] == "tiergate:0.1.0" and d["spec"]["replicas"] == spec.replicas
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    assert labels["tiergate.dev/tier"] == "premium" and labels["tiergate.dev/pool"] == (
+        "frontier-premium")  # fmt: skip
+    assert d["spec"]["selector"]["matchLabels"] == selector_labels("frontier-premium")
+
+
+def test_template_overrides_apply_but_never_replace_tiergate_labels() -> None:
+    spec = InferencePoolSpec.model_validate(
+        {
+            **example("batched").model_dump(by_alias=True, exclude_none=True),
+            "template": {
+                "image": "mirror/tiergate:1",
+                "nodeSelector": {"pool": "gpu"},
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                "labels": {"team": "a", "tiergate.dev/tier": "premium"},
+                "resources": {"requests": {"cpu": "2"}},
+            },
+        }  # fmt: skip
+    )
+    d = deployment_manifest("p", "ns", spec, "tiergate:0.1.0")
+    pod = d["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "mirror/tiergate:1"
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "2"}}
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "a" and labels["tiergate.dev/tier"] == "batched"
+
+
+def test_service_is_named_after_the_pool_with_an_http_port() -> None:
+    s = service_manifest("spark-wafer", "ns", example("wafer-scale"))
+    assert s["metadata"]["name"] == "spark-wafer"
+    assert s["spec"]["ports"][0]["name"] == "http"
+    assert s["spec"]["selector"] == selector_labels("spark-wafer")
