@@ -55,6 +55,7 @@ class Helm:
         *,
         values: Sequence[Path] = (),
         sets: Sequence[str] = (),
+        set_strings: Sequence[str] = (),
         include_crds: bool = False,
         chart: Path = CHART,
     ) -> list[Manifest]:
@@ -65,6 +66,8 @@ class Helm:
             args += ["--values", str(path)]
         for assignment in sets:
             args += ["--set", assignment]
+        for assignment in set_strings:
+            args += ["--set-string", assignment]
         if include_crds:
             args.append("--include-crds")
         return _documents(self.run(*args))

@@ -33,19 +33,21 @@ def validate_all(manifests: list[Manifest]) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("values", "sets"),
+    ("values", "sets", "set_strings"),
     [
-        ([], []),
-        ([VARIANT], []),
-        ([], ["router.ledger.persistence.enabled=true", "router.replicas=1"]),
-        ([], ["operator.watchNamespaces={a,b,c}", "router.discoveryNamespace=pools"]),
+        ([], [], []),
+        ([VARIANT], [], []),
+        ([], ["router.ledger.persistence.enabled=true", "router.replicas=1"], []),
+        ([], ["operator.watchNamespaces={a,b,c}", "router.discoveryNamespace=pools"], []),
+        # Names YAML would read as numbers must still render as strings.
+        ([], [], ["operator.watchNamespaces={123,4e5}", "router.discoveryNamespace=0"]),
     ],
-    ids=["default", "variant", "persistent-ledger", "namespaced-operator"],
+    ids=["default", "variant", "persistent-ledger", "namespaced-operator", "numeric-namespaces"],
 )
 def test_rendered_manifests_are_valid_kubernetes_1_33(
-    helm: Helm, values: list[Path], sets: list[str]
+    helm: Helm, values: list[Path], sets: list[str], set_strings: list[str]
 ) -> None:
-    manifests = helm.template(values=values, sets=sets, include_crds=True)
+    manifests = helm.template(values=values, sets=sets, set_strings=set_strings, include_crds=True)
     assert manifests
     unschemaed = validate_all(manifests)
     assert unschemaed <= NOT_IN_THE_BUNDLED_SCHEMAS
