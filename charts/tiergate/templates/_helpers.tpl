@@ -1,0 +1,107 @@
+{{/* Names, labels and the pieces every pod shares. */}}
+
+{{- define "tiergate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name; component names append "-operator" / "-router" to it. */}}
+{{- define "tiergate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tiergate.operatorName" -}}
+{{ include "tiergate.fullname" . }}-operator
+{{- end }}
+
+{{- define "tiergate.routerName" -}}
+{{ include "tiergate.fullname" . }}-router
+{{- end }}
+
+{{- define "tiergate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades (a Deployment's selector is immutable). */}}
+{{- define "tiergate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tiergate.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Usage: include "tiergate.labels" (dict "root" $ "component" "router") */}}
+{{- define "tiergate.labels" -}}
+{{ include "tiergate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ include "tiergate.chart" .root }}
+{{- end }}
+
+{{- define "tiergate.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{- define "tiergate.discoveryNamespace" -}}
+{{ .Values.router.discoveryNamespace | default .Release.Namespace }}
+{{- end }}
+
+{{- define "tiergate.tenantsEnabled" -}}
+{{- if or .Values.router.tenants.existingSecret .Values.router.tenants.inline }}true{{ end }}
+{{- end }}
+
+{{/* Pod-level security: every pod of the chart runs non-root with the runtime's seccomp profile. */}}
+{{- define "tiergate.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.runAsUser }}
+runAsGroup: {{ .Values.runAsGroup }}
+fsGroup: {{ .Values.runAsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Container-level security: nothing is written outside the mounted volumes. */}}
+{{- define "tiergate.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.runAsUser }}
+runAsGroup: {{ .Values.runAsGroup }}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* HOME and TMPDIR point at the /tmp emptyDir: the root filesystem is read-only. */}}
+{{- define "tiergate.commonEnv" -}}
+- name: HOME
+  value: /tmp
+- name: TMPDIR
+  value: /tmp
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+{{- end }}
+
+{{- define "tiergate.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end }}
+
+{{- define "tiergate.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}

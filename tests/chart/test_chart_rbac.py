@@ -1,0 +1,109 @@
+"""RBAC: the router only reads; the operator gets what kopf and reconciling need, no more."""
+
+from __future__ import annotations
+
+from chart_helpers import NAMESPACE, OPERATOR, ROUTER, Manifest, find, one
+
+READ = {"get", "list", "watch"}
+WRITE_CHILDREN = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+# (apiGroup, resource) -> verbs, in every namespace the operator serves.
+OPERATOR_NAMESPACED = {
+    ("tiergate.dev", "inferencepools"): {"get", "list", "watch", "patch", "update"},
+    ("tiergate.dev", "inferencepools/status"): {"get", "patch", "update"},
+    ("apps", "deployments"): WRITE_CHILDREN,
+    ("", "services"): WRITE_CHILDREN,
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CRDS = {("apiextensions.k8s.io", "customresourcedefinitions"): READ}
+OPERATOR_CLUSTER_WIDE = {
+    **OPERATOR_NAMESPACED,
+    **CRDS,
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+    ("", "namespaces"): READ,
+}
+OPERATOR_PER_NAMESPACE = {
+    **OPERATOR_NAMESPACED,
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+}
+
+
+def grants(role: Manifest) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs; fails on wildcards and resourceNames-free duplicates."""
+    table: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert "*" not in (group, resource, *rule["verbs"]), role["metadata"]["name"]
+                table.setdefault((group, resource), set()).update(rule["verbs"])
+    return table
+
+
+def bound_role(manifests: list[Manifest], binding: Manifest) -> Manifest:
+    """The role a binding refers to, after checking it exists and binds the right account."""
+    ref = binding["roleRef"]
+    namespace = binding["metadata"].get("namespace")
+    roles = [
+        r
+        for r in find(manifests, ref["kind"], ref["name"])
+        if r["metadata"].get("namespace") == namespace
+    ]
+    assert len(roles) == 1, f"{binding['metadata']['name']} refers to a missing {ref['kind']}"
+    return roles[0]
+
+
+def subjects(binding: Manifest) -> list[tuple[str, str, str]]:
+    return [(s["kind"], s["name"], s["namespace"]) for s in binding["subjects"]]
+
+
+def test_router_reads_pools_and_endpoint_slices_only(any_manifests: list[Manifest]) -> None:
+    role = one(any_manifests, "Role", ROUTER)
+    assert grants(role) == {
+        ("tiergate.dev", "inferencepools"): READ,
+        ("discovery.k8s.io", "endpointslices"): READ,
+    }
+    binding = one(any_manifests, "RoleBinding", ROUTER)
+    assert bound_role(any_manifests, binding) is role
+    assert subjects(binding) == [("ServiceAccount", ROUTER, NAMESPACE)]
+    # Nothing cluster-wide is bound to the router.
+    for cluster_binding in find(any_manifests, "ClusterRoleBinding"):
+        assert ("ServiceAccount", ROUTER, NAMESPACE) not in subjects(cluster_binding)
+
+
+def test_router_role_lives_in_the_discovery_namespace(
+    default_manifests: list[Manifest], variant_manifests: list[Manifest]
+) -> None:
+    for manifests, namespace in ((default_manifests, NAMESPACE), (variant_manifests, "pools")):
+        assert one(manifests, "Role", ROUTER)["metadata"]["namespace"] == namespace
+        assert one(manifests, "RoleBinding", ROUTER)["metadata"]["namespace"] == namespace
+
+
+def test_operator_watching_all_namespaces_gets_one_cluster_role(
+    default_manifests: list[Manifest],
+) -> None:
+    assert not [r for r in find(default_manifests, "Role") if r["metadata"]["name"] == OPERATOR]
+    (binding,) = find(default_manifests, "ClusterRoleBinding")
+    assert subjects(binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
+    assert grants(bound_role(default_manifests, binding)) == OPERATOR_CLUSTER_WIDE
+
+
+def test_operator_watching_listed_namespaces_gets_a_role_in_each(
+    variant_manifests: list[Manifest],
+) -> None:
+    bindings = [b for b in find(variant_manifests, "RoleBinding", OPERATOR)]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert subjects(binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
+        assert grants(bound_role(variant_manifests, binding)) == OPERATOR_PER_NAMESPACE
+    # Cluster-wide, it may only read CRDs: no namespaces, no cluster peering, no workloads.
+    (cluster_binding,) = find(variant_manifests, "ClusterRoleBinding")
+    assert subjects(cluster_binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
+    assert grants(bound_role(variant_manifests, cluster_binding)) == CRDS
+
+
+def test_deployments_run_as_their_bound_accounts(any_manifests: list[Manifest]) -> None:
+    for name in (OPERATOR, ROUTER):
+        spec = one(any_manifests, "Deployment", name)["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == name
+        one(any_manifests, "ServiceAccount", name)

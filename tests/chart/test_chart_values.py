@@ -1,0 +1,103 @@
+"""Bad values stop `helm template` with a message naming the field (values.schema.json and the
+templates' own cross-field checks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from chart_helpers import CHART, Helm, HelmFailed
+
+TENANT = "router.tenants.inline[0]"
+A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "field"),
+    [
+        (["router.replicas=-1"], "/router/replicas"),
+        (["operator.replicas=two"], "/operator/replicas"),
+        (["operator.watchNamespaces=x"], "/operator/watchNamespaces"),
+        (["operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
+        (["operator.watchNamespaces={a,a}"], "/operator/watchNamespaces"),
+        (["notAValue=1"], "notAValue"),
+        (["router.colour=blue"], "colour"),
+        (["router.autoscaling.enabled=yes"], "/router/autoscaling/enabled"),
+        (["router.service.port=70000"], "/router/service/port"),
+        (["router.logLevel=loud"], "/router/logLevel"),
+        (["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+        (["runAsUser=0"], "/runAsUser"),
+        (["tests.tier=fast"], "/tests/tier"),
+        ([*A_TENANT, f"{TENANT}.allowedTiers={{batched,turbo}}"], "/allowedTiers/1"),
+        ([*A_TENANT, f"{TENANT}.requestsPerMinute=0"], "/requestsPerMinute"),
+        ([*A_TENANT, f"{TENANT}.budgetPeriod=year"], "/budgetPeriod"),
+        ([*A_TENANT, f"{TENANT}.apiKeySha256[0]=not-a-digest"], "/apiKeySha256/0"),
+        ([f"{TENANT}.name=team-a"], "/router/tenants/inline/0"),  # no key at all
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_field(
+    helm: Helm, sets: list[str], field: str
+) -> None:
+    with pytest.raises(HelmFailed) as failure:
+        helm.template(sets=sets)
+    message = str(failure.value)
+    assert "schema" in message and field in message, message
+
+
+@pytest.mark.parametrize(
+    ("sets", "field"),
+    [
+        (
+            ["router.ledger.persistence.enabled=true", "router.replicas=2"],
+            "router.ledger.persistence.enabled",
+        ),
+        (
+            ["router.ledger.persistence.enabled=true", "router.autoscaling.enabled=true"],
+            "router.ledger.persistence.enabled",
+        ),
+        (["router.tenants.existingSecret=keys", *A_TENANT], "router.tenants"),
+        (
+            ["router.autoscaling.enabled=true", "router.autoscaling.minReplicas=7"],
+            "router.autoscaling.minReplicas",
+        ),
+    ],
+)
+def test_contradictory_values_fail_naming_the_fields(
+    helm: Helm, sets: list[str], field: str
+) -> None:
+    with pytest.raises(HelmFailed, match=field.replace(".", r"\.")):
+        helm.template(sets=sets)
+
+
+def test_good_values_of_each_kind_are_accepted(helm: Helm) -> None:
+    """The schema is not simply refusing: valid edge values render."""
+    sets = [
+        "router.replicas=0",
+        "operator.watchNamespaces={team-a}",
+        "router.podDisruptionBudget.enabled=true",
+        "router.podDisruptionBudget.maxUnavailable=0",
+        "router.tenants.existingSecret=tiergate-tenants",
+        "image.tag=0.2.0-rc.1",
+        "router.resources.limits.cpu=1500m",
+    ]
+    assert helm.template(sets=sets)
+
+
+def test_schema_refuses_unknown_keys_at_every_level() -> None:
+    """Each object of the schema closes its properties, so a typo cannot pass silently."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    open_objects = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                if node.get("additionalProperties") is not False:
+                    open_objects.append(path)
+            for key, child in node.items():
+                walk(child, f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, child in enumerate(node):
+                walk(child, f"{path}/{index}")
+
+    walk(schema, "")
+    assert open_objects == []
