@@ -113,9 +113,20 @@ def test_default_render_is_the_minimal_install(default_manifests: list[Manifest]
         "Service": 1,
         "Deployment": 2,
         "Pod": 1,  # the helm test hook
+        "ClusterKopfPeering": 1,  # operator replicas elect one writer through it
     }
     assert one(default_manifests, "Deployment", ROUTER)["spec"]["replicas"] == 1
     assert one(default_manifests, "Deployment", OPERATOR)["spec"]["replicas"] == 1
+
+
+def test_the_operator_s_peering_object_matches_what_it_watches(helm: Helm) -> None:
+    """`tiergate operator` peers under the name "tiergate": cluster-wide when it watches every
+    namespace, else one KopfPeering in each watched namespace."""
+    manifests = helm.template(sets=["operator.watchNamespaces={a,b}"])
+    peerings = [m for m in manifests if m["kind"].endswith("KopfPeering")]
+    assert {(m["kind"], m["metadata"]["name"], m["metadata"].get("namespace"))
+            for m in peerings} == {("KopfPeering", "tiergate", "a"),
+                                   ("KopfPeering", "tiergate", "b")}  # fmt: skip
 
 
 def test_variant_render_adds_every_optional_part(variant_manifests: list[Manifest]) -> None:
