@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -68,8 +69,12 @@ def load_api_client() -> tuple[k8s_client.ApiClient, str]:
         origin = "in-cluster"
     except k8s_config.ConfigException:
         try:
-            # KUBECONFIG (or ~/.kube/config), its current context.
-            k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            # KUBECONFIG (or ~/.kube/config), its current context. KUBECONFIG is passed
+            # explicitly: the client reads it only once, when it is imported.
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG") or None,
+                client_configuration=configuration,
+            )
         except (k8s_config.ConfigException, OSError) as exc:
             raise ConfigError(
                 "discovery.kubernetes: no Kubernetes API: not running in a cluster, and no "
