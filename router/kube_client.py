@@ -91,8 +91,17 @@ class KubernetesApi:
     when it stops for good.
     """
 
-    def __init__(self, api_client: k8s_client.ApiClient, namespace: str) -> None:
+    def __init__(
+        self,
+        api_client: k8s_client.ApiClient,
+        namespace: str,
+        *,
+        list_timeout_s: float = LIST_TIMEOUT_S,
+        watch_read_margin_s: float = WATCH_READ_MARGIN_S,
+    ) -> None:
         self.namespace = namespace
+        self.list_timeout_s = list_timeout_s
+        self.watch_read_margin_s = watch_read_margin_s
         self._custom = k8s_client.CustomObjectsApi(api_client)
         self._discovery = k8s_client.DiscoveryV1Api(api_client)
         self._lock = threading.Lock()
@@ -100,7 +109,8 @@ class KubernetesApi:
         self._interrupted = False
 
     def list(self, resource: Resource) -> Object:
-        response = self._request(resource, _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S))
+        timeouts = (CONNECT_TIMEOUT_S, self.list_timeout_s)
+        response = self._request(resource, _request_timeout=timeouts)
         try:
             body = json.loads(response.data)
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
@@ -118,7 +128,7 @@ class KubernetesApi:
             resource_version=resource_version,
             timeout_seconds=timeout_s,
             allow_watch_bookmarks=True,
-            _request_timeout=(CONNECT_TIMEOUT_S, timeout_s + WATCH_READ_MARGIN_S),
+            _request_timeout=(CONNECT_TIMEOUT_S, timeout_s + self.watch_read_margin_s),
         )
         try:
             for line in _lines(response.stream(amt=None, decode_content=False)):
@@ -147,6 +157,8 @@ class KubernetesApi:
 
     def _request(self, resource: Resource, **kwargs: Any) -> urllib3.BaseHTTPResponse:
         """One GET of `resource`'s collection, returning the unread response."""
+        if self._interrupted:
+            raise KubeApiError("stopping")
         try:
             if resource == INFERENCE_POOLS:
                 response = self._custom.list_namespaced_custom_object(
