@@ -155,14 +155,22 @@ class ResourceWatcher:
         self.watches += 1
         started_s = self.clock()
         events = 0
-        for event in self.api.watch(self.resource, version, self.server_timeout_s):
-            if self.stop.is_set():
-                return version
-            version = event_resource_version(event) or version
-            events += 1
-            if event.get("type") != "BOOKMARK":
-                self.sink.event(self.resource, event)
-            self.backoff.reset()
+        stream = iter(self.api.watch(self.resource, version, self.server_timeout_s))
+        try:
+            for event in stream:
+                if self.stop.is_set():
+                    return version
+                version = event_resource_version(event) or version
+                events += 1
+                if event.get("type") != "BOOKMARK":
+                    self.sink.event(self.resource, event)
+                self.backoff.reset()
+        finally:
+            # A watch left early (410, stop) releases its connection now, not whenever the
+            # generator happens to be collected.
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
         if events == 0 and self.clock() - started_s < self.min_watch_s:
             # A watch that ends at once with nothing in it, again and again, would spin a
             # core: count it as a failure so the backoff applies.
