@@ -30,6 +30,11 @@ END = {"end": True}  # the server ends the watch
 TOKEN = "not-a-real-token"
 
 
+def _true(value: str | None) -> bool:
+    """A boolean query parameter as the API server reads it (Go's strconv.ParseBool)."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
 class FakeApiServer:
     """Answers list and watch GETs from what the test queues per path."""
 
@@ -46,7 +51,7 @@ class FakeApiServer:
         return self.watches.setdefault(path, queue.Queue())
 
     def watch_queries(self, path: str) -> list[dict[str, str]]:
-        return [q for p, q, _ in self.requests if p == path and q.get("watch") == "true"]
+        return [q for p, q, _ in self.requests if p == path and _true(q.get("watch"))]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -62,7 +67,7 @@ class FakeApiServer:
                 query = {k: v[0] for k, v in parse_qs(parts.query).items()}
                 auth = self.headers.get("authorization")
                 server.requests.append((parts.path, query, auth))
-                if query.get("watch") == "true":
+                if _true(query.get("watch")):
                     self._watch(server.watch_queue(parts.path))
                 else:
                     status, body = server.lists.get(parts.path, (404, {"kind": "Status"}))
@@ -164,7 +169,7 @@ async def test_the_source_lists_and_watches_over_http(
     assert threads and not any(t.is_alive() for t in threads)
 
     watch = server.watch_queries(SLICES_PATH)[0]
-    assert watch["resourceVersion"] == "48250" and watch["allowWatchBookmarks"] == "true"
+    assert watch["resourceVersion"] == "48250" and _true(watch["allowWatchBookmarks"])
     assert watch["timeoutSeconds"] == "120"
     assert {auth for _, _, auth in server.requests} == {f"Bearer {TOKEN}"}
     assert TOKEN not in caplog.text
