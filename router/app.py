@@ -34,10 +34,19 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 class RouterApp:
     """The ASGI application."""
 
-    def __init__(self, router: Router, services: list[Service] | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        services: list[Service] | None = None,
+        *,
+        synced: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.router = router
         self.services = services or []
         self.ready = False
+        # Discovery has seen all of its pools once; before that an empty or partial view
+        # would make a load balancer send requests that could only get 503 or 404.
+        self.synced = synced
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -151,10 +160,15 @@ class RouterApp:
         endpoints = self.router.view().endpoints()
         now = self.router.clock()
         usable = [e for e in endpoints if not e.is_ejected(now)]
-        if self.ready and usable:
+        if self.ready and usable and self.synced():
             await send_json(send, 200, {"status": "ready", "endpoints": len(usable)})
         else:
-            reason = "starting" if not self.ready else "no usable endpoint"
+            if not self.ready:
+                reason = "starting"
+            elif not self.synced():
+                reason = "discovery not synced"
+            else:
+                reason = "no usable endpoint"
             await send_json(send, 503, {"status": "not ready", "reason": reason})
 
     async def _openapi(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,9 +13,10 @@ from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 
 from .app import RouterApp, Service
 from .budgets import BudgetGuard
-from .config import RouterConfig
-from .discovery import FileSource, PoolView, StaticSource
+from .config import RouterConfig, load_config
+from .discovery import FileSource, PoolSource, PoolView
 from .handler import Router
+from .kube_discovery import KubeSource
 from .ledger import Ledger
 from .metrics import RouterMetrics
 from .outliers import OutlierDetector
@@ -25,10 +27,12 @@ from .scraper import Scraper
 from .state import EndpointState
 from .tenants import TenantRegistry, load_tenants
 
+log = logging.getLogger("tiergate.router")
+
 
 def build_app(
     config: RouterConfig,
-    source: StaticSource | FileSource,
+    source: PoolSource,
     *,
     clock: Callable[[], float] = time.monotonic,
     extra_services: list[Service] | None = None,
@@ -87,7 +91,9 @@ def build_app(
         policy=default_policy(),
         clock=clock,
     )
-    return RouterApp(router, [source, _Closing(scrape_client), scraper, *(extra_services or [])])
+    # The source first: services stop in reverse order, so discovery stops last.
+    services: list[Service] = [source, _Closing(scrape_client), scraper, *(extra_services or [])]
+    return RouterApp(router, services, synced=lambda: source.synced)
 
 
 class _Closing:
@@ -107,3 +113,30 @@ def file_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfi
     """The configuration in `path` and a source that hot-reloads its pools."""
     source = FileSource(path, catalog or default_catalog())
     return source.config, source
+
+
+def router_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfig, PoolSource]:
+    """The configuration in `path` and the pool source it asks for.
+
+    With `discovery.kubernetes`, InferencePools and EndpointSlices (the file is read once);
+    otherwise the file's own pools, hot-reloaded. Raises ConfigError.
+    """
+    config = load_config(path)
+    if config.discovery.kubernetes is None:
+        return file_source(path, catalog)
+    return config, kube_source(config, catalog)
+
+
+def kube_source(config: RouterConfig, catalog: Catalog | None = None) -> KubeSource:
+    """A Kubernetes source for `config.discovery.kubernetes` (ConfigError without an API)."""
+    # Imported here: the kubernetes client is a heavy import only this source needs.
+    from .kube_client import KubernetesApi, load_api_client, resolve_namespace
+
+    settings = config.discovery.kubernetes
+    if settings is None:
+        raise ValueError("kube_source needs discovery.kubernetes")
+    namespace = resolve_namespace(settings.namespace)
+    api_client, origin = load_api_client()
+    log.info("event=kube_api_configured origin=%s namespace=%s", origin, namespace)
+    api = KubernetesApi(api_client, namespace)
+    return KubeSource(api, catalog or default_catalog(), namespace=namespace)

@@ -4,6 +4,10 @@ A pool has the fields of an InferencePool spec (camelCase, `ServingSpec` plus ti
 replicas) and, for the static discovery source, the URLs of its endpoints. `tiergate up`
 uses the same file and starts the endpoints itself (`replicas` sim nodes per pool), so a
 pool there needs no URLs; `background` configures those sim nodes' other-tenant load.
+
+With `discovery.kubernetes` set, pools come from InferencePool objects and their
+EndpointSlices instead, and the file's `pools` must be empty: two sources of truth for one
+pool name would disagree sooner or later.
 """
 
 from __future__ import annotations
@@ -12,8 +16,16 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
 from tiergate.sim_nodes.validation import first_problem, yaml_position
@@ -84,13 +96,56 @@ class LocalSettings(_Model):
     first_port: int = Field(default=9000, ge=1, le=65535)
 
 
+class KubernetesDiscovery(_Model):
+    """Pools from InferencePools (tiergate.dev/v1alpha1) and their EndpointSlices."""
+
+    namespace: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description=(
+            "Namespace to watch; default: the router pod's own namespace, else `default`."
+        ),
+    )
+
+
+class Discovery(_Model):
+    """Where pools come from other than the file's `pools` list."""
+
+    kubernetes: KubernetesDiscovery | None = Field(
+        default=None,
+        description="Watch InferencePools and EndpointSlices; `pools` must then be empty.",
+    )
+
+
 class RouterConfig(_Model):
     """A whole configuration file."""
 
     router: RouterSettings = Field(default_factory=RouterSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
-    pools: list[PoolSpec]
+    discovery: Discovery = Field(
+        default_factory=Discovery, description="Pool sources other than `pools`."
+    )
+    pools: list[PoolSpec] = Field(
+        default_factory=list, description="The pools (required unless discovery is set)."
+    )
     kind: Literal["TiergateConfig"] = "TiergateConfig"
+
+    @model_validator(mode="after")
+    def _one_pool_source(self) -> RouterConfig:
+        if self.discovery.kubernetes is not None:
+            if self.pools:
+                raise PydanticCustomError(
+                    "pool_sources",
+                    "pools must be empty when discovery.kubernetes is set "
+                    "(pools then come from InferencePool objects)",
+                )
+        elif "pools" not in self.model_fields_set:
+            # Without discovery a file with no pools is almost surely a mistake.
+            raise PydanticCustomError(
+                "missing", "pools: required unless discovery.kubernetes is set"
+            )
+        return self
 
     @field_validator("pools")
     @classmethod

@@ -7,9 +7,10 @@ flight keep the view they started with, so a reload never drops them. `EndpointS
 objects are carried over from the previous view by (pool, URL), so live metrics, in-flight
 counts and ejections survive a reload.
 
-Sources: `StaticSource` (a fixed list of pools, e.g. what `tiergate up` started) and
-`FileSource` (a YAML file, polled for changes: hot reload). The Kubernetes source of a later
-issue builds the same view from InferencePools and EndpointSlices.
+Sources (`PoolSource`): `StaticSource` (a fixed list of pools, e.g. what `tiergate up`
+started), `FileSource` (a YAML file, polled for changes: hot reload) and
+`kube_discovery.KubeSource`, which builds the same view from InferencePools and
+EndpointSlices.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tiergate.operator.api import predict
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
@@ -122,14 +124,47 @@ def build_view(
     catalog: Catalog,
     previous: PoolView | None = None,
     urls_of: Callable[[PoolSpec], Sequence[str]] = lambda s: s.endpoints,
+    on_error: Callable[[PoolSpec, ConfigError], None] | None = None,
 ) -> PoolView:
-    """A view of `specs`, reusing `previous`' endpoint states where pool and URL match."""
+    """A view of `specs`, reusing `previous`' endpoint states where pool and URL match.
+
+    A pool that cannot run raises ConfigError, unless `on_error` is given: then it is
+    reported there and left out, and the other pools still make the view (a source fed by
+    other people's objects must not lose every pool over one bad one).
+    """
     old = {(e.pool, e.url): e for e in previous.endpoints()} if previous else {}
-    return PoolView(build_pool(s, catalog, urls_of(s), old) for s in specs)
+    pools: list[RoutedPool] = []
+    for spec in specs:
+        try:
+            pools.append(build_pool(spec, catalog, urls_of(spec), old))
+        except ConfigError as exc:
+            if on_error is None:
+                raise
+            on_error(spec, exc)
+    return PoolView(pools)
+
+
+class PoolSource(Protocol):
+    """Where the router's pools come from; the app starts and stops it with itself.
+
+    `view` is replaced, never mutated, when pools or endpoints change. `synced` is False
+    until the source has seen the whole of its truth once (the router is not ready before).
+    """
+
+    @property
+    def view(self) -> PoolView: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+    def start(self) -> Awaitable[None] | None: ...
+    def stop(self) -> Awaitable[None] | None: ...
 
 
 class StaticSource:
     """A fixed set of pools (what `tiergate up` started, or a test's)."""
+
+    synced = True
 
     def __init__(self, view: PoolView) -> None:
         self.view = view
@@ -147,6 +182,8 @@ class FileSource:
     A changed file that does not parse or validate is logged and ignored: the router keeps
     serving with the last good view (a typo must not take a gateway down).
     """
+
+    synced = True  # the file was read in full before the app starts
 
     def __init__(self, path: Path, catalog: Catalog, *, interval_s: float = 1.0) -> None:
         self.path = path
@@ -179,6 +216,8 @@ class FileSource:
         self._digest = digest
         try:
             config = load_config(self.path)
+            if config.discovery.kubernetes is not None:
+                raise ConfigError("switching to discovery.kubernetes needs a restart")
             view = build_view(config.pools, self.catalog, self.view)
         except ConfigError as exc:
             self.reload_errors += 1

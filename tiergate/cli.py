@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "router": (
         "tiergate.router.cli.router_cmd",
-        "serve the tier router with pools from a configuration file (hot-reloaded)",
+        "serve the tier router; pools from a (hot-reloaded) file or from Kubernetes",
     ),
     "up": (
         "tiergate.router.cli.up_cmd",

@@ -1,4 +1,8 @@
-"""`tiergate router --config FILE`: serve the tier router, pools from a hot-reloaded file."""
+"""`tiergate router --config FILE`: serve the tier router.
+
+Pools come from the file (hot-reloaded) or, with `discovery.kubernetes`, from the cluster's
+InferencePools and EndpointSlices.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from pathlib import Path
 
 from tiergate.sim_nodes.commands.common import CliError
 
-from ..build import build_app, file_source
+from ..build import build_app, router_source
 from ..config import ConfigError
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
@@ -24,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
-        config, source = file_source(args.config)
+        config, source = router_source(args.config)
         app = build_app(config, source)
     except (ConfigError, TenantConfigError, LedgerError) as exc:
         raise CliError(str(exc)) from None

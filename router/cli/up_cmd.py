@@ -45,6 +45,11 @@ def load(args: argparse.Namespace) -> RouterConfig:
             config = load_config(args.config)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    if config.discovery.kubernetes is not None:
+        raise CliError(
+            "tiergate up runs the file's pools locally; for discovery.kubernetes use "
+            "tiergate router --config FILE"
+        )
     updates: dict[str, object] = {}
     if args.host is not None:
         updates["host"] = args.host

@@ -1,0 +1,234 @@
+"""The Kubernetes discovery source, driven by recorded list and watch responses.
+
+Every test runs the real source (watcher threads, hand-over to the event loop, view swaps)
+on `ReplayApi`; only the API server is replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+from kube_helpers import END, ReplayApi, eventually, kube_source, recorded, urls
+
+from tiergate.router.kube_discovery import KubeSource
+from tiergate.router.kube_state import ENDPOINT_SLICES, INFERENCE_POOLS, KubeApiError, WatchExpired
+
+POOLS, SLICES = INFERENCE_POOLS, ENDPOINT_SLICES
+BATCHED_URLS = ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]
+
+
+@pytest.fixture
+def api() -> ReplayApi:
+    return ReplayApi()
+
+
+@pytest.fixture
+async def source(api: ReplayApi) -> AsyncIterator[KubeSource]:
+    source = kube_source(api)
+    await source.start()
+    try:
+        yield source
+    finally:
+        await source.stop()
+
+
+async def listed(api: ReplayApi, source: KubeSource) -> None:
+    """Both kinds listed from the recording; the first view is published."""
+    api.give_list(POOLS, recorded("inferencepools_list"))
+    api.give_list(SLICES, recorded("endpointslices_list"))
+    await eventually(lambda: source.synced)
+
+
+async def test_pools_and_ready_endpoints_make_the_view(api: ReplayApi, source: KubeSource) -> None:
+    await listed(api, source)
+    # 10.244.3.4 is not ready yet; the http port (8000) is used, not the metrics port
+    assert urls(source, "coder-batched") == BATCHED_URLS
+    assert urls(source, "coder-premium") == ["http://10.244.1.18:8000"]
+    assert set(source.view.pools) == {"coder-batched", "coder-premium"}  # not the postgres slice
+    assert source.view.tiers_serving("coder") == ("batched", "premium")
+    assert [e.url for e in source.view.candidates("coder", "premium")] == [
+        "http://10.244.1.18:8000"
+    ]
+    premium = source.view.pools["coder-premium"]
+    assert premium.output_price_per_token_usd == pytest.approx(12.5e-6)
+    assert premium.spec.endpoints == ["http://10.244.1.18:8000"]
+
+
+async def test_no_view_before_both_kinds_are_listed(api: ReplayApi, source: KubeSource) -> None:
+    api.give_list(POOLS, recorded("inferencepools_list"))
+    await eventually(lambda: api.calls_of("watch", POOLS) == ["48250"])
+    assert not source.synced and source.view.pools == {} and source.publishes == 0
+    api.give_list(SLICES, recorded("endpointslices_list"))
+    await eventually(lambda: source.synced)
+    assert urls(source, "coder-batched") == BATCHED_URLS
+
+
+async def test_an_endpoint_that_turns_unready_or_goes_away_leaves_the_view(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    await listed(api, source)
+    staying = source.view.pools["coder-batched"].endpoints[0]
+    staying.inflight, staying.ejections = 2, 1
+    old_view = source.view
+
+    api.give_watch(SLICES, recorded("slice_batched_pod_unready"))
+    await eventually(lambda: source.view is not old_view)
+    assert urls(source, "coder-batched") == ["http://10.244.1.17:8000", "http://10.244.3.4:8000"]
+    # endpoint state survives the swap for an endpoint that stays
+    assert source.view.pools["coder-batched"].endpoints[0] is staying
+    assert staying.inflight == 2 and staying.ejections == 1
+    # requests in flight keep the view they started with
+    assert [e.url for e in old_view.pools["coder-batched"].endpoints] == BATCHED_URLS
+
+    api.give_watch(SLICES, recorded("slice_batched_deleted"))
+    await eventually(lambda: urls(source, "coder-batched") == [])
+    assert "coder-batched" in source.view.pools  # the pool stays, with no endpoint
+    assert urls(source, "coder-premium") == ["http://10.244.1.18:8000"]
+
+
+async def test_new_pool_and_slice_appear_and_a_deleted_pool_disappears(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    await listed(api, source)
+    api.give_watch(POOLS, recorded("pool_spark_added"))
+    api.give_watch(SLICES, recorded("slice_spark_added"))
+    await eventually(lambda: urls(source, "coder-spark") == ["http://10.244.4.2:8000"])
+    assert source.view.tiers_serving("spark") == ("wafer-scale",)
+
+    api.give_watch(POOLS, recorded("pool_premium_deleted"))
+    await eventually(lambda: "coder-premium" not in source.view.pools)
+    assert source.view.tiers_serving("coder") == ("batched",)
+    assert source.view.candidates("coder", "premium") == []
+
+
+async def test_invalid_pools_are_skipped_with_one_warning_each(
+    api: ReplayApi, source: KubeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tiergate.router.kube")
+    await listed(api, source)
+    api.give_watch(POOLS, recorded("pool_broken_added"), recorded("pool_huge_added"))
+    await eventually(lambda: set(source.problems) == {"broken", "huge"})
+    # more publishes (a new slice) do not repeat the warnings
+    api.give_watch(POOLS, recorded("pool_spark_added"))
+    api.give_watch(SLICES, recorded("slice_spark_added"))
+    await eventually(lambda: urls(source, "coder-spark") != [])
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    broken = next(w for w in warnings if "pool=broken" in w)
+    assert "event=pool_skipped" in broken and "tier: Input should be" in broken
+    huge = next(w for w in warnings if "pool=huge" in w)
+    assert "does not fit" in huge
+    assert set(source.view.pools) == {"coder-batched", "coder-premium", "coder-spark"}
+    assert urls(source, "coder-batched") == BATCHED_URLS
+
+    # fixed by its owner: the pool joins the view
+    fixed = recorded("pool_broken_added")
+    fixed["type"] = "MODIFIED"
+    fixed["object"]["spec"]["tier"] = "batched"
+    fixed["object"]["metadata"]["resourceVersion"] = "48290"
+    api.give_watch(POOLS, fixed)
+    await eventually(lambda: "broken" in source.view.pools)
+    assert set(source.problems) == {"huge"}
+    assert "event=pool_accepted namespace=tiergate pool=broken" in caplog.text
+
+
+async def test_status_only_updates_do_not_rebuild_the_view(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    await listed(api, source)
+    before = source.view
+    status_update = {"type": "MODIFIED", "object": recorded("inferencepools_list")["items"][1]}
+    status_update["object"]["status"]["readyReplicas"] = 0
+    status_update["object"]["metadata"]["resourceVersion"] = "48299"
+    api.give_watch(POOLS, status_update, recorded("pool_premium_deleted"))
+    await eventually(lambda: "coder-premium" not in source.view.pools)
+    assert source.publishes == 2  # the first view, then the deletion; not the status write
+    assert before.pools["coder-premium"].spec.batching.max_num_seqs == 4
+
+
+async def test_410_gone_lists_again_and_the_list_replaces_the_state(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    await listed(api, source)
+    api.give_watch(POOLS, recorded("pool_spark_added"), recorded("error_410"))
+    api.give_list(POOLS, recorded("inferencepools_relist"))
+    await eventually(lambda: api.calls_of("watch", POOLS) == ["48250", "48400"])
+    assert len(api.calls_of("list", POOLS)) == 2 and len(api.calls_of("list", SLICES)) == 1
+    # premium and spark vanished while the watch was gone: the new list says so
+    await eventually(lambda: set(source.view.pools) == {"coder-batched"})
+    assert source.view.pools["coder-batched"].spec.batching.max_num_seqs == 48
+    assert urls(source, "coder-batched") == BATCHED_URLS
+    assert source.synced
+
+
+async def test_410_answering_the_watch_request_lists_again(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    await listed(api, source)
+    api.give_watch(SLICES, END, WatchExpired("endpointslices: Gone"))
+    api.give_list(SLICES, recorded("endpointslices_list"))
+    await eventually(lambda: len(api.calls_of("watch", SLICES)) == 3)
+    assert api.calls_of("list", SLICES) == [None, None]
+    assert api.calls_of("watch", SLICES)[-1] == "48250"
+
+
+async def test_a_watch_the_server_ends_resumes_from_the_last_resource_version(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    await listed(api, source)
+    api.give_watch(SLICES, recorded("slice_spark_added"), END)
+    await eventually(lambda: api.calls_of("watch", SLICES) == ["48250", "48261"])
+    api.give_watch(SLICES, recorded("slices_bookmark"), END)
+    await eventually(lambda: api.calls_of("watch", SLICES) == ["48250", "48261", "48301"])
+    api.give_watch(POOLS, recorded("pools_bookmark"), END)
+    await eventually(lambda: api.calls_of("watch", POOLS) == ["48250", "48300"])
+    assert len(api.calls_of("list", SLICES)) == 1 and len(api.calls_of("list", POOLS)) == 1
+    assert source.publishes == 2  # the first view and the spark slice; bookmarks change nothing
+
+
+async def test_transient_errors_keep_the_last_view(
+    api: ReplayApi, source: KubeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    await listed(api, source)
+    view = source.view
+    api.give_watch(SLICES, recorded("error_500"), KubeApiError("connection reset"))
+    api.give_watch(POOLS, KubeApiError("HTTP 503 Service Unavailable", 503))
+    await eventually(lambda: len(api.calls_of("watch", SLICES)) == 3)
+    await eventually(lambda: len(api.calls_of("watch", POOLS)) == 2)
+    assert source.view is view and source.synced
+    # retried from where they were: no list needed for a transient failure
+    assert api.calls_of("watch", SLICES) == ["48250"] * 3
+    assert "event=watch_failed resource=endpointslices status=500" in caplog.text
+    assert "status=503" in caplog.text
+    # and the watch works again
+    api.give_watch(SLICES, recorded("slice_batched_deleted"))
+    await eventually(lambda: urls(source, "coder-batched") == [])
+
+
+async def test_a_failing_first_list_is_retried_and_the_router_is_not_ready_meanwhile(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    api.give_list(POOLS, KubeApiError("HTTP 403 Forbidden", 403), KubeApiError("timed out"))
+    api.give_list(SLICES, recorded("endpointslices_list"))
+    await eventually(lambda: len(api.calls_of("list", POOLS)) == 3)
+    assert not source.synced and source.view.pools == {}
+    api.give_list(POOLS, recorded("inferencepools_list"))
+    await eventually(lambda: source.synced)
+    assert urls(source, "coder-batched") == BATCHED_URLS
+
+
+async def test_stop_ends_the_watcher_threads_promptly(api: ReplayApi) -> None:
+    source = kube_source(api, stop_timeout_s=5.0)
+    await source.start()
+    await listed(api, source)
+    await eventually(lambda: len(api.calls_of("watch", SLICES)) == 1)
+    threads = list(source._threads)
+    assert all(t.is_alive() for t in threads)
+    await source.stop()  # the watches were blocked waiting for events
+    assert not any(t.is_alive() for t in threads)
+    view = source.view
+    api.give_watch(SLICES, recorded("slice_batched_deleted"))  # nobody listens any more
+    assert source.view is view
