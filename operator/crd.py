@@ -24,8 +24,6 @@ __all__ = ["inference_pool_crd", "spec_rules", "structural"]
 
 Schema = dict[str, Any]
 
-_DROP = {"title", "default", "additionalProperties"}
-
 
 def _resolve(node: Any, defs: Schema) -> Any:
     if isinstance(node, dict):
@@ -86,7 +84,7 @@ def structural(node: Schema) -> Schema:
         description = f"{description.rstrip('.')}. Default: {default}."
     if description:
         out["description"] = " ".join(description.split())
-    return {k: v for k, v in out.items() if k not in _DROP or k == "additionalProperties"}
+    return out  # built from chosen keys only: titles and defaults never get in
 
 
 def spec_rules(sram_accelerators: list[str]) -> list[Schema]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ class OperatorMemo:
     catalog: Catalog
     image: str
     cluster: Cluster | None = None  # built on first use (needs the kube config loaded)
+    warn: Callable[..., None] = kopf.warn  # posts a Warning event on the pool (tests: a list)
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -76,11 +78,16 @@ def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure(settings)
 
 
-def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo) -> None:
+def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool) -> None:
+    """Reconcile and write the status; with `report`, post Warning events and raise
+    PermanentError for a spec that cannot work (the timer re-checks silently: one event per
+    change, not one per resync)."""
     outcome = reconcile(dict(body), memo.api(), memo.catalog, memo.image, _now)
     patch.status.update(outcome.status)
+    if not report:
+        return
     for reason, message in outcome.warnings:
-        kopf.warn(body, reason=reason, message=message)
+        memo.warn(body, reason=reason, message=message)
     if outcome.permanent_error is not None:
         raise kopf.PermanentError(outcome.permanent_error)
 
@@ -91,15 +98,12 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo) -> None:
 def inferencepool_reconcile(
     body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any
 ) -> None:
-    _run(body, patch, memo)
+    _run(body, patch, memo, report=True)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
 def inferencepool_resync(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any) -> None:
-    try:
-        _run(body, patch, memo)
-    except kopf.PermanentError:
-        pass  # already reported by the change handler; the timer must not spam events
+    _run(body, patch, memo, report=False)
 
 
 def _owned_pool(body: kopf.Body) -> str | None:

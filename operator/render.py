@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import InferencePoolSpec
+from .api import InferencePoolSpec, sim_node_flags
 
 __all__ = [
     "CONTAINER_PORT",
@@ -55,41 +55,14 @@ def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
 
 
 def sim_node_args(spec: InferencePoolSpec) -> list[str]:
-    """`tiergate sim-node` flags that reproduce `spec` (every batching limit explicit: the
-    node's own default is uncapped)."""
-    b = spec.batching
-    args = [
+    """The container's args: `tiergate sim-node` on the pod's port, named after the pod."""
+    return [
         "sim-node",
         "--host", "0.0.0.0",
         "--port", str(CONTAINER_PORT),
         "--node-name", "$(POD_NAME)",
-        "--model", spec.model,
-        "--accelerator", spec.accelerator,
-        "--chips", str(spec.chips),
-        "--weight-dtype", spec.weight_dtype,
-        "--kv-dtype", spec.kv_dtype,
-        "--max-num-seqs", str(b.max_num_seqs),
-        "--max-batched-tokens", str(b.max_batched_tokens),
+        *sim_node_flags(spec, chips=spec.chips, tensor_parallel=spec.tensor_parallel),
     ]  # fmt: skip
-    if spec.tensor_parallel is not None:
-        args += ["--tensor-parallel", str(spec.tensor_parallel)]
-    if not b.chunked_prefill:
-        args.append("--no-chunked-prefill")
-    if spec.speculative_decoding is not None:
-        sd = spec.speculative_decoding
-        args += ["--draft-model", sd.draft_model, "--speculative-tokens", str(sd.tokens),
-                 "--acceptance-rate", repr(sd.acceptance_rate)]  # fmt: skip
-    for name in spec.names:
-        args += ["--served-model-name", name]
-    if spec.background is not None:
-        bg = spec.background
-        args += [
-            "--background-sequences", str(bg.sequences),
-            "--background-context-tokens", str(bg.context_tokens),
-            "--background-turn-input-tokens", str(bg.turn_input_tokens),
-            "--background-turn-output-tokens", str(bg.turn_output_tokens),
-        ]  # fmt: skip
-    return args
 
 
 def _probe(path: str, period_s: int, failures: int) -> Manifest:

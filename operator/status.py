@@ -90,6 +90,8 @@ def replica_conditions(
             "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready"
         )
     settled = ready >= desired and updated >= desired
+    # Rolled out, yet nothing serves: the pods start but never become ready.
+    degraded = desired > 0 and ready == 0 and updated >= desired
     return {
         "Ready": ready_value,
         "Progressing": ConditionValue(
@@ -98,8 +100,8 @@ def replica_conditions(
             f"{updated}/{desired} replicas updated, {ready} ready",
         ),
         "Degraded": ConditionValue(
-            "True" if 0 < desired and ready == 0 and updated >= desired else "False",
-            "NoReplicaReady" if 0 < desired and ready == 0 and updated >= desired else "AsExpected",
+            "True" if degraded else "False",
+            "NoReplicaReady" if degraded else "AsExpected",
             f"{ready}/{desired} replicas ready",
         ),
     }

@@ -28,6 +28,7 @@ from .inference_pool import (
     Tier,
     Toleration,
 )
+from .sim_node_flags import sim_node_flags
 
 __all__ = [
     "API_VERSION",
@@ -53,4 +54,5 @@ __all__ = [
     "Tier",
     "Toleration",
     "predict",
+    "sim_node_flags",
 ]

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import random
-import sys
 
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
-from tiergate.sim_nodes.commands.common import CliError
+from tiergate.sim_nodes.commands.common import CliError, configure_logging
 
 PEERING_NAME = "tiergate"
 
@@ -41,11 +39,7 @@ def run(args: argparse.Namespace) -> int:
         catalog = default_catalog()
     except CatalogError as exc:
         raise CliError(str(exc)) from None
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(args.log_level)
     import kopf
     from kubernetes.config import ConfigException
 

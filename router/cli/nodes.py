@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from tiergate.operator.api import sim_node_flags
+
 from ..config import PoolSpec, RouterConfig
 from ..discovery import PoolView
 
@@ -34,40 +36,15 @@ def node_command(
     Chips and layout are passed as the router resolved them (`chips: auto` included), so the
     node simulates exactly the hardware the router's envelope and prices assume.
     """
-    spec = pool
-    cmd = [
+    return [
         sys.executable, "-P", "-m", "tiergate", "sim-node",
-        "--model", spec.model,
-        "--accelerator", spec.accelerator,
-        "--chips", str(chips),
-        "--tensor-parallel", str(tensor_parallel),
-        "--weight-dtype", spec.weight_dtype,
-        "--kv-dtype", spec.kv_dtype,
-        "--max-num-seqs", str(spec.batching.max_num_seqs),
-        "--max-batched-tokens", str(spec.batching.max_batched_tokens),
         "--host", host,
         "--port", str(port),
         "--seed", str(seed),
         "--node-name", f"{pool.name}-{seed}",
         "--log-level", "warning",
+        *sim_node_flags(pool, chips=chips, tensor_parallel=tensor_parallel),
     ]  # fmt: skip
-    if not spec.batching.chunked_prefill:
-        cmd.append("--no-chunked-prefill")
-    if spec.speculative_decoding is not None:
-        sd = spec.speculative_decoding
-        cmd += ["--speculative-tokens", str(sd.tokens), "--draft-model", sd.draft_model,
-                "--acceptance-rate", str(sd.acceptance_rate)]  # fmt: skip
-    for name in pool.names:
-        cmd += ["--served-model-name", name]
-    bg = pool.background
-    if bg is not None and bg.sequences:
-        cmd += [
-            "--background-sequences", str(bg.sequences),
-            "--background-context-tokens", str(bg.context_tokens),
-            "--background-turn-input-tokens", str(bg.turn_input_tokens),
-            "--background-turn-output-tokens", str(bg.turn_output_tokens),
-        ]  # fmt: skip
-    return cmd
 
 
 def start_nodes(

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tiergate.sim_nodes.commands.common import CliError
+from tiergate.sim_nodes.commands.common import CliError, configure_logging
 
 from ..build import build_app, router_source
 from ..config import ConfigError
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
-from .serve import configure_logging, run_router
+from .serve import run_router
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

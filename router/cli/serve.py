@@ -1,24 +1,11 @@
-"""Serving a router app with uvicorn, and the errors that mean "cannot start"."""
+"""Serving a router app with uvicorn on uvloop."""
 
 from __future__ import annotations
-
-import logging
-import sys
 
 from ..app import RouterApp
 
 #: Open streams get this long to finish when the router is told to stop.
 GRACEFUL_SHUTDOWN_S = 10
-
-STARTUP_ERRORS: tuple[type[Exception], ...] = ()
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
 
 
 def run_router(app: RouterApp, host: str, port: int, log_level: str) -> bool:

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import CliError, table
+from tiergate.sim_nodes.commands.common import CliError, configure_logging, table
 
 from ..build import build_app
 from ..config import ConfigError, RouterConfig, load_config, parse_config
@@ -21,7 +21,7 @@ from ..discovery import PoolView, StaticSource, build_view
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
 from .nodes import NodeStartError, start_nodes, stop_nodes
-from .serve import configure_logging, run_router
+from .serve import run_router
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +15,15 @@ from ..perf import ServingSpec
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def configure_logging(level: str) -> None:
+    """Structured (key=value) logs on stderr, the same for every tiergate process."""
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
 
 
 def positive_int(text: str) -> int:

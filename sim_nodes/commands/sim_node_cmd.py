@@ -9,9 +9,7 @@ server, access log off; SIGTERM/SIGINT shut down gracefully (open streams get a 
 from __future__ import annotations
 
 import argparse
-import logging
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from ..server.config import DEFAULT_MAX_BODY_BYTES, NodeConfig, PoolFileError, l
 from .common import (
     CliError,
     add_serving_arguments,
+    configure_logging,
     non_negative_int,
     positive_int,
     spec_overrides,
@@ -156,11 +155,7 @@ def _serve(
         app = create_app(config)
     except EngineError as exc:
         raise CliError(str(exc)) from None
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(args.log_level)
     print(f"listening host={args.host} port={port} model={config.names[0]}", flush=True)
     server = uvicorn.Server(
         uvicorn.Config(

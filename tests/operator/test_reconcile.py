@@ -189,3 +189,31 @@ def test_a_deployment_event_reconciles_its_pool() -> None:
     cluster.pools.clear()  # the pool itself is gone: nothing is re-created
     handlers.deployment_changed(event={"type": "DELETED"}, body=deployment, memo=memo)
     assert len(cluster.applied) == 2
+
+
+def test_rolled_out_with_no_replica_ready_is_degraded() -> None:
+    cluster = FakeCluster()
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}  # fmt: skip
+    c = conditions(reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "NoReplicaReady")
+    assert c["Progressing"]["status"] == "True" and c["Ready"]["status"] == "False"
+
+
+def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
+    events: list[str] = []
+    memo = handlers.OperatorMemo(
+        catalog=CATALOG,
+        image=IMAGE,
+        cluster=FakeCluster(),
+        warn=lambda body, reason, message: events.append(reason),
+    )
+    body = kopf.Body(pool(model="gpt-17"))
+    with pytest.raises(kopf.PermanentError, match="gpt-17"):
+        handlers.inferencepool_reconcile(body=body, patch=kopf.Patch(), memo=memo)
+    assert events == ["InvalidSpec"]
+    patch = kopf.Patch()
+    handlers.inferencepool_resync(body=body, patch=patch, memo=memo)  # no raise, no event
+    assert events == ["InvalidSpec"]
+    (ready,) = patch["status"]["conditions"]
+    assert (ready["type"], ready["reason"]) == ("Ready", "InvalidSpec")
