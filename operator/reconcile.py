@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from tiergate.sim_nodes.catalogs import Catalog
 from tiergate.sim_nodes.validation import first_problem
 
-from .api import Condition, InferencePoolSpec
+from .api import Condition, InferencePoolSpec, label_selector, pool_selector_labels
 from .kube import Cluster
-from .render import deployment_manifest, selector_labels, service_manifest
+from .render import deployment_manifest, service_manifest
 from .status import Assessment, ConditionValue, assess, conditions, replica_conditions
 
 __all__ = ["Outcome", "owner_reference", "reconcile"]
@@ -128,7 +128,7 @@ def observe(
         ),  # fmt: skip
         **replica_conditions(assessment, spec.replicas, ready, updated),
     }
-    selector = ",".join(f"{k}={v}" for k, v in selector_labels(meta["name"]).items())
+    selector = label_selector(pool_selector_labels(meta["name"]))
     envelope = assessment.envelope
     return _status(
         body,

@@ -1,23 +1,23 @@
 """Manifests for one InferencePool: a Deployment of `tiergate sim-node` and its Service.
 
 Pure functions of (pool name, namespace, spec, image): the handlers apply what these return,
-so reconciling twice, or after a restart, writes the same objects. The Service is named after
-the pool, port `http`: that is how the router finds a pool's endpoints (EndpointSlices labelled
-`kubernetes.io/service-name=<pool>`).
+so reconciling twice, or after a restart, writes the same objects. Every pod carries the
+labels and the port name of `api.sim_node_pods`: that is how the router finds a pool's
+endpoints (it watches the pods themselves). The Service, named after the pool with port
+`http`, is for in-cluster clients that want one address per pool.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .api import InferencePoolSpec, sim_node_flags
+from .api import HTTP_PORT_NAME, InferencePoolSpec, pool_selector_labels, sim_node_flags
 
 __all__ = [
     "CONTAINER_PORT",
     "FIELD_MANAGER",
     "deployment_manifest",
     "pod_labels",
-    "selector_labels",
     "service_manifest",
     "sim_node_args",
 ]
@@ -36,16 +36,11 @@ DEFAULT_RESOURCES = {
 UID = 10001
 
 
-def selector_labels(pool: str) -> dict[str, str]:
-    """What the Deployment and the Service select pods by (never changes for a pool)."""
-    return {"app.kubernetes.io/name": "tiergate-sim-node", "tiergate.dev/pool": pool}
-
-
 def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
     extra = spec.template.labels if spec.template else {}
     return {
         **extra,
-        **selector_labels(pool),
+        **pool_selector_labels(pool),
         "app.kubernetes.io/instance": pool,
         "app.kubernetes.io/component": "sim-node",
         "app.kubernetes.io/part-of": "tiergate",
@@ -67,7 +62,7 @@ def sim_node_args(spec: InferencePoolSpec) -> list[str]:
 
 def _probe(path: str, period_s: int, failures: int) -> Manifest:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": HTTP_PORT_NAME},
         "periodSeconds": period_s,
         "failureThreshold": failures,
         "timeoutSeconds": 2,
@@ -107,7 +102,7 @@ def deployment_manifest(pool: str, namespace: str, spec: InferencePoolSpec, imag
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
-        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "readinessProbe": _probe("/ready", 2, 3),
         "livenessProbe": _probe("/health", 10, 3),
         "resources": _resources(spec),
@@ -127,7 +122,7 @@ def deployment_manifest(pool: str, namespace: str, spec: InferencePoolSpec, imag
         "metadata": {"name": pool, "namespace": namespace, "labels": labels},
         "spec": {
             "replicas": spec.replicas,
-            "selector": {"matchLabels": selector_labels(pool)},
+            "selector": {"matchLabels": pool_selector_labels(pool)},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
@@ -148,15 +143,20 @@ def deployment_manifest(pool: str, namespace: str, spec: InferencePoolSpec, imag
 
 
 def service_manifest(pool: str, namespace: str, spec: InferencePoolSpec) -> Manifest:
-    """The pool's Service: named after the pool, port `http` (the router's contract)."""
+    """The pool's Service: named after the pool, port `http`, selecting the pool's pods."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": pool, "namespace": namespace, "labels": pod_labels(pool, spec)},
         "spec": {
-            "selector": selector_labels(pool),
+            "selector": pool_selector_labels(pool),
             "ports": [
-                {"name": "http", "port": CONTAINER_PORT, "targetPort": "http", "protocol": "TCP"}
+                {
+                    "name": HTTP_PORT_NAME,
+                    "port": CONTAINER_PORT,
+                    "targetPort": HTTP_PORT_NAME,
+                    "protocol": "TCP",
+                }
             ],  # fmt: skip
         },
     }

@@ -1,7 +1,8 @@
 """The InferencePool API (`tiergate.dev/v1alpha1`) and its performance envelope.
 
 Pure: pydantic models and the performance model, no Kubernetes client, no kopf. The router
-imports this package to read InferencePools; the operator's handlers build on it.
+imports this package to read InferencePools and to find their pods (`sim_node_pods`: the
+labels and port name the operator puts on them); the operator's handlers build on it.
 """
 
 from .envelope import PoolPerformance, predict
@@ -29,14 +30,28 @@ from .inference_pool import (
     Toleration,
 )
 from .sim_node_flags import sim_node_flags
+from .sim_node_pods import (
+    HTTP_PORT_NAME,
+    NAME_LABEL,
+    POOL_LABEL,
+    SIM_NODE_NAME,
+    SIM_NODE_SELECTOR,
+    label_selector,
+    pool_selector_labels,
+)
 
 __all__ = [
     "API_VERSION",
     "DNS_LABEL",
     "GROUP",
+    "HTTP_PORT_NAME",
     "KIND",
+    "NAME_LABEL",
     "PLURAL",
+    "POOL_LABEL",
     "PREMIUM_MAX_NUM_SEQS",
+    "SIM_NODE_NAME",
+    "SIM_NODE_SELECTOR",
     "TIERS",
     "VERSION",
     "BackgroundLoad",
@@ -53,6 +68,8 @@ __all__ = [
     "TemplateSpec",
     "Tier",
     "Toleration",
+    "label_selector",
+    "pool_selector_labels",
     "predict",
     "sim_node_flags",
 ]

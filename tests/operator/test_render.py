@@ -1,5 +1,6 @@
-"""Rendered manifests: the sim node's flags reproduce the spec, pods are locked down, and the
-Service is the router's contract (named after the pool, port `http`)."""
+"""Rendered manifests: the sim node's flags reproduce the spec, pods are locked down and carry
+the router's contract (the labels and port name of `api.sim_node_pods`), and the Service is
+named after the pool, port `http`."""
 
 from __future__ import annotations
 
@@ -10,13 +11,8 @@ import pytest
 import yaml
 
 from tiergate.cli import build_parser
-from tiergate.operator.api import InferencePool, InferencePoolSpec
-from tiergate.operator.render import (
-    deployment_manifest,
-    selector_labels,
-    service_manifest,
-    sim_node_args,
-)
+from tiergate.operator.api import InferencePool, InferencePoolSpec, pool_selector_labels
+from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
 from tiergate.sim_nodes.commands.common import spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +75,7 @@ def test_pods_are_non_root_read_only_and_probed() -> None:
     labels = d["spec"]["template"]["metadata"]["labels"]
     assert labels["tiergate.dev/tier"] == "premium" and labels["tiergate.dev/pool"] == (
         "frontier-premium")  # fmt: skip
-    assert d["spec"]["selector"]["matchLabels"] == selector_labels("frontier-premium")
+    assert d["spec"]["selector"]["matchLabels"] == pool_selector_labels("frontier-premium")
 
 
 def test_template_overrides_apply_but_never_replace_tiergate_labels() -> None:
@@ -109,4 +105,4 @@ def test_service_is_named_after_the_pool_with_an_http_port() -> None:
     s = service_manifest("spark-wafer", "ns", example("wafer-scale"))
     assert s["metadata"]["name"] == "spark-wafer"
     assert s["spec"]["ports"][0]["name"] == "http"
-    assert s["spec"]["selector"] == selector_labels("spark-wafer")
+    assert s["spec"]["selector"] == pool_selector_labels("spark-wafer")
