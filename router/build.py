@@ -118,7 +118,7 @@ def file_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfi
 def router_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterConfig, PoolSource]:
     """The configuration in `path` and the pool source it asks for.
 
-    With `discovery.kubernetes`, InferencePools and EndpointSlices (the file is read once);
+    With `discovery.kubernetes`, InferencePools and their pods (the file is read once);
     otherwise the file's own pools, hot-reloaded. Raises ConfigError.
     """
     config = load_config(path)

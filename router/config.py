@@ -5,9 +5,9 @@ replicas) and, for the static discovery source, the URLs of its endpoints. `tier
 uses the same file and starts the endpoints itself (`replicas` sim nodes per pool), so a
 pool there needs no URLs; `background` configures those sim nodes' other-tenant load.
 
-With `discovery.kubernetes` set, pools come from InferencePool objects and their
-EndpointSlices instead, and the file's `pools` must be empty: two sources of truth for one
-pool name would disagree sooner or later.
+With `discovery.kubernetes` set, pools come from InferencePool objects and their sim-node
+pods instead, and the file's `pools` must be empty: two sources of truth for one pool name
+would disagree sooner or later.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class LocalSettings(_Model):
 
 
 class KubernetesDiscovery(_Model):
-    """Pools from InferencePools (tiergate.dev/v1alpha1) and their EndpointSlices."""
+    """Pools from InferencePools (tiergate.dev/v1alpha1) and their sim-node pods."""
 
     namespace: str | None = Field(
         default=None,
@@ -114,7 +114,7 @@ class Discovery(_Model):
 
     kubernetes: KubernetesDiscovery | None = Field(
         default=None,
-        description="Watch InferencePools and EndpointSlices; `pools` must then be empty.",
+        description="Watch InferencePools and their pods; `pools` must then be empty.",
     )
 
 

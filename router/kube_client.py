@@ -24,14 +24,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .config import ConfigError
-from .kube_state import (
-    ENDPOINT_SLICES,
-    INFERENCE_POOLS,
-    KubeApiError,
-    Object,
-    Resource,
-    WatchExpired,
-)
+from .kube_state import INFERENCE_POOLS, PODS, KubeApiError, Object, Resource, WatchExpired
 
 log = logging.getLogger("tiergate.router.kube")
 
@@ -103,7 +96,7 @@ class KubernetesApi:
         self.list_timeout_s = list_timeout_s
         self.watch_read_margin_s = watch_read_margin_s
         self._custom = k8s_client.CustomObjectsApi(api_client)
-        self._discovery = k8s_client.DiscoveryV1Api(api_client)
+        self._core = k8s_client.CoreV1Api(api_client)
         self._lock = threading.Lock()
         self._open: set[urllib3.BaseHTTPResponse] = set()
         self._interrupted = False
@@ -156,17 +149,19 @@ class KubernetesApi:
                 log.debug("event=watch_shutdown_skipped")
 
     def _request(self, resource: Resource, **kwargs: Any) -> urllib3.BaseHTTPResponse:
-        """One GET of `resource`'s collection, returning the unread response."""
+        """One GET of `resource`'s collection (its label selector applied), unread."""
         if self._interrupted:
             raise KubeApiError("stopping")
+        if resource.label_selector:
+            kwargs["label_selector"] = resource.label_selector
         try:
             if resource == INFERENCE_POOLS:
                 response = self._custom.list_namespaced_custom_object(
                     resource.group, resource.version, self.namespace, resource.plural,
                     _preload_content=False, **kwargs,
                 )  # fmt: skip
-            elif resource == ENDPOINT_SLICES:
-                response = self._discovery.list_namespaced_endpoint_slice(
+            elif resource == PODS:
+                response = self._core.list_namespaced_pod(
                     self.namespace, _preload_content=False, **kwargs
                 )
             else:

@@ -1,11 +1,12 @@
-"""The Kubernetes discovery source: pools from InferencePools, endpoints from EndpointSlices.
+"""The Kubernetes discovery source: pools from InferencePools, endpoints from their pods.
 
 Two watcher threads (`kube_watch`) list and watch the namespace's InferencePools and
-EndpointSlices and hand everything to the event loop with `call_soon_threadsafe`. On the
-loop, events fold into a `ClusterState` (`kube_state`) and, at most `debounce_s` after a
-change, a new `PoolView` is built with `build_view` and swapped in with one assignment,
-like `FileSource` does: requests in flight keep the view they started with, and endpoint
-state (in-flight counts, ejections, scraped load) carries over for endpoints that stay.
+sim-node pods (why pods, not EndpointSlices: see `kube_state`) and hand everything to the
+event loop with `call_soon_threadsafe`. On the loop, events fold into a `ClusterState`
+(`kube_state`) and, at most `debounce_s` after a change, a new `PoolView` is built with
+`build_view` and swapped in with one assignment, like `FileSource` does: requests in flight
+keep the view they started with, and endpoint state (in-flight counts, ejections, scraped
+load) carries over for endpoints that stay.
 
 All mutable state lives on the event loop thread, so the request path needs no lock. An
 InferencePool the router cannot use is left out with one WARNING (until it changes); the
@@ -31,7 +32,7 @@ from .kube_watch import SERVER_TIMEOUT_S, Backoff, KubeApi, ResourceWatcher
 log = logging.getLogger("tiergate.router.kube")
 
 #: How long a change may wait for others before the view is rebuilt: a rollout changes many
-#: slices within milliseconds, and one rebuild for all of them is enough.
+#: pods within milliseconds, and one rebuild for all of them is enough.
 DEBOUNCE_S = 0.1
 
 

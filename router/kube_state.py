@@ -5,12 +5,21 @@ them), so recorded list and watch responses replay through exactly this code. No
 does I/O or knows about threads: `kube_watch` feeds it, `kube_discovery` publishes what it
 holds.
 
-The operator's contract: an InferencePool named P gets a Service named P with a port named
-`http`, so P's EndpointSlices carry the label `kubernetes.io/service-name=P`.
+A pool's endpoints are its pods, watched directly, the way the Gateway API Inference
+Extension's endpoint picker watches the pods its InferencePool selects; not the pool
+Service's EndpointSlices. Two reasons: the router wants each pod's own readiness and
+identity, not the Service's view of them; and the API server refuses loopback addresses in
+EndpointSlices (ValidateEndpointIP: "may not be in the loopback range"), while the local
+end-to-end backend (kwok) gives pods IPs in 127.0.0.0/8.
+
+The operator's contract (`tiergate.operator.api.sim_node_pods`): every sim-node pod of the
+InferencePool P is labelled `app.kubernetes.io/name=tiergate-sim-node` and
+`tiergate.dev/pool=P`, and its container has a port named `http`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tiergate.operator.api import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR
 from tiergate.sim_nodes.validation import first_problem
 
 from .config import ConfigError, PoolSpec
@@ -25,11 +35,6 @@ from .config import ConfigError, PoolSpec
 log = logging.getLogger("tiergate.router.kube")
 
 Object = Mapping[str, Any]
-
-#: The label EndpointSlices carry naming their Service (so: their InferencePool).
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-#: The Service port whose number endpoint URLs use.
-HTTP_PORT_NAME = "http"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +45,13 @@ class Resource:
     group: str  # "" for the core group
     version: str
     plural: str
+    label_selector: str = ""  # lists and watches only the objects it matches; "" for all
 
 
 INFERENCE_POOLS = Resource("InferencePool", "tiergate.dev", "v1alpha1", "inferencepools")
-ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices")
-RESOURCES = (INFERENCE_POOLS, ENDPOINT_SLICES)
+#: Sim-node pods of every pool (the pool is each pod's own label).
+PODS = Resource("Pod", "", "v1", "pods", SIM_NODE_SELECTOR)
+RESOURCES = (INFERENCE_POOLS, PODS)
 
 
 class KubeApiError(Exception):
@@ -89,32 +96,64 @@ def pool_from_object(obj: Object, endpoints: Sequence[str] = ()) -> PoolSpec:
         raise ConfigError(f"pool {name}: {first_problem(exc)}") from None
 
 
-def slice_urls(obj: Object) -> tuple[str, ...]:
-    """`http://<address>:<http port>` of every endpoint of a slice not known to be unready.
+@dataclass(frozen=True, slots=True)
+class PodEndpoint:
+    """What the view takes from a pod that can take requests: its pool and its URL."""
 
-    `conditions.ready` absent means ready (the API's own rule); a slice without a port named
-    `http` yields nothing (not the operator's Service, or not yet complete).
+    pool: str
+    url: str
+
+
+def pod_endpoint(obj: Object) -> PodEndpoint | None:
+    """The pool (label `tiergate.dev/pool`) and URL of a pod that can take requests, else None.
+
+    It can when it is Running, its Ready condition is "True", it is not being deleted (no
+    `deletionTimestamp`: a terminating pod may still report Ready for a while) and it has an
+    IP. A pod without a container port named `http` never can (not a sim node as the
+    operator renders them).
     """
-    ports = [
-        p.get("port")
-        for p in obj.get("ports") or ()
-        if isinstance(p, Mapping) and p.get("name") == HTTP_PORT_NAME
-    ]
-    if not ports or not isinstance(ports[0], int):
-        return ()
-    port = ports[0]
-    ipv6 = obj.get("addressType") == "IPv6"
-    urls: list[str] = []
-    for endpoint in obj.get("endpoints") or ():
-        if not isinstance(endpoint, Mapping):
-            continue
-        conditions = endpoint.get("conditions") or {}
-        if conditions.get("ready") is False:
-            continue
-        for address in endpoint.get("addresses") or ():
-            host = f"[{address}]" if ipv6 else address
-            urls.append(f"http://{host}:{port}")
-    return tuple(urls)
+    metadata = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    pool = (metadata.get("labels") or {}).get(POOL_LABEL)
+    if not isinstance(pool, str) or not pool or metadata.get("deletionTimestamp"):
+        return None
+    if status.get("phase") != "Running" or not _ready(status):
+        return None
+    host, port = _host(status.get("podIP")), _http_port(obj.get("spec") or {})
+    if host is None or port is None:
+        return None
+    return PodEndpoint(pool, f"http://{host}:{port}")
+
+
+def _ready(status: Object) -> bool:
+    return any(
+        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+
+
+def _host(pod_ip: object) -> str | None:
+    """The pod IP as a URL host (IPv6 in brackets); None if absent or not an IP."""
+    if not isinstance(pod_ip, str):
+        return None
+    try:
+        address = ipaddress.ip_address(pod_ip)
+    except ValueError:
+        return None
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+def _http_port(spec: Object) -> int | None:
+    """The number of the first container port named `http`."""
+    ports = (
+        port
+        for container in spec.get("containers") or ()
+        if isinstance(container, Mapping)
+        for port in container.get("ports") or ()
+        if isinstance(port, Mapping) and port.get("name") == HTTP_PORT_NAME
+    )
+    number = next(ports, {}).get("containerPort")
+    return number if isinstance(number, int) and 0 < number < 65536 else None
 
 
 def list_items(body: Object) -> tuple[list[Object], str]:
@@ -153,20 +192,16 @@ def _name(obj: Object) -> str | None:
 
 
 @dataclass(slots=True)
-class _Slice:
-    service: str | None
-    urls: tuple[str, ...]
-
-
-@dataclass(slots=True)
 class ClusterState:
-    """InferencePools and EndpointSlices of one namespace, as the watches last told.
+    """InferencePools and serving sim-node pods of one namespace, as the watches last told.
 
-    `revision` counts changes, so the publisher can tell whether a rebuild is due.
+    `revision` counts changes that matter to the view, so the publisher can tell whether a
+    rebuild is due: pods get many status updates (probes, restarts, conditions), and only
+    one that changes a pod's pool or URL, or whether it serves at all, is a change.
     """
 
     pools: dict[str, Object] = field(default_factory=dict)
-    slices: dict[str, _Slice] = field(default_factory=dict)
+    pods: dict[str, PodEndpoint] = field(default_factory=dict)  # serving pods, by pod name
     listed: set[str] = field(default_factory=set)  # kinds listed at least once
     revision: int = 0
 
@@ -175,7 +210,9 @@ class ClusterState:
         if resource == INFERENCE_POOLS:
             self.pools = {n: o for o in items if (n := _name(o)) is not None}
         else:
-            self.slices = {n: _parse_slice(o) for o in items if (n := _name(o)) is not None}
+            self.pods = {
+                n: e for o in items if (n := _name(o)) is not None and (e := pod_endpoint(o))
+            }
         self.listed.add(resource.kind)
         self.revision += 1
 
@@ -196,12 +233,12 @@ class ClusterState:
                 before = self.pools.get(name)
                 changed = before is None or before.get("spec") != obj.get("spec")
                 self.pools[name] = obj
-        elif kind == "DELETED":
-            changed = self.slices.pop(name, None) is not None
         else:
-            parsed = _parse_slice(obj)
-            changed = self.slices.get(name) != parsed
-            self.slices[name] = parsed
+            endpoint = None if kind == "DELETED" else pod_endpoint(obj)
+            before_endpoint = self.pods.pop(name, None)
+            if endpoint is not None:
+                self.pods[name] = endpoint
+            changed = before_endpoint != endpoint
         if changed:
             self.revision += 1
         return changed
@@ -212,13 +249,6 @@ class ClusterState:
         return all(r.kind in self.listed for r in RESOURCES)
 
     def urls_of(self, pool: str) -> list[str]:
-        """Endpoint URLs of `pool` over all its slices (slice name order, no duplicates)."""
-        urls = (u for n in sorted(self.slices) if self.slices[n].service == pool
-                for u in self.slices[n].urls)  # fmt: skip
+        """Endpoint URLs of `pool`'s serving pods (pod name order, no duplicates)."""
+        urls = (self.pods[n].url for n in sorted(self.pods) if self.pods[n].pool == pool)
         return list(dict.fromkeys(urls))
-
-
-def _parse_slice(obj: Object) -> _Slice:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    service = labels.get(SERVICE_NAME_LABEL)
-    return _Slice(service if isinstance(service, str) else None, slice_urls(obj))

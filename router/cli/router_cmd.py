@@ -1,7 +1,7 @@
 """`tiergate router --config FILE`: serve the tier router.
 
 Pools come from the file (hot-reloaded) or, with `discovery.kubernetes`, from the cluster's
-InferencePools and EndpointSlices.
+InferencePools and their pods.
 """
 
 from __future__ import annotations

@@ -36,6 +36,27 @@ def recorded(name: str) -> dict[str, Any]:
     return copy.deepcopy(data)
 
 
+def recorded_pod(name: str) -> dict[str, Any]:
+    """A fresh copy of the pod named `name` in the recorded pods list."""
+    (pod,) = [p for p in recorded("pods_list")["items"] if p["metadata"]["name"] == name]
+    return pod
+
+
+def watch_event(kind: str, obj: dict[str, Any], resource_version: str) -> dict[str, Any]:
+    """A `kind` watch event of a copy of `obj`, moved to `resource_version`."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["resourceVersion"] = resource_version
+    return {"type": kind, "object": obj}
+
+
+def set_ready(pod: dict[str, Any], status: str) -> dict[str, Any]:
+    """`pod` with its Ready condition set to `status` ("True", "False", "Unknown")."""
+    for condition in pod["status"]["conditions"]:
+        if condition["type"] == "Ready":
+            condition["status"] = status
+    return pod
+
+
 class ReplayApi:
     """A `KubeApi` that answers from what the test gives it, and records every call."""
 

@@ -21,11 +21,11 @@ from kube_helpers import eventually, recorded, urls
 
 from tiergate.router.kube_client import KubernetesApi, _lines, load_api_client
 from tiergate.router.kube_discovery import KubeSource
-from tiergate.router.kube_state import ENDPOINT_SLICES, INFERENCE_POOLS, KubeApiError, WatchExpired
+from tiergate.router.kube_state import INFERENCE_POOLS, PODS, KubeApiError, WatchExpired
 from tiergate.sim_nodes.catalogs import default_catalog
 
 POOLS_PATH = "/apis/tiergate.dev/v1alpha1/namespaces/tiergate/inferencepools"
-SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/tiergate/endpointslices"
+PODS_PATH = "/api/v1/namespaces/tiergate/pods"
 END = {"end": True}  # the server ends the watch
 TOKEN = "not-a-real-token"
 
@@ -52,6 +52,9 @@ class FakeApiServer:
 
     def watch_queries(self, path: str) -> list[dict[str, str]]:
         return [q for p, q, _ in self.requests if p == path and _true(q.get("watch"))]
+
+    def list_queries(self, path: str) -> list[dict[str, str]]:
+        return [q for p, q, _ in self.requests if p == path and not _true(q.get("watch"))]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -150,7 +153,7 @@ async def test_the_source_lists_and_watches_over_http(
     server: FakeApiServer, api: KubernetesApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.lists[POOLS_PATH] = (200, recorded("inferencepools_list"))
-    server.lists[SLICES_PATH] = (200, recorded("endpointslices_list"))
+    server.lists[PODS_PATH] = (200, recorded("pods_list"))
     source = KubeSource(api, default_catalog(), namespace="tiergate", debounce_s=0.0)
     await source.start()
     try:
@@ -159,7 +162,7 @@ async def test_the_source_lists_and_watches_over_http(
             "http://10.244.1.17:8000",
             "http://10.244.2.9:8000",
         ]
-        server.watch_queue(SLICES_PATH).put(recorded("slice_batched_pod_unready"))
+        server.watch_queue(PODS_PATH).put(recorded("pod_batched_ready"))
         await eventually(lambda: "http://10.244.3.4:8000" in urls(source, "coder-batched"))
         server.watch_queue(POOLS_PATH).put(recorded("pool_premium_deleted"))
         await eventually(lambda: "coder-premium" not in source.view.pools)
@@ -168,9 +171,16 @@ async def test_the_source_lists_and_watches_over_http(
         await source.stop()  # both watches are open and silent: stop must cut them
     assert threads and not any(t.is_alive() for t in threads)
 
-    watch = server.watch_queries(SLICES_PATH)[0]
+    watch = server.watch_queries(PODS_PATH)[0]
     assert watch["resourceVersion"] == "48250" and _true(watch["allowWatchBookmarks"])
     assert watch["timeoutSeconds"] == "120"
+    # only sim-node pods, listed and watched: the server filters, not the router
+    selectors = [q.get("labelSelector") for q in server.list_queries(PODS_PATH)]
+    selectors += [q.get("labelSelector") for q in server.watch_queries(PODS_PATH)]
+    assert selectors == ["app.kubernetes.io/name=tiergate-sim-node"] * 2
+    # every InferencePool in the namespace
+    pool_queries = server.list_queries(POOLS_PATH) + server.watch_queries(POOLS_PATH)
+    assert pool_queries and not any("labelSelector" in q for q in pool_queries)
     assert {auth for _, _, auth in server.requests} == {f"Bearer {TOKEN}"}
     assert TOKEN not in caplog.text
 
@@ -182,13 +192,13 @@ def test_http_errors_become_the_watchers_errors(server: FakeApiServer, api: Kube
     assert raised.value.status == 500
     assert TOKEN not in str(raised.value) and "\n" not in str(raised.value)
 
-    server.watch_queue(SLICES_PATH).put(410)
+    server.watch_queue(PODS_PATH).put(410)
     with pytest.raises(WatchExpired):
-        list(api.watch(ENDPOINT_SLICES, "100", 60))
+        list(api.watch(PODS, "100", 60))
 
-    server.watch_queue(SLICES_PATH).put(recorded("slices_bookmark"))
-    server.watch_queue(SLICES_PATH).put(END)
-    assert list(api.watch(ENDPOINT_SLICES, "100", 60)) == [recorded("slices_bookmark")]
+    server.watch_queue(PODS_PATH).put(recorded("pods_bookmark"))
+    server.watch_queue(PODS_PATH).put(END)
+    assert list(api.watch(PODS, "100", 60)) == [recorded("pods_bookmark")]
 
 
 def test_interrupt_wakes_a_watch_blocked_in_a_read(

@@ -10,12 +10,21 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-from kube_helpers import END, ReplayApi, eventually, kube_source, recorded, urls
+from kube_helpers import (
+    END,
+    ReplayApi,
+    eventually,
+    kube_source,
+    recorded,
+    recorded_pod,
+    urls,
+    watch_event,
+)
 
 from tiergate.router.kube_discovery import KubeSource
-from tiergate.router.kube_state import ENDPOINT_SLICES, INFERENCE_POOLS, KubeApiError, WatchExpired
+from tiergate.router.kube_state import INFERENCE_POOLS, PODS, KubeApiError, WatchExpired
 
-POOLS, SLICES = INFERENCE_POOLS, ENDPOINT_SLICES
+POOLS = INFERENCE_POOLS
 BATCHED_URLS = ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]
 
 
@@ -37,16 +46,16 @@ async def source(api: ReplayApi) -> AsyncIterator[KubeSource]:
 async def listed(api: ReplayApi, source: KubeSource) -> None:
     """Both kinds listed from the recording; the first view is published."""
     api.give_list(POOLS, recorded("inferencepools_list"))
-    api.give_list(SLICES, recorded("endpointslices_list"))
+    api.give_list(PODS, recorded("pods_list"))
     await eventually(lambda: source.synced)
 
 
 async def test_pools_and_ready_endpoints_make_the_view(api: ReplayApi, source: KubeSource) -> None:
     await listed(api, source)
-    # 10.244.3.4 is not ready yet; the http port (8000) is used, not the metrics port
+    # 10.244.3.4 is not ready yet, and the premium pool's second pod is still Pending
     assert urls(source, "coder-batched") == BATCHED_URLS
     assert urls(source, "coder-premium") == ["http://10.244.1.18:8000"]
-    assert set(source.view.pools) == {"coder-batched", "coder-premium"}  # not the postgres slice
+    assert set(source.view.pools) == {"coder-batched", "coder-premium"}
     assert source.view.tiers_serving("coder") == ("batched", "premium")
     assert [e.url for e in source.view.candidates("coder", "premium")] == [
         "http://10.244.1.18:8000"
@@ -60,12 +69,12 @@ async def test_no_view_before_both_kinds_are_listed(api: ReplayApi, source: Kube
     api.give_list(POOLS, recorded("inferencepools_list"))
     await eventually(lambda: api.calls_of("watch", POOLS) == ["48250"])
     assert not source.synced and source.view.pools == {} and source.publishes == 0
-    api.give_list(SLICES, recorded("endpointslices_list"))
+    api.give_list(PODS, recorded("pods_list"))
     await eventually(lambda: source.synced)
     assert urls(source, "coder-batched") == BATCHED_URLS
 
 
-async def test_an_endpoint_that_turns_unready_or_goes_away_leaves_the_view(
+async def test_an_endpoint_that_is_terminating_or_goes_away_leaves_the_view(
     api: ReplayApi, source: KubeSource
 ) -> None:
     await listed(api, source)
@@ -73,8 +82,9 @@ async def test_an_endpoint_that_turns_unready_or_goes_away_leaves_the_view(
     staying.inflight, staying.ejections = 2, 1
     old_view = source.view
 
-    api.give_watch(SLICES, recorded("slice_batched_pod_unready"))
-    await eventually(lambda: source.view is not old_view)
+    # r7t9v turns ready; 8pq2m is being deleted (still Ready: terminating is enough)
+    api.give_watch(PODS, recorded("pod_batched_ready"), recorded("pod_batched_terminating"))
+    await eventually(lambda: "http://10.244.2.9:8000" not in urls(source, "coder-batched"))
     assert urls(source, "coder-batched") == ["http://10.244.1.17:8000", "http://10.244.3.4:8000"]
     # endpoint state survives the swap for an endpoint that stays
     assert source.view.pools["coder-batched"].endpoints[0] is staying
@@ -82,18 +92,26 @@ async def test_an_endpoint_that_turns_unready_or_goes_away_leaves_the_view(
     # requests in flight keep the view they started with
     assert [e.url for e in old_view.pools["coder-batched"].endpoints] == BATCHED_URLS
 
-    api.give_watch(SLICES, recorded("slice_batched_deleted"))
+    last = recorded_pod("coder-batched-6d8f9c7b5-r7t9v")
+    api.give_watch(PODS, recorded("pod_batched_deleted"), watch_event("DELETED", last, "48281"))
     await eventually(lambda: urls(source, "coder-batched") == [])
     assert "coder-batched" in source.view.pools  # the pool stays, with no endpoint
     assert urls(source, "coder-premium") == ["http://10.244.1.18:8000"]
 
 
-async def test_new_pool_and_slice_appear_and_a_deleted_pool_disappears(
+async def test_new_pool_and_pod_appear_and_a_deleted_pool_disappears(
     api: ReplayApi, source: KubeSource
 ) -> None:
     await listed(api, source)
     api.give_watch(POOLS, recorded("pool_spark_added"))
-    api.give_watch(SLICES, recorded("slice_spark_added"))
+    await eventually(lambda: "coder-spark" in source.view.pools)
+    # created, scheduled and started: not routed to until its readiness probe passes (the
+    # batched event after them is there to know they have been folded in)
+    api.give_watch(PODS, recorded("pod_spark_pending"), recorded("pod_spark_started"))
+    api.give_watch(PODS, recorded("pod_batched_ready"))
+    await eventually(lambda: "http://10.244.3.4:8000" in urls(source, "coder-batched"))
+    assert urls(source, "coder-spark") == []
+    api.give_watch(PODS, recorded("pod_spark_ready"))
     await eventually(lambda: urls(source, "coder-spark") == ["http://10.244.4.2:8000"])
     assert source.view.tiers_serving("spark") == ("wafer-scale",)
 
@@ -110,9 +128,9 @@ async def test_invalid_pools_are_skipped_with_one_warning_each(
     await listed(api, source)
     api.give_watch(POOLS, recorded("pool_broken_added"), recorded("pool_huge_added"))
     await eventually(lambda: set(source.problems) == {"broken", "huge"})
-    # more publishes (a new slice) do not repeat the warnings
+    # more publishes (a new pod) do not repeat the warnings
     api.give_watch(POOLS, recorded("pool_spark_added"))
-    api.give_watch(SLICES, recorded("slice_spark_added"))
+    api.give_watch(PODS, recorded("pod_spark_ready"))
     await eventually(lambda: urls(source, "coder-spark") != [])
 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -148,6 +166,25 @@ async def test_status_only_updates_do_not_rebuild_the_view(
     assert source.publishes == 2  # the first view, then the deletion; not the status write
     assert before.pools["coder-premium"].spec.batching.max_num_seqs == 4
 
+    # pods: a restart count, a condition's transition time, a pod that is not ready yet
+    pod_update = watch_event("MODIFIED", recorded_pod("coder-batched-6d8f9c7b5-2xk4l"), "48257")
+    pod_update["object"]["status"]["containerStatuses"][0]["restartCount"] = 1
+    pod_update["object"]["status"]["conditions"][0]["lastTransitionTime"] = "2026-02-12T09:40:00Z"
+    api.give_watch(PODS, pod_update, recorded("pod_spark_pending"), recorded("pod_batched_ready"))
+    await eventually(lambda: "http://10.244.3.4:8000" in urls(source, "coder-batched"))
+    assert source.publishes == 3  # only for the pod that turned ready
+
+
+async def test_a_pod_ip_change_moves_its_endpoint(api: ReplayApi, source: KubeSource) -> None:
+    await listed(api, source)
+    staying = source.view.pools["coder-batched"].endpoints[1]
+    moved = watch_event("MODIFIED", recorded_pod("coder-batched-6d8f9c7b5-2xk4l"), "48290")
+    moved["object"]["status"]["podIP"] = "10.244.5.3"
+    api.give_watch(PODS, moved)
+    await eventually(lambda: "http://10.244.5.3:8000" in urls(source, "coder-batched"))
+    assert urls(source, "coder-batched") == ["http://10.244.5.3:8000", "http://10.244.2.9:8000"]
+    assert source.view.pools["coder-batched"].endpoints[1] is staying
+
 
 async def test_410_gone_lists_again_and_the_list_replaces_the_state(
     api: ReplayApi, source: KubeSource
@@ -156,7 +193,7 @@ async def test_410_gone_lists_again_and_the_list_replaces_the_state(
     api.give_watch(POOLS, recorded("pool_spark_added"), recorded("error_410"))
     api.give_list(POOLS, recorded("inferencepools_relist"))
     await eventually(lambda: api.calls_of("watch", POOLS) == ["48250", "48400"])
-    assert len(api.calls_of("list", POOLS)) == 2 and len(api.calls_of("list", SLICES)) == 1
+    assert len(api.calls_of("list", POOLS)) == 2 and len(api.calls_of("list", PODS)) == 1
     # premium and spark vanished while the watch was gone: the new list says so
     await eventually(lambda: set(source.view.pools) == {"coder-batched"})
     assert source.view.pools["coder-batched"].spec.batching.max_num_seqs == 48
@@ -168,25 +205,25 @@ async def test_410_answering_the_watch_request_lists_again(
     api: ReplayApi, source: KubeSource
 ) -> None:
     await listed(api, source)
-    api.give_watch(SLICES, END, WatchExpired("endpointslices: Gone"))
-    api.give_list(SLICES, recorded("endpointslices_list"))
-    await eventually(lambda: len(api.calls_of("watch", SLICES)) == 3)
-    assert api.calls_of("list", SLICES) == [None, None]
-    assert api.calls_of("watch", SLICES)[-1] == "48250"
+    api.give_watch(PODS, END, WatchExpired("pods: Gone"))
+    api.give_list(PODS, recorded("pods_list"))
+    await eventually(lambda: len(api.calls_of("watch", PODS)) == 3)
+    assert api.calls_of("list", PODS) == [None, None]
+    assert api.calls_of("watch", PODS)[-1] == "48250"
 
 
 async def test_a_watch_the_server_ends_resumes_from_the_last_resource_version(
     api: ReplayApi, source: KubeSource
 ) -> None:
     await listed(api, source)
-    api.give_watch(SLICES, recorded("slice_spark_added"), END)
-    await eventually(lambda: api.calls_of("watch", SLICES) == ["48250", "48261"])
-    api.give_watch(SLICES, recorded("slices_bookmark"), END)
-    await eventually(lambda: api.calls_of("watch", SLICES) == ["48250", "48261", "48301"])
+    api.give_watch(PODS, recorded("pod_batched_ready"), END)
+    await eventually(lambda: api.calls_of("watch", PODS) == ["48250", "48264"])
+    api.give_watch(PODS, recorded("pods_bookmark"), END)
+    await eventually(lambda: api.calls_of("watch", PODS) == ["48250", "48264", "48301"])
     api.give_watch(POOLS, recorded("pools_bookmark"), END)
     await eventually(lambda: api.calls_of("watch", POOLS) == ["48250", "48300"])
-    assert len(api.calls_of("list", SLICES)) == 1 and len(api.calls_of("list", POOLS)) == 1
-    assert source.publishes == 2  # the first view and the spark slice; bookmarks change nothing
+    assert len(api.calls_of("list", PODS)) == 1 and len(api.calls_of("list", POOLS)) == 1
+    assert source.publishes == 2  # the first view and the pod turning ready; bookmarks: nothing
 
 
 async def test_transient_errors_keep_the_last_view(
@@ -194,25 +231,25 @@ async def test_transient_errors_keep_the_last_view(
 ) -> None:
     await listed(api, source)
     view = source.view
-    api.give_watch(SLICES, recorded("error_500"), KubeApiError("connection reset"))
+    api.give_watch(PODS, recorded("error_500"), KubeApiError("connection reset"))
     api.give_watch(POOLS, KubeApiError("HTTP 503 Service Unavailable", 503))
-    await eventually(lambda: len(api.calls_of("watch", SLICES)) == 3)
+    await eventually(lambda: len(api.calls_of("watch", PODS)) == 3)
     await eventually(lambda: len(api.calls_of("watch", POOLS)) == 2)
     assert source.view is view and source.synced
     # retried from where they were: no list needed for a transient failure
-    assert api.calls_of("watch", SLICES) == ["48250"] * 3
-    assert "event=watch_failed resource=endpointslices status=500" in caplog.text
+    assert api.calls_of("watch", PODS) == ["48250"] * 3
+    assert "event=watch_failed resource=pods status=500" in caplog.text
     assert "status=503" in caplog.text
     # and the watch works again
-    api.give_watch(SLICES, recorded("slice_batched_deleted"))
-    await eventually(lambda: urls(source, "coder-batched") == [])
+    api.give_watch(PODS, recorded("pod_batched_deleted"))
+    await eventually(lambda: urls(source, "coder-batched") == ["http://10.244.2.9:8000"])
 
 
 async def test_a_failing_first_list_is_retried_and_the_router_is_not_ready_meanwhile(
     api: ReplayApi, source: KubeSource
 ) -> None:
     api.give_list(POOLS, KubeApiError("HTTP 403 Forbidden", 403), KubeApiError("timed out"))
-    api.give_list(SLICES, recorded("endpointslices_list"))
+    api.give_list(PODS, recorded("pods_list"))
     await eventually(lambda: len(api.calls_of("list", POOLS)) == 3)
     assert not source.synced and source.view.pools == {}
     api.give_list(POOLS, recorded("inferencepools_list"))
@@ -224,11 +261,11 @@ async def test_stop_ends_the_watcher_threads_promptly(api: ReplayApi) -> None:
     source = kube_source(api, stop_timeout_s=5.0)
     await source.start()
     await listed(api, source)
-    await eventually(lambda: len(api.calls_of("watch", SLICES)) == 1)
+    await eventually(lambda: len(api.calls_of("watch", PODS)) == 1)
     threads = list(source._threads)
     assert all(t.is_alive() for t in threads)
     await source.stop()  # the watches were blocked waiting for events
     assert not any(t.is_alive() for t in threads)
     view = source.view
-    api.give_watch(SLICES, recorded("slice_batched_deleted"))  # nobody listens any more
+    api.give_watch(PODS, recorded("pod_batched_deleted"))  # nobody listens any more
     assert source.view is view

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-from kube_helpers import ReplayApi, eventually, kube_source, recorded
+from kube_helpers import ReplayApi, eventually, kube_source, recorded, set_ready, watch_event
 
 from tiergate.router.app import RouterApp
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.kube_state import ENDPOINT_SLICES, INFERENCE_POOLS
+from tiergate.router.kube_state import INFERENCE_POOLS, PODS
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
@@ -44,7 +43,7 @@ async def test_readyz_waits_for_the_first_list_of_both_kinds() -> None:
         r = await client.get("/readyz")
         assert r.status_code == 503 and r.json()["reason"] == "discovery not synced"
 
-        api.give_list(ENDPOINT_SLICES, recorded("endpointslices_list"))
+        api.give_list(PODS, recorded("pods_list"))
         await eventually(lambda: app.synced())
         r = await client.get("/readyz")
         assert r.status_code == 200 and r.json()["endpoints"] == 3
@@ -62,29 +61,32 @@ def node_url(served: Callable[[Any], AbstractContextManager[str]]) -> Any:
 
 
 def pool_on(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An InferencePools list and an EndpointSlices list for one pool whose pod is `url`."""
+    """An InferencePools list and a pods list for one pool whose one pod is `url`.
+
+    The pod's IP is loopback, as kwok's are: fine for pods (EndpointSlices refuse it).
+    """
     pools = recorded("inferencepools_list")
     pools["items"] = pools["items"][:1]
     pools["items"][0]["spec"].update(accelerator="wse-3", chips="auto")
-    slices = recorded("endpointslices_list")
-    slices["items"] = slices["items"][:1]
-    pod = slices["items"][0]
+    pods = recorded("pods_list")
+    pods["items"] = pods["items"][:1]
+    pod = pods["items"][0]
     host, port = url.removeprefix("http://").split(":")
-    pod["ports"] = [{"name": "http", "protocol": "TCP", "port": int(port)}]
-    pod["endpoints"] = [copy.deepcopy(pod["endpoints"][0])]
-    pod["endpoints"][0]["addresses"] = [host]
-    return pools, slices
+    pod["spec"]["containers"][0]["ports"][0]["containerPort"] = int(port)
+    pod["status"]["podIP"] = host
+    pod["status"]["podIPs"] = [{"ip": host}]
+    return pools, pods
 
 
 async def test_a_request_reaches_the_pod_of_a_discovered_pool(node_url: str) -> None:
     api = ReplayApi()
     source = kube_source(api)
     app = build_app(parse_config(CONFIG), source)
-    pools, slices = pool_on(node_url)
+    pools, pods = pool_on(node_url)
     body = {"model": "coder", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
     async with running(app) as client:
         api.give_list(INFERENCE_POOLS, pools)
-        api.give_list(ENDPOINT_SLICES, slices)
+        api.give_list(PODS, pods)
         await eventually(lambda: source.synced)
         r = await client.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
@@ -92,10 +94,9 @@ async def test_a_request_reaches_the_pod_of_a_discovered_pool(node_url: str) -> 
         assert r.json()["service_tier"] == "batched"
 
         # the pod turns unready: the router stops sending to it
-        unready = {"type": "MODIFIED", "object": copy.deepcopy(slices["items"][0])}
-        unready["object"]["endpoints"][0]["conditions"]["ready"] = False
-        unready["object"]["metadata"]["resourceVersion"] = "48300"
-        api.give_watch(ENDPOINT_SLICES, unready)
+        unready = watch_event("MODIFIED", pods["items"][0], "48300")
+        set_ready(unready["object"], "False")
+        api.give_watch(PODS, unready)
         await eventually(lambda: source.view.endpoints() == [])
         r = await client.post("/v1/chat/completions", json=body)
         assert r.status_code == 503, r.text

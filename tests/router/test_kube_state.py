@@ -2,26 +2,36 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_helpers import recorded
+from kube_helpers import recorded, recorded_pod, set_ready, watch_event
 
+from tiergate.operator.api import SIM_NODE_SELECTOR, InferencePoolSpec
+from tiergate.operator.render import deployment_manifest
 from tiergate.router.config import ConfigError
 from tiergate.router.kube_state import (
-    ENDPOINT_SLICES,
     INFERENCE_POOLS,
+    PODS,
     ClusterState,
     KubeApiError,
+    PodEndpoint,
     WatchExpired,
     event_resource_version,
     list_items,
+    pod_endpoint,
     pool_from_object,
-    slice_urls,
 )
 from tiergate.router.kube_watch import Backoff
+
+Pod = dict[str, Any]
+BATCHED_A, BATCHED_B, BATCHED_C = (
+    f"coder-batched-6d8f9c7b5-{suffix}" for suffix in ("2xk4l", "8pq2m", "r7t9v")
+)
 
 
 def pool_object(**spec: Any) -> dict[str, Any]:
@@ -67,32 +77,82 @@ def test_an_unusable_pool_names_its_first_problem(obj: dict[str, Any], message: 
     assert "\n" not in str(raised.value)
 
 
-def test_slice_urls_use_the_http_port_and_skip_endpoints_known_unready() -> None:
-    obj = {
-        "addressType": "IPv4",
-        "ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8000}],
-        "endpoints": [
-            {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
-            {"addresses": ["10.0.0.2"], "conditions": {}},  # unknown means ready
-            {"addresses": ["10.0.0.3"]},
-            {"addresses": ["10.0.0.4"], "conditions": {"ready": False, "serving": True}},
-        ],
-    }
-    assert slice_urls(obj) == (
-        "http://10.0.0.1:8000",
-        "http://10.0.0.2:8000",
-        "http://10.0.0.3:8000",
+def test_a_running_ready_pod_is_an_endpoint_of_its_pool_on_its_http_port() -> None:
+    pod = recorded_pod(BATCHED_A)
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://10.244.1.17:8000")
+    # the port named http, wherever it is among the container's ports
+    pod["spec"]["containers"][0]["ports"].insert(0, {"containerPort": 9090, "name": "metrics"})
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://10.244.1.17:8000")
+    pod["status"]["podIP"] = "fd00::5"
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://[fd00::5]:8000")
+    pod["status"]["podIP"] = "127.0.0.7"  # kwok's pods: loopback is fine here
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://127.0.0.7:8000")
+
+
+def _without_http_port(pod: Pod) -> None:
+    pod["spec"]["containers"][0]["ports"] = [{"containerPort": 8000, "name": "metrics"}]
+
+
+def _terminating(pod: Pod) -> None:
+    pod["metadata"]["deletionTimestamp"] = "2026-02-12T09:22:33Z"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda p: set_ready(p, "False"), id="unready"),
+        pytest.param(lambda p: set_ready(p, "Unknown"), id="ready-unknown"),  # node lost
+        pytest.param(lambda p: p["status"]["conditions"].clear(), id="no-conditions"),
+        pytest.param(_terminating, id="terminating"),
+        pytest.param(lambda p: p["status"].update(phase="Succeeded"), id="not-running"),
+        pytest.param(lambda p: p["status"].pop("podIP"), id="no-ip"),
+        pytest.param(lambda p: p["status"].update(podIP="not-an-ip"), id="bad-ip"),
+        pytest.param(_without_http_port, id="no-http-port"),
+        pytest.param(lambda p: p["spec"]["containers"][0].pop("ports"), id="no-ports"),
+        pytest.param(lambda p: p["metadata"]["labels"].pop("tiergate.dev/pool"), id="no-pool"),
+    ],
+)
+def test_a_pod_that_cannot_take_requests_is_no_endpoint(change: Callable[[Pod], object]) -> None:
+    pod = recorded_pod(BATCHED_A)
+    change(pod)
+    assert pod_endpoint(pod) is None
+
+
+def test_recorded_pods_that_cannot_take_requests_are_no_endpoints() -> None:
+    assert pod_endpoint(recorded_pod(BATCHED_C)) is None  # Running, readiness probe failing
+    assert pod_endpoint(recorded_pod("coder-premium-8c9d0e1f2-w5x8z")) is None  # Pending
+    assert pod_endpoint(recorded("pod_batched_terminating")["object"]) is None  # still Ready
+    assert pod_endpoint(recorded("pod_spark_started")["object"]) is None  # not Ready yet
+    assert pod_endpoint(recorded("pod_spark_ready")["object"]) == PodEndpoint(
+        "coder-spark", "http://10.244.4.2:8000"
     )
-    ipv6 = {**obj, "addressType": "IPv6", "endpoints": [{"addresses": ["fd00::5"]}]}
-    assert slice_urls(ipv6) == ("http://[fd00::5]:8000",)
-    assert slice_urls({**obj, "ports": [{"name": "grpc", "port": 9000}]}) == ()
-    assert slice_urls({**obj, "ports": None}) == ()
-    assert slice_urls({"ports": [{"name": "http", "port": 8000}], "endpoints": None}) == ()
+
+
+def test_the_router_finds_the_pods_the_operator_renders() -> None:
+    """The contract, end to end: labels and port name as render.py writes them."""
+    spec = InferencePoolSpec.model_validate(
+        {"tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm"}
+    )
+    template = deployment_manifest("p", "ns", spec, "tiergate:0.1.0")["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    key, value = SIM_NODE_SELECTOR.split("=")
+    assert labels[key] == value
+    pod = {
+        "metadata": {"name": "p-6d8f9c7b5-2xk4l", **copy.deepcopy(template["metadata"])},
+        "spec": copy.deepcopy(template["spec"]),
+        "status": {
+            "phase": "Running",
+            "podIP": "10.244.1.17",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    assert pod_endpoint(pod) == PodEndpoint("p", "http://10.244.1.17:8000")
 
 
 def test_events_move_the_resource_version_and_errors_raise() -> None:
-    assert event_resource_version(recorded("slice_spark_added")) == "48261"
+    assert event_resource_version(recorded("pod_spark_ready")) == "48261"
     assert event_resource_version(recorded("pools_bookmark")) == "48300"
+    assert event_resource_version(recorded("pods_bookmark")) == "48301"
     with pytest.raises(WatchExpired, match="too old resource version"):
         event_resource_version(recorded("error_410"))
     with pytest.raises(KubeApiError, match="InternalError") as raised:
@@ -103,42 +163,98 @@ def test_events_move_the_resource_version_and_errors_raise() -> None:
 
 
 def test_list_items_needs_a_resource_version() -> None:
-    items, version = list_items(recorded("endpointslices_list"))
-    assert len(items) == 3 and version == "48250"
+    items, version = list_items(recorded("pods_list"))
+    assert len(items) == 5 and version == "48250"
     with pytest.raises(KubeApiError):
         list_items({"items": []})
     with pytest.raises(KubeApiError):
         list_items({"kind": "Status", "code": 500})
 
 
+def listed_state() -> ClusterState:
+    state = ClusterState()
+    state.replace(INFERENCE_POOLS, recorded("inferencepools_list")["items"])
+    state.replace(PODS, recorded("pods_list")["items"])
+    return state
+
+
 def test_cluster_state_folds_lists_and_events() -> None:
     state = ClusterState()
     state.replace(INFERENCE_POOLS, recorded("inferencepools_list")["items"])
     assert not state.synced
-    state.replace(ENDPOINT_SLICES, recorded("endpointslices_list")["items"])
+    state.replace(PODS, recorded("pods_list")["items"])
     assert state.synced and set(state.pools) == {"coder-batched", "coder-premium"}
+    # r7t9v is not ready; the premium pool's second pod is Pending
     assert state.urls_of("coder-batched") == ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]
+    assert state.urls_of("coder-premium") == ["http://10.244.1.18:8000"]
     assert state.urls_of("nobody") == []
 
     revision = state.revision
     assert not state.apply(INFERENCE_POOLS, recorded("pools_bookmark"))
-    assert not state.apply(ENDPOINT_SLICES, {"type": "DELETED", "object": {"metadata": {}}})
-    assert state.apply(ENDPOINT_SLICES, recorded("slice_batched_pod_unready"))
-    assert not state.apply(ENDPOINT_SLICES, recorded("slice_batched_pod_unready"))  # same again
+    assert not state.apply(PODS, recorded("pods_bookmark"))
+    assert not state.apply(PODS, {"type": "DELETED", "object": {"metadata": {}}})
+    assert state.apply(PODS, recorded("pod_batched_ready"))
+    assert not state.apply(PODS, recorded("pod_batched_ready"))  # same again
+    assert state.apply(PODS, recorded("pod_batched_terminating"))
     assert state.urls_of("coder-batched") == ["http://10.244.1.17:8000", "http://10.244.3.4:8000"]
+    assert state.apply(PODS, recorded("pod_batched_deleted"))
+    assert not state.apply(PODS, recorded("pod_batched_deleted"))
+    assert state.urls_of("coder-batched") == ["http://10.244.3.4:8000"]
     assert state.apply(INFERENCE_POOLS, recorded("pool_premium_deleted"))
     assert not state.apply(INFERENCE_POOLS, recorded("pool_premium_deleted"))
-    assert state.revision == revision + 2
-
-    # a second slice of the same service adds its endpoints (slice name order)
-    second = recorded("slice_spark_added")
-    second["object"]["metadata"]["name"] = "coder-batched-zz9"
-    second["object"]["metadata"]["labels"]["kubernetes.io/service-name"] = "coder-batched"
-    assert state.apply(ENDPOINT_SLICES, second)
-    assert state.urls_of("coder-batched")[-1] == "http://10.244.4.2:8000"
+    assert state.revision == revision + 4
 
     state.replace(INFERENCE_POOLS, recorded("inferencepools_relist")["items"])
     assert set(state.pools) == {"coder-batched"}
+
+
+def test_a_pod_turning_ready_appears_and_one_never_ready_changes_nothing() -> None:
+    state = listed_state()
+    revision = state.revision
+    # created, then scheduled and started but not ready: nothing the view shows changes
+    assert not state.apply(PODS, recorded("pod_spark_pending"))
+    assert not state.apply(PODS, recorded("pod_spark_started"))
+    assert state.urls_of("coder-spark") == [] and state.revision == revision
+    assert state.apply(PODS, recorded("pod_spark_ready"))
+    assert state.urls_of("coder-spark") == ["http://10.244.4.2:8000"]
+    # and back to unready (a failing readiness probe): out again
+    unready = watch_event("MODIFIED", recorded("pod_spark_ready")["object"], "48270")
+    set_ready(unready["object"], "False")
+    assert state.apply(PODS, unready)
+    assert state.urls_of("coder-spark") == []
+    # a pod that never served leaves without a change
+    pending = recorded("pods_list")["items"][4]
+    assert not state.apply(PODS, watch_event("DELETED", pending, "48271"))
+
+
+def test_pod_status_updates_that_change_nothing_routed_are_no_change() -> None:
+    state = listed_state()
+    revision = state.revision
+    update = watch_event("MODIFIED", recorded_pod(BATCHED_A), "48290")
+    status = update["object"]["status"]
+    status["containerStatuses"][0]["restartCount"] = 1
+    status["conditions"][0]["lastTransitionTime"] = "2026-02-12T09:40:00Z"
+    update["object"]["metadata"]["labels"]["team"] = "infra"
+    assert not state.apply(PODS, update)
+    assert state.revision == revision
+
+
+def test_a_pod_ip_change_moves_its_url() -> None:
+    state = listed_state()
+    moved = watch_event("MODIFIED", recorded_pod(BATCHED_A), "48290")
+    moved["object"]["status"]["podIP"] = "10.244.5.3"
+    moved["object"]["status"]["podIPs"] = [{"ip": "10.244.5.3"}]
+    assert state.apply(PODS, moved)
+    assert state.urls_of("coder-batched") == ["http://10.244.5.3:8000", "http://10.244.2.9:8000"]
+
+
+def test_pods_of_one_pool_are_in_pod_name_order_without_duplicates() -> None:
+    state = listed_state()
+    # a pod sharing another's address (host network): one URL, at the first name's place
+    twin = watch_event("ADDED", recorded_pod(BATCHED_B), "48290")
+    twin["object"]["metadata"]["name"] = "coder-batched-6d8f9c7b5-0aaaa"
+    assert state.apply(PODS, twin)
+    assert state.urls_of("coder-batched") == ["http://10.244.2.9:8000", "http://10.244.1.17:8000"]
 
 
 def test_backoff_doubles_up_to_its_bound_with_jitter() -> None:
