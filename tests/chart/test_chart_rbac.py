@@ -57,11 +57,11 @@ def subjects(binding: Manifest) -> list[tuple[str, str, str]]:
     return [(s["kind"], s["name"], s["namespace"]) for s in binding["subjects"]]
 
 
-def test_router_reads_pools_and_endpoint_slices_only(any_manifests: list[Manifest]) -> None:
+def test_router_reads_pools_and_pods_only(any_manifests: list[Manifest]) -> None:
     role = one(any_manifests, "Role", ROUTER)
     assert grants(role) == {
         ("tiergate.dev", "inferencepools"): READ,
-        ("discovery.k8s.io", "endpointslices"): READ,
+        ("", "pods"): READ,
     }
     binding = one(any_manifests, "RoleBinding", ROUTER)
     assert bound_role(any_manifests, binding) is role
