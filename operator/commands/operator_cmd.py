@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         load_kube_config(args.kubeconfig)
     except (ConfigException, OSError) as exc:
         raise CliError(f"no Kubernetes credentials: {exc}") from None
-    kopf.configure(verbose=args.log_level == "debug")
-    memo = handlers.OperatorMemo(catalog=catalog, image=args.image)
+    # Not kopf.configure(): it adds a second root handler, and every line would print twice in
+    # two formats. kopf's loggers go through configure_logging's handler like everything else.
+    memo = handlers.OperatorMemo(catalog=catalog, image=args.image, namespaced=bool(args.namespace))
     asyncio.run(
         kopf.operator(
             clusterwide=not args.namespace,

@@ -170,6 +170,14 @@ def test_settings_recover_stalled_watches_and_keep_progress_out_of_status() -> N
     assert settings.watching.client_timeout and settings.watching.server_timeout
     assert settings.watching.client_timeout > settings.watching.server_timeout
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert not settings.scanning.disabled  # cluster-wide: namespaces and CRDs are observed
+
+
+def test_a_namespaced_operator_does_not_scan_what_it_may_not_list() -> None:
+    """Watching named namespaces, the chart grants no cluster-wide list of namespaces."""
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings, namespaced=True)
+    assert settings.scanning.disabled
 
 
 def test_a_deployment_event_reconciles_its_pool() -> None:

@@ -1,0 +1,193 @@
+"""Fixtures of the e2e suite: one cluster per session, one namespace and release per test.
+
+Backends (TIERGATE_E2E_BACKEND):
+- `local` (default): kwokctl's binary runtime on the binaries e2e/tools/install.sh builds, plus
+  the pod runner (e2e/harness/pod_runner.py) standing in for a container runtime. Building the
+  binaries needs the Go module proxy; if it cannot be reached the session fails, never skips.
+- `kind`: an existing cluster (KUBECONFIG, e.g. from e2e/kind.sh) whose nodes run the image.
+  The router is reached through `kubectl port-forward`.
+
+Every failure message carries `kubectl describe` output and the pods' logs of the namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "harness"))
+
+from cluster import REPO, HarnessError, LocalCluster, default_state, tools_bin  # noqa: E402
+
+BACKEND = os.environ.get("TIERGATE_E2E_BACKEND", "local")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+class Release:
+    """The chart installed in one test's namespace, and what a test asks of it."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, name: str = "tiergate") -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = name
+        self._forward: subprocess.Popen[str] | None = None
+        self._router_url: str | None = None
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        return self.cluster.kubectl("-n", self.namespace, *args, check=check, input=input)
+
+    def install(self, *values: str) -> None:
+        try:
+            self.cluster.install_chart(self.namespace, self.name, *values)
+        except HarnessError as exc:
+            pytest.fail(f"helm install failed: {exc}\n{self.diagnose()}")
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.kubectl("get", kind, name, "-o", "json"))
+        return out
+
+    def exists(self, kind: str, name: str) -> bool:
+        out = self.kubectl("get", kind, name, "--ignore-not-found", "-o", "name", check=False)
+        return bool(out.strip())
+
+    def condition(self, pool: str, kind: str) -> dict[str, Any] | None:
+        status = self.get("inferencepool", pool).get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == kind:
+                return dict(cond)
+        return None
+
+    def wait(self, check: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except HarnessError:
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.diagnose()}")
+
+    def router_url(self) -> str:
+        if self._router_url is not None:
+            return self._router_url
+        if BACKEND == "local":
+            self._router_url = self.cluster.router_url(self.namespace, self.name)
+        else:
+            self._router_url = self._port_forward()
+        return self._router_url
+
+    def _port_forward(self) -> str:
+        self._forward = subprocess.Popen(
+            [
+                str(self.cluster.bin / "kubectl"),
+                "-n",
+                self.namespace,
+                "port-forward",
+                f"svc/{self.name}-router",
+                ":8080",
+            ],
+            env=self.cluster.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self._forward.stdout is not None
+        line = self._forward.stdout.readline()
+        m = re.search(r"127\.0\.0\.1:(\d+)", line)
+        if not m:
+            pytest.fail(f"kubectl port-forward said: {line!r}")
+        return f"http://127.0.0.1:{m.group(1)}"
+
+    def diagnose(self) -> str:
+        """What a person would look at first: objects, describe, pod logs."""
+        parts = []
+        for args in (
+            ("get", "inferencepools,deployments,pods,services", "-o", "wide"),
+            ("describe", "inferencepools"),
+            ("describe", "pods"),
+            ("get", "events", "--sort-by=.lastTimestamp"),
+        ):
+            out = self.cluster.kubectl("-n", self.namespace, *args, check=False)
+            parts.append(f"$ kubectl -n {self.namespace} {' '.join(args)}\n{out.strip()[-4000:]}")
+        logs = self.cluster.state / "runner" / "logs"
+        for f in sorted(logs.glob(f"{self.namespace}_*.log")) if logs.exists() else ():
+            parts.append(f"--- {f.name} (tail)\n{f.read_text(errors='replace')[-2000:]}")
+        return "\n\n".join(parts)
+
+    def close(self) -> None:
+        if self._forward is not None:
+            self._forward.terminate()
+            self._forward.wait()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    if BACKEND == "kind":
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not kubeconfig:
+            pytest.fail("TIERGATE_E2E_BACKEND=kind needs KUBECONFIG (e2e/kind.sh sets it)")
+        bin_dir = Path(os.environ.get("TIERGATE_E2E_BIN", ""))
+        state = default_state("kind")
+        state.mkdir(parents=True, exist_ok=True)
+        c = LocalCluster("kind", state, bin_dir)
+        (state / "kubeconfig").unlink(missing_ok=True)
+        (state / "kubeconfig").symlink_to(Path(kubeconfig).resolve())
+        yield c
+        return
+    try:
+        bin_dir = tools_bin()
+    except HarnessError as exc:
+        pytest.fail(f"cannot install the e2e tools: {exc}")
+    name = f"tg-e2e-{os.getpid()}"
+    c = LocalCluster(name, default_state(name), bin_dir)
+    try:
+        c.create()
+        c.start_runner(REPO / ".venv" / "bin" / "tiergate")
+    except HarnessError as exc:
+        c.delete()
+        pytest.fail(f"cannot start the local cluster: {exc}")
+    yield c
+    c.delete()
+
+
+@pytest.fixture
+def release(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Release]:
+    """The chart installed and ready in a fresh namespace; removed after the test."""
+    short = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40]
+    namespace = f"{short.strip('-')}-{uuid.uuid4().hex[:5]}"
+    r = Release(cluster, namespace)
+    r.install()
+    r.wait(lambda: _ready(r), "the router's /healthz", 60)
+    yield r
+    r.close()
+    cluster.helm("uninstall", r.name, "-n", namespace, "--wait", check=False)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _ready(r: Release) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{r.router_url()}/healthz", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def examples() -> Path:
+    return REPO / "examples"

@@ -1,0 +1,321 @@
+"""The local backend: a real control plane (kwokctl, binary runtime) plus the pod runner.
+
+    python -P e2e/harness/cluster.py up     # cluster + pod runner + the chart in `tiergate`
+    python -P e2e/harness/cluster.py down   # removes everything `up` started
+    python -P e2e/harness/cluster.py env    # KUBECONFIG=... and the router's address
+
+kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok are the binaries
+e2e/tools/install.sh built; kwokctl is pointed at them and downloads nothing. Pod IPs come
+from 127.100.0.0/16 so that the pod runner's processes are reachable on this machine only.
+Everything lives under the state folder (default ~/.cache/tiergate/e2e-cluster/<name>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "tiergate"
+POD_CIDR = "127.100.0.1/16"
+DEFAULT_NAME = "tiergate"
+KWOK_CONFIG = f"""\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  cidr: {POD_CIDR}
+  nodeIP: 127.0.0.1
+"""
+NODE = """\
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-0
+  annotations:
+    node.alpha.kubernetes.io/ttl: "0"
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: kwok-node-0
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+spec: {}
+status:
+  allocatable: {cpu: "64", memory: 256Gi, pods: "220"}
+  capacity: {cpu: "64", memory: 256Gi, pods: "220"}
+"""
+
+
+class HarnessError(Exception):
+    """Something the harness cannot do; the message is one line for people."""
+
+
+def tools_bin() -> Path:
+    """The folder of pinned Kubernetes binaries, building them on first use (install.sh)."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run(
+        ["bash", str(REPO / "e2e" / "tools" / "install.sh")],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise HarnessError("e2e/tools/install.sh failed (see its output above)")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def default_state(name: str) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tiergate" / "e2e-cluster" / name
+
+
+@dataclass
+class LocalCluster:
+    """One kwokctl cluster and the pod runner serving it."""
+
+    name: str
+    state: Path
+    bin: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def runner_pid_file(self) -> Path:
+        return self.state / "pod-runner.pid"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment for kubectl, helm and the clients: our binaries and kubeconfig."""
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "KWOK_WORKDIR": str(self.state / "kwok"),
+            "PATH": f"{self.bin}:{os.environ.get('PATH', '')}",
+            "HELM_CACHE_HOME": str(self.state / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(self.state / "helm" / "config"),
+            "HELM_DATA_HOME": str(self.state / "helm" / "data"),
+        }
+
+    def run(self, *argv: str, check: bool = True, input: str | None = None) -> str:
+        done = subprocess.run(
+            list(argv), env=self.env, input=input, capture_output=True, text=True, check=False
+        )
+        if check and done.returncode != 0:
+            raise HarnessError(
+                f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()[-1500:]}"
+            )
+        return done.stdout
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        return self.run(str(self.bin / "kubectl"), *args, check=check, input=input)
+
+    def helm(self, *args: str, check: bool = True) -> str:
+        return self.run(str(self.bin / "helm"), *args, check=check)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def create(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        config = self.state / "kwok.yaml"
+        config.write_text(KWOK_CONFIG)
+        b = self.bin
+        self.run(
+            str(b / "kwokctl"),
+            "create",
+            "cluster",
+            "--name",
+            self.name,
+            "--config",
+            str(config),
+            "--runtime",
+            "binary",
+            "--kube-apiserver-binary",
+            str(b / "kube-apiserver"),
+            "--kube-controller-manager-binary",
+            str(b / "kube-controller-manager"),
+            "--kube-scheduler-binary",
+            str(b / "kube-scheduler"),
+            "--kwok-controller-binary",
+            str(b / "kwok"),
+            "--etcd-binary",
+            str(b / "etcd"),
+            "--kube-authorization",
+            "--kube-admission",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--wait",
+            "2m",
+        )
+        self.kubectl("apply", "-f", "-", input=NODE)
+        self.wait_for(
+            lambda: (
+                "True"
+                in self.kubectl(
+                    "get",
+                    "node",
+                    "kwok-node-0",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                    check=False,
+                )
+            ),
+            "node kwok-node-0 Ready",
+            60,
+        )
+
+    def delete(self) -> None:
+        self.stop_runner()
+        self.run(
+            str(self.bin / "kwokctl"),
+            "delete",
+            "cluster",
+            "--name",
+            self.name,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            check=False,
+        )
+
+    def start_runner(self, tiergate: Path) -> None:
+        self.stop_runner()
+        log = (self.state / "pod-runner.log").open("ab")
+        proc = subprocess.Popen(  # noqa: S603
+            [
+                sys.executable,
+                "-P",
+                str(Path(__file__).with_name("pod_runner.py")),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--state-dir",
+                str(self.state / "runner"),
+                "--tiergate",
+                str(tiergate),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self.runner_pid_file.write_text(str(proc.pid))
+        time.sleep(1.0)
+        if proc.poll() is not None:
+            raise HarnessError(
+                f"the pod runner exited {proc.returncode}: see {self.state / 'pod-runner.log'}"
+            )
+
+    def stop_runner(self) -> None:
+        try:
+            pid = int(self.runner_pid_file.read_text())
+        except (OSError, ValueError):
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(300):
+                os.kill(pid, 0)
+                time.sleep(0.1)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.runner_pid_file.unlink(missing_ok=True)
+
+    # -- the chart ----------------------------------------------------------------------------
+    def install_chart(self, namespace: str, release: str = "tiergate", *values: str) -> None:
+        """helm install (CRDs, operator, router) watching only `namespace`."""
+        self.helm(
+            "upgrade",
+            "--install",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--set",
+            f"operator.watchNamespaces={{{namespace}}}",
+            *values,
+            "--wait",
+            "--timeout",
+            "3m",
+        )
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, object]]:
+        out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+        items: list[dict[str, object]] = json.loads(out)["items"]
+        return items
+
+    def router_url(self, namespace: str, release: str = "tiergate") -> str:
+        """http://<router pod IP>:8080 of a Running router pod (the Service has no proxy here)."""
+        selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=router"
+        for pod in self.pods(namespace, selector):
+            status = pod.get("status") or {}
+            if (
+                isinstance(status, dict)
+                and status.get("phase") == "Running"
+                and status.get("podIP")
+            ):
+                return f"http://{status['podIP']}:8080"
+        raise HarnessError(f"no Running router pod in {namespace}")
+
+    @staticmethod
+    def wait_for(check: object, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if check():  # type: ignore[operator]
+                return
+            time.sleep(0.5)
+        raise HarnessError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def wait_http_ok(url: str, timeout_s: float) -> None:
+    import httpx
+
+    def ok() -> bool:
+        try:
+            return httpx.get(url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    LocalCluster.wait_for(ok, url, timeout_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="tiergate's local e2e cluster (kwok + pod runner)")
+    p.add_argument("action", choices=["up", "down", "env"])
+    p.add_argument("--name", default=DEFAULT_NAME)
+    p.add_argument("--namespace", default="tiergate", help="where `up` installs the chart")
+    args = p.parse_args(argv)
+    try:
+        state = default_state(args.name)
+        if args.action == "down":
+            cluster = LocalCluster(args.name, state, tools_bin())
+            cluster.delete()
+            print(f"cluster {args.name} removed")
+            return 0
+        cluster = LocalCluster(args.name, state, tools_bin())
+        if args.action == "up":
+            cluster.create()
+            cluster.start_runner(REPO / ".venv" / "bin" / "tiergate")
+            cluster.install_chart(args.namespace)
+        url = cluster.router_url(args.namespace)
+        if args.action == "up":
+            wait_http_ok(f"{url}/healthz", 60)
+        print(f"export KUBECONFIG={cluster.kubeconfig}")
+        print(f"export PATH={cluster.bin}:$PATH")
+        print(f"# router: {url}   (pod logs: {state / 'runner' / 'logs'})")
+        return 0
+    except HarnessError as exc:
+        print(f"cluster: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

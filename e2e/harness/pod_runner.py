@@ -1,0 +1,625 @@
+"""The local backend's stand-in for a container runtime: runs kwok's pods as local processes.
+
+kwok makes nodes and pods exist (scheduled, Running, a pod IP) but runs nothing. This runner
+watches every pod of the tiergate image and, for each Running one, starts the pod's own
+`command`/`args`/`env` (the image's entrypoint is `tiergate`) as a local process, stops it when
+the pod goes away, and restarts it when it dies, as a kubelet would:
+
+- network: the pod IP (kwok allocates them inside 127.0.0.0/8) is the process's address; an
+  LD_PRELOAD shim (bindshim.c) turns its bind(0.0.0.0) into bind(<pod IP>);
+- files: the process gets a private mount namespace (`unshare --mount`) where the pod's volumes
+  (configMap, secret, emptyDir, projected, PVC as a kept folder) and its service account
+  (a TokenRequest token, the cluster CA, the namespace) are bind-mounted at their paths;
+- names: the pod's /etc/hosts maps each Service (`name`, `name.ns.svc`, `...cluster.local`)
+  whose ports equal their target ports to a ready pod behind it (DNS plus kube-proxy, in one);
+- env: `value`, `$(VAR)` expansion, `fieldRef`, `secretKeyRef`, `configMapKeyRef`, `envFrom`,
+  plus KUBERNETES_SERVICE_HOST/PORT, as the kubelet sets them;
+- status: a pod with restartPolicy Never/OnFailure (a `helm test` pod) gets phase Succeeded or
+  Failed from its exit code.
+
+Mount namespaces need root. Test infrastructure only: it lives in e2e/, never in the product.
+
+    python -P e2e/harness/pod_runner.py --kubeconfig K --state-dir D --tiergate .venv/bin/tiergate
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+log = logging.getLogger("pod-runner")
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+POLL_S = 0.5
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+
+
+@dataclass
+class Runner:
+    """Settings shared by every pod."""
+
+    api: client.CoreV1Api
+    state: Path
+    tiergate: Path
+    shim: Path
+    api_host: str
+    api_port: str
+    ca_file: Path
+    image: str = "tiergate"
+    # Host paths a pod may not hide with a mount (the runner's own files live there).
+    protected: tuple[Path, ...] = ()
+
+
+@dataclass
+class Proc:
+    """One pod's running process."""
+
+    uid: str
+    namespace: str
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_file: Path
+    restarts: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def ours(pod: client.V1Pod, image: str) -> bool:
+    containers = pod.spec.containers or []
+    return bool(containers) and all(_repository(c.image or "") == image for c in containers)
+
+
+def _repository(ref: str) -> str:
+    """`repo` of `registry/repo:tag@sha256:...`, last path element (how the chart names it)."""
+    ref = ref.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def runnable(pod: client.V1Pod) -> bool:
+    status = pod.status
+    return (
+        pod.metadata.deletion_timestamp is None
+        and status is not None
+        and status.phase == "Running"
+        and bool(status.pod_ip)
+    )
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: known names are replaced, `$$` is a literal `$`."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env.get(name, m.group(0))
+
+    return _VAR.sub(sub, value)
+
+
+def field_ref(pod: client.V1Pod, path: str) -> str:
+    meta, spec, status = pod.metadata, pod.spec, pod.status
+    simple = {
+        "metadata.name": meta.name,
+        "metadata.namespace": meta.namespace,
+        "metadata.uid": meta.uid,
+        "spec.nodeName": spec.node_name,
+        "spec.serviceAccountName": spec.service_account_name,
+        "status.podIP": status.pod_ip,
+        "status.hostIP": status.host_ip,
+    }
+    if path in simple:
+        return simple[path] or ""
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+    if m:
+        return ((meta.labels if m.group(1) == "labels" else meta.annotations) or {}).get(
+            m.group(2), ""
+        )
+    raise ValueError(f"fieldRef {path!r} is not supported by the pod runner")
+
+
+class PodProcesses:
+    """Starts, restarts and stops the processes of the pods the watch reports."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.r = runner
+        self.pods: dict[str, client.V1Pod] = {}
+        self.procs: dict[str, Proc] = {}
+        self.failed_to_start: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    # -- desired state, from the watch ----------------------------------------------------
+    def observe(self, kind: str, pod: client.V1Pod) -> None:
+        with self.lock:
+            if kind == "DELETED":
+                self.pods.pop(pod.metadata.uid, None)
+            else:
+                self.pods[pod.metadata.uid] = pod
+
+    # -- reconcile ------------------------------------------------------------------------
+    def sync(self) -> None:
+        with self.lock:
+            pods = dict(self.pods)
+        for uid, proc in list(self.procs.items()):
+            pod = pods.get(uid)
+            if pod is None or pod.metadata.deletion_timestamp is not None:
+                self._stop(proc, pod)
+                del self.procs[uid]
+        for uid, pod in pods.items():
+            if not ours(pod, self.r.image) or not runnable(pod):
+                continue
+            proc = self.procs.get(uid)
+            if proc is None:
+                if uid not in self.failed_to_start and not self._finished(pod):
+                    self._start(pod)
+                continue
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            policy = pod.spec.restart_policy or "Always"
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                self._finish(pod, proc, code)
+                continue
+            delay = RESTART_BACKOFF_S[min(proc.restarts, len(RESTART_BACKOFF_S) - 1)]
+            if time.monotonic() - proc.started < delay:
+                continue
+            log.warning(
+                "pod %s/%s exited %s; restarting", pod.metadata.namespace, pod.metadata.name, code
+            )
+            restarts = proc.restarts + 1
+            del self.procs[uid]
+            if self._start(pod):
+                self.procs[uid].restarts = restarts
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            self._stop(proc, None)
+        self.procs.clear()
+
+    @staticmethod
+    def _finished(pod: client.V1Pod) -> bool:
+        return pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
+
+    def _start(self, pod: client.V1Pod) -> bool:
+        meta = pod.metadata
+        where = f"{meta.namespace}/{meta.name}"
+        try:
+            argv, env, log_file = self._prepare(pod)
+        except Exception as exc:  # one bad pod must not stop the others
+            self.failed_to_start[meta.uid] = str(exc)
+            log.error("pod %s cannot be run: %s", where, exc)
+            return False
+        out = log_file.open("ab")
+        popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet would
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        out.close()
+        self.procs[meta.uid] = Proc(meta.uid, meta.namespace, meta.name, popen, log_file)
+        log.info(
+            "pod %s: started pid %d on %s (log %s)", where, popen.pid, pod.status.pod_ip, log_file
+        )
+        return True
+
+    def _stop(self, proc: Proc, pod: client.V1Pod | None) -> None:
+        grace = 10
+        if pod is not None and pod.spec.termination_grace_period_seconds is not None:
+            grace = min(pod.spec.termination_grace_period_seconds, 30)
+        if proc.popen.poll() is None:
+            _signal_group(proc.popen, signal.SIGTERM)
+            try:
+                proc.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.popen, signal.SIGKILL)
+                proc.popen.wait()
+        log.info("pod %s/%s: stopped (exit %s)", proc.namespace, proc.name, proc.popen.returncode)
+
+    def _finish(self, pod: client.V1Pod, proc: Proc, code: int) -> None:
+        """A run-to-completion pod's process ended: report it the way the kubelet does."""
+        phase = "Succeeded" if code == 0 else "Failed"
+        tail = proc.log_file.read_text(errors="replace")[-2000:]
+        container = pod.spec.containers[0].name
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "status": {
+                "phase": phase,
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+                "containerStatuses": [
+                    {
+                        "name": container,
+                        "ready": False,
+                        "restartCount": proc.restarts,
+                        "image": pod.spec.containers[0].image,
+                        "imageID": "",
+                        "state": {
+                            "terminated": {
+                                "exitCode": code,
+                                "reason": "Completed" if code == 0 else "Error",
+                                "message": tail,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                ],
+            }
+        }
+        try:
+            self.r.api.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+        except client.ApiException as exc:
+            log.warning(
+                "pod %s/%s: cannot report %s: %s", proc.namespace, proc.name, phase, exc.reason
+            )
+        log.info("pod %s/%s: %s (exit %d)", proc.namespace, proc.name, phase, code)
+        del self.procs[proc.uid]
+        self.failed_to_start[proc.uid] = phase  # never start it again
+
+    # -- one pod's process ----------------------------------------------------------------
+    def _prepare(self, pod: client.V1Pod) -> tuple[list[str], dict[str, str], Path]:
+        meta = pod.metadata
+        if len(pod.spec.containers) != 1:
+            raise ValueError("only pods with one container are supported")
+        container = pod.spec.containers[0]
+        root = self.r.state / "pods" / meta.namespace / f"{meta.name}-{meta.uid[:8]}"
+        root.mkdir(parents=True, exist_ok=True)
+        env = self._env(pod, container)
+        command = [expand(a, env) for a in (container.command or ["tiergate"])]
+        args = [expand(a, env) for a in (container.args or [])]
+        if command[0] == "tiergate":
+            command[0] = str(self.r.tiergate)
+        mounts = self._mounts(pod, container, root)
+        script = ["set -e"]
+        for host, target, read_only in mounts:
+            if host.is_dir():
+                script.append(f"mkdir -p {shlex.quote(target)}")
+            else:
+                parent = shlex.quote(str(Path(target).parent))
+                script.append(f"mkdir -p {parent} && touch {shlex.quote(target)}")
+            script.append(f"mount --bind {shlex.quote(str(host))} {shlex.quote(target)}")
+            if read_only:
+                script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+        script.append('exec "$@"')
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            "\n".join(script),
+            "sh",
+            *command,
+            *args,
+        ]
+        run_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOSTNAME": meta.name,
+            "KUBERNETES_SERVICE_HOST": self.r.api_host,
+            "KUBERNETES_SERVICE_PORT": self.r.api_port,
+            **env,
+            "LD_PRELOAD": str(self.r.shim),
+            "TIERGATE_POD_IP": pod.status.pod_ip,
+        }
+        log_file = self.r.state / "logs" / f"{meta.namespace}_{meta.name}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        return argv, run_env, log_file
+
+    def _env(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
+        ns = pod.metadata.namespace
+        env: dict[str, str] = {}
+        for source in container.env_from or []:
+            prefix = source.prefix or ""
+            if source.config_map_ref is not None:
+                data = self._config_map(
+                    ns, source.config_map_ref.name, source.config_map_ref.optional
+                )
+            elif source.secret_ref is not None:
+                data = self._secret(ns, source.secret_ref.name, source.secret_ref.optional)
+            else:
+                continue
+            env.update({prefix + k: v for k, v in data.items()})
+        for var in container.env or []:
+            if var.value_from is None:
+                env[var.name] = expand(var.value or "", env)
+                continue
+            src = var.value_from
+            if src.field_ref is not None:
+                env[var.name] = field_ref(pod, src.field_ref.field_path)
+            elif src.secret_key_ref is not None:
+                ref = src.secret_key_ref
+                value = self._secret(ns, ref.name, ref.optional).get(ref.key)
+                if value is None and not ref.optional:
+                    raise ValueError(f"env {var.name}: key {ref.key} not in secret {ref.name}")
+                if value is not None:
+                    env[var.name] = value
+            elif src.config_map_key_ref is not None:
+                ref = src.config_map_key_ref
+                value = self._config_map(ns, ref.name, ref.optional).get(ref.key)
+                if value is None and not ref.optional:
+                    raise ValueError(f"env {var.name}: key {ref.key} not in configmap {ref.name}")
+                if value is not None:
+                    env[var.name] = value
+        return env
+
+    def _config_map(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
+        try:
+            return dict(self.r.api.read_namespaced_config_map(name, ns).data or {})
+        except client.ApiException as exc:
+            if exc.status == 404 and optional:
+                return {}
+            raise ValueError(f"configmap {ns}/{name}: {exc.reason}") from None
+
+    def _secret(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
+        try:
+            data = self.r.api.read_namespaced_secret(name, ns).data or {}
+        except client.ApiException as exc:
+            if exc.status == 404 and optional:
+                return {}
+            raise ValueError(f"secret {ns}/{name}: {exc.reason}") from None
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    def _mounts(
+        self, pod: client.V1Pod, container: client.V1Container, root: Path
+    ) -> list[tuple[Path, str, bool]]:
+        """(host folder or file, path in the pod, read-only), parents before children."""
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        out: list[tuple[Path, str, bool]] = []
+        for mount in container.volume_mounts or []:
+            if mount.mount_path == SA_DIR:
+                continue  # the runner mounts the service account itself, below
+            volume = volumes.get(mount.name)
+            if volume is None:
+                raise ValueError(f"volumeMount {mount.name}: no such volume")
+            host = self._volume(pod, volume, root / "volumes" / volume.name)
+            if mount.sub_path:
+                host = host / mount.sub_path
+            if self._hides_runner(mount.mount_path):
+                log.info(
+                    "pod %s: not mounting %s over %s (the runner's own files are there)",
+                    pod.metadata.name,
+                    mount.name,
+                    mount.mount_path,
+                )
+                continue
+            out.append((host, mount.mount_path, bool(mount.read_only)))
+        if pod.spec.automount_service_account_token is not False:
+            out.append((self._service_account(pod, root / "serviceaccount"), SA_DIR, True))
+        out.append((self._hosts(pod, root / "hosts"), "/etc/hosts", True))
+        return sorted(out, key=lambda m: m[1].count("/"))
+
+    def _hides_runner(self, mount_path: str) -> bool:
+        target = Path(mount_path)
+        return any(p == target or target in p.parents for p in self.r.protected)
+
+    def _volume(self, pod: client.V1Pod, volume: client.V1Volume, path: Path) -> Path:
+        ns = pod.metadata.namespace
+        path.mkdir(parents=True, exist_ok=True)
+        if volume.empty_dir is not None:
+            return path
+        if volume.persistent_volume_claim is not None:
+            kept = self.r.state / "pvc" / ns / volume.persistent_volume_claim.claim_name
+            kept.mkdir(parents=True, exist_ok=True)
+            return kept
+        if volume.config_map is not None:
+            cm = volume.config_map
+            _write_items(path, self._config_map(ns, cm.name, cm.optional), cm.items)
+            return path
+        if volume.secret is not None:
+            s = volume.secret
+            _write_items(path, self._secret(ns, s.secret_name, s.optional), s.items)
+            return path
+        if volume.projected is not None:
+            for source in volume.projected.sources or []:
+                if source.config_map is not None:
+                    cm = source.config_map
+                    _write_items(path, self._config_map(ns, cm.name, cm.optional), cm.items)
+                elif source.secret is not None:
+                    s = source.secret
+                    _write_items(path, self._secret(ns, s.name, s.optional), s.items)
+                elif source.service_account_token is not None:
+                    token = self._token(pod, source.service_account_token.expiration_seconds)
+                    _write(path / source.service_account_token.path, token)
+                elif source.downward_api is not None:
+                    for item in source.downward_api.items or []:
+                        if item.field_ref is not None:
+                            _write(path / item.path, field_ref(pod, item.field_ref.field_path))
+            return path
+        raise ValueError(
+            f"volume {volume.name}: only emptyDir, configMap, secret, projected "
+            "and persistentVolumeClaim volumes are supported"
+        )
+
+    def _token(self, pod: client.V1Pod, expiration: int | None = None) -> str:
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[],
+                expiration_seconds=max(expiration or 3600, 3600),
+                bound_object_ref=client.V1BoundObjectReference(
+                    kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
+                ),
+            )
+        )
+        sa = pod.spec.service_account_name or "default"
+        out = self.r.api.create_namespaced_service_account_token(
+            sa, pod.metadata.namespace, request
+        )
+        return str(out.status.token)
+
+    def _service_account(self, pod: client.V1Pod, path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        _write(path / "token", self._token(pod))
+        _write(path / "ca.crt", self.r.ca_file.read_text())
+        _write(path / "namespace", pod.metadata.namespace)
+        return path
+
+    def _hosts(self, pod: client.V1Pod, path: Path) -> Path:
+        """/etc/hosts: localhost, the pod itself, and every Service it can reach by name."""
+        lines = [
+            "127.0.0.1 localhost",
+            "::1 localhost ip6-localhost",
+            f"{pod.status.pod_ip} {pod.metadata.name}",
+        ]
+        ns = pod.metadata.namespace
+        for svc in self.r.api.list_service_for_all_namespaces().items:
+            ip = self._service_backend(svc)
+            if ip is None:
+                continue
+            name, svc_ns = svc.metadata.name, svc.metadata.namespace
+            names = [f"{name}.{svc_ns}.svc", f"{name}.{svc_ns}.svc.cluster.local"]
+            if svc_ns == ns:
+                names.insert(0, name)
+            lines.append(f"{ip} {' '.join(names)}")
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _service_backend(self, svc: client.V1Service) -> str | None:
+        """A ready pod behind `svc` when every port equals its target port, else None."""
+        selector = svc.spec.selector
+        if not selector:
+            return None
+        pods = self.r.api.list_namespaced_pod(
+            svc.metadata.namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items())
+        ).items
+        ready = [p for p in pods if runnable(p) and p.metadata.uid in self.procs]
+        for pod in ready:
+            ports = {p.name: p.container_port for c in pod.spec.containers for p in c.ports or []}
+            if all(_target(port, ports) == port.port for port in svc.spec.ports or []):
+                return str(pod.status.pod_ip)
+        return None
+
+
+def _target(port: client.V1ServicePort, named: dict[str, int]) -> int | None:
+    target = port.target_port
+    if target is None:
+        return port.port
+    if isinstance(target, int) or str(target).isdigit():
+        return int(target)
+    return named.get(str(target))
+
+
+def _write_items(path: Path, data: dict[str, str], items: list[Any] | None) -> None:
+    if items:
+        for item in items:
+            if item.key in data:
+                _write(path / item.path, data[item.key])
+        return
+    for key, value in data.items():
+        _write(path / key, value)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def watch_pods(api: client.CoreV1Api, procs: PodProcesses, stop: threading.Event) -> None:
+    """List, then watch from the list's version; on any error, list again."""
+    while not stop.is_set():
+        try:
+            listed = api.list_pod_for_all_namespaces()
+            with procs.lock:
+                procs.pods = {p.metadata.uid: p for p in listed.items}
+            version = listed.metadata.resource_version
+            for event in watch.Watch().stream(
+                api.list_pod_for_all_namespaces, resource_version=version, timeout_seconds=60
+            ):
+                procs.observe(event["type"], event["object"])
+                if stop.is_set():
+                    return
+        except Exception as exc:  # noqa: BLE001 - keep watching whatever went wrong
+            log.warning("pod watch: %s; listing again", exc)
+            stop.wait(1.0)
+
+
+def build_shim(state: Path) -> Path:
+    source = Path(__file__).with_name("bindshim.c")
+    out = state / "bindshim.so"
+    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+        subprocess.run(
+            ["cc", "-shared", "-fPIC", "-O2", "-o", str(out), str(source), "-ldl"], check=True
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--state-dir", required=True, type=Path)
+    p.add_argument("--tiergate", required=True, type=Path, help="the image's entrypoint, locally")
+    p.add_argument("--image", default="tiergate", help="run pods of this image repository")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s pod-runner %(levelname)s %(message)s"
+    )
+    if os.geteuid() != 0:
+        print(
+            "pod-runner: needs root (each pod gets its own mount namespace); "
+            "use the kind backend otherwise",
+            file=sys.stderr,
+        )
+        return 2
+    state = args.state_dir.resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    api_client = config.new_client_from_config(args.kubeconfig)
+    host = api_client.configuration.host
+    m = re.fullmatch(r"https://([^:/]+):(\d+)", host)
+    if not m:
+        print(f"pod-runner: the API server must be https://HOST:PORT, not {host}", file=sys.stderr)
+        return 2
+    ca = api_client.configuration.ssl_ca_cert
+    tiergate = args.tiergate.resolve()
+    runner = Runner(
+        api=client.CoreV1Api(api_client),
+        state=state,
+        tiergate=tiergate,
+        shim=build_shim(state),
+        api_host=m.group(1),
+        api_port=m.group(2),
+        ca_file=Path(ca),
+        image=args.image,
+        protected=(tiergate.parent.parent, Path(__file__).resolve().parent, state),
+    )
+    procs = PodProcesses(runner)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    watcher = threading.Thread(target=watch_pods, args=(runner.api, procs, stop), daemon=True)
+    watcher.start()
+    log.info("running pods of image %r with %s", args.image, tiergate)
+    try:
+        while not stop.is_set():
+            procs.sync()
+            stop.wait(POLL_S)
+    finally:
+        procs.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

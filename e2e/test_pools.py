@@ -1,0 +1,257 @@
+"""The chart, the operator and the router on a real API server (issue 5's suite)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import httpx
+import pytest
+from cluster import REPO
+from conftest import Release
+
+EXAMPLES = REPO / "examples"
+POOLS = {"batched": "frontier-batched", "premium": "frontier-premium", "wafer-scale": "spark-wafer"}
+MODEL = {"batched": "frontier", "premium": "frontier", "wafer-scale": "frontier-spark"}
+
+
+def apply_examples(release: Release) -> None:
+    release.kubectl("apply", "-f", str(EXAMPLES))
+    for pool in POOLS.values():
+        release.wait(
+            lambda p=pool: (release.condition(p, "Ready") or {}).get("status") == "True",
+            f"pool {pool} Ready=True",
+            120,
+        )
+
+
+def chat(
+    release: Release, tier: str, *, stream: bool = False, max_tokens: int = 16
+) -> httpx.Response:
+    body = {
+        "model": MODEL[tier],
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    return httpx.post(
+        f"{release.router_url()}/v1/chat/completions",
+        json=body,
+        headers={"x-tiergate-tier": tier},
+        timeout=60.0,
+    )
+
+
+def served_by(release: Release, tier: str) -> bool:
+    """The router has an endpoint of this tier's pool (its discovery caught up)."""
+    try:
+        return chat(release, tier).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stream_seconds(release: Release, tier: str, tokens: int) -> float:
+    """Wall time from the first to the last content chunk of one streamed answer."""
+    body = {
+        "model": MODEL[tier],
+        "messages": [{"role": "user", "content": "Count."}],
+        "max_tokens": tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    first = last = None
+    with httpx.stream(
+        "POST",
+        f"{release.router_url()}/v1/chat/completions",
+        json=body,
+        headers={"x-tiergate-tier": tier},
+        timeout=60.0,
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["x-tiergate-tier"] == tier
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                now = time.monotonic()
+                first = first or now
+                last = now
+    assert first is not None and last is not None, f"{tier}: no content chunks"
+    return last - first
+
+
+def test_helm_install_then_helm_test_passes(release: Release) -> None:
+    for component in ("operator", "router"):
+        deployment = release.get("deployment", f"{release.name}-{component}")
+        assert deployment["status"].get("readyReplicas") == 1, deployment["status"]
+    release.kubectl("apply", "-f", str(EXAMPLES / "batched.yaml"))
+    release.wait(lambda: served_by(release, "batched"), "the router to serve batched")
+    out = release.cluster.helm(
+        "test", release.name, "-n", release.namespace, "--timeout", "2m", check=False
+    )
+    assert "Phase:          Succeeded" in out or "Phase: Succeeded" in out, (
+        f"helm test did not succeed:\n{out}\n{release.diagnose()}"
+    )
+
+
+def test_examples_become_ready_with_an_envelope(release: Release) -> None:
+    apply_examples(release)
+    envelopes: dict[str, dict[str, Any]] = {}
+    for tier, pool in POOLS.items():
+        obj = release.get("inferencepool", pool)
+        envelope = obj["status"]["envelope"]
+        assert envelope["tokensPerSecondPerStream"] > 0, envelope
+        assert envelope["costPerMillionOutputTokensUSD"] > 0, envelope
+        assert obj["status"].get("readyReplicas") == 1, obj["status"]
+        assert release.exists("deployment", pool) and release.exists("service", pool)
+        envelopes[tier] = envelope
+    speed = {t: e["tokensPerSecondPerStream"] for t, e in envelopes.items()}
+    assert speed["batched"] < speed["premium"] < speed["wafer-scale"], speed
+    # The printer columns a person sees: numbers, not blanks.
+    table = release.kubectl("get", "inferencepools", "-o", "wide")
+    header, *rows = table.strip().splitlines()
+    assert "TOK/S" in header and "$/MTOK" in header, header
+    columns = header.split()
+    for row in rows:
+        cells = dict(zip(columns, row.split(), strict=False))
+        assert float(cells["TOK/S"]) > 0 and float(cells["$/MTOK"]) > 0, row
+        assert cells["STATUS"] == "Serving", row
+
+
+def test_requests_land_on_the_tier_they_ask_for(release: Release) -> None:
+    apply_examples(release)
+    for tier in POOLS:
+        release.wait(lambda t=tier: served_by(release, t), f"the router to serve {tier}")
+    for tier, pool in POOLS.items():
+        response = chat(release, tier)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-tiergate-tier"] == tier
+        assert response.headers["x-tiergate-pool"] == pool
+        assert response.json()["service_tier"] == tier
+    # Speeds come from the simulated hardware; the gaps (2.5x, ~6x) dwarf this machine's noise.
+    seconds = {
+        t: statistics.median(stream_seconds(release, t, 48) for _ in range(3)) for t in POOLS
+    }
+    assert seconds["premium"] < seconds["batched"] / 1.5, seconds
+    assert seconds["wafer-scale"] < seconds["premium"] / 1.5, seconds
+
+
+INVALID_PREMIUM = """
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: too-wide}
+spec: {tier: premium, model: frontier, accelerator: b200, chips: 8, batching: {maxNumSeqs: 64}}
+"""
+
+NOT_FITTING = """
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: too-small}
+spec: {tier: batched, model: frontier, accelerator: h100, chips: 1, weightDtype: bf16}
+"""
+
+
+def test_invalid_pool_is_refused_and_a_misfit_gets_fits_false(release: Release) -> None:
+    out = release.cluster.kubectl(
+        "-n", release.namespace, "apply", "-f", "-", input=INVALID_PREMIUM, check=False
+    )
+    refused = release.kubectl("apply", "-f", "-", input=INVALID_PREMIUM, check=False)
+    assert not release.exists("inferencepool", "too-wide"), out + refused
+    release.kubectl("apply", "-f", "-", input=NOT_FITTING)
+    release.wait(
+        lambda: (release.condition("too-small", "Fits") or {}).get("status") == "False",
+        "too-small Fits=False",
+    )
+    message = (release.condition("too-small", "Fits") or {}).get("message", "")
+    assert "GiB" in message or "fit" in message.lower(), message
+    assert not release.exists("deployment", "too-small")
+
+
+def test_invalid_pool_message_is_readable(release: Release) -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
+        input=INVALID_PREMIUM,
+        capture_output=True,
+        text=True,
+        env=release.cluster.env,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "maxNumSeqs" in done.stderr and "16" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
+    release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
+    release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
+    release.kubectl("scale", "inferencepool/spark-wafer", "--replicas=3")
+    release.wait(
+        lambda: release.get("inferencepool", "spark-wafer")["status"].get("readyReplicas") == 3,
+        "3 ready replicas",
+        90,
+    )
+    pods = {
+        p["status"]["podIP"]
+        for p in release.cluster.pods(release.namespace, "tiergate.dev/pool=spark-wafer")
+        if p["status"].get("podIP")
+    }
+    assert len(pods) == 3, pods
+    before = {ip: served_requests(ip) for ip in pods}
+    sent = 0
+
+    def spread() -> bool:
+        nonlocal sent
+        for _ in range(12):
+            assert chat(release, "wafer-scale").status_code == 200
+            sent += 1
+        return all(served_requests(ip) > before[ip] for ip in pods)
+
+    # The router learns of new pods from its watch; until then the first pod takes them all.
+    release.wait(spread, "requests reaching all three endpoints", 60)
+    gained = {ip: served_requests(ip) - before[ip] for ip in pods}
+    assert sum(gained.values()) == sent, gained
+
+
+def served_requests(pod_ip: str) -> float:
+    """vllm:request_success_total summed over labels, read from the sim node itself."""
+    text = httpx.get(f"http://{pod_ip}:8000/metrics", timeout=5.0).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def test_deleting_a_pool_removes_its_objects_and_its_routes(release: Release) -> None:
+    release.kubectl("apply", "-f", str(EXAMPLES / "premium.yaml"))
+    release.wait(lambda: served_by(release, "premium"), "the router to serve premium")
+    release.kubectl("delete", "inferencepool", "frontier-premium")
+    release.wait(
+        lambda: (
+            not release.exists("deployment", "frontier-premium")
+            and not release.exists("service", "frontier-premium")
+        ),
+        "garbage collection of the pool's Deployment and Service",
+    )
+    release.wait(
+        lambda: chat(release, "premium").status_code == 404, "the router to stop serving premium"
+    )
+
+
+@pytest.mark.parametrize("tier", ["batched"])
+def test_operator_restart_mid_edit_converges(release: Release, tier: str) -> None:
+    release.kubectl("apply", "-f", str(EXAMPLES / "batched.yaml"))
+    release.wait(lambda: served_by(release, tier), "the router to serve batched")
+    release.kubectl("delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")
+    release.kubectl(
+        "patch", "inferencepool", POOLS[tier], "--type=merge", "-p", '{"spec":{"replicas":2}}'
+    )
+    release.wait(
+        lambda: (
+            release.get("deployment", POOLS[tier])["spec"]["replicas"] == 2
+            and release.get("inferencepool", POOLS[tier])["status"].get("readyReplicas") == 2
+        ),
+        "the new operator to scale the pool to 2",
+        120,
+    )
