@@ -146,7 +146,7 @@ NOT_FITTING = """
 apiVersion: tiergate.dev/v1alpha1
 kind: InferencePool
 metadata: {name: too-small}
-spec: {tier: batched, model: frontier, accelerator: h100, chips: 1, weightDtype: bf16}
+spec: {tier: batched, model: frontier, accelerator: h100-sxm, chips: 1, weightDtype: bf16}
 """
 
 

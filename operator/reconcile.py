@@ -89,7 +89,7 @@ def reconcile(
     assessment = assess(spec, catalog)
     if assessment.problem is not None:
         return _invalid(body, assessment.problem, now())
-    if assessment.envelope is None:
+    if assessment.envelope is None or assessment.layout is None:
         message = f"does not fit: {assessment.misfit}"
         values = {
             "Fits": ConditionValue("False", "ModelDoesNotFit", message),
@@ -99,7 +99,7 @@ def reconcile(
         return Outcome(status, warnings=[("ModelDoesNotFit", message)])
     owner = owner_reference(body)
     for manifest in (
-        deployment_manifest(name, namespace, spec, image),
+        deployment_manifest(name, namespace, spec, image, assessment.layout),
         service_manifest(name, namespace, spec),
     ):
         manifest["metadata"]["ownerReferences"] = [owner]

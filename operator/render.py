@@ -9,7 +9,7 @@ endpoints (it watches the pods themselves). The Service, named after the pool wi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .api import HTTP_PORT_NAME, InferencePoolSpec, pool_selector_labels, sim_node_flags
 
@@ -49,14 +49,24 @@ def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
     }
 
 
-def sim_node_args(spec: InferencePoolSpec) -> list[str]:
+class Layout(NamedTuple):
+    """Chips and tensor-parallel group of one replica, as the performance model resolved them
+    (`chips: auto` included). Pods get these numbers, not the spec's: the envelope in the
+    status must describe what the pods run, and a node sizing `auto` on its own can land on
+    a different count (it does not know the pool's reference workload)."""
+
+    chips: int
+    tensor_parallel: int
+
+
+def sim_node_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:
     """The container's args: `tiergate sim-node` on the pod's port, named after the pod."""
     return [
         "sim-node",
         "--host", "0.0.0.0",
         "--port", str(CONTAINER_PORT),
         "--node-name", "$(POD_NAME)",
-        *sim_node_flags(spec, chips=spec.chips, tensor_parallel=spec.tensor_parallel),
+        *sim_node_flags(spec, chips=layout.chips, tensor_parallel=layout.tensor_parallel),
     ]  # fmt: skip
 
 
@@ -90,14 +100,16 @@ def _scheduling(spec: InferencePoolSpec) -> Manifest:
     return out
 
 
-def deployment_manifest(pool: str, namespace: str, spec: InferencePoolSpec, image: str) -> Manifest:
+def deployment_manifest(
+    pool: str, namespace: str, spec: InferencePoolSpec, image: str, layout: Layout
+) -> Manifest:
     """The pool's Deployment (owner reference added by the caller)."""
     labels = pod_labels(pool, spec)
     image = spec.template.image if spec.template and spec.template.image else image
     container = {
         "name": "sim-node",
         "image": image,
-        "args": sim_node_args(spec),
+        "args": sim_node_args(spec, layout),
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},

@@ -16,6 +16,7 @@ from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.perf import PerfConfigError
 
 from .api import Condition, ConditionType, Envelope, InferencePoolSpec, predict
+from .render import Layout
 
 __all__ = [
     "Assessment",
@@ -40,6 +41,7 @@ class Assessment:
     """What the performance model says about a spec."""
 
     envelope: Envelope | None  # None: the pool cannot run
+    layout: Layout | None = None  # the replica the envelope describes (set when runnable)
     problem: str | None = None  # spec errors the schema cannot catch (unknown model...)
     misfit: str | None = None  # the model does not fit: the numbers
     slo_misses: tuple[str, ...] = ()
@@ -70,7 +72,8 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
             tpot_ms = 1e3 / envelope.tokens_per_second_per_stream
             if tpot_ms > spec.slo.tpot_ms:
                 misses.append(f"TPOT {tpot_ms:.1f} ms > target {spec.slo.tpot_ms:g} ms")
-    return Assessment(envelope, slo_misses=tuple(misses))
+    d = performance.deployment
+    return Assessment(envelope, Layout(d.chips, d.tensor_parallel), slo_misses=tuple(misses))
 
 
 def replica_conditions(

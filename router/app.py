@@ -40,8 +40,10 @@ class RouterApp:
         services: list[Service] | None = None,
         *,
         synced: Callable[[], bool] = lambda: True,
+        ready_needs_endpoints: bool = True,
     ) -> None:
         self.router = router
+        self.ready_needs_endpoints = ready_needs_endpoints
         self.services = services or []
         self.ready = False
         # Discovery has seen all of its pools once; before that an empty or partial view
@@ -160,7 +162,8 @@ class RouterApp:
         endpoints = self.router.view().endpoints()
         now = self.router.clock()
         usable = [e for e in endpoints if not e.is_ejected(now)]
-        if self.ready and usable and self.synced():
+        has_endpoints = bool(usable) or not self.ready_needs_endpoints
+        if self.ready and has_endpoints and self.synced():
             await send_json(send, 200, {"status": "ready", "endpoints": len(usable)})
         else:
             if not self.ready:

@@ -93,7 +93,12 @@ def build_app(
     )
     # The source first: services stop in reverse order, so discovery stops last.
     services: list[Service] = [source, _Closing(scrape_client), scraper, *(extra_services or [])]
-    return RouterApp(router, services, synced=lambda: source.synced)
+    return RouterApp(
+        router,
+        services,
+        synced=lambda: source.synced,
+        ready_needs_endpoints=source.ready_needs_endpoints,
+    )
 
 
 class _Closing:

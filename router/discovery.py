@@ -148,7 +148,14 @@ class PoolSource(Protocol):
 
     `view` is replaced, never mutated, when pools or endpoints change. `synced` is False
     until the source has seen the whole of its truth once (the router is not ready before).
+    `ready_needs_endpoints`: whether the router is ready only with a usable endpoint. True
+    for a file, whose endpoints are the configuration; False for a cluster, where pools come
+    and go (a gateway with no pools yet is ready, or `helm install --wait` could never end
+    before the first pool, and scaling every pool to zero would pull the router from its
+    Service).
     """
+
+    ready_needs_endpoints: bool
 
     @property
     def view(self) -> PoolView: ...
@@ -181,6 +188,8 @@ class FileSource:
     A changed file that does not parse or validate is logged and ignored: the router keeps
     serving with the last good view (a typo must not take a gateway down).
     """
+
+    ready_needs_endpoints = True
 
     synced = True  # the file was read in full before the app starts
 

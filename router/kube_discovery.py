@@ -39,6 +39,8 @@ DEBOUNCE_S = 0.1
 class KubeSource:
     """A `PoolSource` kept current by watching one namespace of a Kubernetes API."""
 
+    ready_needs_endpoints = False  # pools come and go; see PoolSource
+
     def __init__(
         self,
         api: KubeApi,

@@ -177,7 +177,7 @@ def openapi_document() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": {
-                    "summary": "Readiness: started and at least one usable endpoint",
+                    "summary": "Readiness: started and synced (from a file: and an endpoint)",
                     "responses": {
                         "200": {"description": "Ready"},
                         "503": {"description": "Not ready"},

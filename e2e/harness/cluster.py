@@ -26,12 +26,61 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tiergate"
 POD_CIDR = "127.100.0.1/16"
 DEFAULT_NAME = "tiergate"
+# kwok's own pod stages, less one thing: a new pod is Running with an IP but *not* Ready. The
+# pod runner reports Ready when the pod's readinessProbe passes (as a kubelet does), so
+# `helm install --wait`, Deployments and the router all see the truth. Giving any pod stage
+# replaces kwok's default pod stages, hence pod-delete too (node stages stay kwok's).
 KWOK_CONFIG = f"""\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
   cidr: {POD_CIDR}
   nodeIP: 127.0.0.1
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-running-unready
+spec:
+  resourceRef: {{apiGroup: v1, kind: Pod}}
+  selector:
+    matchExpressions:
+    - {{key: .metadata.deletionTimestamp, operator: DoesNotExist}}
+    - {{key: .status.podIP, operator: DoesNotExist}}
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      conditions:
+      - {{type: Initialized, status: "True", lastTransitionTime: {{{{ $now | Quote }}}}}}
+      - {{type: Ready, status: "False", lastTransitionTime: {{{{ $now | Quote }}}}}}
+      - {{type: ContainersReady, status: "False", lastTransitionTime: {{{{ $now | Quote }}}}}}
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        started: true
+        restartCount: 0
+        state: {{running: {{startedAt: {{{{ $now | Quote }}}}}}}}
+      {{{{ end }}}}
+      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
+      podIP: {{{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
+        ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}}}
+      phase: Running
+      startTime: {{{{ $now | Quote }}}}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete
+spec:
+  resourceRef: {{apiGroup: v1, kind: Pod}}
+  selector:
+    matchExpressions:
+    - {{key: .metadata.deletionTimestamp, operator: Exists}}
+  next:
+    finalizers: {{empty: true}}
+    delete: true
 """
 NODE = """\
 apiVersion: v1
@@ -84,6 +133,8 @@ class LocalCluster:
     name: str
     state: Path
     bin: Path
+    # The pod runner this object started (None when another process did: `cluster.py down`).
+    runner: subprocess.Popen[bytes] | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -206,6 +257,7 @@ class LocalCluster:
             start_new_session=True,
         )
         log.close()
+        self.runner = proc
         self.runner_pid_file.write_text(str(proc.pid))
         time.sleep(1.0)
         if proc.poll() is not None:
@@ -214,6 +266,7 @@ class LocalCluster:
             )
 
     def stop_runner(self) -> None:
+        """SIGTERM (the runner stops its pods' processes), SIGKILL after 30 s."""
         try:
             pid = int(self.runner_pid_file.read_text())
         except (OSError, ValueError):
@@ -221,11 +274,17 @@ class LocalCluster:
         try:
             os.kill(pid, signal.SIGTERM)
             for _ in range(300):
+                if self.runner is not None and self.runner.poll() is not None:
+                    break  # our child: reaped (a zombie would still answer kill 0)
                 os.kill(pid, 0)
                 time.sleep(0.1)
-            os.kill(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if self.runner is not None:
+            self.runner.wait()
+            self.runner = None
         self.runner_pid_file.unlink(missing_ok=True)
 
     # -- the chart ----------------------------------------------------------------------------

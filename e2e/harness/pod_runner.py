@@ -14,8 +14,10 @@ the pod goes away, and restarts it when it dies, as a kubelet would:
   whose ports equal their target ports to a ready pod behind it (DNS plus kube-proxy, in one);
 - env: `value`, `$(VAR)` expansion, `fieldRef`, `secretKeyRef`, `configMapKeyRef`, `envFrom`,
   plus KUBERNETES_SERVICE_HOST/PORT, as the kubelet sets them;
-- status: a pod with restartPolicy Never/OnFailure (a `helm test` pod) gets phase Succeeded or
-  Failed from its exit code.
+- status: the pod is Ready only while its readinessProbe (httpGet) passes, as the kubelet
+  reports it (kwok alone would call it Ready before the process listens); a pod with
+  restartPolicy Never/OnFailure (a `helm test` pod) gets phase Succeeded or Failed from its
+  exit code.
 
 Mount namespaces need root. Test infrastructure only: it lives in e2e/, never in the product.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import logging
 import os
 import re
@@ -76,6 +79,9 @@ class Proc:
     log_file: Path
     restarts: int = 0
     started: float = field(default_factory=time.monotonic)
+    ready: bool | None = None  # as last reported in the pod's status
+    failures: int = 0  # consecutive readiness probe failures
+    next_probe: float = 0.0
 
 
 def ours(pod: client.V1Pod, image: str) -> bool:
@@ -170,7 +176,9 @@ class PodProcesses:
                 continue
             code = proc.popen.poll()
             if code is None:
+                self._probe(pod, proc)
                 continue
+            self._report_ready(pod, proc, False)
             policy = pod.spec.restart_policy or "Always"
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 self._finish(pod, proc, code)
@@ -190,6 +198,68 @@ class PodProcesses:
         for proc in self.procs.values():
             self._stop(proc, None)
         self.procs.clear()
+
+    def _probe(self, pod: client.V1Pod, proc: Proc) -> None:
+        """The readiness probe (httpGet), as the kubelet runs it; no probe: ready when running."""
+        now = time.monotonic()
+        if now < proc.next_probe:
+            return
+        container = pod.spec.containers[0]
+        probe = container.readiness_probe
+        if probe is None or probe.http_get is None:
+            self._report_ready(pod, proc, True)
+            proc.next_probe = now + 3600
+            return
+        proc.next_probe = now + max(1, min(probe.period_seconds or 10, 5))
+        if now - proc.started < (probe.initial_delay_seconds or 0):
+            return
+        ports = {p.name: p.container_port for p in container.ports or [] if p.name}
+        port = probe.http_get.port
+        port = ports.get(port, port) if isinstance(port, str) and not port.isdigit() else int(port)
+        try:
+            conn = http.client.HTTPConnection(pod.status.pod_ip, port, timeout=2)
+            conn.request("GET", probe.http_get.path or "/")
+            ok = 200 <= conn.getresponse().status < 400
+            conn.close()
+        except OSError:
+            ok = False
+        proc.failures = 0 if ok else proc.failures + 1
+        if ok:
+            self._report_ready(pod, proc, True)
+        elif proc.failures >= (probe.failure_threshold or 3) or proc.ready is None:
+            self._report_ready(pod, proc, False)
+
+    def _report_ready(self, pod: client.V1Pod, proc: Proc, ready: bool) -> None:
+        if proc.ready == ready:
+            return
+        value = "True" if ready else "False"
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [
+            {"type": t, "status": value, "lastTransitionTime": now}
+            for t in ("Ready", "ContainersReady")
+        ]
+        c = pod.spec.containers[0]
+        since = time.gmtime(time.time() - (time.monotonic() - proc.started))
+        running = {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", since)}}
+        # containerStatuses has no merge key: the whole list is replaced (one container).
+        statuses = [
+            {"name": c.name, "image": c.image, "imageID": "", "ready": ready, "started": True,
+             "restartCount": proc.restarts, "state": running}
+        ]  # fmt: skip
+        body = {"status": {"conditions": conditions, "containerStatuses": statuses}}
+        try:
+            self.r.api.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+        except client.ApiException as exc:
+            log.warning(
+                "pod %s/%s: cannot report ready=%s: %s",
+                proc.namespace,
+                proc.name,
+                value,
+                exc.reason,
+            )
+            return
+        proc.ready = ready
+        log.info("pod %s/%s: ready=%s", proc.namespace, proc.name, value)
 
     @staticmethod
     def _finished(pod: client.V1Pod) -> bool:
@@ -214,7 +284,10 @@ class PodProcesses:
             start_new_session=True,
         )
         out.close()
-        self.procs[meta.uid] = Proc(meta.uid, meta.namespace, meta.name, popen, log_file)
+        proc = Proc(meta.uid, meta.namespace, meta.name, popen, log_file)
+        self.procs[meta.uid] = proc
+        # kwok marked the pod Ready when it made it Running; the process only now starts.
+        self._report_ready(pod, proc, False)
         log.info(
             "pod %s: started pid %d on %s (log %s)", where, popen.pid, pod.status.pod_ip, log_file
         )

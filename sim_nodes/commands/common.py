@@ -24,6 +24,10 @@ def configure_logging(level: str) -> None:
         stream=sys.stderr,
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
+    # httpx logs every request at INFO: the router's metrics scrapes alone would be two lines
+    # a second per endpoint. Shown with --log-level debug.
+    if level.lower() != "debug":
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def positive_int(text: str) -> int:

@@ -12,7 +12,9 @@ import yaml
 
 from tiergate.cli import build_parser
 from tiergate.operator.api import InferencePool, InferencePoolSpec, pool_selector_labels
-from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
+from tiergate.operator.render import Layout, deployment_manifest, service_manifest, sim_node_args
+from tiergate.operator.status import assess
+from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.common import spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +25,13 @@ def example(name: str) -> InferencePoolSpec:
     return InferencePool.model_validate(yaml.safe_load(text)).spec
 
 
+def layout(spec: InferencePoolSpec) -> Layout:
+    """The layout the operator renders: the performance model's, as `reconcile` takes it."""
+    resolved = assess(spec, default_catalog()).layout
+    assert resolved is not None
+    return resolved
+
+
 def parse(args: list[str]) -> argparse.Namespace:
     return build_parser("sim-node").parse_args(args)
 
@@ -30,12 +39,16 @@ def parse(args: list[str]) -> argparse.Namespace:
 @pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale"])
 def test_sim_node_flags_reproduce_the_spec(name: str) -> None:
     spec = example(name)
-    parsed = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec)])
+    resolved = layout(spec)
+    parsed = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, resolved)])
     served = spec_from_args(parsed)
-    fields = ("model", "accelerator", "chips", "tensor_parallel", "weight_dtype", "kv_dtype",
-              "batching", "speculative_decoding")  # fmt: skip
+    fields = ("model", "accelerator", "weight_dtype", "kv_dtype", "batching",
+              "speculative_decoding")  # fmt: skip
     for field in fields:
         assert getattr(served, field) == getattr(spec, field), field
+    assert (served.chips, served.tensor_parallel) == resolved
+    if spec.chips != "auto":
+        assert served.chips == spec.chips
     assert parsed.background_sequences == spec.background.sequences  # type: ignore[union-attr]
     assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
 
@@ -53,7 +66,7 @@ def test_speculative_decoding_and_names_reach_the_node() -> None:
             "aliases": ["fast-one"],
         }  # fmt: skip
     )
-    parsed = parse(sim_node_args(spec))
+    parsed = parse(sim_node_args(spec, Layout(8, 8)))  # flags only: the draft is not in the catalog
     assert (parsed.draft_model, parsed.speculative_tokens, parsed.acceptance_rate) == (
         "llama-3.2-1b", 4, 0.7)  # fmt: skip
     assert parsed.served_model_name == ["claude-ish", "fast-one"]
@@ -61,7 +74,7 @@ def test_speculative_decoding_and_names_reach_the_node() -> None:
 
 def test_pods_are_non_root_read_only_and_probed() -> None:
     spec = example("premium")
-    d = deployment_manifest("frontier-premium", "ns", spec, "tiergate:0.1.0")
+    d = deployment_manifest("frontier-premium", "ns", spec, "tiergate:0.1.0", layout(spec))
     pod = d["spec"]["template"]["spec"]
     container = pod["containers"][0]
     sc = container["securityContext"]
@@ -91,7 +104,7 @@ def test_template_overrides_apply_but_never_replace_tiergate_labels() -> None:
             },
         }  # fmt: skip
     )
-    d = deployment_manifest("p", "ns", spec, "tiergate:0.1.0")
+    d = deployment_manifest("p", "ns", spec, "tiergate:0.1.0", layout(spec))
     pod = d["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "mirror/tiergate:1"
     assert pod["nodeSelector"] == {"pool": "gpu"}
@@ -106,3 +119,24 @@ def test_service_is_named_after_the_pool_with_an_http_port() -> None:
     assert s["metadata"]["name"] == "spark-wafer"
     assert s["spec"]["ports"][0]["name"] == "http"
     assert s["spec"]["selector"] == pool_selector_labels("spark-wafer")
+
+
+@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale"])
+def test_the_rendered_node_starts_and_simulates_the_envelopes_replica(name: str) -> None:
+    """Regression (found on a real API server): wafer-scale's `chips: auto` went to the pod as
+    `auto`, the node sized it without the pool's background load and refused to start. The pod
+    now gets the envelope's layout, and a node built from its args starts."""
+    from tiergate.sim_nodes.server.app import create_app
+    from tiergate.sim_nodes.server.config import NodeConfig
+
+    spec = example(name)
+    args = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, layout(spec))])
+    bg = spec.background
+    assert bg is not None
+    config = NodeConfig(
+        serving=spec_from_args(args),
+        background_sequences=args.background_sequences,
+        background_context_tokens=args.background_context_tokens,
+    )
+    create_app(config)  # raises EngineCapacityError when the background does not fit
+    assert args.chips == layout(spec).chips

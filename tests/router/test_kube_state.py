@@ -12,7 +12,7 @@ import pytest
 from kube_helpers import recorded, recorded_pod, set_ready, watch_event
 
 from tiergate.operator.api import SIM_NODE_SELECTOR, InferencePoolSpec
-from tiergate.operator.render import deployment_manifest
+from tiergate.operator.render import Layout, deployment_manifest
 from tiergate.router.config import ConfigError
 from tiergate.router.kube_state import (
     INFERENCE_POOLS,
@@ -133,7 +133,9 @@ def test_the_router_finds_the_pods_the_operator_renders() -> None:
     spec = InferencePoolSpec.model_validate(
         {"tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm"}
     )
-    template = deployment_manifest("p", "ns", spec, "tiergate:0.1.0")["spec"]["template"]
+    template = deployment_manifest("p", "ns", spec, "tiergate:0.1.0", Layout(8, 8))["spec"][
+        "template"
+    ]
     labels = template["metadata"]["labels"]
     key, value = SIM_NODE_SELECTOR.split("=")
     assert labels[key] == value
