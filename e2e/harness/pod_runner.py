@@ -77,6 +77,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_file: Path
+    ip: str
     restarts: int = 0
     started: float = field(default_factory=time.monotonic)
     ready: bool | None = None  # as last reported in the pod's status
@@ -146,6 +147,7 @@ class PodProcesses:
         self.r = runner
         self.pods: dict[str, client.V1Pod] = {}
         self.procs: dict[str, Proc] = {}
+        self.stopping: list[tuple[Proc, float]] = []  # SIGTERM sent, with a SIGKILL deadline
         self.failed_to_start: dict[str, str] = {}
         self.lock = threading.Lock()
 
@@ -161,6 +163,7 @@ class PodProcesses:
     def sync(self) -> None:
         with self.lock:
             pods = dict(self.pods)
+        self._reap()
         for uid, proc in list(self.procs.items()):
             pod = pods.get(uid)
             if pod is None or pod.metadata.deletion_timestamp is not None:
@@ -171,7 +174,10 @@ class PodProcesses:
                 continue
             proc = self.procs.get(uid)
             if proc is None:
-                if uid not in self.failed_to_start and not self._finished(pod):
+                # kwok hands a deleted pod's IP to the next pod at once: wait until the old
+                # process has let go of it, or the new one could not bind.
+                held = any(p.ip == pod.status.pod_ip for p, _ in self.stopping)
+                if uid not in self.failed_to_start and not self._finished(pod) and not held:
                     self._start(pod)
                 continue
             code = proc.popen.poll()
@@ -198,6 +204,9 @@ class PodProcesses:
         for proc in self.procs.values():
             self._stop(proc, None)
         self.procs.clear()
+        while self.stopping:
+            self._reap()
+            time.sleep(0.1)
 
     def _probe(self, pod: client.V1Pod, proc: Proc) -> None:
         """The readiness probe (httpGet), as the kubelet runs it; no probe: ready when running."""
@@ -284,7 +293,7 @@ class PodProcesses:
             start_new_session=True,
         )
         out.close()
-        proc = Proc(meta.uid, meta.namespace, meta.name, popen, log_file)
+        proc = Proc(meta.uid, meta.namespace, meta.name, popen, log_file, pod.status.pod_ip)
         self.procs[meta.uid] = proc
         # kwok marked the pod Ready when it made it Running; the process only now starts.
         self._report_ready(pod, proc, False)
@@ -294,17 +303,25 @@ class PodProcesses:
         return True
 
     def _stop(self, proc: Proc, pod: client.V1Pod | None) -> None:
+        """SIGTERM now, SIGKILL after the grace period (in `_reap`); the loop never waits."""
         grace = 10
         if pod is not None and pod.spec.termination_grace_period_seconds is not None:
             grace = min(pod.spec.termination_grace_period_seconds, 30)
         if proc.popen.poll() is None:
             _signal_group(proc.popen, signal.SIGTERM)
-            try:
-                proc.popen.wait(grace)
-            except subprocess.TimeoutExpired:
+        self.stopping.append((proc, time.monotonic() + grace))
+
+    def _reap(self) -> None:
+        still: list[tuple[Proc, float]] = []
+        for proc, deadline in self.stopping:
+            if proc.popen.poll() is not None:
+                log.info("pod %s/%s: stopped (exit %s)", proc.namespace, proc.name,
+                         proc.popen.returncode)  # fmt: skip
+                continue
+            if time.monotonic() > deadline:
                 _signal_group(proc.popen, signal.SIGKILL)
-                proc.popen.wait()
-        log.info("pod %s/%s: stopped (exit %s)", proc.namespace, proc.name, proc.popen.returncode)
+            still.append((proc, deadline))
+        self.stopping = still
 
     def _finish(self, pod: client.V1Pod, proc: Proc, code: int) -> None:
         """A run-to-completion pod's process ended: report it the way the kubelet does."""

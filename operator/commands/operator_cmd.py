@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import random
+from typing import Any
 
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 from tiergate.sim_nodes.commands.common import CliError, configure_logging
@@ -30,6 +31,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def operator_options(args: argparse.Namespace) -> dict[str, Any]:
+    """kopf.operator's keyword arguments for these flags.
+
+    Peering is named only when it is wanted: a peering name makes kopf's peering mandatory,
+    and mandatory peering in standalone mode watches no peering object and stays paused.
+    """
+    options: dict[str, Any] = {
+        "clusterwide": not args.namespace,
+        "namespaces": args.namespace,
+        "standalone": args.standalone,
+        "liveness_endpoint": f"http://0.0.0.0:{args.health_port}/healthz",
+    }
+    if not args.standalone:
+        options["peering_name"] = PEERING_NAME
+        options["priority"] = random.SystemRandom().randint(1, 1_000_000)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,15 +72,5 @@ def run(args: argparse.Namespace) -> int:
     # Not kopf.configure(): it adds a second root handler, and every line would print twice in
     # two formats. kopf's loggers go through configure_logging's handler like everything else.
     memo = handlers.OperatorMemo(catalog=catalog, image=args.image, namespaced=bool(args.namespace))
-    asyncio.run(
-        kopf.operator(
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            standalone=args.standalone,
-            peering_name=PEERING_NAME,
-            priority=random.SystemRandom().randint(1, 1_000_000),
-            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-            memo=memo,
-        )
-    )
+    asyncio.run(kopf.operator(memo=memo, **operator_options(args)))
     return 0
