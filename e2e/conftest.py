@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +28,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "harness"))
 
-from cluster import REPO, HarnessError, LocalCluster, default_state, tools_bin  # noqa: E402
+from cluster import (  # noqa: E402
+    REPO,
+    HarnessError,
+    LocalCluster,
+    default_state,
+    reap_stale_test_clusters,
+    tools_bin,
+)
 
 BACKEND = os.environ.get("TIERGATE_E2E_BACKEND", "local")
 
@@ -153,6 +161,7 @@ def cluster() -> Iterator[LocalCluster]:
         bin_dir = tools_bin()
     except HarnessError as exc:
         pytest.fail(f"cannot install the e2e tools: {exc}")
+    reap_stale_test_clusters(bin_dir)
     name = f"tg-e2e-{os.getpid()}"
     c = LocalCluster(name, default_state(name), bin_dir)
     try:
@@ -163,6 +172,7 @@ def cluster() -> Iterator[LocalCluster]:
         pytest.fail(f"cannot start the local cluster: {exc}")
     yield c
     c.delete()
+    shutil.rmtree(c.state, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@
 
 kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok are the binaries
 e2e/tools/install.sh built; kwokctl is pointed at them and downloads nothing. Pod IPs come
-from 127.100.0.0/16 so that the pod runner's processes are reachable on this machine only.
+from a /16 inside 127.0.0.0/8 (one per cluster name), so the pod runner's processes are
+reachable on this machine only.
 Everything lives under the state folder (default ~/.cache/tiergate/e2e-cluster/<name>).
 """
 
@@ -15,26 +16,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tiergate"
-POD_CIDR = "127.100.0.1/16"
 DEFAULT_NAME = "tiergate"
 # kwok's own pod stages, less one thing: a new pod is Running with an IP but *not* Ready. The
 # pod runner reports Ready when the pod's readinessProbe passes (as a kubelet does), so
 # `helm install --wait`, Deployments and the router all see the truth. Giving any pod stage
 # replaces kwok's default pod stages, hence pod-delete too (node stages stay kwok's).
-KWOK_CONFIG = f"""\
+KWOK_CONFIG = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
-  cidr: {POD_CIDR}
+  cidr: {cidr}
   nodeIP: 127.0.0.1
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -42,44 +44,44 @@ kind: Stage
 metadata:
   name: pod-running-unready
 spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
+  resourceRef: {apiGroup: v1, kind: Pod}
   selector:
     matchExpressions:
-    - {{key: .metadata.deletionTimestamp, operator: DoesNotExist}}
-    - {{key: .status.podIP, operator: DoesNotExist}}
+    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
+    - {key: .status.podIP, operator: DoesNotExist}
   next:
     statusTemplate: |
-      {{{{ $now := Now }}}}
+      {{ $now := Now }}
       conditions:
-      - {{type: Initialized, status: "True", lastTransitionTime: {{{{ $now | Quote }}}}}}
-      - {{type: Ready, status: "False", lastTransitionTime: {{{{ $now | Quote }}}}}}
-      - {{type: ContainersReady, status: "False", lastTransitionTime: {{{{ $now | Quote }}}}}}
+      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: Ready, status: "False", lastTransitionTime: {{ $now | Quote }}}
+      - {type: ContainersReady, status: "False", lastTransitionTime: {{ $now | Quote }}}
       containerStatuses:
-      {{{{ range .spec.containers }}}}
-      - image: {{{{ .image | Quote }}}}
-        name: {{{{ .name | Quote }}}}
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
         ready: false
         started: true
         restartCount: 0
-        state: {{running: {{startedAt: {{{{ $now | Quote }}}}}}}}
-      {{{{ end }}}}
-      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
-      podIP: {{{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
-        ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}}}
+        state: {running: {startedAt: {{ $now | Quote }}}}
+      {{ end }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
+        ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
       phase: Running
-      startTime: {{{{ $now | Quote }}}}
+      startTime: {{ $now | Quote }}
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
   name: pod-delete
 spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
+  resourceRef: {apiGroup: v1, kind: Pod}
   selector:
     matchExpressions:
-    - {{key: .metadata.deletionTimestamp, operator: Exists}}
+    - {key: .metadata.deletionTimestamp, operator: Exists}
   next:
-    finalizers: {{empty: true}}
+    finalizers: {empty: true}
     delete: true
 """
 NODE = """\
@@ -100,6 +102,12 @@ status:
   allocatable: {cpu: "64", memory: 256Gi, pods: "220"}
   capacity: {cpu: "64", memory: 256Gi, pods: "220"}
 """
+
+
+def pod_cidr(name: str) -> str:
+    """A /16 inside 127.0.0.0/8 of the cluster's own (127.100-199.x.y): two clusters on one
+    machine (`make cluster` and a test run) never hand out the same pod IP."""
+    return f"127.{100 + zlib.crc32(name.encode()) % 100}.0.1/16"
 
 
 class HarnessError(Exception):
@@ -177,7 +185,7 @@ class LocalCluster:
     def create(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         config = self.state / "kwok.yaml"
-        config.write_text(KWOK_CONFIG)
+        config.write_text(KWOK_CONFIG.replace("{cidr}", pod_cidr(self.name)))
         b = self.bin
         self.run(
             str(b / "kwokctl"),
@@ -332,6 +340,23 @@ class LocalCluster:
                 return
             time.sleep(0.5)
         raise HarnessError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def reap_stale_test_clusters(bin_dir: Path) -> list[str]:
+    """Delete the clusters of test sessions that died without cleaning up (killed pytest).
+
+    A test cluster is named tg-e2e-<pid of its pytest>; one whose process is gone is stale.
+    """
+    root = default_state("x").parent
+    reaped = []
+    for state in sorted(root.glob("tg-e2e-*")) if root.exists() else ():
+        pid = state.name.removeprefix("tg-e2e-")
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue
+        LocalCluster(state.name, state, bin_dir).delete()
+        shutil.rmtree(state, ignore_errors=True)
+        reaped.append(state.name)
+    return reaped
 
 
 def wait_http_ok(url: str, timeout_s: float) -> None:

@@ -387,19 +387,15 @@ class PodProcesses:
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
         script.append('exec "$@"')
+        # setpriv: the process gets SIGKILL if the runner dies (it must never outlive the
+        # runner, holding a pod IP). unshare: its own mount namespace, for the volumes.
         argv = [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            "\n".join(script),
-            "sh",
+            "setpriv", "--pdeathsig", "KILL", "--",
+            "unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", "\n".join(script), "sh",
             *command,
             *args,
-        ]
+        ]  # fmt: skip
         run_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOSTNAME": meta.name,
