@@ -5,6 +5,7 @@ named after the pool, port `http`."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import yaml
 from tiergate.cli import build_parser
 from tiergate.operator.api import InferencePool, InferencePoolSpec, pool_selector_labels
 from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
+from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.common import spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,16 +29,18 @@ def parse(args: list[str]) -> argparse.Namespace:
     return build_parser("sim-node").parse_args(args)
 
 
-@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale"])
+@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale", "custom-model"])
 def test_sim_node_flags_reproduce_the_spec(name: str) -> None:
     spec = example(name)
     parsed = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec)])
     served = spec_from_args(parsed)
-    fields = ("model", "accelerator", "chips", "tensor_parallel", "weight_dtype", "kv_dtype",
-              "batching", "speculative_decoding")  # fmt: skip
+    fields = ("model", "accelerator", "model_profile", "accelerator_profile", "chips",
+              "tensor_parallel", "weight_dtype", "kv_dtype", "batching",
+              "speculative_decoding")  # fmt: skip
     for field in fields:
         assert getattr(served, field) == getattr(spec, field), field
-    assert parsed.background_sequences == spec.background.sequences  # type: ignore[union-attr]
+    background = spec.background.sequences if spec.background else 0
+    assert parsed.background_sequences == background
     assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
 
 
@@ -57,6 +61,25 @@ def test_speculative_decoding_and_names_reach_the_node() -> None:
     assert (parsed.draft_model, parsed.speculative_tokens, parsed.acceptance_rate) == (
         "llama-3.2-1b", 4, 0.7)  # fmt: skip
     assert parsed.served_model_name == ["claude-ish", "fast-one"]
+
+
+def test_inline_profiles_reach_the_node_as_compact_json_flags() -> None:
+    spec = example("custom-model")
+    accelerator = (
+        default_catalog()
+        .accelerator("h100-sxm")
+        .model_copy(update={"name": "lab-gpu", "price_per_chip_hour_usd": 1.5})
+    )
+    spec = spec.model_copy(update={"accelerator": "lab-gpu", "accelerator_profile": accelerator})
+    args = sim_node_args(spec)
+    model_json = args[args.index("--model-profile-json") + 1]
+    assert json.loads(model_json)["hiddenSize"] == 8192 and " " not in model_json
+    accelerator_json = args[args.index("--accelerator-profile-json") + 1]
+    assert json.loads(accelerator_json)["pricePerChipHourUsd"] == 1.5
+    parsed = parse(args)
+    assert (parsed.model_profile_json, parsed.accelerator_profile_json) == (
+        spec.model_profile, accelerator)  # fmt: skip
+    assert "--model-profile-json" not in sim_node_args(example("batched"))
 
 
 def test_pods_are_non_root_read_only_and_probed() -> None:
