@@ -6,7 +6,9 @@ OpenAPI v3 schema the API server wants: every `$ref` inlined, `Optional[X]` as a
 OpenAPI 3.0 form, no titles, defaults stated in descriptions (the operator applies them, so a
 stored object never changes meaning when a default does). Rules the schema alone cannot state
 are CEL `x-kubernetes-validations`, each with a message a person understands; the list of
-SRAM accelerators comes from the catalog.
+SRAM accelerators comes from the catalog (an inline `acceleratorProfile` is checked by its own
+`memoryKind` instead), and inline profiles get the cross-field checks of their pydantic models
+that are cheap to state in CEL.
 
 `tiergate crds` writes the result; tests fail when the committed YAML differs.
 """
@@ -105,13 +107,27 @@ def spec_rules(sram_accelerators: list[str]) -> list[Schema]:
             "fieldPath": ".batching.maxNumSeqs",
         },
         {
-            "rule": f"self.tier != 'wafer-scale' || self.accelerator in [{listed}]",
+            "rule": (
+                "self.tier != 'wafer-scale' || (has(self.acceleratorProfile) ? "
+                f"self.acceleratorProfile.memoryKind == 'sram' : self.accelerator in [{listed}])"
+            ),
             "message": (
-                f"wafer-scale pools need an SRAM accelerator ({names}); "
-                "spec.accelerator keeps weights in HBM"
+                f"wafer-scale pools need an SRAM accelerator ({names}, or an "
+                "acceleratorProfile with memoryKind sram); spec.accelerator keeps weights in HBM"
             ),
             "fieldPath": ".accelerator",
         },
+        *(
+            {
+                "rule": f"!has(self.{field}) || self.{field}.name == self.{key}",
+                "message": (
+                    f"spec.{field}.name must equal spec.{key} "
+                    "(the name the profile is registered under)"
+                ),
+                "fieldPath": f".{field}.name",
+            }
+            for field, key in (("modelProfile", "model"), ("acceleratorProfile", "accelerator"))
+        ),
         {
             "rule": (
                 "!has(self.tensorParallel) || !has(self.chips) || type(self.chips) != int || "
@@ -123,6 +139,29 @@ def spec_rules(sram_accelerators: list[str]) -> list[Schema]:
     ]
 
 
+#: The checks of `ModelProfile` / `Accelerator` validators worth failing `kubectl apply` for
+#: (the operator still runs the full validation and reports the rest as InvalidSpec).
+MODEL_PROFILE_RULES: list[Schema] = [
+    {
+        "rule": "self.heads % self.kvHeads == 0",
+        "message": "modelProfile.heads must be a multiple of modelProfile.kvHeads",
+        "fieldPath": ".kvHeads",
+    },
+    {
+        # double(): a whole number in YAML must compare like the fraction it stands for
+        "rule": "double(self.activeParamsB) <= double(self.totalParamsB)",
+        "message": "modelProfile.activeParamsB must not exceed modelProfile.totalParamsB",
+        "fieldPath": ".activeParamsB",
+    },
+]
+ACCELERATOR_PROFILE_RULES: list[Schema] = [
+    {
+        "rule": "'bf16' in self.peakTflops",
+        "message": "acceleratorProfile.peakTflops needs a bf16 entry",
+        "fieldPath": ".peakTflops",
+    },
+]
+
 _CHIPS_RULE = {
     "rule": "type(self) == int ? int(self) >= 1 : self == 'auto'",
     "message": 'chips must be a positive integer or "auto"',
@@ -131,7 +170,10 @@ _CHIPS_RULE = {
 
 def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     spec: Schema = schema["properties"]["spec"]
-    spec["properties"]["chips"]["x-kubernetes-validations"] = [_CHIPS_RULE]
+    props = spec["properties"]
+    props["chips"]["x-kubernetes-validations"] = [_CHIPS_RULE]
+    props["modelProfile"]["x-kubernetes-validations"] = MODEL_PROFILE_RULES
+    props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
     sram = sorted(a.name for a in catalog.accelerators.values() if a.memory_kind == "sram")
     spec["x-kubernetes-validations"] = spec_rules(sram)
     return spec
@@ -172,6 +214,8 @@ def inference_pool_crd(catalog: Catalog) -> Schema:
         ("$/Mtok", "number", ".status.envelope.costPerMillionOutputTokensUSD", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
         ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
+        ("ModelProfile", "string", ".status.envelope.modelSource", 1),
+        ("AcceleratorProfile", "string", ".status.envelope.acceleratorSource", 1),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -20,7 +20,14 @@ from tiergate.sim_nodes.validation import first_problem
 from .api import Condition, InferencePoolSpec, label_selector, pool_selector_labels
 from .kube import Cluster
 from .render import deployment_manifest, service_manifest
-from .status import Assessment, ConditionValue, assess, conditions, replica_conditions
+from .status import (
+    Assessment,
+    ConditionValue,
+    assess,
+    conditions,
+    fits_message,
+    replica_conditions,
+)
 
 __all__ = ["Outcome", "owner_reference", "reconcile"]
 
@@ -119,17 +126,13 @@ def observe(
     deployment = cluster.deployment_status(meta["namespace"], meta["name"]) or {}
     ready = int(deployment.get("readyReplicas") or 0)
     updated = int(deployment.get("updatedReplicas") or 0)
+    envelope = assessment.envelope
+    fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
     values: dict[Any, ConditionValue] = {
-        "Fits": ConditionValue(
-            "True",
-            "ModelFits",
-            f"{spec.model} fits {assessment.envelope.chips if assessment.envelope else '?'} x "
-            f"{spec.accelerator}",
-        ),  # fmt: skip
+        "Fits": ConditionValue("True", "ModelFits", fits),
         **replica_conditions(assessment, spec.replicas, ready, updated),
     }
     selector = label_selector(pool_selector_labels(meta["name"]))
-    envelope = assessment.envelope
     return _status(
         body,
         values,

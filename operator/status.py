@@ -3,6 +3,8 @@
 Pure functions. `assess` runs the performance model on a spec and says whether the pool can
 exist at all (`SpecProblem`: unknown names, impossible layouts; `DoesNotFit`: the model or its
 KV cache does not fit the chips, with the numbers) or what it will deliver (`Envelope`).
+Messages name an inline profile as such, and say when it shadows a catalog entry: a reader of
+`kubectl describe` must not mistake a team's own figures for the catalog's.
 `conditions` merges new condition values into the old list the Kubernetes way:
 `lastTransitionTime` changes only when a condition's status does.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
-from tiergate.sim_nodes.perf import PerfConfigError
+from tiergate.sim_nodes.perf import PerfConfigError, profile_label
 
 from .api import Condition, ConditionType, Envelope, InferencePoolSpec, predict
 from .render import Layout
@@ -23,6 +25,7 @@ __all__ = [
     "ConditionValue",
     "assess",
     "conditions",
+    "fits_message",
     "replica_conditions",
 ]
 
@@ -51,6 +54,13 @@ class Assessment:
         return self.envelope is not None
 
 
+def fits_message(spec: InferencePoolSpec, envelope: Envelope) -> str:
+    """The Fits condition's message: which model fits how many of which chips."""
+    model = profile_label(spec.model, envelope.model_source)
+    accelerator = profile_label(spec.accelerator, envelope.accelerator_source)
+    return f"{model} fits {envelope.chips} x {accelerator}"
+
+
 def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
     try:
         performance = predict(spec, spec.workload, catalog)
@@ -59,7 +69,9 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
     result = performance.result
     if not result.fits:
         d = performance.deployment
-        where = f"{spec.model} on {d.chips} x {spec.accelerator} ({spec.weight_dtype} weights)"
+        model = profile_label(spec.model, performance.model_source)
+        accelerator = profile_label(spec.accelerator, performance.accelerator_source)
+        where = f"{model} on {d.chips} x {accelerator} ({spec.weight_dtype} weights)"
         return Assessment(None, misfit=f"{where}: {result.reason}")
     envelope = performance.envelope()
     misses: list[str] = []

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from tiergate.operator.api import predict
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
-from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult
+from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
 
 from .config import ConfigError, PoolSpec, RouterConfig, load_config
 from .state import EndpointState
@@ -43,6 +43,8 @@ class RoutedPool:
     output_price_per_token_usd: float
     input_price_per_token_usd: float
     endpoints: tuple[EndpointState, ...]
+    #: Where the (model, accelerator) profiles came from: catalog or the spec's inline ones.
+    profile_sources: tuple[ProfileSource, ProfileSource]
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (
@@ -109,6 +111,7 @@ def build_pool(
         out_price / 1e6,
         spec.billing.input_per_million_usd / 1e6,
         endpoints,
+        (performance.model_source, performance.accelerator_source),
     )
 
 

@@ -1,7 +1,9 @@
 """A pool's performance envelope: what the performance model predicts for one replica.
 
 Shared by the operator (it writes the envelope into the InferencePool's status) and the router
-(it prices and predicts with the same numbers), so both always agree.
+(it prices and predicts with the same numbers), so both always agree. Both hand in the shared
+catalog; the spec's inline profiles are layered onto a copy of it here (`build_deployment`),
+and the envelope says which profiles were inline and whether they shadowed catalog entries.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from tiergate.sim_nodes.catalogs import Catalog
 from tiergate.sim_nodes.perf import (
     Deployment,
     PerfResult,
+    ProfileSource,
     ServingSpec,
     Workload,
     build_deployment,
     evaluate,
     max_running,
+    profile_sources,
 )
 
 from .inference_pool import Envelope, ReferenceWorkload
@@ -30,6 +34,8 @@ class PoolPerformance:
 
     deployment: Deployment
     result: PerfResult  # `result.fits` False: the model or its KV cache does not fit
+    model_source: ProfileSource  # catalog, inline, or inline-shadows-catalog
+    accelerator_source: ProfileSource
 
     def envelope(self) -> Envelope:
         r = self.result
@@ -40,13 +46,16 @@ class PoolPerformance:
             ttft_seconds=round(r.ttft_s, 4),
             cost_per_million_output_tokens_usd=round(r.cost_per_million_output_tokens_usd, 4),
             chips=r.chips,
+            model_source=self.model_source,
+            accelerator_source=self.accelerator_source,
         )
 
 
 def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) -> PoolPerformance:
     """The envelope: `spec`'s batch as full as its cap and KV cache allow, under `workload`.
 
-    Raises CatalogError (unknown names) and PerfConfigError (impossible layouts).
+    `catalog` is the shared one; the spec's inline profiles join a copy of it. Raises
+    CatalogError (unknown names) and PerfConfigError (impossible layouts).
     """
     w = workload
     shape = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, None)
@@ -55,4 +64,5 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     batching = spec.batching.to_batching()
     running = max(max_running(deployment, shape, batching), 1)
     full = Workload(shape.input_tokens, shape.output_tokens, shape.cached_input_tokens, running)
-    return PoolPerformance(deployment, evaluate(deployment, full, batching))
+    result = evaluate(deployment, full, batching)
+    return PoolPerformance(deployment, result, *profile_sources(spec, catalog))

@@ -1,10 +1,11 @@
 """The InferencePool API, `tiergate.dev/v1alpha1`: the one place its schema is written.
 
 `spec` is the serving spec the performance model reads (`ServingSpec`: model, accelerator,
-chips, layout, dtypes, batching, speculative decoding, price) plus what makes it a pool: tier,
-names, replicas, the reference workload its envelope is computed for, SLO targets and pod
-template overrides. `tiergate crds` turns these models into the CRD's structural OpenAPI
-schema (operator/crd.py); a test fails when the committed YAML differs.
+optional inline profiles of either, chips, layout, dtypes, batching, speculative decoding,
+price) plus what makes it a pool: tier, names, replicas, the reference workload its envelope
+is computed for, SLO targets and pod template overrides. `tiergate crds` turns these models
+into the CRD's structural OpenAPI schema (operator/crd.py); a test fails when the committed
+YAML differs.
 
 Wire names are camelCase (Kubernetes style); Python names snake_case.
 """
@@ -16,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from tiergate.sim_nodes.perf import ServingSpec
+from tiergate.sim_nodes.perf import ProfileSource, ServingSpec
 
 GROUP = "tiergate.dev"
 VERSION = "v1alpha1"
@@ -155,6 +156,21 @@ class Envelope(_Api):
         alias="costPerMillionOutputTokensUSD", description="Hardware cost per 1M output tokens."
     )
     chips: int = Field(description="Chips per replica.")
+    model_source: ProfileSource = Field(
+        default="catalog",
+        description=(
+            "Where the model profile came from: catalog, inline (spec.modelProfile) or "
+            "inline-shadows-catalog (spec.modelProfile replaces the catalog entry of that name)."
+        ),
+    )
+    accelerator_source: ProfileSource = Field(
+        default="catalog",
+        description=(
+            "Where the accelerator profile came from: catalog, inline "
+            "(spec.acceleratorProfile) or inline-shadows-catalog (it replaces the catalog "
+            "entry of that name)."
+        ),
+    )
 
 
 class InferencePoolStatus(_Api):

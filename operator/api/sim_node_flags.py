@@ -2,7 +2,9 @@
 
 One rendering for both places that start sim nodes: the operator's Deployments and
 `tiergate up`'s local processes. Every batching limit is explicit (the node's own default is
-uncapped). Where the node listens and what it is called are the caller's flags.
+uncapped). Inline profiles travel as compact camelCase JSON (`--model-profile-json`,
+`--accelerator-profile-json`), the node validating them with the same models, so a pod needs
+no catalog file mounted. Where the node listens and what it is called are the caller's flags.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ def sim_node_flags(
         "--max-num-seqs", str(b.max_num_seqs),
         "--max-batched-tokens", str(b.max_batched_tokens),
     ]  # fmt: skip
+    for flag, profile in (
+        ("--model-profile-json", spec.model_profile),
+        ("--accelerator-profile-json", spec.accelerator_profile),
+    ):
+        if profile is not None:
+            flags += [flag, profile.model_dump_json(by_alias=True, exclude_none=True)]
     if tensor_parallel is not None:
         flags += ["--tensor-parallel", str(tensor_parallel)]
     if not b.chunked_prefill:

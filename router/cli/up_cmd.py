@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.common import CliError, configure_logging, table
+from tiergate.sim_nodes.perf import profile_label
 
 from ..build import build_app
 from ..config import ConfigError, RouterConfig, load_config, parse_config
@@ -98,9 +99,11 @@ def summary(view: PoolView, router_url: str) -> str:
     rows = []
     for name, pool in view.pools.items():
         e = pool.envelope
+        model_source, accelerator_source = pool.profile_sources
         rows.append([
-            pool.spec.tier, name, pool.spec.names[0],
-            f"{pool.deployment.chips} x {pool.deployment.accelerator.name}",
+            pool.spec.tier, name, profile_label(pool.spec.names[0], model_source),
+            f"{pool.deployment.chips} x "
+            f"{profile_label(pool.deployment.accelerator.name, accelerator_source)}",
             f"{e.output_tokens_per_s_per_stream:.0f}",
             f"{pool.output_price_per_token_usd * 1e6:.2f}",
             " ".join(ep.url for ep in pool.endpoints),

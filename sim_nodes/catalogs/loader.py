@@ -34,11 +34,27 @@ class _CatalogFile(BaseModel):
 
 
 class Catalog:
-    """Accelerators and models by name."""
+    """Accelerators and models by name. Treated as immutable once built: layering makes a
+    new catalog (`with_profiles`), so one shared catalog can serve every pool."""
 
     def __init__(self, accelerators: Iterable[Accelerator], models: Iterable[ModelProfile]):
         self.accelerators: dict[str, Accelerator] = {a.name: a for a in accelerators}
         self.models: dict[str, ModelProfile] = {m.name: m for m in models}
+
+    def with_profiles(
+        self, *, model: ModelProfile | None = None, accelerator: Accelerator | None = None
+    ) -> Catalog:
+        """This catalog plus `model` and `accelerator` under their own names, as a new catalog.
+
+        A profile named like an existing entry shadows it in the new catalog only; this one is
+        left as it was. With neither profile given, this catalog itself.
+        """
+        if model is None and accelerator is None:
+            return self
+        return Catalog(
+            [*self.accelerators.values(), *([accelerator] if accelerator else [])],
+            [*self.models.values(), *([model] if model else [])],
+        )
 
     def accelerator(self, name: str) -> Accelerator:
         try:

@@ -2,6 +2,10 @@
 
 YAML keeps human units (GB, TB/s, TFLOPS, microseconds); the properties convert to SI so the
 performance model only ever sees bytes, seconds and FLOP/s.
+
+Field names are snake_case in the catalog files. The same models also describe a profile inline
+in a pool spec (`modelProfile`, `acceleratorProfile`), where the wire is camelCase like the rest
+of the spec: each field is accepted under both names.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
 
 Dtype = Literal["bf16", "fp8", "int8", "fp4"]
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp8", "int8", "fp4")
@@ -22,12 +27,20 @@ TB = 1e12
 US = 1e-6
 
 
+_PROFILE_CONFIG = ConfigDict(
+    extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+)
+
+
 class Accelerator(BaseModel):
     """One accelerator chip, as the performance model needs it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _PROFILE_CONFIG
 
-    name: str = Field(description="Catalog name, e.g. h100-sxm.")
+    name: str = Field(
+        description="Name the profile is registered under, e.g. h100-sxm (inline in a pool: "
+        "spec.accelerator)."
+    )
     memory_kind: Literal["hbm", "sram"] = Field(description="Where weights and KV cache live.")
     memory_gb: float = Field(gt=0, description="Memory capacity per chip, GB (1e9 bytes).")
     memory_bandwidth_tb_per_s: float = Field(gt=0, description="Peak memory bandwidth, TB/s.")
@@ -105,9 +118,12 @@ class Accelerator(BaseModel):
 class ModelProfile(BaseModel):
     """One language model's architecture, as the performance model needs it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _PROFILE_CONFIG
 
-    name: str = Field(description="Catalog name, e.g. llama-3.1-8b.")
+    name: str = Field(
+        description="Name the profile is registered under, e.g. llama-3.1-8b (inline in a pool: "
+        "spec.model)."
+    )
     layers: int = Field(ge=1, description="Transformer layers.")
     hidden_size: int = Field(ge=1, description="Model (residual) width.")
     heads: int = Field(ge=1, description="Attention (query) heads.")

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from ..catalogs import DTYPES
+from pydantic import BaseModel, ValidationError
+
+from ..catalogs import DTYPES, Accelerator, ModelProfile
 from ..perf import ServingSpec
+from ..validation import first_problem
+
+_Profile = TypeVar("_Profile", bound=BaseModel)
 
 
 class CliError(Exception):
@@ -95,6 +101,30 @@ def int_or(keyword: str) -> Callable[[str], int | str]:
     return parse
 
 
+def profile_json(kind: type[_Profile]) -> Callable[[str], _Profile]:
+    """Argument type: a JSON object validated as `kind` (an inline catalog profile).
+
+    Errors say where, never quote the text back (the whole profile would be one long line).
+    """
+
+    def parse(text: str) -> _Profile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(
+                f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+        if not isinstance(data, dict):
+            raise argparse.ArgumentTypeError("expected a JSON object")
+        try:
+            return kind.model_validate(data)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(first_problem(exc)) from None
+
+    parse.__name__ = f"{kind.__name__}_json"
+    return parse
+
+
 def add_serving_arguments(
     p: argparse.ArgumentParser, *, max_num_seqs: int | None, defaults: bool = True
 ) -> None:
@@ -111,6 +141,18 @@ def add_serving_arguments(
     g = p.add_argument_group("serving spec")
     g.add_argument("--model", required=defaults, help="catalog model name")
     g.add_argument("--accelerator", required=defaults, help="catalog accelerator name")
+    g.add_argument(
+        "--model-profile-json",
+        type=profile_json(ModelProfile),
+        metavar="JSON",
+        help="inline model profile (camelCase, as spec.modelProfile), named as --model",
+    )
+    g.add_argument(
+        "--accelerator-profile-json",
+        type=profile_json(Accelerator),
+        metavar="JSON",
+        help="inline accelerator profile (as spec.acceleratorProfile), named as --accelerator",
+    )
     g.add_argument(
         "--chips", type=int_or("auto"), default=default("auto"), help="chips per replica or auto"
     )
@@ -148,6 +190,8 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
     given = {
         "model": args.model,
         "accelerator": args.accelerator,
+        "modelProfile": args.model_profile_json,
+        "acceleratorProfile": args.accelerator_profile_json,
         "chips": args.chips,
         "tensorParallel": args.tensor_parallel,
         "weightDtype": args.weight_dtype,

@@ -8,7 +8,17 @@ from .deployment import (
     default_tensor_parallel,
 )
 from .seeds import evaluate_seed_tiers, load_seed_tiers
-from .spec import BatchingSpec, PricingSpec, ServingSpec, SpeculativeSpec, build_deployment
+from .spec import (
+    BatchingSpec,
+    PricingSpec,
+    ProfileSource,
+    ServingSpec,
+    SpeculativeSpec,
+    build_deployment,
+    layered_catalog,
+    profile_label,
+    profile_sources,
+)
 from .steady_state import Batching, PerfResult, StepBreakdown, Workload, evaluate, max_running
 from .step import IDLE, StepTerms, step_terms, touched_expert_fraction
 
@@ -17,9 +27,13 @@ __all__ = [
     "Batching",
     "BatchingSpec",
     "PricingSpec",
+    "ProfileSource",
     "ServingSpec",
     "SpeculativeSpec",
     "build_deployment",
+    "layered_catalog",
+    "profile_label",
+    "profile_sources",
     "evaluate_seed_tiers",
     "load_seed_tiers",
     "Deployment",

@@ -3,16 +3,23 @@
 Field names are snake_case in Python and camelCase on the wire (YAML pool files, the CRD),
 so a pool file written for the operator can be handed to a sim node as it is.
 `build_deployment` turns a spec into the `Deployment` the performance model evaluates.
+
+`model` and `accelerator` name catalog entries, unless the spec carries the profile itself
+(`modelProfile`, `acceleratorProfile`): then the name is the one that profile is registered
+under, in a per-spec copy of the catalog (`layered_catalog`). A profile may shadow a catalog
+entry of the same name (that is how a team overrides a published figure); `profile_sources`
+says which names were shadowed, so what a pool reports about itself stays honest.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
-from ..catalogs import Catalog, Dtype
+from ..catalogs import Accelerator, Catalog, Dtype, ModelProfile
 from .deployment import Deployment, PerfConfigError, Speculative, chips_to_hold
 from .deployment import default_tensor_parallel as _default_tp
 from .steady_state import Batching
@@ -58,8 +65,32 @@ class PricingSpec(_Spec):
 class ServingSpec(_Spec):
     """Model, hardware, layout and batching of one pool's replicas."""
 
-    model: str = Field(description="Catalog model name.")
-    accelerator: str = Field(description="Catalog accelerator name.")
+    model: str = Field(
+        description="Catalog model name, or the name spec.modelProfile is registered under."
+    )
+    accelerator: str = Field(
+        description=(
+            "Catalog accelerator name, or the name spec.acceleratorProfile is registered under."
+        )
+    )
+    model_profile: ModelProfile | None = Field(
+        default=None,
+        description=(
+            "The model described inline (a catalog model entry's fields, camelCase), for a "
+            "model the catalog lacks. Its name must equal spec.model. Named like a catalog "
+            "entry, it shadows that entry for this pool only (status.envelope.modelSource "
+            "then says inline-shadows-catalog)."
+        ),
+    )
+    accelerator_profile: Accelerator | None = Field(
+        default=None,
+        description=(
+            "The accelerator described inline (a catalog accelerator entry's fields, "
+            "camelCase), for hardware the catalog lacks. Its name must equal spec.accelerator. "
+            "Named like a catalog entry, it shadows that entry for this pool only "
+            "(status.envelope.acceleratorSource then says inline-shadows-catalog)."
+        ),
+    )
     chips: int | Literal["auto"] = Field(
         default="auto", description="Chips per replica, or auto: the fewest that hold the model."
     )
@@ -76,12 +107,64 @@ class ServingSpec(_Spec):
     )
     pricing: PricingSpec | None = Field(default=None, description="Price override.")
 
+    @model_validator(mode="after")
+    def _profiles_named_as_the_spec(self) -> ServingSpec:
+        pairs = (
+            ("modelProfile", self.model_profile, "model", self.model),
+            ("acceleratorProfile", self.accelerator_profile, "accelerator", self.accelerator),
+        )
+        for field, profile, key, name in pairs:
+            if profile is not None and profile.name != name:
+                raise PydanticCustomError(
+                    "profile_name",
+                    "{field}.name '{profile}' must equal {key} '{name}' "
+                    "(the name the profile is registered under)",
+                    {"field": field, "profile": profile.name, "key": key, "name": name},
+                )
+        return self
+
+
+ProfileSource = Literal["catalog", "inline", "inline-shadows-catalog"]
+
+
+_SOURCE_NOTES: dict[ProfileSource, str] = {
+    "catalog": "",
+    "inline": " (inline profile)",
+    "inline-shadows-catalog": " (inline profile, shadowing the catalog entry)",
+}
+
+
+def profile_label(name: str, source: ProfileSource) -> str:
+    """`name` as people should read it: an inline profile says so, and whether it shadows."""
+    return name + _SOURCE_NOTES[source]
+
+
+def layered_catalog(spec: ServingSpec, catalog: Catalog) -> Catalog:
+    """`catalog` with the spec's inline profiles added (a new catalog; `catalog` is untouched)."""
+    return catalog.with_profiles(model=spec.model_profile, accelerator=spec.accelerator_profile)
+
+
+def profile_sources(spec: ServingSpec, catalog: Catalog) -> tuple[ProfileSource, ProfileSource]:
+    """Where the spec's (model, accelerator) profiles come from, against the base `catalog`."""
+
+    def source(inline: bool, shadowed: bool) -> ProfileSource:
+        if not inline:
+            return "catalog"
+        return "inline-shadows-catalog" if shadowed else "inline"
+
+    return (
+        source(spec.model_profile is not None, spec.model in catalog.models),
+        source(spec.accelerator_profile is not None, spec.accelerator in catalog.accelerators),
+    )
+
 
 def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0) -> Deployment:
     """The replica a spec describes. `kv_tokens` sizes `chips: auto` (SRAM chips hold KV too).
 
-    Raises CatalogError for unknown names and PerfConfigError for impossible layouts.
+    Names resolve in `catalog` layered with the spec's inline profiles. Raises CatalogError for
+    unknown names and PerfConfigError for impossible layouts.
     """
+    catalog = layered_catalog(spec, catalog)
     model = catalog.model(spec.model)
     accelerator = catalog.accelerator(spec.accelerator)
     if spec.pricing is not None:

@@ -13,7 +13,7 @@ from ..catalogs import Catalog, ModelProfile, default_catalog
 from ..engine.clock import Clock, MonotonicClock
 from ..engine.engine import Background, Engine
 from ..engine.realtime import RealtimeEngine
-from ..perf import Deployment, build_deployment
+from ..perf import Deployment, build_deployment, layered_catalog
 from .config import NodeConfig
 from .faults import FaultInjector
 from .metrics import NodeMetrics
@@ -31,7 +31,8 @@ class Node:
         self.names = config.names
         self.clock: Clock = clock or MonotonicClock()
         serving = config.serving
-        catalog = catalog or default_catalog()
+        # The pool's inline profiles (if any) join the catalog before any name is looked up.
+        catalog = layered_catalog(serving, catalog or default_catalog())
         self.deployment: Deployment = build_deployment(
             serving, catalog, kv_tokens=_sizing_kv_tokens(config, catalog)
         )

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tiergate.operator.commands.crds_cmd import FILE_NAME, TARGETS, render
+from tiergate.sim_nodes.catalogs import default_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -140,4 +141,79 @@ def test_bad_pools_are_refused_with_a_readable_message(
     crd: dict[str, Any], change: dict[str, Any], message: str
 ) -> None:
     found = problems(crd, bad(change))
+    assert any(message in p for p in found), found
+
+
+# -- inline profiles ---------------------------------------------------------------------------
+
+
+def custom(field: str, profile: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """examples/custom-model.yaml with `spec.<field>` changed (None: left out)."""
+    obj = yaml.safe_load((ROOT / "examples" / "custom-model.yaml").read_text(encoding="utf-8"))
+    obj["spec"].update(spec)
+    if profile is None:
+        obj["spec"].pop(field, None)
+    else:
+        obj["spec"][field] = profile
+    return obj
+
+
+def model_profile(**changes: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "examples" / "custom-model.yaml").read_text(encoding="utf-8"))
+    profile: dict[str, Any] = obj["spec"]["modelProfile"]
+    for key, value in changes.items():
+        if value is None:
+            profile.pop(key)
+        else:
+            profile[key] = value
+    return profile
+
+
+def accelerator_profile(name: str, source: str, **changes: Any) -> dict[str, Any]:
+    profile = default_catalog().accelerator(source).model_copy(update={"name": name})
+    return {**profile.model_dump(by_alias=True, exclude_none=True), **changes}
+
+
+def test_inline_profiles_are_accepted_and_an_inline_sram_chip_may_be_wafer_scale(
+    crd: dict[str, Any],
+) -> None:
+    wafer = custom(
+        "acceleratorProfile", accelerator_profile("lab-wafer", "wse-3"),
+        tier="wafer-scale", accelerator="lab-wafer",
+    )  # fmt: skip
+    assert problems(crd, wafer) == []
+    shadowing = custom(
+        "acceleratorProfile", accelerator_profile("h100-sxm", "h100-sxm", pricePerChipHourUsd=1.0)
+    )
+    assert problems(crd, shadowing) == []
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (custom("modelProfile", model_profile(hiddenSize=None)),
+         "'hiddenSize' is a required property"),
+        (custom("modelProfile", model_profile(name="team-7b")),
+         "spec.modelProfile.name must equal spec.model"),
+        (custom("modelProfile", model_profile(kvHeads=6)),
+         "modelProfile.heads must be a multiple of modelProfile.kvHeads"),
+        (custom("modelProfile", model_profile(activeParamsB=80)),
+         "activeParamsB must not exceed modelProfile.totalParamsB"),
+        (custom("modelProfile", model_profile(layers=0)), "less than the minimum of 1"),
+        (custom("acceleratorProfile", accelerator_profile("h100-sxm", "h100-sxm",
+                                                          peakTflops={"fp8": 1979})),
+         "acceleratorProfile.peakTflops needs a bf16 entry"),
+        (custom("acceleratorProfile", accelerator_profile("lab-gpu", "h100-sxm")),
+         "spec.acceleratorProfile.name must equal spec.accelerator"),
+        # an inline profile is judged by its own memory, whatever name it borrows
+        (custom("acceleratorProfile", accelerator_profile("lab-gpu", "h100-sxm"),
+                tier="wafer-scale", accelerator="lab-gpu"), "need an SRAM accelerator"),
+        (custom("acceleratorProfile", accelerator_profile("wse-3", "h100-sxm"),
+                tier="wafer-scale", accelerator="wse-3"), "need an SRAM accelerator"),
+    ],
+)  # fmt: skip
+def test_bad_inline_profiles_are_refused_naming_the_field(
+    crd: dict[str, Any], obj: dict[str, Any], message: str
+) -> None:
+    found = problems(crd, obj)
     assert any(message in p for p in found), found

@@ -225,3 +225,65 @@ def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
     assert events == ["InvalidSpec"]
     (ready,) = patch["status"]["conditions"]
     assert (ready["type"], ready["reason"]) == ("Ready", "InvalidSpec")
+
+
+# -- inline profiles -----------------------------------------------------------------------
+
+
+def test_a_pool_with_an_inline_model_runs_it_and_says_where_it_came_from() -> None:
+    cluster = FakeCluster()
+    outcome = reconcile(pool("custom-model"), cluster, CATALOG, IMAGE, clock())
+    deployment = cluster.applied[0]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--model-profile-json" in args and "team-72b-instruct" in args
+    envelope = outcome.status["envelope"]
+    assert (envelope["modelSource"], envelope["acceleratorSource"]) == ("inline", "catalog")
+    assert envelope["tokensPerSecondPerStream"] > 0
+    fits = conditions(outcome.status)["Fits"]
+    assert fits["status"] == "True"
+    assert fits["message"] == "team-72b-instruct (inline profile) fits 4 x h100-sxm"
+    assert "team-72b-instruct" not in CATALOG.models
+
+
+def test_an_inline_profile_shadowing_the_catalog_is_reported_as_such() -> None:
+    published = reconcile(pool(), FakeCluster(), CATALOG, IMAGE, clock()).status["envelope"]
+    halved = CATALOG.model("frontier").model_copy(update={"total_params_b": 80,
+                                                          "active_params_b": 80})  # fmt: skip
+    body = pool(modelProfile=halved.model_dump(by_alias=True, exclude_none=True))
+    outcome = reconcile(body, FakeCluster(), CATALOG, IMAGE, clock())
+    envelope = outcome.status["envelope"]
+    assert envelope["modelSource"] == "inline-shadows-catalog"
+    assert envelope["tokensPerSecondPerStream"] > published["tokensPerSecondPerStream"]
+    fits = conditions(outcome.status)["Fits"]["message"]
+    assert fits.startswith("frontier (inline profile, shadowing the catalog entry) fits 8 x b200")
+    assert CATALOG.model("frontier").total_params_b == 160
+
+
+def test_an_inline_model_too_big_for_its_chips_names_the_profile_in_the_misfit() -> None:
+    huge = CATALOG.model("llama-3.1-405b").model_copy(update={"name": "huge"})
+    body = pool(model="huge", modelProfile=huge.model_dump(by_alias=True), chips=1,
+                tensorParallel=1)  # fmt: skip
+    fits = conditions(reconcile(body, FakeCluster(), CATALOG, IMAGE, clock()).status)["Fits"]
+    assert fits["reason"] == "ModelDoesNotFit"
+    assert fits["message"].startswith("does not fit: huge (inline profile) on 1 x b200")
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"name": "someone-else"}, "modelProfile.name 'someone-else' must equal model"),
+        ({"heads": 60}, "heads must be a multiple of kv_heads"),
+        ({"layers": None}, "modelProfile.layers: Field required"),
+    ],
+)
+def test_a_bad_inline_profile_is_an_invalid_spec(changes: dict[str, Any], words: str) -> None:
+    profile = CATALOG.model("frontier").model_dump(by_alias=True, exclude_none=True)
+    for key, value in changes.items():
+        if value is None:
+            profile.pop(key)
+        else:
+            profile[key] = value
+    cluster = FakeCluster()
+    outcome = reconcile(pool(modelProfile=profile), cluster, CATALOG, IMAGE, clock())
+    assert cluster.applied == []
+    assert outcome.permanent_error is not None and words in outcome.permanent_error

@@ -5,6 +5,7 @@ named after the pool, port `http`."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -36,20 +37,21 @@ def parse(args: list[str]) -> argparse.Namespace:
     return build_parser("sim-node").parse_args(args)
 
 
-@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale"])
+@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale", "custom-model"])
 def test_sim_node_flags_reproduce_the_spec(name: str) -> None:
     spec = example(name)
     resolved = layout(spec)
     parsed = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, resolved)])
     served = spec_from_args(parsed)
-    fields = ("model", "accelerator", "weight_dtype", "kv_dtype", "batching",
-              "speculative_decoding")  # fmt: skip
+    fields = ("model", "accelerator", "model_profile", "accelerator_profile", "weight_dtype",
+              "kv_dtype", "batching", "speculative_decoding")  # fmt: skip
     for field in fields:
         assert getattr(served, field) == getattr(spec, field), field
     assert (served.chips, served.tensor_parallel) == resolved
     if spec.chips != "auto":
         assert served.chips == spec.chips
-    assert parsed.background_sequences == spec.background.sequences  # type: ignore[union-attr]
+    background = spec.background.sequences if spec.background else 0
+    assert parsed.background_sequences == background
     assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
 
 
@@ -70,6 +72,25 @@ def test_speculative_decoding_and_names_reach_the_node() -> None:
     assert (parsed.draft_model, parsed.speculative_tokens, parsed.acceptance_rate) == (
         "llama-3.2-1b", 4, 0.7)  # fmt: skip
     assert parsed.served_model_name == ["claude-ish", "fast-one"]
+
+
+def test_inline_profiles_reach_the_node_as_compact_json_flags() -> None:
+    spec = example("custom-model")
+    accelerator = (
+        default_catalog()
+        .accelerator("h100-sxm")
+        .model_copy(update={"name": "lab-gpu", "price_per_chip_hour_usd": 1.5})
+    )
+    spec = spec.model_copy(update={"accelerator": "lab-gpu", "accelerator_profile": accelerator})
+    args = sim_node_args(spec, layout(spec))
+    model_json = args[args.index("--model-profile-json") + 1]
+    assert json.loads(model_json)["hiddenSize"] == 8192 and " " not in model_json
+    accelerator_json = args[args.index("--accelerator-profile-json") + 1]
+    assert json.loads(accelerator_json)["pricePerChipHourUsd"] == 1.5
+    parsed = parse(args)
+    assert (parsed.model_profile_json, parsed.accelerator_profile_json) == (
+        spec.model_profile, accelerator)  # fmt: skip
+    assert "--model-profile-json" not in sim_node_args(example("batched"), Layout(8, 8))
 
 
 def test_pods_are_non_root_read_only_and_probed() -> None:
@@ -121,7 +142,7 @@ def test_service_is_named_after_the_pool_with_an_http_port() -> None:
     assert s["spec"]["selector"] == pool_selector_labels("spark-wafer")
 
 
-@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale"])
+@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale", "custom-model"])
 def test_the_rendered_node_starts_and_simulates_the_envelopes_replica(name: str) -> None:
     """Regression (found on a real API server): wafer-scale's `chips: auto` went to the pod as
     `auto`, the node sized it without the pool's background load and refused to start. The pod
@@ -131,8 +152,6 @@ def test_the_rendered_node_starts_and_simulates_the_envelopes_replica(name: str)
 
     spec = example(name)
     args = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, layout(spec))])
-    bg = spec.background
-    assert bg is not None
     config = NodeConfig(
         serving=spec_from_args(args),
         background_sequences=args.background_sequences,

@@ -1,11 +1,14 @@
 """Router configuration and discovery: validation, the pool view's index, hot reload."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tiergate.router.config import ConfigError, parse_config
-from tiergate.router.discovery import FileSource, build_view
+from tiergate.router.discovery import FileSource, build_pool, build_view
+from tiergate.router.kube_state import pool_from_object
 from tiergate.sim_nodes.catalogs import default_catalog
 
 POOLS = """
@@ -129,3 +132,58 @@ def test_hot_reload_keeps_endpoint_state_and_survives_a_bad_edit(tmp_path: Path)
     urls = [e.url for e in source.view.candidates("coder", "batched")]
     assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9005"]
     assert source.reloads == 2
+
+
+# -- inline profiles -------------------------------------------------------------------------
+
+
+def inline_pool(name: str, **spec: Any) -> dict[str, Any]:
+    model = default_catalog().model("llama-3.1-8b").model_copy(update={"name": "team-8b"})
+    base = {"name": name, "tier": "batched", "model": "team-8b", "accelerator": "h100-sxm",
+            "modelProfile": model.model_dump(by_alias=True, exclude_none=True),
+            "batching": {"maxNumSeqs": 64}, "endpoints": ["http://127.0.0.1:9000"]}  # fmt: skip
+    return {**base, **spec}
+
+
+def test_a_pool_with_an_inline_model_is_routed_and_priced_from_it() -> None:
+    reference = {"name": "ref", "tier": "batched", "model": "llama-3.1-8b",
+                 "accelerator": "h100-sxm", "batching": {"maxNumSeqs": 64},
+                 "endpoints": ["http://127.0.0.1:9001"]}  # fmt: skip
+    text = yaml.safe_dump({"pools": [inline_pool("team"), reference]})
+    view = build_view(parse_config(text).pools, default_catalog())
+    team, ref = view.pools["team"], view.pools["ref"]
+    assert view.tiers_serving("team-8b") == ("batched",)
+    assert team.deployment.model.name == "team-8b"
+    # a renamed copy of the catalog's model: the same numbers, so the same price
+    assert team.output_price_per_token_usd == pytest.approx(ref.output_price_per_token_usd)
+    assert "team-8b" not in default_catalog().models
+
+
+def test_an_inline_accelerator_shadowing_the_catalog_sets_the_router_price() -> None:
+    cheap = (
+        default_catalog()
+        .accelerator("h100-sxm")
+        .model_copy(update={"price_per_chip_hour_usd": 2.99 / 2})
+    )
+    text = yaml.safe_dump({"pools": [
+        inline_pool("published"),
+        inline_pool("cheap", acceleratorProfile=cheap.model_dump(by_alias=True),
+                    endpoints=["http://127.0.0.1:9002"]),
+    ]})  # fmt: skip
+    view = build_view(parse_config(text).pools, default_catalog())
+    published, halved = view.pools["published"], view.pools["cheap"]
+    assert halved.output_price_per_token_usd == pytest.approx(
+        published.output_price_per_token_usd / 2
+    )
+    assert default_catalog().accelerator("h100-sxm").price_per_chip_hour_usd == 2.99
+
+
+def test_an_inferencepool_object_with_an_inline_model_becomes_a_routed_pool() -> None:
+    spec = {k: v for k, v in inline_pool("x").items() if k not in ("name", "endpoints")}
+    obj = {"metadata": {"name": "team"}, "spec": spec}
+    pool = build_pool(pool_from_object(obj, ["http://10.0.0.1:8000"]), default_catalog(),
+                      ["http://10.0.0.1:8000"])  # fmt: skip
+    assert pool.deployment.model.name == "team-8b" and pool.spec.names == ("team-8b",)
+    mismatched = {**spec, "model": "team-7b"}
+    with pytest.raises(ConfigError, match="modelProfile.name 'team-8b' must equal model"):
+        pool_from_object({"metadata": {"name": "team"}, "spec": mismatched})

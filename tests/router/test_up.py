@@ -1,8 +1,10 @@
 """`tiergate up`'s embedded default and the sim-node command lines it renders."""
 
+import yaml
+
 from tiergate.cli import build_parser
 from tiergate.router.cli.nodes import node_command
-from tiergate.router.cli.up_cmd import default_config_text
+from tiergate.router.cli.up_cmd import default_config_text, summary
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import build_view
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -39,3 +41,32 @@ def test_node_commands_ask_for_the_hardware_the_router_priced() -> None:
         if pool.background is not None:
             assert args.background_sequences == pool.background.sequences
             assert args.background_turn_input_tokens == pool.background.turn_input_tokens
+
+
+def test_a_local_pool_with_inline_profiles_starts_nodes_that_simulate_them() -> None:
+    catalog = default_catalog()
+    model = catalog.model("llama-3.1-8b").model_copy(update={"name": "team-8b"})
+    chip = catalog.accelerator("h100-sxm").model_copy(update={"name": "lab-gpu"})
+    text = yaml.safe_dump({"pools": [{
+        "name": "team", "tier": "batched", "batching": {"maxNumSeqs": 8},
+        "model": "team-8b", "modelProfile": model.model_dump(by_alias=True),
+        "accelerator": "lab-gpu", "acceleratorProfile": chip.model_dump(by_alias=True),
+    }]})  # fmt: skip
+    config = parse_config(text)
+    (pool,) = config.pools
+    d = build_view(config.pools, catalog).pools["team"].deployment
+    argv = node_command(pool, d.chips, d.tensor_parallel, "127.0.0.1", 9000, seed=1)
+    spec, _ = serving_spec(build_parser("sim-node").parse_args(argv[argv.index("sim-node") :]))
+    assert (spec.model_profile, spec.accelerator_profile) == (model, chip)
+
+
+def test_the_summary_marks_inline_profiles() -> None:
+    catalog = default_catalog()
+    cheap = catalog.accelerator("h100-sxm").model_copy(update={"price_per_chip_hour_usd": 1.0})
+    text = yaml.safe_dump({"pools": [{
+        "name": "cheap", "tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm",
+        "acceleratorProfile": cheap.model_dump(by_alias=True),
+    }]})  # fmt: skip
+    row = summary(build_view(parse_config(text).pools, catalog), "http://x").splitlines()[2]
+    assert " x h100-sxm (inline profile, shadowing the catalog entry)" in row
+    assert "llama-3.1-8b (inline" not in row

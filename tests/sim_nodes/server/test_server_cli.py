@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tiergate.cli import main
+from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands import sim_node_cmd
+from tiergate.sim_nodes.server.config import NodeConfig
+from tiergate.sim_nodes.server.node import Node
 
 POOL = """\
 apiVersion: tiergate.dev/v1alpha1
@@ -146,3 +151,87 @@ def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         == 2
     )
     assert "background" in capsys.readouterr().err.splitlines()[-1]
+
+
+# -- inline profiles: --model-profile-json / --accelerator-profile-json ----------------------
+
+TEAM_70B = json.dumps(
+    {
+        **default_catalog().model("llama-3.1-70b").model_dump(by_alias=True, exclude_none=True),
+        "name": "team-70b",
+        "quality": 0.5,
+    }
+)
+
+
+def test_profile_flags_make_the_node_simulate_the_inline_profile() -> None:
+    faster = (
+        default_catalog()
+        .accelerator("h100-sxm")
+        .model_copy(update={"memory_bandwidth_tb_per_s": 6.7})
+    )
+    args = parse(
+        "--model", "team-70b", "--model-profile-json", TEAM_70B,
+        "--accelerator", "h100-sxm", "--chips", "4",
+        "--accelerator-profile-json", faster.model_dump_json(by_alias=True),
+    )  # fmt: skip
+    spec, _ = sim_node_cmd.serving_spec(args)
+    assert spec.model_profile is not None and spec.model_profile.quality == 0.5
+    node = Node(NodeConfig(serving=spec))
+    assert node.model.name == "team-70b" and node.model.quality == 0.5
+    assert node.deployment.accelerator.memory_bandwidth_tb_per_s == 6.7
+    assert node.names == ["team-70b"]
+
+
+def test_a_pool_file_with_an_inline_profile_is_served_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    profile = json.loads(TEAM_70B)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "spec": {
+                    "tier": "batched",
+                    "model": "team-70b",
+                    "accelerator": "h100-sxm",
+                    "chips": 4,
+                    "modelProfile": profile,
+                }
+            }
+        )  # fmt: skip
+    )
+    spec, _ = sim_node_cmd.serving_spec(parse("--pool-file", str(path)))
+    assert spec.model_profile is not None and spec.model_profile.name == "team-70b"
+
+
+BAD_PROFILES = {
+    "not json": (["--model-profile-json", "{layers: 80"], "not valid JSON"),
+    "not an object": (["--model-profile-json", "[1, 2]"], "expected a JSON object"),
+    "missing field": (
+        [
+            "--model-profile-json",
+            json.dumps({k: v for k, v in json.loads(TEAM_70B).items() if k != "hiddenSize"}),
+        ],  # fmt: skip
+        "hiddenSize: Field required",
+    ),
+    "bad accelerator": (["--accelerator-profile-json", '{"name": "h100-sxm"}'], "memoryKind"),
+    "named otherwise": (
+        ["--model-profile-json", TEAM_70B.replace('"team-70b"', '"team-7b"')],
+        "modelProfile.name 'team-7b' must equal model 'team-70b'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROFILES))
+def test_a_bad_inline_profile_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    flags, words = BAD_PROFILES[case]
+    argv = ["sim-node", "--model", "team-70b", "--accelerator", "h100-sxm", "--port", "0", *flags]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse refuses a flag value by exiting
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert words in err, err
