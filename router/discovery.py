@@ -174,6 +174,7 @@ class StaticSource:
     """A fixed set of pools (what `tiergate up` started, or a test's)."""
 
     synced = True
+    ready_needs_endpoints = True
 
     def __init__(self, view: PoolView) -> None:
         self.view = view
