@@ -72,6 +72,11 @@ class Release:
         out = self.kubectl("get", kind, name, "--ignore-not-found", "-o", "name", check=False)
         return bool(out.strip())
 
+    def ready_replicas(self, pool: str) -> int:
+        """The pool's status.readyReplicas (0 before the operator's first status write)."""
+        status = self.get("inferencepool", pool).get("status") or {}
+        return int(status.get("readyReplicas") or 0)
+
     def condition(self, pool: str, kind: str) -> dict[str, Any] | None:
         status = self.get("inferencepool", pool).get("status") or {}
         for cond in status.get("conditions") or []:

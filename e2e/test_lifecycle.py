@@ -12,13 +12,16 @@ from conftest import Release
 from test_pools import EXAMPLES, chat, served_by, served_requests
 
 
-def pool_pods(release: Release, pool: str) -> dict[str, str]:
-    """name -> IP of the pool's Running pods."""
+def pool_pods(release: Release, pool: str, *, ready: bool = False) -> dict[str, str]:
+    """name -> IP of the pool's pods that have an IP (with `ready`: and are Ready)."""
     pods = release.cluster.pods(release.namespace, f"tiergate.dev/pool={pool}")
     out: dict[str, str] = {}
     for pod in pods:
         meta: Any = pod["metadata"]
         status: Any = pod.get("status") or {}
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        if ready and conditions.get("Ready") != "True":
+            continue
         if status.get("podIP") and not meta.get("deletionTimestamp"):
             out[meta["name"]] = status["podIP"]
     return out
@@ -61,7 +64,7 @@ def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
     release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
     release.kubectl("patch", "inferencepool", pool, "--type=merge", "-p", '{"spec":{"replicas":2}}')
     release.wait(
-        lambda: release.get("inferencepool", pool)["status"].get("readyReplicas") == 2,
+        lambda: release.ready_replicas(pool) == 2,
         "2 ready replicas",
     )
     release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
@@ -72,7 +75,7 @@ def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
         release.kubectl("delete", "pod", victim, "--wait=false")
 
         def replacement_serves() -> bool:
-            now = pool_pods(release, pool)
+            now = pool_pods(release, pool, ready=True)
             new = [ip for name, ip in now.items() if name not in before]
             return bool(new) and all(served_requests(ip) > 0 for ip in new)
 

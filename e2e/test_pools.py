@@ -187,7 +187,7 @@ def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
     release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
     release.kubectl("scale", "inferencepool/spark-wafer", "--replicas=3")
     release.wait(
-        lambda: release.get("inferencepool", "spark-wafer")["status"].get("readyReplicas") == 3,
+        lambda: release.ready_replicas("spark-wafer") == 3,
         "3 ready replicas",
         90,
     )
@@ -250,7 +250,7 @@ def test_operator_restart_mid_edit_converges(release: Release, tier: str) -> Non
     release.wait(
         lambda: (
             release.get("deployment", POOLS[tier])["spec"]["replicas"] == 2
-            and release.get("inferencepool", POOLS[tier])["status"].get("readyReplicas") == 2
+            and release.ready_replicas(POOLS[tier]) == 2
         ),
         "the new operator to scale the pool to 2",
         120,
