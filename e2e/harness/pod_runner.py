@@ -430,20 +430,18 @@ class PodProcesses:
             src = var.value_from
             if src.field_ref is not None:
                 env[var.name] = field_ref(pod, src.field_ref.field_path)
-            elif src.secret_key_ref is not None:
-                ref = src.secret_key_ref
-                value = self._secret(ns, ref.name, ref.optional).get(ref.key)
-                if value is None and not ref.optional:
-                    raise ValueError(f"env {var.name}: key {ref.key} not in secret {ref.name}")
-                if value is not None:
-                    env[var.name] = value
-            elif src.config_map_key_ref is not None:
-                ref = src.config_map_key_ref
-                value = self._config_map(ns, ref.name, ref.optional).get(ref.key)
-                if value is None and not ref.optional:
-                    raise ValueError(f"env {var.name}: key {ref.key} not in configmap {ref.name}")
-                if value is not None:
-                    env[var.name] = value
+            else:
+                for ref, kind, read in (
+                    (src.secret_key_ref, "secret", self._secret),
+                    (src.config_map_key_ref, "configmap", self._config_map),
+                ):
+                    if ref is None:
+                        continue
+                    value = read(ns, ref.name, ref.optional).get(ref.key)
+                    if value is None and not ref.optional:
+                        raise ValueError(f"env {var.name}: key {ref.key} not in {kind} {ref.name}")
+                    if value is not None:
+                        env[var.name] = value
         return env
 
     def _config_map(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
