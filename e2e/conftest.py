@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "harness"))
@@ -76,6 +77,36 @@ class Release:
         """The pool's status.readyReplicas (0 before the operator's first status write)."""
         status = self.get("inferencepool", pool).get("status") or {}
         return int(status.get("readyReplicas") or 0)
+
+    def pool_pods(self, pool: str, *, ready: bool = False) -> dict[str, str]:
+        """name -> IP of the pool's pods that have an IP (with `ready`: and are Ready)."""
+        out: dict[str, str] = {}
+        for pod in self.cluster.pods(self.namespace, f"tiergate.dev/pool={pool}"):
+            meta: Any = pod["metadata"]
+            status: Any = pod.get("status") or {}
+            conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+            if ready and conditions.get("Ready") != "True":
+                continue
+            if status.get("podIP") and not meta.get("deletionTimestamp"):
+                out[meta["name"]] = status["podIP"]
+        return out
+
+    def served_requests(self, pod: str, ip: str) -> float:
+        """vllm:request_success_total of one sim node, summed over labels, read from the node.
+
+        Local backend: the pod IP is on this machine. kind: pod IPs are inside the cluster,
+        so through the API server's pod proxy (which refuses loopback IPs, hence not local).
+        """
+        if BACKEND == "local":
+            text = httpx.get(f"http://{ip}:8000/metrics", timeout=5.0).text
+        else:
+            path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}:8000/proxy/metrics"
+            text = self.cluster.kubectl("get", "--raw", path)
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
 
     def condition(self, pool: str, kind: str) -> dict[str, Any] | None:
         status = self.get("inferencepool", pool).get("status") or {}
@@ -195,8 +226,6 @@ def release(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[R
 
 
 def _ready(r: Release) -> bool:
-    import httpx
-
     try:
         return httpx.get(f"{r.router_url()}/healthz", timeout=2.0).status_code == 200
     except httpx.HTTPError:

@@ -9,22 +9,7 @@ from typing import Any
 
 import httpx
 from conftest import Release
-from test_pools import EXAMPLES, chat, served_by, served_requests
-
-
-def pool_pods(release: Release, pool: str, *, ready: bool = False) -> dict[str, str]:
-    """name -> IP of the pool's pods that have an IP (with `ready`: and are Ready)."""
-    pods = release.cluster.pods(release.namespace, f"tiergate.dev/pool={pool}")
-    out: dict[str, str] = {}
-    for pod in pods:
-        meta: Any = pod["metadata"]
-        status: Any = pod.get("status") or {}
-        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-        if ready and conditions.get("Ready") != "True":
-            continue
-        if status.get("podIP") and not meta.get("deletionTimestamp"):
-            out[meta["name"]] = status["podIP"]
-    return out
+from test_pools import EXAMPLES, chat, served_by
 
 
 class SteadyLoad:
@@ -68,16 +53,16 @@ def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
         "2 ready replicas",
     )
     release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
-    before = pool_pods(release, pool)
+    before = release.pool_pods(pool)
     victim = sorted(before)[0]
     with SteadyLoad(release, "wafer-scale") as load:
         time.sleep(3)
         release.kubectl("delete", "pod", victim, "--wait=false")
 
         def replacement_serves() -> bool:
-            now = pool_pods(release, pool, ready=True)
-            new = [ip for name, ip in now.items() if name not in before]
-            return bool(new) and all(served_requests(ip) > 0 for ip in new)
+            now = release.pool_pods(pool, ready=True)
+            new = [(name, ip) for name, ip in now.items() if name not in before]
+            return bool(new) and all(release.served_requests(n, ip) > 0 for n, ip in new)
 
         release.wait(replacement_serves, "the replacement pod to serve requests", 90)
     codes = Counter(code for code, _ in load.outcomes)

@@ -191,13 +191,9 @@ def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
         "3 ready replicas",
         90,
     )
-    pods = {
-        p["status"]["podIP"]
-        for p in release.cluster.pods(release.namespace, "tiergate.dev/pool=spark-wafer")
-        if p["status"].get("podIP")
-    }
+    pods = release.pool_pods("spark-wafer", ready=True)
     assert len(pods) == 3, pods
-    before = {ip: served_requests(ip) for ip in pods}
+    before = {name: release.served_requests(name, ip) for name, ip in pods.items()}
     sent = 0
 
     def spread() -> bool:
@@ -205,22 +201,12 @@ def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
         for _ in range(12):
             assert chat(release, "wafer-scale").status_code == 200
             sent += 1
-        return all(served_requests(ip) > before[ip] for ip in pods)
+        return all(release.served_requests(n, ip) > before[n] for n, ip in pods.items())
 
     # The router learns of new pods from its watch; until then the first pod takes them all.
     release.wait(spread, "requests reaching all three endpoints", 60)
-    gained = {ip: served_requests(ip) - before[ip] for ip in pods}
+    gained = {n: release.served_requests(n, ip) - before[n] for n, ip in pods.items()}
     assert sum(gained.values()) == sent, gained
-
-
-def served_requests(pod_ip: str) -> float:
-    """vllm:request_success_total summed over labels, read from the sim node itself."""
-    text = httpx.get(f"http://{pod_ip}:8000/metrics", timeout=5.0).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
 
 
 def test_deleting_a_pool_removes_its_objects_and_its_routes(release: Release) -> None:
