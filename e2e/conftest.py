@@ -42,8 +42,10 @@ BACKEND = os.environ.get("TIERGATE_E2E_BACKEND", "local")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
     for item in items:
-        item.add_marker(pytest.mark.e2e)
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 class Release:
@@ -121,8 +123,8 @@ class Release:
             try:
                 if check():
                     return
-            except HarnessError:
-                pass
+            except (HarnessError, httpx.HTTPError):
+                pass  # not there yet (a pod not listening, an object not created)
             time.sleep(0.5)
         pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.diagnose()}")
 
@@ -136,26 +138,22 @@ class Release:
         return self._router_url
 
     def _port_forward(self) -> str:
-        self._forward = subprocess.Popen(
-            [
-                str(self.cluster.bin / "kubectl"),
-                "-n",
-                self.namespace,
-                "port-forward",
-                f"svc/{self.name}-router",
-                ":8080",
-            ],
-            env=self.cluster.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert self._forward.stdout is not None
-        line = self._forward.stdout.readline()
-        m = re.search(r"127\.0\.0\.1:(\d+)", line)
-        if not m:
-            pytest.fail(f"kubectl port-forward said: {line!r}")
-        return f"http://127.0.0.1:{m.group(1)}"
+        """kubectl port-forward to the router's Service; its chatter goes to a file (a pipe
+        nobody reads would fill up and stall it)."""
+        out = self.cluster.state / f"port-forward-{self.namespace}.log"
+        with out.open("w") as sink:
+            self._forward = subprocess.Popen(
+                [str(self.cluster.bin / "kubectl"), "-n", self.namespace, "port-forward",
+                 f"svc/{self.name}-router", ":8080"],
+                env=self.cluster.env, stdout=sink, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self._forward.poll() is None:
+            m = re.search(r"127\.0\.0\.1:(\d+)", out.read_text())
+            if m:
+                return f"http://127.0.0.1:{m.group(1)}"
+            time.sleep(0.2)
+        pytest.fail(f"kubectl port-forward did not start: {out.read_text()[-500:]!r}")
 
     def diagnose(self) -> str:
         """What a person would look at first: objects, describe, pod logs."""
@@ -168,9 +166,22 @@ class Release:
         ):
             out = self.cluster.kubectl("-n", self.namespace, *args, check=False)
             parts.append(f"$ kubectl -n {self.namespace} {' '.join(args)}\n{out.strip()[-4000:]}")
-        logs = self.cluster.state / "runner" / "logs"
-        for f in sorted(logs.glob(f"{self.namespace}_*.log")) if logs.exists() else ():
-            parts.append(f"--- {f.name} (tail)\n{f.read_text(errors='replace')[-2000:]}")
+        if BACKEND == "local":
+            logs = self.cluster.state / "runner" / "logs"
+            for f in sorted(logs.glob(f"{self.namespace}_*.log")) if logs.exists() else ():
+                parts.append(f"--- {f.name} (tail)\n{f.read_text(errors='replace')[-2000:]}")
+        else:
+            args = (
+                "logs",
+                "--all-containers",
+                "--prefix",
+                "--tail=30",
+                "--max-log-requests=20",
+                "-l",
+                "app.kubernetes.io/name",  # the chart's pods and the sim nodes
+            )
+            out = self.cluster.kubectl("-n", self.namespace, *args, check=False)
+            parts.append(f"$ kubectl -n {self.namespace} {' '.join(args)}\n{out.strip()[-4000:]}")
         return "\n\n".join(parts)
 
     def close(self) -> None:
@@ -217,21 +228,19 @@ def release(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[R
     short = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40]
     namespace = f"{short.strip('-')}-{uuid.uuid4().hex[:5]}"
     r = Release(cluster, namespace)
-    r.install()
-    r.wait(lambda: _ready(r), "the router's /healthz", 60)
-    yield r
-    r.close()
-    cluster.helm("uninstall", r.name, "-n", namespace, "--wait", check=False)
-    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    try:
+        r.install()
+        r.wait(lambda: _ready(r), "the router's /healthz", 60)
+        yield r
+    finally:
+        r.close()
+        # Pools first, while their operator still runs (its sim nodes stop with them), then
+        # the release, then the namespace: the next test starts on a quiet machine.
+        ns = ("-n", namespace)
+        cluster.kubectl(*ns, "delete", "inferencepools", "--all", "--timeout=60s", check=False)
+        cluster.helm("uninstall", r.name, *ns, "--wait", "--timeout", "2m", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
 
 
 def _ready(r: Release) -> bool:
-    try:
-        return httpx.get(f"{r.router_url()}/healthz", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@pytest.fixture(scope="session")
-def examples() -> Path:
-    return REPO / "examples"
+    return httpx.get(f"{r.router_url()}/healthz", timeout=2.0).status_code == 200

@@ -20,16 +20,29 @@ make --no-print-directory install
 if ! command -v helm >/dev/null || ! command -v kubectl >/dev/null; then
     PATH="$(.venv/bin/python -P tools/k8s_tools.py --print-dir):$PATH"
 fi
-bin_dir="$(dirname "$(command -v kubectl)")"
+# The suite calls <bin>/kubectl and <bin>/helm: one folder holding both, wherever they live.
+work="$(mktemp -d)"
+mkdir -p "$work/bin"
+ln -s "$(command -v kubectl)" "$work/bin/kubectl"
+ln -s "$(command -v helm)" "$work/bin/helm"
+kubeconfig="$work/kubeconfig"
 
-kubeconfig="$(mktemp)"
-cleanup() { [[ "${KEEP:-}" == 1 ]] || kind delete cluster --name "$CLUSTER" --kubeconfig "$kubeconfig" || true; }
+created=0
+cleanup() {
+    if [[ $created == 1 && "${KEEP:-}" != 1 ]]; then
+        kind delete cluster --name "$CLUSTER" --kubeconfig "$kubeconfig" || true
+    fi
+    rm -rf "$work"
+}
 trap cleanup EXIT
-kind get clusters 2>/dev/null | grep -qx "$CLUSTER" || kind create cluster --name "$CLUSTER" --kubeconfig "$kubeconfig" --wait 2m
+if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+    kind create cluster --name "$CLUSTER" --kubeconfig "$kubeconfig" --wait 2m
+    created=1  # only a cluster this run created is deleted at the end
+fi
 kind export kubeconfig --name "$CLUSTER" --kubeconfig "$kubeconfig"
 
 docker build -t "$IMAGE" .
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
-KUBECONFIG="$kubeconfig" TIERGATE_E2E_BACKEND=kind TIERGATE_E2E_BIN="$bin_dir" \
+KUBECONFIG="$kubeconfig" TIERGATE_E2E_BACKEND=kind TIERGATE_E2E_BIN="$work/bin" \
     .venv/bin/python -P -m pytest -q -p no:cacheprovider e2e "$@"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -26,10 +25,13 @@ class SteadyLoad:
         while not self.stop.is_set():
             try:
                 response = chat(self.release, self.tier)
-                body: dict[str, Any] | str = response.json()
-                outcome = (response.status_code, body)
-            except (httpx.HTTPError, ValueError) as exc:
-                outcome = (0, f"{type(exc).__name__}: {exc}")  # lost: no answer at all
+            except httpx.HTTPError as exc:
+                outcome: tuple[int, dict[str, Any] | str] = (0, f"{type(exc).__name__}: {exc}")
+            else:  # an answer; its body is checked by the test (an error must be an envelope)
+                try:
+                    outcome = (response.status_code, response.json())
+                except ValueError:
+                    outcome = (response.status_code, response.text[:200])
             with self.lock:
                 self.outcomes.append(outcome)
 
@@ -44,7 +46,7 @@ class SteadyLoad:
             t.join(90)
 
 
-def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
+def test_a_node_deleted_under_load_leaves_no_request_unanswered(release: Release) -> None:
     pool = "spark-wafer"
     release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
     release.kubectl("patch", "inferencepool", pool, "--type=merge", "-p", '{"spec":{"replicas":2}}')
@@ -56,7 +58,7 @@ def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
     before = release.pool_pods(pool)
     victim = sorted(before)[0]
     with SteadyLoad(release, "wafer-scale") as load:
-        time.sleep(3)
+        release.wait(lambda: len(load.outcomes) >= 10, "the load to get going")
         release.kubectl("delete", "pod", victim, "--wait=false")
 
         def replacement_serves() -> bool:
@@ -68,6 +70,9 @@ def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
     codes = Counter(code for code, _ in load.outcomes)
     lost = [body for code, body in load.outcomes if code == 0]
     assert not lost, f"requests without any answer: {lost[:3]}"
+    # kwok removes the pod object at once and the runner then SIGTERMs the node: this is a
+    # graceful removal (in-flight requests finish, new ones are refused and retried by the
+    # router), not a node dying mid-request.
     for code, body in load.outcomes:
         if code != 200:
             assert isinstance(body, dict) and "message" in body.get("error", {}), (code, body)
@@ -78,7 +83,7 @@ def test_deleting_a_node_under_load_loses_no_request(release: Release) -> None:
 
 RELEASE_KINDS = (
     "deployments,services,configmaps,secrets,serviceaccounts,roles,rolebindings,"
-    "poddisruptionbudgets,horizontalpodautoscalers,kopfpeerings"
+    "poddisruptionbudgets,horizontalpodautoscalers,kopfpeerings,clusterroles,clusterrolebindings"
 )
 
 

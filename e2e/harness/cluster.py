@@ -114,16 +114,22 @@ class HarnessError(Exception):
     """Something the harness cannot do; the message is one line for people."""
 
 
-def tools_bin() -> Path:
-    """The folder of pinned Kubernetes binaries, building them on first use (install.sh)."""
+def tools_bin(*, build: bool = True) -> Path | None:
+    """The folder of pinned Kubernetes binaries, building them on first use (install.sh).
+
+    `build=False`: None when they are not there yet (nothing to tear down then either).
+    """
     env = {**os.environ, "PYTHON": sys.executable}
+    flags = [] if build else ["--installed"]
     out = subprocess.run(
-        ["bash", str(REPO / "e2e" / "tools" / "install.sh")],
+        ["bash", str(REPO / "e2e" / "tools" / "install.sh"), *flags],
         stdout=subprocess.PIPE,
         env=env,
         text=True,
         check=False,
     )
+    if out.returncode == 3 and not build:
+        return None
     if out.returncode != 0:
         raise HarnessError("e2e/tools/install.sh failed (see its output above)")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -245,39 +251,38 @@ class LocalCluster:
         )
 
     def start_runner(self, tiergate: Path) -> None:
+        """Start the pod runner in the background; wait until it watches pods (or failed)."""
         self.stop_runner()
-        log = (self.state / "pod-runner.log").open("ab")
-        proc = subprocess.Popen(  # noqa: S603
-            [
-                sys.executable,
-                "-P",
-                str(Path(__file__).with_name("pod_runner.py")),
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--state-dir",
-                str(self.state / "runner"),
-                "--tiergate",
-                str(tiergate),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
+        ready = self.state / "pod-runner.ready"
+        ready.unlink(missing_ok=True)
+        log_path = self.state / "pod-runner.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(  # noqa: S603
+                [sys.executable, "-P", str(Path(__file__).with_name("pod_runner.py")),
+                 "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.state / "runner"),
+                 "--tiergate", str(tiergate), "--ready-file", str(ready)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
         self.runner = proc
         self.runner_pid_file.write_text(str(proc.pid))
-        time.sleep(1.0)
-        if proc.poll() is not None:
-            raise HarnessError(
-                f"the pod runner exited {proc.returncode}: see {self.state / 'pod-runner.log'}"
-            )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None:
+                last = log_path.read_text(errors="replace").strip().splitlines()[-1:]
+                raise HarnessError(f"the pod runner exited {proc.returncode}: {' '.join(last)}")
+            if time.monotonic() > deadline:
+                raise HarnessError(f"the pod runner did not start in 60 s: see {log_path}")
+            time.sleep(0.2)
 
     def stop_runner(self) -> None:
         """SIGTERM (the runner stops its pods' processes), SIGKILL after 30 s."""
         try:
             pid = int(self.runner_pid_file.read_text())
         except (OSError, ValueError):
+            return
+        if not _is_runner(pid, self.state):
+            self.runner_pid_file.unlink(missing_ok=True)  # a stale file: that PID is another's
             return
         try:
             os.kill(pid, signal.SIGTERM)
@@ -342,6 +347,19 @@ class LocalCluster:
         raise HarnessError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _is_runner(pid: int, state: Path) -> bool:
+    """PIDs are reused (the state outlives reboots): only signal our own runner."""
+    cmd = _cmdline(pid)
+    return "pod_runner.py" in cmd and str(state) in cmd
+
+
 def reap_stale_test_clusters(bin_dir: Path) -> list[str]:
     """Delete the clusters of test sessions that died without cleaning up (killed pytest).
 
@@ -351,8 +369,8 @@ def reap_stale_test_clusters(bin_dir: Path) -> list[str]:
     reaped = []
     for state in sorted(root.glob("tg-e2e-*")) if root.exists() else ():
         pid = state.name.removeprefix("tg-e2e-")
-        if pid.isdigit() and Path(f"/proc/{pid}").exists():
-            continue
+        if pid.isdigit() and "pytest" in _cmdline(int(pid)):
+            continue  # its session is still running
         LocalCluster(state.name, state, bin_dir).delete()
         shutil.rmtree(state, ignore_errors=True)
         reaped.append(state.name)
@@ -380,11 +398,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state = default_state(args.name)
         if args.action == "down":
-            cluster = LocalCluster(args.name, state, tools_bin())
-            cluster.delete()
+            installed = tools_bin(build=False)
+            if installed is None or not state.exists():
+                print(f"no cluster {args.name}: nothing to remove")
+                return 0
+            LocalCluster(args.name, state, installed).delete()
             print(f"cluster {args.name} removed")
             return 0
-        cluster = LocalCluster(args.name, state, tools_bin())
+        bin_dir = tools_bin()
+        assert bin_dir is not None
+        cluster = LocalCluster(args.name, state, bin_dir)
         if args.action == "up":
             cluster.create()
             cluster.start_runner(REPO / ".venv" / "bin" / "tiergate")

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ log = logging.getLogger("pod-runner")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 POLL_S = 0.5
+API_TIMEOUT_S = 10  # every API call: a stalled call must not freeze the runner's loop
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
 
@@ -81,6 +83,7 @@ class Proc:
     restarts: int = 0
     started: float = field(default_factory=time.monotonic)
     ready: bool | None = None  # as last reported in the pod's status
+    exited: float | None = None  # when the process was seen to have exited
     failures: int = 0  # consecutive readiness probe failures
     next_probe: float = 0.0
 
@@ -148,7 +151,8 @@ class PodProcesses:
         self.pods: dict[str, client.V1Pod] = {}
         self.procs: dict[str, Proc] = {}
         self.stopping: list[tuple[Proc, float]] = []  # SIGTERM sent, with a SIGKILL deadline
-        self.failed_to_start: dict[str, str] = {}
+        self.done: set[str] = set()  # run-to-completion pods whose process has finished
+        self.retry_at: dict[str, float] = {}  # pods whose start failed: try again then
         self.lock = threading.Lock()
 
     # -- desired state, from the watch ----------------------------------------------------
@@ -161,6 +165,7 @@ class PodProcesses:
 
     # -- reconcile ------------------------------------------------------------------------
     def sync(self) -> None:
+        """One pass over every pod; an error with one pod is logged and retried next pass."""
         with self.lock:
             pods = dict(self.pods)
         self._reap()
@@ -170,35 +175,45 @@ class PodProcesses:
                 self._stop(proc, pod)
                 del self.procs[uid]
         for uid, pod in pods.items():
-            if not ours(pod, self.r.image) or not runnable(pod):
+            if not ours(pod, self.r.image) or not runnable(pod) or uid in self.done:
                 continue
-            proc = self.procs.get(uid)
-            if proc is None:
-                # kwok hands a deleted pod's IP to the next pod at once: wait until the old
-                # process has let go of it, or the new one could not bind.
-                held = any(p.ip == pod.status.pod_ip for p, _ in self.stopping)
-                if uid not in self.failed_to_start and not self._finished(pod) and not held:
-                    self._start(pod)
-                continue
-            code = proc.popen.poll()
-            if code is None:
-                self._probe(pod, proc)
-                continue
+            try:
+                self._step(uid, pod)
+            except Exception as exc:  # noqa: BLE001 - the API, the file system: next pass
+                log.warning("pod %s/%s: %s: %s", pod.metadata.namespace, pod.metadata.name,
+                            type(exc).__name__, exc)  # fmt: skip
+
+    def _step(self, uid: str, pod: client.V1Pod) -> None:
+        proc = self.procs.get(uid)
+        if proc is None:
+            # kwok hands a deleted pod's IP to the next pod at once: wait until the old
+            # process has let go of it, or the new one could not bind.
+            held = any(p.ip == pod.status.pod_ip for p, _ in self.stopping)
+            retry_at = self.retry_at.get(uid, 0.0)
+            if not self._finished(pod) and not held and time.monotonic() >= retry_at:
+                self._start(pod)
+            return
+        code = proc.popen.poll()
+        if code is None:
+            self._probe(pod, proc)
+            return
+        if proc.exited is None:
+            proc.exited = time.monotonic()
             self._report_ready(pod, proc, False)
-            policy = pod.spec.restart_policy or "Always"
-            if policy == "Never" or (policy == "OnFailure" and code == 0):
-                self._finish(pod, proc, code)
-                continue
-            delay = RESTART_BACKOFF_S[min(proc.restarts, len(RESTART_BACKOFF_S) - 1)]
-            if time.monotonic() - proc.started < delay:
-                continue
-            log.warning(
-                "pod %s/%s exited %s; restarting", pod.metadata.namespace, pod.metadata.name, code
-            )
-            restarts = proc.restarts + 1
-            del self.procs[uid]
-            if self._start(pod):
-                self.procs[uid].restarts = restarts
+        policy = pod.spec.restart_policy or "Always"
+        if policy == "Never" or (policy == "OnFailure" and code == 0):
+            self._finish(pod, proc, code)
+            return
+        # CrashLoopBackOff, as a kubelet counts it: from the exit, growing with restarts.
+        delay = RESTART_BACKOFF_S[min(proc.restarts, len(RESTART_BACKOFF_S) - 1)]
+        if time.monotonic() - proc.exited < delay:
+            return
+        log.warning(
+            "pod %s/%s exited %s; restarting", pod.metadata.namespace, pod.metadata.name, code
+        )
+        del self.procs[uid]
+        if self._start(pod):
+            self.procs[uid].restarts = proc.restarts + 1
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
@@ -257,7 +272,9 @@ class PodProcesses:
         ]  # fmt: skip
         body = {"status": {"conditions": conditions, "containerStatuses": statuses}}
         try:
-            self.r.api.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+            self.r.api.patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, body, _request_timeout=API_TIMEOUT_S
+            )
         except client.ApiException as exc:
             log.warning(
                 "pod %s/%s: cannot report ready=%s: %s",
@@ -279,20 +296,18 @@ class PodProcesses:
         where = f"{meta.namespace}/{meta.name}"
         try:
             argv, env, log_file = self._prepare(pod)
-        except Exception as exc:  # one bad pod must not stop the others
-            self.failed_to_start[meta.uid] = str(exc)
-            log.error("pod %s cannot be run: %s", where, exc)
+            with log_file.open("ab") as out:
+                popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet's
+                    argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a missing secret may appear: retry
+            self.retry_at[meta.uid] = time.monotonic() + RESTART_BACKOFF_S[-1]
+            log.error("pod %s cannot be started (retrying in %.0f s): %s", where,
+                      RESTART_BACKOFF_S[-1], exc)  # fmt: skip
+            self._waiting(pod, "CreateContainerConfigError", str(exc))
             return False
-        out = log_file.open("ab")
-        popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet would
-            argv,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        out.close()
+        self.retry_at.pop(meta.uid, None)
         proc = Proc(meta.uid, meta.namespace, meta.name, popen, log_file, pod.status.pod_ip)
         self.procs[meta.uid] = proc
         # kwok marked the pod Ready when it made it Running; the process only now starts.
@@ -301,6 +316,20 @@ class PodProcesses:
             "pod %s: started pid %d on %s (log %s)", where, popen.pid, pod.status.pod_ip, log_file
         )
         return True
+
+    def _waiting(self, pod: client.V1Pod, reason: str, message: str) -> None:
+        """Say in the pod's status why its container is not running (kubectl describe)."""
+        c = pod.spec.containers[0]
+        state = {"waiting": {"reason": reason, "message": message[-1000:]}}
+        status = [{"name": c.name, "image": c.image, "imageID": "", "ready": False,
+                   "restartCount": 0, "state": state}]  # fmt: skip
+        try:
+            self.r.api.patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace,
+                {"status": {"containerStatuses": status}}, _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - best effort: the runner's log has it too
+            log.warning("pod %s: cannot report %s: %s", pod.metadata.name, reason, exc)
 
     def _stop(self, proc: Proc, pod: client.V1Pod | None) -> None:
         """SIGTERM now, SIGKILL after the grace period (in `_reap`); the loop never waits."""
@@ -353,14 +382,16 @@ class PodProcesses:
             }
         }
         try:
-            self.r.api.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+            self.r.api.patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, body, _request_timeout=API_TIMEOUT_S
+            )
         except client.ApiException as exc:
             log.warning(
                 "pod %s/%s: cannot report %s: %s", proc.namespace, proc.name, phase, exc.reason
             )
         log.info("pod %s/%s: %s (exit %d)", proc.namespace, proc.name, phase, code)
         del self.procs[proc.uid]
-        self.failed_to_start[proc.uid] = phase  # never start it again
+        self.done.add(proc.uid)  # never start it again
 
     # -- one pod's process ----------------------------------------------------------------
     def _prepare(self, pod: client.V1Pod) -> tuple[list[str], dict[str, str], Path]:
@@ -446,7 +477,10 @@ class PodProcesses:
 
     def _config_map(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
         try:
-            return dict(self.r.api.read_namespaced_config_map(name, ns).data or {})
+            return dict(
+                self.r.api.read_namespaced_config_map(name, ns, _request_timeout=API_TIMEOUT_S).data
+                or {}
+            )
         except client.ApiException as exc:
             if exc.status == 404 and optional:
                 return {}
@@ -454,7 +488,10 @@ class PodProcesses:
 
     def _secret(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
         try:
-            data = self.r.api.read_namespaced_secret(name, ns).data or {}
+            data = (
+                self.r.api.read_namespaced_secret(name, ns, _request_timeout=API_TIMEOUT_S).data
+                or {}
+            )
         except client.ApiException as exc:
             if exc.status == 404 and optional:
                 return {}
@@ -544,7 +581,7 @@ class PodProcesses:
         )
         sa = pod.spec.service_account_name or "default"
         out = self.r.api.create_namespaced_service_account_token(
-            sa, pod.metadata.namespace, request
+            sa, pod.metadata.namespace, request, _request_timeout=API_TIMEOUT_S
         )
         return str(out.status.token)
 
@@ -563,7 +600,7 @@ class PodProcesses:
             f"{pod.status.pod_ip} {pod.metadata.name}",
         ]
         ns = pod.metadata.namespace
-        for svc in self.r.api.list_service_for_all_namespaces().items:
+        for svc in self.r.api.list_service_for_all_namespaces(_request_timeout=API_TIMEOUT_S).items:
             ip = self._service_backend(svc)
             if ip is None:
                 continue
@@ -581,7 +618,9 @@ class PodProcesses:
         if not selector:
             return None
         pods = self.r.api.list_namespaced_pod(
-            svc.metadata.namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items())
+            svc.metadata.namespace,
+            label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
+            _request_timeout=API_TIMEOUT_S,
         ).items
         ready = [p for p in pods if runnable(p) and p.metadata.uid in self.procs]
         for pod in ready:
@@ -626,12 +665,15 @@ def watch_pods(api: client.CoreV1Api, procs: PodProcesses, stop: threading.Event
     """List, then watch from the list's version; on any error, list again."""
     while not stop.is_set():
         try:
-            listed = api.list_pod_for_all_namespaces()
+            listed = api.list_pod_for_all_namespaces(_request_timeout=API_TIMEOUT_S)
             with procs.lock:
                 procs.pods = {p.metadata.uid: p for p in listed.items}
             version = listed.metadata.resource_version
             for event in watch.Watch().stream(
-                api.list_pod_for_all_namespaces, resource_version=version, timeout_seconds=60
+                api.list_pod_for_all_namespaces,
+                resource_version=version,
+                timeout_seconds=60,
+                _request_timeout=90,
             ):
                 procs.observe(event["type"], event["object"])
                 if stop.is_set():
@@ -651,58 +693,87 @@ def build_shim(state: Path) -> Path:
     return out
 
 
+def preflight() -> str | None:
+    """Why this machine cannot run pods, in one line; None when it can."""
+    if os.geteuid() != 0:
+        return "needs root (each pod gets its own mount namespace); use the kind backend otherwise"
+    missing = [c for c in ("cc", "setpriv", "unshare", "mount") if shutil.which(c) is None]
+    if missing:
+        return f"needs {', '.join(missing)} on PATH (a C compiler and util-linux)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--state-dir", required=True, type=Path)
     p.add_argument("--tiergate", required=True, type=Path, help="the image's entrypoint, locally")
     p.add_argument("--image", default="tiergate", help="run pods of this image repository")
+    p.add_argument("--ready-file", type=Path, help="written once the runner is watching pods")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s pod-runner %(levelname)s %(message)s"
     )
-    if os.geteuid() != 0:
-        print(
-            "pod-runner: needs root (each pod gets its own mount namespace); "
-            "use the kind backend otherwise",
-            file=sys.stderr,
-        )
+    try:
+        problem = preflight()
+        if problem:
+            raise RunnerError(problem)
+        runner = make_runner(args)
+    except RunnerError as exc:
+        print(f"pod-runner: {exc}", file=sys.stderr)
         return 2
-    state = args.state_dir.resolve()
-    state.mkdir(parents=True, exist_ok=True)
-    api_client = config.new_client_from_config(args.kubeconfig)
-    host = api_client.configuration.host
-    m = re.fullmatch(r"https://([^:/]+):(\d+)", host)
-    if not m:
-        print(f"pod-runner: the API server must be https://HOST:PORT, not {host}", file=sys.stderr)
-        return 2
-    ca = api_client.configuration.ssl_ca_cert
-    tiergate = args.tiergate.resolve()
-    runner = Runner(
-        api=client.CoreV1Api(api_client),
-        state=state,
-        tiergate=tiergate,
-        shim=build_shim(state),
-        api_host=m.group(1),
-        api_port=m.group(2),
-        ca_file=Path(ca),
-        image=args.image,
-        protected=(tiergate.parent.parent, Path(__file__).resolve().parent, state),
-    )
     procs = PodProcesses(runner)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     watcher = threading.Thread(target=watch_pods, args=(runner.api, procs, stop), daemon=True)
     watcher.start()
-    log.info("running pods of image %r with %s", args.image, tiergate)
+    log.info("running pods of image %r with %s", args.image, runner.tiergate)
+    if args.ready_file is not None:
+        args.ready_file.write_text(str(os.getpid()))
     try:
         while not stop.is_set():
-            procs.sync()
+            try:
+                procs.sync()
+            except Exception:  # noqa: BLE001 - the runner must outlive any one bad pass
+                log.exception("sync failed; next pass in %.1f s", POLL_S)
             stop.wait(POLL_S)
     finally:
         procs.stop_all()
     return 0
+
+
+class RunnerError(Exception):
+    """The runner cannot start; the message is one line."""
+
+
+def make_runner(args: argparse.Namespace) -> Runner:
+    state = args.state_dir.resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    try:
+        api_client = config.new_client_from_config(args.kubeconfig)
+    except (config.ConfigException, OSError) as exc:
+        raise RunnerError(f"kubeconfig {args.kubeconfig}: {exc}") from None
+    host = api_client.configuration.host
+    m = re.fullmatch(r"https://([^:/]+):(\d+)", host)
+    if not m:
+        raise RunnerError(f"the API server must be https://HOST:PORT, not {host}")
+    try:
+        shim = build_shim(state)
+    except subprocess.CalledProcessError as exc:
+        raise RunnerError(f"cannot build the bind shim: {exc}") from None
+    tiergate = args.tiergate.resolve()
+    return Runner(
+        api=client.CoreV1Api(api_client),
+        state=state,
+        tiergate=tiergate,
+        shim=shim,
+        api_host=m.group(1),
+        api_port=m.group(2),
+        ca_file=Path(api_client.configuration.ssl_ca_cert),
+        image=args.image,
+        protected=(tiergate.parent.parent, Path(__file__).resolve().parent, state),
+    )
 
 
 if __name__ == "__main__":

