@@ -28,10 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tiergate"
 DEFAULT_NAME = "tiergate"
-# kwok's own pod stages, less one thing: a new pod is Running with an IP but *not* Ready. The
-# pod runner reports Ready when the pod's readinessProbe passes (as a kubelet does), so
-# `helm install --wait`, Deployments and the router all see the truth. Giving any pod stage
-# replaces kwok's default pod stages, hence pod-delete too (node stages stay kwok's).
+# kwok's pod stages replaced by one: a new pod is Running with an IP but *not* Ready. The pod
+# runner reports Ready when the pod's readinessProbe passes, and removes a deleted pod once
+# its process has exited, as a kubelet does (kwok's pod-delete stage would remove it at once,
+# while the process still runs). Node stages stay kwok's.
 KWOK_CONFIG = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -70,19 +70,6 @@ spec:
         ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
       phase: Running
       startTime: {{ $now | Quote }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-delete
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: .metadata.deletionTimestamp, operator: Exists}
-  next:
-    finalizers: {empty: true}
-    delete: true
 """
 NODE = """\
 apiVersion: v1

@@ -14,6 +14,8 @@ the pod goes away, and restarts it when it dies, as a kubelet would:
   whose ports equal their target ports to a ready pod behind it (DNS plus kube-proxy, in one);
 - env: `value`, `$(VAR)` expansion, `fieldRef`, `secretKeyRef`, `configMapKeyRef`, `envFrom`,
   plus KUBERNETES_SERVICE_HOST/PORT, as the kubelet sets them;
+- deletion: a deleted pod stays Terminating while its process drains (SIGTERM, SIGKILL after
+  the grace period); then the runner removes the object, as a kubelet does;
 - status: the pod is Ready only while its readinessProbe (httpGet) passes, as the kubelet
   reports it (kwok alone would call it Ready before the process listens); a pod with
   restartPolicy Never/OnFailure (a `helm test` pod) gets phase Succeeded or Failed from its
@@ -152,6 +154,7 @@ class PodProcesses:
         self.procs: dict[str, Proc] = {}
         self.stopping: list[tuple[Proc, float]] = []  # SIGTERM sent, with a SIGKILL deadline
         self.done: set[str] = set()  # run-to-completion pods whose process has finished
+        self.removed: set[str] = set()  # terminated pods whose object the runner deleted
         self.retry_at: dict[str, float] = {}  # pods whose start failed: try again then
         self.lock = threading.Lock()
 
@@ -174,7 +177,12 @@ class PodProcesses:
             if pod is None or pod.metadata.deletion_timestamp is not None:
                 self._stop(proc, pod)
                 del self.procs[uid]
+        stopping = {p.uid for p, _ in self.stopping}
         for uid, pod in pods.items():
+            # Terminating with nothing (left) running here: remove the object, as a kubelet
+            # does once the containers are gone (kwok's own pod-delete stage is replaced).
+            if pod.metadata.deletion_timestamp is not None and uid not in stopping:
+                self._remove(pod.metadata.namespace, pod.metadata.name, uid)
             if not ours(pod, self.r.image) or not runnable(pod) or uid in self.done:
                 continue
             try:
@@ -346,11 +354,29 @@ class PodProcesses:
             if proc.popen.poll() is not None:
                 log.info("pod %s/%s: stopped (exit %s)", proc.namespace, proc.name,
                          proc.popen.returncode)  # fmt: skip
+                self._remove(proc.namespace, proc.name, proc.uid)
                 continue
             if time.monotonic() > deadline:
                 _signal_group(proc.popen, signal.SIGKILL)
             still.append((proc, deadline))
         self.stopping = still
+
+    def _remove(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod object now (grace 0), only if it is still the same pod (uid)."""
+        if uid in self.removed:
+            return
+        options = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
+        )
+        try:
+            self.r.api.delete_namespaced_pod(
+                name, namespace, body=options, _request_timeout=API_TIMEOUT_S
+            )
+        except client.ApiException as exc:
+            if exc.status not in (404, 409):  # gone already, or a new pod of that name
+                log.warning("pod %s/%s: cannot remove: %s", namespace, name, exc.reason)
+                return
+        self.removed.add(uid)
 
     def _finish(self, pod: client.V1Pod, proc: Proc, code: int) -> None:
         """A run-to-completion pod's process ended: report it the way the kubelet does."""
