@@ -9,9 +9,9 @@ endpoints (it watches the pods themselves). The Service, named after the pool wi
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
-from .api import HTTP_PORT_NAME, InferencePoolSpec, pool_selector_labels, sim_node_flags
+from .api import HTTP_PORT_NAME, InferencePoolSpec, Layout, pool_selector_labels, sim_node_flags
 
 __all__ = [
     "CONTAINER_PORT",
@@ -47,16 +47,6 @@ def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
         "app.kubernetes.io/managed-by": FIELD_MANAGER,
         "tiergate.dev/tier": spec.tier,
     }
-
-
-class Layout(NamedTuple):
-    """Chips and tensor-parallel group of one replica, as the performance model resolved them
-    (`chips: auto` included). Pods get these numbers, not the spec's: the envelope in the
-    status must describe what the pods run, and a node sizing `auto` on its own can land on
-    a different count (it does not know the pool's reference workload)."""
-
-    chips: int
-    tensor_parallel: int
 
 
 def sim_node_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:

@@ -17,8 +17,7 @@ from typing import Literal
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.perf import PerfConfigError, profile_label
 
-from .api import Condition, ConditionType, Envelope, InferencePoolSpec, predict
-from .render import Layout
+from .api import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
 
 __all__ = [
     "Assessment",
@@ -84,8 +83,7 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
             tpot_ms = 1e3 / envelope.tokens_per_second_per_stream
             if tpot_ms > spec.slo.tpot_ms:
                 misses.append(f"TPOT {tpot_ms:.1f} ms > target {spec.slo.tpot_ms:g} ms")
-    d = performance.deployment
-    return Assessment(envelope, Layout(d.chips, d.tensor_parallel), slo_misses=tuple(misses))
+    return Assessment(envelope, performance.layout(), slo_misses=tuple(misses))
 
 
 def replica_conditions(

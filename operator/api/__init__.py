@@ -5,7 +5,7 @@ imports this package to read InferencePools and to find their pods (`sim_node_po
 labels and port name the operator puts on them); the operator's handlers build on it.
 """
 
-from .envelope import PoolPerformance, predict
+from .envelope import Layout, PoolPerformance, predict
 from .inference_pool import (
     API_VERSION,
     DNS_LABEL,
@@ -61,6 +61,7 @@ __all__ = [
     "InferencePool",
     "InferencePoolSpec",
     "InferencePoolStatus",
+    "Layout",
     "PoolPerformance",
     "ReferenceWorkload",
     "Resources",

@@ -9,6 +9,7 @@ and the envelope says which profiles were inline and whether they shadowed catal
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tiergate.sim_nodes.catalogs import Catalog
 from tiergate.sim_nodes.perf import (
@@ -28,6 +29,16 @@ from .inference_pool import Envelope, ReferenceWorkload
 __all__ = ["PoolPerformance", "predict"]
 
 
+class Layout(NamedTuple):
+    """Chips and tensor-parallel group of one replica, as the performance model resolved them
+    (`chips: auto` included). Pods get these numbers, not the spec's: the envelope in the
+    status must describe what the pods run, and a node sizing `auto` on its own can land on
+    a different count (it does not know the pool's reference workload)."""
+
+    chips: int
+    tensor_parallel: int
+
+
 @dataclass(frozen=True, slots=True)
 class PoolPerformance:
     """One replica as the spec lays it out, and the model's prediction for it."""
@@ -36,6 +47,9 @@ class PoolPerformance:
     result: PerfResult  # `result.fits` False: the model or its KV cache does not fit
     model_source: ProfileSource  # catalog, inline, or inline-shadows-catalog
     accelerator_source: ProfileSource
+
+    def layout(self) -> Layout:
+        return Layout(self.deployment.chips, self.deployment.tensor_parallel)
 
     def envelope(self) -> Envelope:
         r = self.result

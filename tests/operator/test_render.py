@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tiergate.cli import build_parser
-from tiergate.operator.api import InferencePool, InferencePoolSpec, pool_selector_labels
-from tiergate.operator.render import Layout, deployment_manifest, service_manifest, sim_node_args
+from tiergate.operator.api import InferencePool, InferencePoolSpec, Layout, pool_selector_labels
+from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
 from tiergate.operator.status import assess
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.common import spec_from_args
