@@ -8,8 +8,10 @@ shed (429 with Retry-After), which may be a waiter already queued, so a premium 
 arriving at a full batched-tier queue displaces a flex one rather than being refused.
 
 A tier is also *saturated* when every endpoint reports (vLLM metrics) at least
-`saturation_waiting` queued requests: that catches load the router does not see (other
-clients of the nodes). Flex requests are shed at once from a saturated tier.
+`SATURATION_WAITING` queued requests: that catches load the router does not see (other
+clients of the nodes). Flex requests are shed at once from a saturated tier. Those figures
+change only when the scraper writes them, so `Saturation` works the flags out after each
+scrape round and for each new view, and a request reads one flag instead of every endpoint.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .discovery import PoolView
 from .errors import RouterError
 from .state import EndpointState
-from .tiers import Priority
+from .tiers import Priority, Tier
 
 PRIORITY_RANK: dict[Priority, int] = {"premium": 0, "standard": 1, "flex": 2}
+#: Per-endpoint waiting requests beyond which a tier counts as saturated.
+SATURATION_WAITING = 8.0
 
 
 class Shed(Exception):
@@ -98,6 +103,36 @@ class TierQueue:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
             heapq.heapify(self._waiters)
+
+
+class Saturation:
+    """Which (model, tier) candidate sets are saturated, as of the last `refresh`.
+
+    Refreshed after every scrape round (the scraper is what changes the waiting counts) and
+    whenever it is asked about another view than the one it last saw (pools or endpoints
+    changed), so the answer is never older than a scrape round. Each refresh visits every
+    endpoint once; a request only looks its (model, tier) up.
+    """
+
+    def __init__(self, threshold: float = SATURATION_WAITING) -> None:
+        self.threshold = threshold
+        self._view: PoolView | None = None
+        self._saturated: frozenset[tuple[str, Tier]] = frozenset()
+
+    def refresh(self, view: PoolView) -> None:
+        """Work the flags out again from `view`'s endpoints' current metrics."""
+        self._view = view
+        self._saturated = frozenset(
+            (members.model, members.tier)
+            for members in view.candidate_sets()
+            if saturated(members, self.threshold)
+        )
+
+    def is_saturated(self, view: PoolView, model: str, tier: Tier) -> bool:
+        """Whether every endpoint of `tier` serving `model` was saturated at the last refresh."""
+        if view is not self._view:
+            self.refresh(view)
+        return (model, tier) in self._saturated
 
 
 def saturated(endpoints: Sequence[EndpointState], threshold: float) -> bool:

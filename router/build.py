@@ -11,6 +11,7 @@ import httpx
 
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 
+from .admission import Saturation
 from .app import RouterApp, Service
 from .budgets import BudgetGuard
 from .config import RouterConfig, load_config
@@ -72,12 +73,16 @@ def build_app(
         timeout=httpx.Timeout(settings.scrape_interval_s),
         limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
     )
+    # Tier saturation is worked out from the endpoints' waiting counts once per scrape round
+    # (they change only then), not per request.
+    saturation = Saturation()
     scraper = Scraper(
         lambda: source.view.endpoints(),
         scrape_client,
         clock=clock,
         interval_s=settings.scrape_interval_s,
         max_concurrency=32,
+        on_round=lambda _: saturation.refresh(source.view),
     )
     router = Router(
         view=view,
@@ -90,6 +95,7 @@ def build_app(
         settings=settings,
         policy=default_policy(),
         clock=clock,
+        saturation=saturation,
     )
     # The source first: services stop in reverse order, so discovery stops last.
     services: list[Service] = [source, _Closing(scrape_client), scraper, *(extra_services or [])]

@@ -1,7 +1,8 @@
 """Discovery: the router's view of pools and endpoints, and the sources that build it.
 
 `PoolView` is immutable once built and indexed by (served model name, tier), so picking
-candidates on the request path is one dict lookup whatever the number of pools. Sources
+candidates on the request path is one dict lookup whatever the number of pools, and the
+`CandidateSet` found says it is all of that model and tier, so no filter rescans it. Sources
 build a new view when something changes and hand it over with one assignment: requests in
 flight keep the view they started with, so a reload never drops them. `EndpointState`
 objects are carried over from the previous view by (pool, URL), so live metrics, in-flight
@@ -27,7 +28,7 @@ from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
 
 from .config import ConfigError, PoolSpec, RouterConfig, load_config
-from .state import EndpointState
+from .state import CandidateSet, EndpointState
 from .tiers import TIERS, Tier
 
 log = logging.getLogger("tiergate.router.discovery")
@@ -58,18 +59,26 @@ class PoolView:
 
     def __init__(self, pools: Iterable[RoutedPool]) -> None:
         self.pools: dict[str, RoutedPool] = {p.spec.name: p for p in pools}
-        self._candidates: dict[tuple[str, Tier], list[EndpointState]] = {}
+        members: dict[tuple[str, Tier], list[EndpointState]] = {}
         tiers: dict[str, set[Tier]] = {}
         for pool in self.pools.values():
             for name in pool.spec.names:
                 key = (name, pool.spec.tier)
-                self._candidates.setdefault(key, []).extend(pool.endpoints)
+                members.setdefault(key, []).extend(pool.endpoints)
                 tiers.setdefault(name, set()).add(pool.spec.tier)
+        self._candidates = {
+            (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
+        }
         self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
 
-    def candidates(self, model: str, tier: Tier) -> list[EndpointState]:
-        """Endpoints of pools of `tier` serving `model` (shared list: do not modify)."""
-        return self._candidates.get((model, tier), [])
+    def candidates(self, model: str, tier: Tier) -> CandidateSet:
+        """Endpoints of pools of `tier` serving `model`, built with the view (one lookup)."""
+        found = self._candidates.get((model, tier))
+        return found if found is not None else CandidateSet((), model, tier)
+
+    def candidate_sets(self) -> Iterable[CandidateSet]:
+        """Every non-empty (model, tier) set of `candidates`."""
+        return self._candidates.values()
 
     def tiers_serving(self, model: str) -> tuple[Tier, ...]:
         return self._tiers.get(model, ())

@@ -19,7 +19,7 @@ from typing import Any
 
 from tiergate.sim_nodes.perf import Deployment
 
-from .admission import Shed, TierQueue, saturated, shed_error
+from .admission import Saturation, Shed, TierQueue, shed_error
 from .asgi import (
     ClientGone,
     Receive,
@@ -59,8 +59,6 @@ log = logging.getLogger("tiergate.router")
 
 #: Request headers passed on to the serving node (never Authorization: keys stay here).
 FORWARDED = ("x-tiergate-fault", "x-tiergate-timing")
-#: Per-endpoint waiting requests beyond which a tier counts as saturated.
-SATURATION_WAITING = 8.0
 #: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
 HEADROOM = 1.5
 
@@ -80,6 +78,8 @@ class Router:
     policy: PolicyConfig
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
+    #: Refreshed by the scraper after each round (see build.py); read per request.
+    saturation: Saturation = field(default_factory=Saturation)
     _pipeline: Pipeline | None = None
     _pipeline_view: PoolView | None = None
     _deployments: dict[str, Deployment] = field(default_factory=dict)
@@ -354,7 +354,7 @@ class Router:
             ]
         for i, candidate in enumerate(tiers):
             last = i == len(tiers) - 1
-            busy = saturated(view.candidates(request.model, candidate), SATURATION_WAITING)
+            busy = self.saturation.is_saturated(view, request.model, candidate)
             queue = self._queues[candidate]
             if busy and (choice.priority == "flex" or not last):
                 if last:

@@ -120,6 +120,7 @@ class Scraper:
         max_concurrency: int = 64,
         max_body_bytes: int = 1 << 20,
         path: str = "/metrics",
+        on_round: Callable[[ScrapeRound], object] | None = None,
     ) -> None:
         """
         endpoints: returns the current endpoints (called each round, so discovery may change
@@ -131,6 +132,8 @@ class Scraper:
             connection of a shared client's pool.
         max_body_bytes: a larger reply is a failure (a misbehaving endpoint cannot make the
             router buffer gigabytes).
+        on_round: called after each round with its outcome, to work out once per round what
+            would otherwise be read from every endpoint per request (tier saturation).
         """
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -142,6 +145,7 @@ class Scraper:
         self.timeout_s = timeout_s if timeout_s is not None else 0.8 * interval_s
         self.max_body_bytes = max_body_bytes
         self.path = path
+        self.on_round = on_round
         self.rounds = 0
         self._limit = asyncio.Semaphore(max_concurrency)
         self._task: asyncio.Task[None] | None = None
@@ -152,7 +156,10 @@ class Scraper:
         results = await asyncio.gather(*(self._scrape(ep) for ep in endpoints))
         self.rounds += 1
         ok = sum(results)
-        return ScrapeRound(scraped=ok, failed=len(results) - ok)
+        outcome = ScrapeRound(scraped=ok, failed=len(results) - ok)
+        if self.on_round is not None:
+            self.on_round(outcome)
+        return outcome
 
     def start(self) -> None:
         """Scrape in the background every `interval_s` until `stop()`."""

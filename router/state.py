@@ -3,11 +3,13 @@
 `EndpointState` is the live view of one serving endpoint (a sim node or any vLLM-compatible
 server): its pool and tier, the load its `/metrics` last reported, and the router's own
 in-flight count. The scraper and the proxy update it; the policy plugins only read it.
+`CandidateSet` is the endpoints that can serve one (model, tier), indexed once per pool view.
 `RequestContext` is what the policy plugins may know about a request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .tiers import Tier
@@ -36,6 +38,30 @@ class EndpointState:
 
     def is_ejected(self, now_s: float) -> bool:
         return now_s < self.ejected_until_s
+
+
+class CandidateSet(tuple[EndpointState, ...]):
+    """Every endpoint of the pools of `tier` that serve `model`, built with the pool view.
+
+    A tuple, so routing plugins read it like any sequence of endpoints; it also says what all
+    its members have in common, so the model and tier filters keep it whole without looking at
+    each member, and it finds a member by URL in O(1) (the endpoints prefix affinity names).
+    Built once per view, never per request.
+    """
+
+    model: str
+    tier: Tier
+    #: URL -> member (the first, should two pools list the same URL).
+    by_url: Mapping[str, EndpointState]
+
+    def __new__(cls, endpoints: Iterable[EndpointState], model: str, tier: Tier) -> CandidateSet:
+        members = super().__new__(cls, endpoints)
+        members.model, members.tier = model, tier
+        by_url: dict[str, EndpointState] = {}
+        for ep in members:
+            by_url.setdefault(ep.url, ep)
+        members.by_url = by_url
+        return members
 
 
 @dataclass(frozen=True, slots=True)

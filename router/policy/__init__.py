@@ -1,7 +1,9 @@
 """Endpoint picking: a pipeline of filters -> weighted scorers in [0, 1] -> picker.
 
 The Gateway API Inference Extension design: each plugin is one module, registered under a
-kebab-case type name and configured as `{name, type, parameters}`. Build a `Pipeline` with
+kebab-case type name and configured as `{name, type, parameters}`; a `Sampler` filter
+(`random-sample`) bounds the candidates scored, so a request's cost does not grow with the
+pool. Build a `Pipeline` with
 `Pipeline.from_config(PolicyConfig(...) or default_policy(), deployments=..., rng=...)`, then
 per request `pipeline.pick(ctx, candidates, now_s)` and, once routed, `pipeline.observe(ctx,
 endpoint)`.
@@ -16,10 +18,20 @@ from . import (
     predicted_latency_scorer,
     prefix_affinity_scorer,
     queue_depth_scorer,
+    random_sample,
     tier_filter,
     weighted_random_picker,
 )
-from .base import Filter, NoParameters, Parameters, Picker, Plugin, PluginContext, Scorer
+from .base import (
+    Filter,
+    NoParameters,
+    Parameters,
+    Picker,
+    Plugin,
+    PluginContext,
+    Sampler,
+    Scorer,
+)
 from .config import PluginSpec, PolicyConfig, ScorerSpec, default_policy
 from .latency import LatencyEstimate, LatencyPredictor, endpoint_load
 from .pipeline import Pipeline
@@ -34,6 +46,7 @@ del (
     predicted_latency_scorer,
     prefix_affinity_scorer,
     queue_depth_scorer,
+    random_sample,
     tier_filter,
     weighted_random_picker,
 )
@@ -51,6 +64,7 @@ __all__ = [
     "PluginSpec",
     "PolicyConfig",
     "PolicyConfigError",
+    "Sampler",
     "Scorer",
     "ScorerSpec",
     "default_policy",

@@ -1,16 +1,20 @@
 """The three kinds of routing plugin and what they are built with.
 
 A request's candidates go through every `Filter` in order, then every `Scorer` scores the
-survivors in [0, 1] (1 = best) and the `Picker` orders them by the weighted sum. Plugins are
-built once from configuration and called on the request path, so they must be cheap: no I/O,
-no clock reads (the pipeline passes `now_s`), no pydantic objects per request.
+survivors in [0, 1] (1 = best) and the `Picker` orders them by the weighted sum. A `Sampler`
+is a filter that keeps a bounded subset, so that what comes after it costs the same for a pool
+of 3 or of 300 endpoints; the pipeline tells it which endpoints the scorers favour
+(`Scorer.favoured_urls`) so the sample never loses them. Plugins are built once from
+configuration and called on the request path, so they must be cheap: no I/O, no clock reads
+(the pipeline passes `now_s`), no pydantic objects per request, and nothing that visits every
+endpoint of a large pool (the candidates may be a `CandidateSet`: see the model filter).
 """
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -29,6 +33,7 @@ __all__ = [
     "Plugin",
     "PluginContext",
     "PluginKind",
+    "Sampler",
     "Scorer",
 ]
 
@@ -105,6 +110,34 @@ class Scorer(Plugin):
 
     def observe(self, ctx: RequestContext, endpoint: EndpointState) -> None:
         """Learn that `endpoint` was chosen for `ctx` (stateful scorers override this)."""
+
+    def favoured_urls(self, ctx: RequestContext) -> Collection[str]:
+        """URLs of the endpoints this scorer would rate above 0 for `ctx`, if it knows them
+        without looking at the candidates (in O(1) of the pool's size); a `Sampler` keeps them.
+
+        Empty by default: most scores depend on every candidate's state, not on the request.
+        """
+        return ()
+
+
+class Sampler(Filter):
+    """A filter keeping a bounded subset of the candidates, plus the ones scorers favour."""
+
+    @abstractmethod
+    def sample(
+        self,
+        ctx: RequestContext,
+        candidates: Sequence[EndpointState],
+        favoured_urls: Collection[str],
+        now_s: float,
+    ) -> Sequence[EndpointState]:
+        """A subset of `candidates` that keeps every candidate whose URL is favoured."""
+
+    def filter(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> Sequence[EndpointState]:
+        """`sample` with nothing favoured (the pipeline calls `sample` itself)."""
+        return self.sample(ctx, candidates, (), now_s)
 
 
 class Picker(Plugin):

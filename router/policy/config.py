@@ -3,6 +3,8 @@
     filters:
       - {type: model-filter}
       - {type: tier-filter}
+      - {type: random-sample, parameters: {size: 8}}
+      - {type: ejected-filter}
     scorers:
       - {type: queue-depth-scorer, weight: 1}
       - {name: affinity, type: prefix-affinity-scorer, weight: 2, parameters: {capacity: 50000}}
@@ -59,20 +61,17 @@ class ScorerSpec(PluginSpec):
 class PolicyConfig(BaseModel):
     """Filters (in order), weighted scorers and one picker."""
 
-    # camelCase keys (maxCandidates) like the rest of the YAML configuration.
+    # camelCase keys like the rest of the YAML configuration.
     model_config = ConfigDict(
         extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
     )
 
-    filters: list[PluginSpec] = Field(default_factory=list)
+    filters: list[PluginSpec] = Field(
+        default_factory=list,
+        description="In order; a sampler (random-sample) among them bounds what follows it.",
+    )
     scorers: list[ScorerSpec] = Field(default_factory=list)
     picker: PluginSpec = Field(default_factory=lambda: PluginSpec(type="max-score-picker"))
-    max_candidates: int = Field(
-        default=64,
-        ge=1,
-        description="Endpoints scored per request; beyond this a random sample of this many "
-        "is scored, so per-request cost does not grow with the pool.",
-    )
 
     @field_validator("filters")
     @classmethod
@@ -114,16 +113,20 @@ def _checked(specs: list[S], kind: PluginKind) -> list[S]:
 def default_policy() -> PolicyConfig:
     """The policy used when the configuration names none.
 
-    Filters keep only endpoints that serve the model at the tier and are not ejected. The
-    predicted latency (perf model over each endpoint's load and hardware) weighs most; queue
-    depth reacts to the router's own in-flight requests between scrapes, so a burst does not
-    all land on the endpoint that looked idlest at the last scrape; KV-cache headroom avoids
-    preemption; prefix affinity reuses a warm prompt cache when the load allows.
+    Filters keep the endpoints that serve the model at the tier (the view's precomputed set,
+    kept without a scan), then a random sample of 8 of them plus those prefix affinity
+    favours (power of k choices: a pool of 300 costs a request about what a pool of 8 does),
+    then those of the sample that are not ejected. The predicted latency (perf model over
+    each endpoint's load and hardware) weighs most; queue depth reacts to the router's own
+    in-flight requests between scrapes, so a burst does not all land on the endpoint that
+    looked idlest at the last scrape; KV-cache headroom avoids preemption; prefix affinity
+    reuses a warm prompt cache when the load allows.
     """
     return PolicyConfig(
         filters=[
             PluginSpec(type="model-filter"),
             PluginSpec(type="tier-filter"),
+            PluginSpec(type="random-sample", parameters={"size": 8}),
             PluginSpec(type="ejected-filter"),
         ],
         scorers=[

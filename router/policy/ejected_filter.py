@@ -18,6 +18,9 @@ class EjectedFilter(Filter):
     With all of them ejected, keeping them all ("panic mode", as Envoy does) serves whatever
     still works instead of turning a partial outage into a certain 503; the proxy's retries
     then try the others in turn.
+
+    It looks at every candidate, so the default policy runs it after `random-sample`, on the
+    sample (which already passes over ejected endpoints while drawing).
     """
 
     def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..state import EndpointState, RequestContext
+from ..state import CandidateSet, EndpointState, RequestContext
 from .base import Filter, NoParameters, PluginContext
 from .registry import register
 
@@ -13,7 +13,11 @@ __all__ = ["ModelFilter"]
 
 @register("model-filter", NoParameters)
 class ModelFilter(Filter):
-    """Drops endpoints that do not serve `ctx.model` (under any of their served names)."""
+    """Drops endpoints that do not serve `ctx.model` (under any of their served names).
+
+    The request path passes the view's `CandidateSet` for the model, kept whole without a
+    look at its members: the view built it from the pools serving that name.
+    """
 
     def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
         super().__init__(name, parameters, context)
@@ -22,6 +26,8 @@ class ModelFilter(Filter):
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
     ) -> Sequence[EndpointState]:
         model = ctx.model
+        if isinstance(candidates, CandidateSet) and candidates.model == model:
+            return candidates
         if all(model in ep.served_names for ep in candidates):
             return candidates  # the usual case (pre-indexed candidates): no copy
         return [ep for ep in candidates if model in ep.served_names]

@@ -1,21 +1,22 @@
-"""The routing pipeline: filters -> weighted scorers -> picker.
+"""The routing pipeline: filters (a sampler among them) -> weighted scorers -> picker.
 
 Built once from a `PolicyConfig`; `pick` runs on every request, so it only loops over the
-candidates with plain floats and lists. The caller narrows candidates first (the app indexes
-endpoints by model and tier), so the cost follows the endpoints that can serve the request,
-not the size of the fleet.
+candidates with plain floats and lists. The caller passes the view's `CandidateSet` for the
+request's model and tier, which the model and tier filters keep without a scan; a sampler
+(`random-sample` in the default policy) then bounds what the later filters, the scorers and
+the picker see, so a request costs the same for a pool of 3 endpoints or of 300.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import cast
 
 from tiergate.sim_nodes.perf import Deployment
 
 from ..state import EndpointState, RequestContext
-from .base import Filter, Picker, PluginContext, Scorer
+from .base import Filter, Picker, PluginContext, Sampler, Scorer
 from .config import PolicyConfig
 from .registry import build_plugin
 
@@ -30,18 +31,9 @@ class Pipeline:
         filters: Sequence[Filter],
         scorers: Sequence[tuple[Scorer, float]],
         picker: Picker,
-        *,
-        max_candidates: int = 64,
-        rng: random.Random | None = None,
     ) -> None:
-        """`max_candidates`: more endpoints than this after filtering are sampled down to it
-        (with `rng`) before scoring, so a huge pool costs no more per request than this many."""
         if any(weight <= 0 for _, weight in scorers):
             raise ValueError("scorer weights must be positive")
-        if max_candidates < 1:
-            raise ValueError("max_candidates must be at least 1")
-        self.max_candidates = max_candidates
-        self.rng = rng if rng is not None else random.Random(0)
         self.filters = tuple(filters)
         self.scorers = tuple(scorer for scorer, _ in scorers)
         total = sum(weight for _, weight in scorers)
@@ -49,6 +41,10 @@ class Pipeline:
         # reads as a probability weight.
         self.weights = tuple(weight / total for _, weight in scorers)
         self.picker = picker
+        # Only scorers that override `favoured_urls` can name any (prefix affinity does).
+        self._favouring = tuple(
+            s for s in self.scorers if type(s).favoured_urls is not Scorer.favoured_urls
+        )
 
     @classmethod
     def from_config(
@@ -62,7 +58,8 @@ class Pipeline:
         """Build every plugin of `config`; PolicyConfigError names a plugin that cannot be built.
 
         deployments / batch_caps: pool name -> Deployment / max_num_seqs, for latency prediction.
-        rng: the pickers' randomness (default: seeded with 0, so runs are reproducible).
+        rng: the samplers' and pickers' randomness (default: seeded with 0, so runs are
+            reproducible).
         """
         context = PluginContext(
             deployments=deployments if deployments is not None else {},
@@ -82,32 +79,40 @@ class Pipeline:
         ]
         p = config.picker
         picker = cast(Picker, build_plugin("picker", p.name, p.type, p.parameters, context))
-        return cls(filters, scorers, picker, max_candidates=config.max_candidates, rng=context.rng)
+        return cls(filters, scorers, picker)
 
     def pick(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
     ) -> list[EndpointState]:
         """The candidates that may serve `ctx`, best first (the rest are the retry order).
 
-        Empty when the filters leave none. With more than `max_candidates` left, only a random
-        sample of that many is scored and returned.
+        Empty when the filters leave none; only a sampler's sample when there is one.
         """
         remaining = candidates
         for f in self.filters:
-            remaining = f.filter(ctx, remaining, now_s)
+            if isinstance(f, Sampler):
+                remaining = f.sample(ctx, remaining, self._favoured_urls(ctx), now_s)
+            else:
+                remaining = f.filter(ctx, remaining, now_s)
             if not remaining:
                 return []
         if len(remaining) == 1:
             return [remaining[0]]
-        if len(remaining) > self.max_candidates:
-            # Power-of-k-choices: a random sample balances load almost as well as scoring all
-            # (the classic two-choices result), at a cost that stops growing with the pool.
-            remaining = self.rng.sample(remaining, self.max_candidates)
         totals = [0.0] * len(remaining)
         for scorer, weight in zip(self.scorers, self.weights, strict=True):
             scores = scorer.score(ctx, remaining, now_s)
             totals = [total + weight * value for total, value in zip(totals, scores, strict=True)]
         return self.picker.pick(remaining, totals)
+
+    def _favoured_urls(self, ctx: RequestContext) -> Collection[str]:
+        """URLs the scorers favour for `ctx`, which a sampler must keep (each once)."""
+        favouring = self._favouring
+        if len(favouring) <= 1:
+            return favouring[0].favoured_urls(ctx) if favouring else ()
+        urls: dict[str, None] = {}
+        for scorer in favouring:
+            urls.update(dict.fromkeys(scorer.favoured_urls(ctx)))
+        return urls.keys()
 
     def observe(self, ctx: RequestContext, endpoint: EndpointState) -> None:
         """Tell stateful scorers that `endpoint` was chosen for `ctx`."""

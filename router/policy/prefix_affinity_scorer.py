@@ -3,13 +3,15 @@
 The router cannot see the engines' prefix caches, so it remembers where it sent each prefix
 (the cumulative block hashes of `prefix_hashes`) in an LRU table bounded by `capacity`
 block hashes. An endpoint scores the fraction of the request's leading blocks it served
-recently: a request whose first 6 of 8 blocks went to endpoint A scores A 0.75.
+recently: a request whose first 6 of 8 blocks went to endpoint A scores A 0.75. Which
+endpoints those are follows from the table alone (`favoured_urls`), so a `random-sample` stage
+keeps them in its sample however large the pool.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from pydantic import Field
 
@@ -49,9 +51,22 @@ class PrefixAffinityScorer(Scorer):
     def score(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
     ) -> list[float]:
+        matched = self._matched(ctx)
+        if not matched:
+            return [0.0] * len(candidates)
+        blocks = len(ctx.prefix_hashes)
+        return [matched.get(ep.url, 0) / blocks for ep in candidates]
+
+    def favoured_urls(self, ctx: RequestContext) -> Collection[str]:
+        """The endpoints that served a leading block of this prompt (at most
+        `endpoints_per_block`): a few hash lookups, whatever the size of the pool."""
+        return self._matched(ctx).keys()
+
+    def _matched(self, ctx: RequestContext) -> dict[str, int]:
+        """URL -> leading blocks of `ctx`'s prompt it served recently (absent: none)."""
         hashes = ctx.prefix_hashes
         if not hashes or not self._table:
-            return [0.0] * len(candidates)
+            return {}
         # matched[url] = leading blocks matched so far; an endpoint only extends its run if it
         # matched every earlier block, so the score is a true leading-prefix fraction.
         matched: dict[str, int] = {}
@@ -67,10 +82,7 @@ class PrefixAffinityScorer(Scorer):
                     extended = True
             if not extended:
                 break
-        if not matched:
-            return [0.0] * len(candidates)
-        blocks = len(hashes)
-        return [matched.get(ep.url, 0) / blocks for ep in candidates]
+        return matched
 
     def observe(self, ctx: RequestContext, endpoint: EndpointState) -> None:
         table, url = self._table, endpoint.url

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..state import EndpointState, RequestContext
+from ..state import CandidateSet, EndpointState, RequestContext
 from .base import Filter, NoParameters, PluginContext
 from .registry import register
 
@@ -17,6 +17,7 @@ class TierFilter(Filter):
 
     Admission decides fallbacks to another tier (service_tier: auto) by changing `ctx.tier`;
     this filter never crosses tiers on its own, since that would change the price billed.
+    The view's `CandidateSet` of the tier is kept whole without a look at its members.
     """
 
     def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
@@ -26,6 +27,8 @@ class TierFilter(Filter):
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
     ) -> Sequence[EndpointState]:
         tier = ctx.tier
+        if isinstance(candidates, CandidateSet) and candidates.tier == tier:
+            return candidates
         if all(ep.tier == tier for ep in candidates):
             return candidates
         return [ep for ep in candidates if ep.tier == tier]

@@ -45,7 +45,17 @@ def test_view_indexes_candidates_by_model_and_tier() -> None:
         "http://127.0.0.1:9000",
         "http://127.0.0.1:9001",
     ]
-    assert view.candidates("coder", "wafer-scale") == []
+    assert view.candidates("coder", "wafer-scale") == ()
+    # Each set says what all its members share, and finds one by URL (built once, here).
+    batched = view.candidates("coder", "batched")
+    assert (batched.model, batched.tier) == ("coder", "batched")
+    assert batched.by_url["http://127.0.0.1:9001"] is batched[1]
+    assert {(s.model, s.tier) for s in view.candidate_sets()} == {
+        ("coder", "batched"),
+        ("coder", "premium"),
+        ("coder-spark", "wafer-scale"),
+        ("spark", "wafer-scale"),
+    }
     assert view.tiers_serving("coder") == ("batched", "premium")
     assert view.tiers_serving("spark") == ("wafer-scale",)
     assert view.served_models == {

@@ -118,7 +118,7 @@ async def test_new_pool_and_pod_appear_and_a_deleted_pool_disappears(
     api.give_watch(POOLS, recorded("pool_premium_deleted"))
     await eventually(lambda: "coder-premium" not in source.view.pools)
     assert source.view.tiers_serving("coder") == ("batched",)
-    assert source.view.candidates("coder", "premium") == []
+    assert source.view.candidates("coder", "premium") == ()
 
 
 async def test_invalid_pools_are_skipped_with_one_warning_each(

@@ -1,11 +1,12 @@
-"""model-filter, tier-filter and ejected-filter."""
+"""model-filter, tier-filter and ejected-filter (random-sample has a file of its own)."""
 
-from policy_helpers import endpoint, endpoints, request
+from policy_helpers import MODEL, endpoint, endpoints, request
 
 from tiergate.router.policy import NoParameters, PluginContext
 from tiergate.router.policy.ejected_filter import EjectedFilter
 from tiergate.router.policy.model_filter import ModelFilter
 from tiergate.router.policy.tier_filter import TierFilter
+from tiergate.router.state import CandidateSet
 
 CONTEXT = PluginContext()
 
@@ -49,3 +50,17 @@ def test_ejected_filter_keeps_everything_when_all_are_ejected() -> None:
     f = EjectedFilter("e", NoParameters(), CONTEXT)
     assert list(f.filter(request(), candidates, 5.0)) == candidates
     assert list(f.filter(request(), [], 5.0)) == []
+
+
+def test_model_and_tier_filters_keep_the_views_set_without_looking_inside() -> None:
+    # A CandidateSet vouches for its members: these do not even claim the model or the tier,
+    # so a filter that looked at them would drop them.
+    members = [endpoint("http://a", served_names=("other",), tier="premium")]
+    candidates = CandidateSet(members, MODEL, "batched")
+    m, t = ModelFilter("m", NoParameters(), CONTEXT), TierFilter("t", NoParameters(), CONTEXT)
+    assert m.filter(request(), candidates, 0.0) is candidates
+    assert t.filter(request(), candidates, 0.0) is candidates
+    # A set of another model or tier is filtered member by member, as any sequence is.
+    assert list(m.filter(request(model="other"), candidates, 0.0)) == members
+    assert list(t.filter(request(tier="premium"), candidates, 0.0)) == members
+    assert list(m.filter(request(model="third"), candidates, 0.0)) == []

@@ -1,4 +1,5 @@
-"""The pipeline: filters in order, weighted scores, picker; determinism; observe; sampling."""
+"""The pipeline: filters in order, weighted scores, picker; determinism; observe; sampling
+(the bound on a request's work for a large pool: test_policy_request_cost.py)."""
 
 import random
 from collections.abc import Sequence
@@ -16,7 +17,8 @@ from tiergate.router.policy import (
 )
 from tiergate.router.policy.max_score_picker import MaxScorePicker
 from tiergate.router.policy.model_filter import ModelFilter
-from tiergate.router.state import EndpointState, RequestContext
+from tiergate.router.policy.random_sample import RandomSample, RandomSampleParameters
+from tiergate.router.state import CandidateSet, EndpointState, RequestContext
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import ServingSpec, build_deployment
 
@@ -117,7 +119,10 @@ def test_same_seed_same_choices() -> None:
 
 def test_large_candidate_sets_are_sampled_down() -> None:
     config = PolicyConfig.model_validate(
-        {"scorers": [{"type": "queue-depth-scorer"}], "maxCandidates": 8}
+        {
+            "filters": [{"type": "random-sample", "parameters": {"size": 8}}],
+            "scorers": [{"type": "queue-depth-scorer"}],
+        }
     )
     pipeline = Pipeline.from_config(config)
     candidates = endpoints(100)
@@ -133,3 +138,31 @@ def test_no_scorers_still_orders_every_candidate() -> None:
         "http://e1",
         "http://e2",
     ]
+
+
+class Favouring(Fixed):
+    """Test scorer that names the endpoints it favours, as prefix affinity does."""
+
+    def __init__(self, favoured: list[str]) -> None:
+        super().__init__({})
+        self.favoured = favoured
+
+    def score(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> list[float]:
+        self.seen.append([ep.url for ep in candidates])
+        return [1.0 if ep.url in self.favoured else 0.0 for ep in candidates]
+
+    def favoured_urls(self, ctx: RequestContext) -> list[str]:
+        return self.favoured
+
+
+def test_the_sampler_keeps_what_any_scorer_favours() -> None:
+    sample = RandomSample("s", RandomSampleParameters(size=4), PluginContext())
+    one, two = Favouring(["http://e10", "http://e20"]), Favouring(["http://e20", "http://e30"])
+    pipeline = Pipeline([sample], [(one, 1.0), (two, 1.0)], picker())
+    order = pipeline.pick(request(), CandidateSet(endpoints(100), MODEL, "batched"), 0.0)
+    # 4 drawn + 3 favoured (e20 once), the favoured first since they score highest.
+    assert len(order) == 7 and len({ep.url for ep in order}) == 7
+    assert {ep.url for ep in order[:3]} == {"http://e10", "http://e20", "http://e30"}
+    assert [len(seen) for seen in one.seen + two.seen] == [7, 7]

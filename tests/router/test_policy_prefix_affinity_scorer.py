@@ -85,3 +85,21 @@ def test_endpoints_per_block_keeps_the_most_recent() -> None:
     for ep in (a, b, c):
         s.observe(request(prefix_hashes=(1,)), ep)
     assert s.score(request(prefix_hashes=(1,)), [a, b, c], 0.0) == [0.0, 1.0, 1.0]
+
+
+def test_favoured_urls_are_the_endpoints_that_score_above_zero() -> None:
+    s = scorer(endpoints_per_block=2)
+    a, b, c = endpoint("http://a"), endpoint("http://b"), endpoint("http://c")
+    assert list(s.favoured_urls(request(prefix_hashes=(1, 2)))) == []
+    s.observe(request(prefix_hashes=(1, 2)), a)
+    s.observe(request(prefix_hashes=(1, 9)), b)
+    s.observe(request(prefix_hashes=(7,)), c)
+    ctx = request(prefix_hashes=(1, 2))
+    assert set(s.favoured_urls(ctx)) == {"http://a", "http://b"}
+    scores = dict(zip("abc", s.score(ctx, [a, b, c], 0.0), strict=True))
+    assert {k for k, v in scores.items() if v > 0} == {"a", "b"}
+    # Bounded by endpoints_per_block, however many endpoints served the prompt before.
+    for i in range(50):
+        s.observe(request(prefix_hashes=(1, 2)), endpoint(f"http://x{i}"))
+    assert len(s.favoured_urls(ctx)) == 2
+    assert list(s.favoured_urls(request())) == []

@@ -19,6 +19,7 @@ BUILT_IN = {
     "model-filter": "filter",
     "tier-filter": "filter",
     "ejected-filter": "filter",
+    "random-sample": "filter",
     "queue-depth-scorer": "scorer",
     "kv-cache-utilization-scorer": "scorer",
     "prefix-affinity-scorer": "scorer",
@@ -79,11 +80,13 @@ def test_parameters_accept_camel_case_and_names_default_to_the_type() -> None:
                     "parameters": {"endpointsPerBlock": 2},
                 }
             ],
-            "maxCandidates": 16,
         }
     )
     assert config.scorers[0].name == "prefix-affinity-scorer"
-    assert config.max_candidates == 16
+    assert config.scorers[0].parameters == {"endpointsPerBlock": 2}
+    spec = config.scorers[0]
+    built = build_plugin("scorer", spec.name, spec.type, spec.parameters, PluginContext())
+    assert getattr(built, "endpoints_per_block", None) == 2
 
 
 def test_other_config_mistakes() -> None:
@@ -106,7 +109,12 @@ def test_build_plugin_raises_policy_config_error() -> None:
 
 def test_default_policy_is_valid_and_round_trips() -> None:
     config = default_policy()
-    assert [s.type for s in config.filters] == ["model-filter", "tier-filter", "ejected-filter"]
+    assert [s.type for s in config.filters] == [
+        "model-filter",
+        "tier-filter",
+        "random-sample",
+        "ejected-filter",
+    ]
     assert PolicyConfig.model_validate(config.model_dump()) == config
 
 

@@ -131,6 +131,21 @@ async def test_scrape_once_updates_states_in_place(
         assert ep.scrape_failures == 0
 
 
+async def test_on_round_hears_of_each_round_after_the_states_are_written(
+    mock_client: Callable[[Handler], httpx.AsyncClient],
+) -> None:
+    eps = [endpoint("http://a:9000"), endpoint("http://b:9000")]
+    rounds: list[tuple[int, int, list[float | None]]] = []
+    scraper = Scraper(
+        lambda: eps,
+        mock_client(lambda request: httpx.Response(200, text=VLLM_TEXT)),
+        clock=FakeClock(),
+        on_round=lambda r: rounds.append((r.scraped, r.failed, [ep.waiting for ep in eps])),
+    )
+    await scraper.scrape_once()
+    assert rounds == [(2, 0, [4.0, 4.0])]
+
+
 @pytest.mark.parametrize(
     "failure",
     [
