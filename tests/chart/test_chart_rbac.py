@@ -16,10 +16,9 @@ OPERATOR_NAMESPACED = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
-CRDS = {("apiextensions.k8s.io", "customresourcedefinitions"): READ}
 OPERATOR_CLUSTER_WIDE = {
     **OPERATOR_NAMESPACED,
-    **CRDS,
+    ("apiextensions.k8s.io", "customresourcedefinitions"): READ,
     ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
     ("", "namespaces"): READ,
 }
@@ -96,10 +95,9 @@ def test_operator_watching_listed_namespaces_gets_a_role_in_each(
     for binding in bindings:
         assert subjects(binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
         assert grants(bound_role(variant_manifests, binding)) == OPERATOR_PER_NAMESPACE
-    # Cluster-wide, it may only read CRDs: no namespaces, no cluster peering, no workloads.
-    (cluster_binding,) = find(variant_manifests, "ClusterRoleBinding")
-    assert subjects(cluster_binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
-    assert grants(bound_role(variant_manifests, cluster_binding)) == CRDS
+    # Nothing cluster-wide: the operator turns kopf's namespace and CRD scanning off then.
+    assert not find(variant_manifests, "ClusterRoleBinding")
+    assert not find(variant_manifests, "ClusterRole")
 
 
 def test_deployments_run_as_their_bound_accounts(any_manifests: list[Manifest]) -> None:
