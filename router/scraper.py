@@ -210,8 +210,10 @@ class Scraper:
                     wait_s = self.interval_s
                 await self.sleep(wait_s)
         finally:
-            for task in self._inflight:
+            inflight = list(self._inflight)
+            for task in inflight:
                 task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
 
     async def _tick(self) -> float:
         """Start this tick's scrapes without waiting for them (one slow endpoint must not hold
@@ -223,6 +225,7 @@ class Scraper:
             task.add_done_callback(self._scraped)
         if tick.pass_done:
             # Every scrape in flight belongs to this pass or an earlier one: their ends bound it.
+            # Ticks pause meanwhile (at most `timeout_s`) and catch up after.
             pending = set(self._inflight)
             if pending:
                 await asyncio.wait(pending)
