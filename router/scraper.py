@@ -1,8 +1,10 @@
 """Scraping each endpoint's vLLM-named Prometheus metrics into its `EndpointState`.
 
-Every `interval_s` the `Scraper` fetches `/metrics` from all current endpoints at once (each
-with a timeout shorter than the interval, so one slow node never delays the next round) and
-writes running / waiting / KV usage into the states in place. A failed scrape keeps the old
+The `Scraper` fetches `/metrics` from each current endpoint once per `interval_s` (stretched
+for big fleets to bound the scrape rate), spread evenly over the interval by a
+`ScrapeSchedule` rather than in one burst, so the request path never waits behind a whole
+round; each request has a timeout shorter than the interval. It writes running / waiting /
+KV usage into the states in place. A failed scrape keeps the old
 values: `scraped_at_s` stays at the last success (so their age shows) and `scrape_failures`
 counts consecutive failures.
 
@@ -17,12 +19,13 @@ import asyncio
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from .scrape_schedule import ScrapeSchedule
 from .state import EndpointState
 
 __all__ = ["EndpointMetrics", "MetricsParseError", "ScrapeRound", "Scraper", "parse_vllm_metrics"]
@@ -99,7 +102,7 @@ def parse_vllm_metrics(text: str) -> EndpointMetrics:
 
 @dataclass(frozen=True, slots=True)
 class ScrapeRound:
-    """The outcome of one `scrape_once`."""
+    """The outcome of one `scrape_once`, or of one pass of the background schedule."""
 
     scraped: int
     failed: int
@@ -121,19 +124,25 @@ class Scraper:
         max_body_bytes: int = 1 << 20,
         path: str = "/metrics",
         on_round: Callable[[ScrapeRound], object] | None = None,
+        min_tick_s: float = 0.01,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         """
-        endpoints: returns the current endpoints (called each round, so discovery may change
-            them between rounds).
+        endpoints: returns the current endpoints (called each tick, so discovery may change
+            them at any time).
         client: shared with the proxy or not; the scraper never closes it.
-        clock: the router's clock (seconds); stamps `scraped_at_s`.
-        timeout_s: per request; default 80% of the interval, so a round ends before the next.
+        clock: the router's clock (seconds); stamps `scraped_at_s` and paces the scrapes.
+        timeout_s: per request; default 80% of the interval, so a pass ends before the next.
         max_concurrency: requests in flight at once, so scraping a big fleet never takes every
             connection of a shared client's pool.
         max_body_bytes: a larger reply is a failure (a misbehaving endpoint cannot make the
             router buffer gigabytes).
-        on_round: called after each round with its outcome, to work out once per round what
-            would otherwise be read from every endpoint per request (tier saturation).
+        on_round: called after each round (each pass over every endpoint, once its scrapes
+            have ended) with its outcome, to work out once per round what would otherwise be
+            read from every endpoint per request (tier saturation).
+        min_tick_s: background scrapes start at most this often (at high rates a tick takes
+            several endpoints).
+        sleep: waits between ticks; tests pass one that advances a fake clock.
         """
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -146,23 +155,25 @@ class Scraper:
         self.max_body_bytes = max_body_bytes
         self.path = path
         self.on_round = on_round
+        self.sleep = sleep
         self.rounds = 0
+        self.schedule = ScrapeSchedule(
+            self._period_s, min_tick_s=min(min_tick_s, interval_s), max_tick_s=interval_s
+        )
         self._limit = asyncio.Semaphore(max_concurrency)
         self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[bool]] = set()
+        self._outcomes = [0, 0]  # scraped, failed, since the last round ended
 
     async def scrape_once(self) -> ScrapeRound:
         """Scrape every current endpoint once, concurrently."""
         endpoints = list(self.endpoints())
         results = await asyncio.gather(*(self._scrape(ep) for ep in endpoints))
-        self.rounds += 1
         ok = sum(results)
-        outcome = ScrapeRound(scraped=ok, failed=len(results) - ok)
-        if self.on_round is not None:
-            self.on_round(outcome)
-        return outcome
+        return self._end_round(ScrapeRound(scraped=ok, failed=len(results) - ok))
 
     def start(self) -> None:
-        """Scrape in the background every `interval_s` until `stop()`."""
+        """Scrape in the background, each endpoint every `round_interval_s()`, until `stop()`."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="tiergate-scraper")
 
@@ -181,20 +192,58 @@ class Scraper:
                 raise
 
     def round_interval_s(self) -> float:
-        """Time between rounds: `interval_s`, stretched with the fleet so that scraping stays
-        a bounded share of the router's CPU (its own in-flight counts cover the gaps)."""
-        return max(self.interval_s, len(self.endpoints()) / self.max_scrapes_per_s)
+        """Time between two scrapes of one endpoint: `interval_s`, stretched with the fleet so
+        that scraping stays a bounded share of the router's CPU (its own in-flight counts
+        cover the gaps)."""
+        return self._period_s(len(self.endpoints()))
+
+    def _period_s(self, endpoint_count: int) -> float:
+        return max(self.interval_s, endpoint_count / self.max_scrapes_per_s)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                await self.scrape_once()
-            except Exception:  # a bug here must not stop scraping for the router's lifetime
-                log.exception("event=scrape_round_failed")
-            # Fixed rate, not fixed delay: a slow round shortens the wait after it.
-            await asyncio.sleep(max(self.round_interval_s() - (loop.time() - started), 0.0))
+        try:
+            while True:
+                try:
+                    wait_s = await self._tick()
+                except Exception:  # a bug here must not stop scraping for the router's lifetime
+                    log.exception("event=scrape_tick_failed")
+                    wait_s = self.interval_s
+                await self.sleep(wait_s)
+        finally:
+            inflight = list(self._inflight)
+            for task in inflight:
+                task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
+
+    async def _tick(self) -> float:
+        """Start this tick's scrapes without waiting for them (one slow endpoint must not hold
+        up the others'); a pass's round ends once all its scrapes have."""
+        tick = self.schedule.tick(self.clock(), self.endpoints())
+        for ep in tick.endpoints:
+            task = asyncio.create_task(self._scrape(ep))
+            self._inflight.add(task)
+            task.add_done_callback(self._scraped)
+        if tick.pass_done:
+            # Every scrape in flight belongs to this pass or an earlier one: their ends bound it.
+            # Ticks pause meanwhile (at most `timeout_s`) and catch up after.
+            pending = set(self._inflight)
+            if pending:
+                await asyncio.wait(pending)
+            outcome = ScrapeRound(scraped=self._outcomes[0], failed=self._outcomes[1])
+            self._outcomes = [0, 0]
+            self._end_round(outcome)
+        return tick.wait_s
+
+    def _scraped(self, task: asyncio.Task[bool]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            self._outcomes[0 if task.result() else 1] += 1
+
+    def _end_round(self, outcome: ScrapeRound) -> ScrapeRound:
+        self.rounds += 1
+        if self.on_round is not None:
+            self.on_round(outcome)
+        return outcome
 
     async def _scrape(self, ep: EndpointState) -> bool:
         url = ep.url.rstrip("/") + self.path

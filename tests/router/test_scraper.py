@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -226,7 +227,7 @@ async def test_start_scrapes_every_interval_and_stop_cancels(
     scraper = Scraper(
         lambda: current,
         mock_client(lambda request: httpx.Response(200, text=VLLM_TEXT)),
-        clock=FakeClock(),
+        clock=time.monotonic,  # the clock paces the background scrapes
         interval_s=0.01,
     )
     scraper.start()
@@ -290,3 +291,46 @@ def test_rounds_stretch_with_the_fleet_to_bound_the_scrape_rate() -> None:
         EndpointState(f"http://127.0.0.{i}:9000", "p", "batched", "m", ("m",)) for i in range(300)
     )
     assert scraper.round_interval_s() == 6.0  # 300 endpoints at 50 scrapes/s
+
+
+async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_period(
+    mock_client: Callable[[Handler], httpx.AsyncClient],
+) -> None:
+    clock = FakeClock()
+    requests_at: dict[float, int] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests_at[clock.now_s] = requests_at.get(clock.now_s, 0) + 1
+        return httpx.Response(200, text=VLLM_TEXT)
+
+    async def sleep(wait_s: float) -> None:
+        for _ in range(20):  # let the scrapes this tick started run to their end first
+            await asyncio.sleep(0)
+        clock.now_s += wait_s
+
+    eps = [endpoint(f"http://e{i}:9000") for i in range(300)]
+    rounds: list[tuple[float, int, int, bool]] = []
+    scraper = Scraper(
+        lambda: eps,
+        mock_client(handler),
+        clock=clock,
+        interval_s=0.5,
+        max_scrapes_per_s=50,
+        sleep=sleep,
+        on_round=lambda r: rounds.append(
+            (clock.now_s, r.scraped, r.failed, all(ep.waiting == 4.0 for ep in eps))
+        ),
+    )
+    scraper.start()
+    async with asyncio.timeout(10):
+        while len(rounds) < 3:
+            await asyncio.sleep(0)
+    await scraper.stop()
+    # Spread: one request per tick (50/s), never the round's 300 at once.
+    assert max(requests_at.values()) == 1
+    # A round is one pass over every endpoint, ended with all its states written, every 6 s.
+    assert [(scraped, failed, written) for _, scraped, failed, written in rounds] == [
+        (300, 0, True)
+    ] * 3
+    ends = [at_s - 100.0 for at_s, *_ in rounds]
+    assert ends == pytest.approx([5.98, 11.98, 17.98])
