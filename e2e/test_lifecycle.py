@@ -114,3 +114,27 @@ def test_helm_upgrade_then_uninstall_leave_no_orphans(release: Release) -> None:
         "the release's pods gone",
         60,
     )
+
+
+def test_two_operator_replicas_peer_and_one_reconciles(release: Release) -> None:
+    release.install("--set", "operator.replicas=2")
+    operator = f"{release.name}-operator"
+    release.wait(
+        lambda: release.get("deployment", operator)["status"].get("readyReplicas") == 2,
+        "two operator replicas Ready",
+    )
+
+    def peers() -> dict[str, Any]:
+        status: dict[str, Any] = release.get("kopfpeering", "tiergate").get("status") or {}
+        return status
+
+    # Both replicas announce themselves in the chart's peering object...
+    release.wait(lambda: len(peers()) == 2, "both operator replicas in KopfPeering tiergate")
+    priorities = [p.get("priority") for p in peers().values()]
+    assert len(set(priorities)) == 2, f"two peers with one priority: {peers()}"
+    # ...and the pools are still reconciled (by the one with the higher priority).
+    release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
+    release.wait(
+        lambda: (release.condition("spark-wafer", "Ready") or {}).get("status") == "True",
+        "spark-wafer Ready with two operator replicas",
+    )
