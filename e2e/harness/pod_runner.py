@@ -502,27 +502,21 @@ class PodProcesses:
         return env
 
     def _config_map(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
-        try:
-            return dict(
-                self.r.api.read_namespaced_config_map(name, ns, _request_timeout=API_TIMEOUT_S).data
-                or {}
-            )
-        except client.ApiException as exc:
-            if exc.status == 404 and optional:
-                return {}
-            raise ValueError(f"configmap {ns}/{name}: {exc.reason}") from None
+        return self._read("configmap", self.r.api.read_namespaced_config_map, ns, name, optional)
 
     def _secret(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
+        data = self._read("secret", self.r.api.read_namespaced_secret, ns, name, optional)
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    @staticmethod
+    def _read(kind: str, read: Any, ns: str, name: str, optional: bool | None) -> dict[str, str]:
+        """A ConfigMap's or Secret's data; {} for a missing optional one."""
         try:
-            data = (
-                self.r.api.read_namespaced_secret(name, ns, _request_timeout=API_TIMEOUT_S).data
-                or {}
-            )
+            return dict(read(name, ns, _request_timeout=API_TIMEOUT_S).data or {})
         except client.ApiException as exc:
             if exc.status == 404 and optional:
                 return {}
-            raise ValueError(f"secret {ns}/{name}: {exc.reason}") from None
-        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+            raise ValueError(f"{kind} {ns}/{name}: {exc.reason}") from None
 
     def _mounts(
         self, pod: client.V1Pod, container: client.V1Container, root: Path
