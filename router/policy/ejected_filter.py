@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..state import EndpointState, RequestContext
-from .base import Filter, NoParameters, PluginContext
+from .base import Filter, NoParameters
 from .registry import register
 
 __all__ = ["EjectedFilter"]
@@ -22,9 +22,6 @@ class EjectedFilter(Filter):
     It looks at every candidate, so the default policy runs it after `random-sample`, on the
     sample (which already passes over ejected endpoints while drawing).
     """
-
-    def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
-        super().__init__(name, parameters, context)
 
     def filter(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..state import CandidateSet, EndpointState, RequestContext
-from .base import Filter, NoParameters, PluginContext
+from .base import Filter, NoParameters
 from .registry import register
 
 __all__ = ["ModelFilter"]
@@ -18,9 +18,6 @@ class ModelFilter(Filter):
     The request path passes the view's `CandidateSet` for the model, kept whole without a
     look at its members: the view built it from the pools serving that name.
     """
-
-    def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
-        super().__init__(name, parameters, context)
 
     def filter(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..state import EndpointState, RequestContext
-from .base import NoParameters, PluginContext, Scorer
+from .base import NoParameters, Scorer
 from .registry import register
 
 __all__ = ["QueueDepthScorer", "queue_load"]
@@ -27,9 +27,6 @@ class QueueDepthScorer(Scorer):
 
     All equal (including a single candidate, or no metrics yet and nothing in flight) -> 1.
     """
-
-    def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
-        super().__init__(name, parameters, context)
 
     def score(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float

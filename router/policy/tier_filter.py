@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..state import CandidateSet, EndpointState, RequestContext
-from .base import Filter, NoParameters, PluginContext
+from .base import Filter, NoParameters
 from .registry import register
 
 __all__ = ["TierFilter"]
@@ -19,9 +19,6 @@ class TierFilter(Filter):
     this filter never crosses tiers on its own, since that would change the price billed.
     The view's `CandidateSet` of the tier is kept whole without a look at its members.
     """
-
-    def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
-        super().__init__(name, parameters, context)
 
     def filter(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
