@@ -22,7 +22,7 @@ from .ledger import Ledger
 from .metrics import RouterMetrics
 from .outliers import OutlierDetector
 from .policy import default_policy
-from .proxy import Upstream, default_transport
+from .proxy import Upstream
 from .ratelimit import RateLimiter
 from .scraper import Scraper
 from .state import EndpointState
@@ -60,9 +60,7 @@ def build_app(
         return list(routed.endpoints) if routed is not None else []
 
     outliers = OutlierDetector(pool_members=pool_members)
-    transport = default_transport()
     upstream = Upstream(
-        transport,
         attempts=settings.upstream_attempts,
         on_success=outliers.record_success,
         on_failure=lambda e: outliers.record_failure(e, clock()),

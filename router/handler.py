@@ -47,7 +47,7 @@ from .policy import (
     prefix_hashes,
 )
 from .progress import Progress
-from .proxy import Opened, Upstream
+from .proxy import Opened, Upstream, UpstreamError
 from .ratelimit import RateLimiter
 from .relay import bad_reply, bill, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
@@ -139,6 +139,22 @@ class Router:
         done = Progress()
         tenant: Tenant | None = None
         choice: TierChoice | None = None
+        settled = False
+
+        def settle() -> None:
+            """Account for the request, once: called before the reply's last bytes go out (so
+            a reply the client has whole is in the ledger, even if the router is killed right
+            after), or at the end for requests that ended otherwise."""
+            nonlocal settled
+            if settled:
+                return
+            settled = True
+            try:
+                self._account(done, tenant, choice, request_id, started)
+            except Exception:  # a billing failure must be loud, not fatal to the reply
+                self.metrics.accounting_errors.inc()
+                log.exception("event=accounting_failed request_id=%s", request_id)
+
         try:
             tenant = self.tenants.authenticate(headers.get("authorization"))
             request = parse_completion(
@@ -158,15 +174,16 @@ class Router:
             done.estimated_tokens = estimate
             if plan is not None:
                 request, choice = await self._first_attempt(
-                    send, view, pipeline, request, plan, tenant, request_id, started, done
+                    send, view, pipeline, request, plan, tenant, request_id, started, done, settle
                 )
                 if not done.escalated:
                     return
             tier = await self._admit(view, request, choice, choice.tier if plan else tier, tenant)
             try:
                 await self._serve(
-                    headers, receive, send, view, pipeline, request, choice, tier, request_id, done
-                )
+                    headers, receive, send, view, pipeline, request, choice, tier, request_id,
+                    done, settle,
+                )  # fmt: skip
             finally:
                 self._queues[tier].release()
         except RouterError as error:
@@ -181,11 +198,7 @@ class Router:
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499
         finally:
-            try:
-                self._account(done, tenant, choice, request_id, started)
-            except Exception:  # the reply is out: a billing failure must be loud, not fatal
-                self.metrics.accounting_errors.inc()
-                log.exception("event=accounting_failed request_id=%s", request_id)
+            settle()
 
     async def _first_attempt(
         self,
@@ -198,6 +211,7 @@ class Router:
         request_id: str,
         started: float,
         done: Progress,
+        settle: Callable[[], None],
     ) -> tuple[CompletionRequest, TierChoice]:
         """Serve on the cascade's first tier, whole. A usable reply goes to the client and
         `done` describes it; otherwise attempt 1 is billed here, `done` is reset for attempt 2
@@ -218,8 +232,10 @@ class Router:
         try:
             opened, pool = await self._open(view, pipeline, attempt, first, request_id, one)
             try:
-                body = await opened.response.aread()
-                one.status = opened.response.status_code
+                body = await opened.read()
+                one.status = opened.status
+            except UpstreamError as exc:
+                raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
             finally:
                 await opened.close()
             if one.status == 200:
@@ -250,8 +266,9 @@ class Router:
             else:
                 payload = json.dumps(reply, separators=(",", ":")).encode()
                 kind = (b"content-type", b"application/json")
-            await send_bytes(send, 200, payload, encode_headers(headers), content_type=kind)
             done.__dict__.update(one.__dict__)
+            settle()
+            await send_bytes(send, 200, payload, encode_headers(headers), content_type=kind)
             return request, choice
         # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
         one.outcome = "error" if one.status == 200 else "upstream_error"
@@ -385,6 +402,7 @@ class Router:
         tier: Tier,
         request_id: str,
         done: Progress,
+        settle: Callable[[], None],
     ) -> None:
         extra = {h: headers[h] for h in FORWARDED if h in headers}
         opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
@@ -399,20 +417,19 @@ class Router:
         if done.escalated:
             reply_headers["x-tiergate-escalated"] = "true"
         try:
-            response = opened.response
             if (
                 request.stream
-                and response.status_code == 200
-                and not response.headers.get("content-type", "").startswith("text/event-stream")
+                and opened.status == 200
+                and not opened.content_type.startswith("text/event-stream")
             ):
                 raise bad_reply("the serving node answered a stream request without a stream")
-            if request.stream and response.status_code == 200:
+            if request.stream and opened.status == 200:
                 await relay_stream(
                     receive, send, opened, request, pool, reply_headers, done,
-                    clock=self.clock, metrics=self.metrics,
+                    settle=settle, clock=self.clock, metrics=self.metrics,
                 )  # fmt: skip
             else:
-                await relay_whole(send, opened, pool, reply_headers, done)
+                await relay_whole(send, opened, pool, reply_headers, done, settle=settle)
         finally:
             await opened.close()
 

@@ -1,10 +1,16 @@
-"""The upstream half of the proxy: one shared connection pool, bounded retries, outliers.
+"""The upstream half of the proxy: one shared aiohttp session, bounded retries, outliers.
 
-Requests go straight to one shared httpx transport (the connection pool), not through an
-`httpx.AsyncClient`: a client adds a cookie jar, and a gateway must not keep one tenant's
-upstream cookies and send them with another tenant's request (it also cost ~15% of the
-router's CPU per request, with redirect and auth handling the router never uses). Timeouts are
-explicit per request (`UPSTREAM_TIMEOUT`), limits on the pool (`default_transport`).
+Every upstream request goes through one `aiohttp.ClientSession` (one connection pool, created
+on first use inside the event loop) with explicit timeouts (`UPSTREAM_TIMEOUT`) and pool limits
+(`max_connections`), and no cookie jar: a gateway shared by tenants must not keep one tenant's
+upstream cookies and send them with another tenant's request.
+
+Why aiohttp and not httpx here, measured with `benchmarks/router_overhead.py` (wrk, one
+connection, p50): httpx's own pool (httpcore) walks every pooled connection on every request
+and release, ~45% of the router's CPU at 64 connections; httpx's request and response objects
+over aiohttp's pool (httpx-aiohttp) still added ~0.14 ms to every request, more than a quarter
+of the router's whole budget (0.5 ms). The rest of tiergate (scraper, Kubernetes discovery,
+`tiergate bench`) uses httpx.
 
 `Upstream.open(...)` sends a request to the first endpoint of the picked order and returns
 the upstream response with its headers read and its body not yet (streaming). A connection
@@ -12,17 +18,17 @@ error, a timeout before the response starts, or a 5xx/429 status is retried on t
 endpoint, with a short backoff, at most `attempts` times; nothing has reached the client yet,
 so a retry is invisible to it. Failures and successes feed outlier detection through the
 `on_failure` / `on_success` callbacks. Once the body starts flowing the caller owns the
-response (a failure then is mid-stream and is the caller's to report).
+response: a failure then is mid-stream (`UpstreamError`) and is the caller's to report.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
-from httpx_aiohttp import AiohttpTransport
+import aiohttp
+from yarl import URL
 
 from .errors import RouterError
 from .state import EndpointState
@@ -32,25 +38,17 @@ RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: Backoff before the 2nd, 3rd, ... attempt (seconds); the last value repeats.
 BACKOFF_S = (0.0, 0.02, 0.1)
 
+#: Explicit upstream timeouts: connecting is short (a dead endpoint must be retried elsewhere
+#: quickly), and so is waiting for a pooled connection (`connect` covers both); reading is long
+#: (a stream may pause while a busy node prefills a long prompt). No total: streams are long.
+UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=2.0, sock_read=300.0)
 
-#: Explicit upstream timeouts: connecting and waiting for a pooled connection are short (a dead
-#: endpoint must be retried elsewhere quickly); reading is long (a stream may pause while a busy
-#: node prefills a long prompt).
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=300.0, write=30.0, pool=5.0)
+#: The failures of a connection, as aiohttp raises them (timeouts are TimeoutError).
+CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
-def default_transport(*, max_connections: int = 1024) -> httpx.AsyncBaseTransport:
-    """The one connection pool every upstream request goes through.
-
-    An httpx transport backed by aiohttp's connection pool (httpx-aiohttp). httpx's own pool
-    (httpcore) walks every pooled connection, querying each socket, on every request and every
-    release: at 64 concurrent connections that walk was ~45% of the router's CPU and held it
-    to ~90-430 req/s (benchmarks/router_overhead.py, py-spy). aiohttp's pool keeps idle
-    connections per origin and takes one in O(1).
-    """
-    return AiohttpTransport(
-        limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=30.0)
-    )
+class UpstreamError(Exception):
+    """The upstream connection failed after the response started (reset, timeout, bad framing)."""
 
 
 @dataclass(slots=True)
@@ -58,19 +56,43 @@ class Opened:
     """An upstream response whose headers have arrived; its body is still to be read.
 
     The endpoint counts it in flight until `close()`, which the caller must await once the
-    body is read or abandoned (closing the connection cancels the request upstream).
+    body is read or abandoned: an unread body closes the connection, which cancels the
+    request upstream; a fully read one returns the connection to the pool.
     """
 
     endpoint: EndpointState
-    response: httpx.Response
+    response: aiohttp.ClientResponse
     attempts: int  # how many endpoints were tried (1 = no retry)
     closed: bool = False
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def content_type(self) -> str:
+        return self.response.headers.get("content-type", "")
+
+    async def read(self) -> bytes:
+        """The whole body; UpstreamError if the connection fails while reading it."""
+        try:
+            return await self.response.read()
+        except CONNECTION_ERRORS as exc:
+            raise UpstreamError(type(exc).__name__) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; UpstreamError if the connection fails on the way."""
+        try:
+            async for chunk in self.response.content.iter_any():
+                yield chunk
+        except CONNECTION_ERRORS as exc:
+            raise UpstreamError(type(exc).__name__) from exc
 
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.endpoint.inflight -= 1
-            await self.response.aclose()
+            self.response.release()
 
 
 class Upstream:
@@ -78,20 +100,33 @@ class Upstream:
 
     def __init__(
         self,
-        transport: httpx.AsyncBaseTransport,
         *,
-        timeout: httpx.Timeout = UPSTREAM_TIMEOUT,
+        max_connections: int = 1024,
+        timeout: aiohttp.ClientTimeout = UPSTREAM_TIMEOUT,
         attempts: int = 3,
         on_success: Callable[[EndpointState], object] = lambda e: None,
         on_failure: Callable[[EndpointState], object] = lambda e: None,
     ) -> None:
-        self.transport = transport
-        self._timeout = timeout.as_dict()
-        self._urls: dict[str, httpx.URL] = {}
+        self.max_connections = max_connections
+        self.timeout = timeout
         self.attempts = attempts
         self._on_success = on_success
         self._on_failure = on_failure
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
         self.retries = 0  # total extra attempts made (a metric)
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The shared session, made on first use (aiohttp needs the running event loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30.0),
+                timeout=self.timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                # Compression is not asked for (a node that compresses anyway is decoded).
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        return self._session
 
     async def open(
         self,
@@ -105,6 +140,7 @@ class Upstream:
         Returns the first non-retryable response (2xx, or a 4xx that is the request's fault,
         passed through to the client). Raises RouterError(503) when every attempt failed.
         """
+        session = self._client()
         last: str = "no endpoint to try"
         tried = 0
         for endpoint in endpoints[: self.attempts]:
@@ -114,16 +150,10 @@ class Upstream:
             tried += 1
             endpoint.inflight += 1
             try:
-                response = await self.transport.handle_async_request(
-                    httpx.Request(
-                        "POST",
-                        self._url(endpoint.url + path),
-                        content=body,
-                        headers=headers,
-                        extensions={"timeout": self._timeout},
-                    )
+                response = await session.post(
+                    self._url(endpoint.url + path), data=body, headers=headers
                 )
-            except httpx.HTTPError as exc:
+            except CONNECTION_ERRORS as exc:
                 endpoint.inflight -= 1
                 self._on_failure(endpoint)
                 last = f"{endpoint.url}: {type(exc).__name__}"
@@ -131,11 +161,11 @@ class Upstream:
             except BaseException:
                 endpoint.inflight -= 1
                 raise
-            if response.status_code in RETRYABLE_STATUSES:
+            if response.status in RETRYABLE_STATUSES:
                 endpoint.inflight -= 1
-                await response.aclose()
+                response.close()
                 self._on_failure(endpoint)
-                last = f"{endpoint.url}: HTTP {response.status_code}"
+                last = f"{endpoint.url}: HTTP {response.status}"
                 continue
             self._on_success(endpoint)
             return Opened(endpoint, response, tried)
@@ -147,14 +177,15 @@ class Upstream:
             headers={"Retry-After": "1"},
         )
 
-    def _url(self, text: str) -> httpx.URL:
+    def _url(self, text: str) -> URL:
         """Parsed once per endpoint and path (parsing is a measurable share of a request)."""
         url = self._urls.get(text)
         if url is None:
             if len(self._urls) >= 4096:  # endpoints come and go: stay bounded
                 self._urls.clear()
-            url = self._urls[text] = httpx.URL(text)
+            url = self._urls[text] = URL(text)
         return url
 
     async def aclose(self) -> None:
-        await self.transport.aclose()
+        if self._session is not None:
+            await self._session.close()

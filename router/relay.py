@@ -1,4 +1,10 @@
-"""Relaying an upstream reply to the client, whole or as a stream, and billing it."""
+"""Relaying an upstream reply to the client, whole or as a stream, and billing it.
+
+`settle()` (the handler's accounting: metrics, rate limits, the ledger) runs before the reply's
+end goes out: before a whole reply's body, and before a stream's `data: [DONE]`. A client that
+has the whole reply therefore finds it in the ledger even if the router is SIGKILLed the next
+moment. A stream cut short has no such moment; it is accounted for once it ends.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +14,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from .asgi import Receive, Send, encode_headers, send_bytes
 from .discovery import RoutedPool
 from .errors import RouterError
 from .metrics import RouterMetrics
 from .progress import Progress
-from .proxy import Opened
+from .proxy import Opened, UpstreamError
 from .request import CompletionRequest
-from .sse import StreamRewriter
+from .sse import DONE, StreamRewriter
 
 log = logging.getLogger("tiergate.router")
 
@@ -42,14 +46,19 @@ async def relay_whole(
     pool: RoutedPool,
     headers: dict[str, str],
     done: Progress,
+    *,
+    settle: Callable[[], None],
 ) -> None:
-    response = opened.response
-    body = await response.aread()
-    done.status = response.status_code
-    if response.status_code != 200:
+    try:
+        body = await opened.read()
+    except UpstreamError as exc:
+        raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
+    done.status = opened.status
+    if opened.status != 200:
         # The node refused the request itself (4xx): its envelope goes back as it is.
         done.outcome = "rejected"
-        await send_bytes(send, response.status_code, body, encode_headers(headers))
+        settle()
+        await send_bytes(send, opened.status, body, encode_headers(headers))
         return
     try:
         data: dict[str, Any] = json.loads(body)
@@ -59,8 +68,19 @@ async def relay_whole(
     data["service_tier"] = pool.spec.tier
     headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
     done.outcome = "ok"
+    settle()
     await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode(),
                      encode_headers(headers))  # fmt: skip
+
+
+def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool) -> None:
+    """The stream's tokens and cost so far, into `done`."""
+    if rewriter.usage is not None:
+        done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
+        done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
+    else:  # no usage chunk (cut short): bill what was relayed
+        done.completion_tokens = rewriter.content_chunks
+    done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
 
 
 async def relay_stream(
@@ -72,6 +92,7 @@ async def relay_stream(
     headers: dict[str, str],
     done: Progress,
     *,
+    settle: Callable[[], None],
     clock: Callable[[], float],
     metrics: RouterMetrics,
 ) -> None:
@@ -99,8 +120,9 @@ async def relay_stream(
 
     watcher = asyncio.create_task(watch())
     last_chunk_s = start
+    settled = False
     try:
-        async for raw in opened.response.aiter_raw():
+        async for raw in opened.chunks():
             out = rewriter.feed(raw)
             if not out:
                 continue
@@ -108,6 +130,17 @@ async def relay_stream(
             if done.ttft_s is None and rewriter.content_chunks:
                 done.ttft_s = now - start
             last_chunk_s = now
+            if rewriter.done and not settled:
+                head, end, tail = out.partition(DONE)
+                if head:
+                    await send({"type": "http.response.body", "body": head, "more_body": True})
+                tally(done, rewriter, pool)
+                done.outcome = "error" if rewriter.error else "ok"
+                settle()
+                settled = True
+                out = end + tail
+                if not out:
+                    continue
             await send({"type": "http.response.body", "body": out, "more_body": True})
         done.outcome = "error" if rewriter.error else "ok"
     except asyncio.CancelledError:
@@ -116,7 +149,7 @@ async def relay_stream(
         if relay is not None:
             relay.uncancel()
         done.outcome, done.status = "client_disconnect", 499
-    except (httpx.HTTPError, OSError) as exc:
+    except (UpstreamError, OSError) as exc:
         done.outcome = "upstream_error"
         metrics.midstream_errors.labels(pool.spec.tier).inc()
         log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
@@ -128,12 +161,7 @@ async def relay_stream(
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         watcher.cancel()
-    if rewriter.usage is not None:
-        done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
-        done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
-    else:  # no usage chunk (cut short): bill what was relayed
-        done.completion_tokens = rewriter.content_chunks
-    done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+    tally(done, rewriter, pool)
     if done.ttft_s is not None and done.completion_tokens > 1:
         tpot = (last_chunk_s - start - done.ttft_s) / (done.completion_tokens - 1)
         metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))

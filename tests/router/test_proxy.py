@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tiergate.router.errors import RouterError
-from tiergate.router.proxy import Upstream, default_transport
+from tiergate.router.proxy import Upstream
 from tiergate.router.state import EndpointState
 
 
@@ -45,13 +45,13 @@ async def test_no_cookie_from_one_reply_reaches_the_next_request(
     served: Callable[[Any], AbstractContextManager[str]],
 ) -> None:
     """A gateway shared by tenants must not replay one tenant's upstream cookie to another."""
-    upstream = Upstream(default_transport())
+    upstream = Upstream()
     try:
         with served(cookie_setter) as url:
             seen = []
             for _ in range(2):
                 opened = await upstream.open([endpoint(url)], "/v1/chat/completions", b"{}", {})
-                seen.append(json.loads(await opened.response.aread())["cookie"])
+                seen.append(json.loads(await opened.read())["cookie"])
                 assert opened.response.headers["set-cookie"].startswith("session=")
                 await opened.close()
         assert seen == ["", ""]
@@ -63,13 +63,13 @@ async def test_a_refused_connection_is_retried_on_the_next_endpoint(
     served: Callable[[Any], AbstractContextManager[str]],
 ) -> None:
     failed: list[str] = []
-    upstream = Upstream(default_transport(), on_failure=lambda e: failed.append(e.url))
+    upstream = Upstream(on_failure=lambda e: failed.append(e.url))
     try:
         with served(cookie_setter) as url:
             dead, alive = endpoint(refused_url()), endpoint(url)
             opened = await upstream.open([dead, alive], "/v1/chat/completions", b"{}", {})
             assert (opened.endpoint, opened.attempts) == (alive, 2)
-            assert opened.response.status_code == 200
+            assert opened.status == 200
             assert alive.inflight == 1 and dead.inflight == 0
             await opened.close()
             assert alive.inflight == 0
@@ -79,7 +79,7 @@ async def test_a_refused_connection_is_retried_on_the_next_endpoint(
 
 
 async def test_every_endpoint_failing_is_a_503_naming_the_last_failure() -> None:
-    upstream = Upstream(default_transport(), attempts=2)
+    upstream = Upstream(attempts=2)
     try:
         dead = [endpoint(refused_url()) for _ in range(3)]
         with pytest.raises(RouterError) as caught:

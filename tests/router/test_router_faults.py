@@ -40,6 +40,17 @@ async def dies_midstream(scope: dict[str, Any], receive: Any, send: Any) -> None
     raise RuntimeError("node crashed")
 
 
+async def dies_mid_body(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Promises a 1,000-byte JSON reply, sends 20 bytes of it, then the connection drops."""
+    if scope["type"] != "http":
+        return
+    await receive()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"1000")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b'{"id":"x","choices":', "more_body": True})
+    raise RuntimeError("node crashed")
+
+
 async def talks_garbage(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers 200 with something that is neither JSON nor a stream."""
     if scope["type"] != "http":
@@ -71,11 +82,13 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
         healthy = stack.enter_context(served(create_app(node)))
         dying = stack.enter_context(served(dies_midstream))
         garbage = stack.enter_context(served(talks_garbage))
+        truncated = stack.enter_context(served(dies_mid_body))
         text = f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}}}\npools:\n" + "".join(
             [
                 pool("slow", "slow", [healthy]),
                 pool("dying", "dying", [dying]),
                 pool("garbage", "garbage", [garbage]),
+                pool("truncated", "truncated", [truncated]),
             ]  # fmt: skip
         )
         config = parse_config(text)
@@ -145,6 +158,19 @@ def test_a_node_talking_garbage_is_a_502_envelope(system: dict[str, Any], stream
     assert r.json()["error"]["code"] == "bad_upstream_reply"
 
 
+def test_a_reply_cut_short_is_a_502_envelope_and_recorded(system: dict[str, Any]) -> None:
+    url = system["url"] + "/v1/chat/completions"
+    r = httpx.post(url, json=body("truncated"), timeout=30)
+    assert r.status_code == 502
+    error = r.json()["error"]
+    assert error["code"] == "bad_upstream_reply" and "cut short" in error["message"]
+    rows = sqlite3.connect(system["ledger"]).execute(
+        "select outcome, http_status from usage where pool = 'truncated'"
+    )
+    assert list(rows) == [("upstream_error", 502)]
+    assert httpx.post(url, json=body("slow", max_tokens=2), timeout=30).status_code == 200
+
+
 def test_hot_reload_through_a_running_router(
     tmp_path: Path, served: Served, system: dict[str, Any]
 ) -> None:
@@ -167,3 +193,37 @@ def test_hot_reload_through_a_running_router(
             time.sleep(0.05)
         r = httpx.post(url + "/v1/chat/completions", json=body("slow", max_tokens=2), timeout=30)
         assert r.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_is_in_the_ledger_before_its_end_goes_out(
+    tmp_path: Path, served: Served, system: dict[str, Any], stream: bool
+) -> None:
+    """What a SIGKILL right after a reply cannot lose: the router commits the record before
+    it sends a whole reply's body or a stream's `data: [DONE]`."""
+    ledger = tmp_path / "ledger.sqlite"
+    config = parse_config(
+        f"router: {{ledgerPath: {ledger}}}\npools:\n" + pool("slow", "slow", [system["node"]])
+    )
+    app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+    rows_at_end: list[int] = []
+
+    async def watched(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def send_watched(message: dict[str, Any]) -> None:
+            body = message.get("body", b"")
+            if message["type"] == "http.response.body" and (
+                b"[DONE]" in body or (body and not message.get("more_body"))
+            ):
+                with sqlite3.connect(ledger) as db:
+                    rows_at_end.append(db.execute("select count(*) from usage").fetchone()[0])
+            await send(message)
+
+        await app(scope, receive, send_watched if scope["type"] == "http" else send)
+
+    with served(watched) as url:
+        for _ in range(3):
+            r = httpx.post(
+                url + "/v1/chat/completions", json=body("slow", max_tokens=2, stream=stream)
+            )
+            assert r.status_code == 200, r.text
+    assert rows_at_end == [1, 2, 3]

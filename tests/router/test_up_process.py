@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -58,6 +59,88 @@ def test_stopping_up_stops_its_nodes(tmp_path: Path, sig: signal.Signals) -> Non
         while listening(node_port):
             assert time.monotonic() < deadline, f"the sim node outlived tiergate up ({sig.name})"
             time.sleep(0.1)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+TENANTS = """
+tenants:
+  - {name: alice, apiKeys: [alice-key-0123456789], allowedTiers: [batched]}
+  - {name: bob, apiKeys: [bob-key-0123456789], allowedTiers: [batched],
+     budgetUsd: 0.000000001, budgetPeriod: total}
+"""
+
+
+def start_up(config: Path, router_port: int, node_port: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(config),
+            "--port", str(router_port), "--first-node-port", str(node_port)]  # fmt: skip
+    up = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        assert up.poll() is None, "tiergate up exited early"
+        assert time.monotonic() < deadline, "tiergate up did not become ready"
+        try:
+            if httpx.get(f"http://127.0.0.1:{router_port}/readyz").status_code == 200:
+                return up
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
+def kill_hard(up: subprocess.Popen[bytes], node_port: int) -> None:
+    os.kill(up.pid, signal.SIGKILL)
+    up.wait(timeout=20)
+    deadline = time.monotonic() + 15
+    while listening(node_port):  # the node dies with it; its port is needed again
+        assert time.monotonic() < deadline, "the sim node outlived tiergate up"
+        time.sleep(0.1)
+
+
+def test_a_router_killed_right_after_replying_has_billed_every_reply(tmp_path: Path) -> None:
+    """SIGKILL the moment the last reply is in: every reply the clients got is in the ledger
+    after a restart (whole replies and streams alike), and a spent budget stays spent."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS)
+    config = tmp_path / "up.yaml"
+    config.write_text(
+        CONFIG.format(ledger=tmp_path / "ledger.sqlite").replace(
+            "router: {", f"router: {{tenantsFile: {tenants}, "
+        )
+    )
+    router_port, node_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{router_port}/v1/chat/completions"
+    alice = {"authorization": "Bearer alice-key-0123456789"}
+    bob = {"authorization": "Bearer bob-key-0123456789"}
+    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4}  # fmt: skip
+    up = start_up(config, router_port, node_port)
+    try:
+        billed = 0.0
+        for i in range(6):
+            if i % 2:
+                r = httpx.post(url, json=body, headers=alice, timeout=30)
+                assert r.status_code == 200, r.text
+                billed += float(r.headers["x-tiergate-cost-usd"])
+            else:
+                stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+                with httpx.stream("POST", url, json=stream, headers=alice, timeout=30) as s:
+                    assert s.status_code == 200
+                    events = [x[6:] for x in s.iter_lines() if x.startswith("data: ")]
+                assert events[-1] == "[DONE]"
+                billed += json.loads(events[-2])["usage"]["cost_usd"]
+        r = httpx.post(url, json=body, headers=bob, timeout=30)
+        assert r.status_code == 200, r.text  # bob's first request spends his whole budget
+        kill_hard(up, node_port)
+
+        up = start_up(config, router_port, node_port)
+        usage = httpx.get(url.replace("chat/completions", "usage"), headers=alice).json()
+        assert usage["totals"]["requests"] == 6
+        assert usage["totals"]["cost_usd"] == pytest.approx(billed, abs=1e-6)
+        refused = httpx.post(url, json=body, headers=bob, timeout=30)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "budget_exceeded"
     finally:
         if up.poll() is None:
             up.kill()
