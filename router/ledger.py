@@ -10,9 +10,9 @@ the record lives in the operating system's page cache: a router killed with SIGK
 killed, or crashing) and restarted has lost no recorded request; and the router records a
 request before the reply's end goes out (router/relay.py), so no reply a client has whole is
 missing. Only an OS crash or power loss can lose the last few commits, because NORMAL does not
-fsync the WAL on every commit; that is the trade for a write path that costs microseconds instead of an fsync (milliseconds). Checkpoints
-(folding the WAL back into the main file) do not run inside `record`, where SQLite would run
-them by default every ~1000 pages, stalling the event loop for 3-7 ms each time; a background
+fsync the WAL on every commit; that is the trade for a write path that costs microseconds
+instead of an fsync (milliseconds). Checkpoints (folding the WAL back into the main file) do
+not run inside `record`, where SQLite would run them by default every ~1000 pages, stalling the event loop for 3-7 ms each time; a background
 thread with its own connection runs a PASSIVE checkpoint every `CHECKPOINT_INTERVAL_S`, which
 never blocks a writer.
 
