@@ -5,16 +5,16 @@ that served it, pool, endpoint, tokens, latency and cost at the *served* tier's 
 bills both attempts: two rows share a `request_id`, with `attempt` 1 and 2.
 
 Durability. The database runs in WAL mode with `synchronous=NORMAL` and each record is its own
-committed transaction. A commit appends to the WAL file with write(2) before `record` returns, so
-the record lives in the operating system's page cache: a router killed with SIGKILL (or OOM-
+committed transaction. A commit appends to the WAL file with write(2) before `record` returns,
+so the record lives in the operating system's page cache: a router killed with SIGKILL (or OOM-
 killed, or crashing) and restarted has lost no recorded request; and the router records a
 request before the reply's end goes out (router/relay.py), so no reply a client has whole is
 missing. Only an OS crash or power loss can lose the last few commits, because NORMAL does not
 fsync the WAL on every commit; that is the trade for a write path that costs microseconds
-instead of an fsync (milliseconds). Checkpoints (folding the WAL back into the main file) do
-not run inside `record`, where SQLite would run them by default every ~1000 pages, stalling the event loop for 3-7 ms each time; a background
-thread with its own connection runs a PASSIVE checkpoint every `CHECKPOINT_INTERVAL_S`, which
-never blocks a writer.
+instead of an fsync (milliseconds). Checkpoints (folding the WAL back into the main file) do not
+run inside `record`, where SQLite would run them by default every ~1000 pages, stalling the
+event loop for 3-7 ms each time; a background thread with its own connection runs a PASSIVE
+checkpoint every `CHECKPOINT_INTERVAL_S`, which never blocks a writer.
 
 Cost, measured with `benchmarks/ledger_record.py` on the 2-core development machine (Python
 3.11, SQLite 3.40, ext4; 19,000 records after 1,000 warm-up ones, two statements and a commit
