@@ -8,17 +8,20 @@ command that produced them) and stops everything on any exit:
    LiteLLM's proxy (one worker, the upstream as an openai-compatible model) and the router.
    `wrk`, one connection (latency p50/p99) and 64 connections (req/s), several rounds,
    interleaved, medians reported.
+   `pyfixed`: the same replies from uvicorn with its pure-Python defaults (h11, asyncio), the
+   kind of upstream the issue's reference figures were measured with (direct ~4,100 req/s).
 2. The same against a real `tiergate sim-node` (llama-3.1-8b on wse-3: fast tokens).
 3. Streaming: `--streams` (512) concurrent streams from an async httpx client in a separate
-   process (started evenly over 2 s: a gateway's steady state), through the router to a sim
-   node and directly. The node stamps every SSE chunk with the time it wrote it
-   (`x-tiergate-timing: 1`, CLOCK_MONOTONIC); received-minus-written through the router versus
-   direct is the router's added delay per token. A stall is a chunk delivered more than 1 s
-   after the node wrote it (gaps between chunks are reported too, but they include the
-   engine's own schedule). The node is a slow-token configuration (llama-3.1-70b on
-   a100-80gb, ~5 tok/s per stream at 512): a wse-3 node would schedule ~560,000 tok/s for 512
-   streams, far more than
-   any Python process on this 2-core machine can write, so every path would be saturated.
+   process (started evenly over 2 s: a gateway's steady state), through the router and
+   directly. The source stamps every SSE chunk with the time it wrote it (CLOCK_MONOTONIC);
+   received-minus-written through the router versus direct is the router's added delay per
+   token. A stall is a chunk delivered more than 1 s after it was written. The default source
+   is the fixed-rate upstream (a chunk every 100 ms per stream, 5,120 chunks/s for 512 streams,
+   written from timers at next to no cost), so the machine's two cores go to the client and the
+   router. `--stream-upstream sim` streams from a sim node instead (llama-3.1-70b on
+   a100-80gb, ~5 tok/s per stream at 512; `x-tiergate-timing: 1` makes it stamp chunks): there
+   the engine's own schedule also moves the figures, and a wse-3 node would schedule ~560,000
+   tok/s for 512 streams, more than any Python process on this machine can write.
 4. Endpoint count: the router with 3 and with 300 endpoints in its pool (3 fixed-reply
    processes listening on 0.0.0.0; 300 distinct URLs through 127.0.0.1..127.0.0.100, all
    loopback), req/s at 64 connections, p50 at 1, and the idle router's CPU (metrics scraping).
@@ -267,11 +270,15 @@ class Server:
     unavailable: str | None = None  # why, when it could not be started
 
 
-def start_fixed(procs: Processes, name: str) -> Server:
+def start_fixed(
+    procs: Processes, name: str, token_interval_ms: float = 100.0, server: str = "asyncio"
+) -> Server:
     port = free_port()
     proc = procs.start(
-        name, [sys.executable, "-P", str(FIXED_UPSTREAM), "--host", "0.0.0.0", "--port", str(port)]
-    )
+        name,
+        [sys.executable, "-P", str(FIXED_UPSTREAM), "--host", "0.0.0.0", "--port", str(port),
+         "--token-interval-ms", str(token_interval_ms), "--server", server],
+    )  # fmt: skip
     server = Server(name, f"http://127.0.0.1:{port}", proc)
     wait_ready(server.url + "/health", proc, 15, lambda s: s == 200)
     return server
@@ -491,8 +498,13 @@ def stream_worker(
     url: str, health_path: str, streams: int, max_tokens: int, start_at: float, ramp_s: float
 ) -> StreamRound:
     """Runs in a client process: `streams` concurrent streams, started evenly over `ramp_s`
-    from `start_at` (a gateway's steady state, not 512 prefills in the same millisecond)."""
-    import httpx
+    from `start_at` (a gateway's steady state, not 512 prefills in the same millisecond).
+
+    aiohttp, not httpx: httpx's pool (httpcore) checks every pooled connection on each request,
+    which at 512 connections made this client, not the path measured, the bottleneck (first
+    chunks seconds late, the client at 100% CPU).
+    """
+    import aiohttp
 
     body = {
         "model": MODEL,
@@ -502,23 +514,23 @@ def stream_worker(
     }
     out = StreamRound()
 
-    async def one(client: httpx.AsyncClient, delay_s: float) -> None:
+    async def one(client: aiohttp.ClientSession, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         started = time.monotonic()
         last = started
         max_gap = max_lag = 0.0
         try:
-            async with client.stream(
-                "POST", "/v1/chat/completions", json=body, headers={"x-tiergate-timing": "1"}
+            async with client.post(
+                "/v1/chat/completions", json=body, headers={"x-tiergate-timing": "1"}
             ) as response:
-                if response.status_code != 200:
+                if response.status != 200:
                     out.failed += 1
-                    out.failures.append(f"HTTP {response.status_code}")
-                    await response.aread()
+                    out.failures.append(f"HTTP {response.status}")
+                    await response.read()
                     return
                 pending = b""
                 first = True
-                async for raw in response.aiter_raw():
+                async for raw in response.content.iter_any():
                     received = time.monotonic()
                     pending += raw
                     end = pending.rfind(b"\n\n") + 2
@@ -539,20 +551,25 @@ def stream_worker(
                         out.lags_s.append(lag)
                         max_lag = max(max_lag, lag)
                     out.chunks += len(stamps)
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             out.failed += 1
             out.failures.append(type(exc).__name__)
             return
         out.max_gaps_s.append(max_gap)
         out.max_lags_s.append(max_lag)
 
+    async def health(client: aiohttp.ClientSession) -> None:
+        async with client.get(health_path) as response:
+            await response.read()
+
     async def go() -> None:
-        limits = httpx.Limits(max_connections=streams + 8, max_keepalive_connections=streams + 8)
-        async with httpx.AsyncClient(
-            base_url=url, limits=limits, timeout=120, trust_env=False
+        async with aiohttp.ClientSession(
+            base_url=url,
+            connector=aiohttp.TCPConnector(limit=streams + 8),
+            timeout=aiohttp.ClientTimeout(total=120),
         ) as client:
             # Open the connections before the common start: setup is not what is measured.
-            await asyncio.gather(*(client.get(health_path) for _ in range(streams)))
+            await asyncio.gather(*(health(client) for _ in range(streams)))
             await asyncio.sleep(max(0.0, start_at - time.monotonic()))
             step = ramp_s / streams
             await asyncio.gather(*(one(client, i * step) for i in range(streams)))
@@ -778,8 +795,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=None, help="wrk rounds per path (default 3)")
     p.add_argument("--duration", type=int, default=None, help="seconds per wrk run (default 2)")
     p.add_argument("--connections", type=int, default=64, help="the throughput load (64)")
-    p.add_argument("--sections", default="fixed,sim,stream,endpoints",
-                   help="comma-separated subset of fixed,sim,stream,endpoints")  # fmt: skip
+    p.add_argument("--sections", default="fixed,pyfixed,sim,stream,endpoints",
+                   help="comma-separated subset of fixed,pyfixed,sim,stream,endpoints")  # fmt: skip
     p.add_argument("--nginx-workers", type=int, default=1,
                    help="nginx workers (1: one process, like the router)")  # fmt: skip
     p.add_argument("--no-litellm", action="store_true", help="skip LiteLLM (row unavailable)")
@@ -788,6 +805,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-rounds", type=int, default=None, help="default 2 (quick: 1)")
     p.add_argument("--stream-clients", type=int, default=1, help="client processes")
     p.add_argument("--stream-ramp", type=float, default=2.0, help="seconds to start all streams")
+    p.add_argument(
+        "--stream-upstream",
+        choices=("fixed", "sim"),
+        default="fixed",
+        help="what streams: the fixed-rate upstream (default) or a sim node",
+    )
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=100.0,
+        help="the fixed-rate upstream's time between chunks (100)",
+    )
     p.add_argument("--stream-model", default="llama-3.1-70b")
     p.add_argument("--stream-accelerator", default="a100-80gb")
     p.add_argument("--endpoints", type=int, default=300, help="the large pool's endpoint count")
@@ -799,7 +828,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.stream_tokens = args.stream_tokens or (12 if args.quick else 24)
     args.stream_rounds = args.stream_rounds or (1 if args.quick else 2)
     args.sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    unknown = args.sections - {"fixed", "sim", "stream", "endpoints"}
+    unknown = args.sections - {"fixed", "pyfixed", "sim", "stream", "endpoints"}
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
     if args.endpoints % 3 or args.endpoints > 3 * 254:
@@ -869,13 +898,19 @@ def run(
     targets: list[tuple[str, bool]],
 ) -> None:
     litellm_version = "" if args.no_litellm else litellm_installed_version()
-    for section in ("fixed", "sim"):
+    for section in ("fixed", "pyfixed", "sim"):
         if section not in args.sections:
             continue
         log(f"[{section}] starting the upstream and the proxies ...")
         if section == "fixed":
             upstream = start_fixed(procs, "fixed")
             title = "Non-streaming, fixed-reply upstream (the proxies' own cost)"
+        elif section == "pyfixed":
+            upstream = start_fixed(procs, "pyfixed", server="uvicorn")
+            title = (
+                "Non-streaming, fixed-reply upstream on uvicorn (h11, asyncio: the issue's "
+                "reference upstream)"
+            )
         else:
             upstream = start_sim_node(procs, "sim", "llama-3.1-8b", "wse-3", 512)
             title = "Non-streaming, sim node upstream (llama-3.1-8b on wse-3, max_tokens 8)"
@@ -901,8 +936,12 @@ def run(
             targets += [
                 ("added latency p50 <= 0.5 ms at 1 client (fixed upstream)", oks[0]),
                 ("added latency p99 <= 2 ms at 1 client (fixed upstream)", oks[1]),
-                ("throughput at 64 clients >= 50% of nginx's (fixed upstream)", oks[2]),
+                ("throughput at 64 clients >= 50% of nginx's (raw-asyncio fixed upstream)", oks[2]),
             ]
+        if section == "pyfixed" and len(oks) == 3:
+            targets.append(
+                ("throughput at 64 clients >= 50% of nginx's (uvicorn fixed upstream)", oks[2])
+            )
         raw[section] = {r.label: {"one": r.one, "many": r.many,
                                   "unavailable": r.server.unavailable} for r in rows}  # fmt: skip
         if args.profile and section == "fixed":
@@ -926,8 +965,14 @@ def stream_section(
     raw: dict[str, Any],
     targets: list[tuple[str, bool]],
 ) -> None:
-    log("[stream] starting a sim node and the router ...")
-    node = start_sim_node(procs, "stream-node", args.stream_model, args.stream_accelerator, 512)
+    if args.stream_upstream == "sim":
+        log("[stream] starting a sim node and the router ...")
+        node = start_sim_node(procs, "stream-node", args.stream_model, args.stream_accelerator, 512)
+        source = f"sim node ({args.stream_model} on {args.stream_accelerator}"
+    else:
+        log("[stream] starting the fixed-rate stream upstream and the router ...")
+        node = start_fixed(procs, "stream-fixed", args.stream_interval_ms)
+        source = f"fixed-rate upstream (a chunk every {args.stream_interval_ms:g} ms"
     router = start_router(procs, "router-stream", [node.url], 512)
     direct, routed = StreamStats(), StreamStats()
     with ProcessPoolExecutor(args.stream_clients, mp_context=get_context("spawn")) as pool:
@@ -954,14 +999,13 @@ def stream_section(
     add99 = routed.lag(0.99) - direct.lag(0.99)
     c = args.streams
     out += [
-        f"### Streaming: {c} concurrent streams, sim node ({args.stream_model} on "
-        f"{args.stream_accelerator}, {args.stream_tokens} tokens each)",
+        f"### Streaming: {c} concurrent streams, {source}, {args.stream_tokens} tokens each)",
         "",
         "| path | tokens/s | received - written p50 (ms) | p99 (ms) | first chunk p99 (ms) "
         "| max gap between chunks (ms) | streams stalled | failed |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, s in (("direct (sim node)", direct), ("tiergate router", routed)):
+    for name, s in (("direct", direct), ("tiergate router", routed)):
         out.append(
             f"| {name} | {s.tokens_per_s():,.0f} | {s.lag(0.5):.2f} | {s.lag(0.99):.2f} "
             f"| {s.first_chunk_p99():.0f} | {s.max_gap_ms():.0f} | {s.stalled()} | {s.failed()} |"
@@ -980,7 +1024,7 @@ def stream_section(
         f"(a chunk delivered > {STALL_S:.0f} s after the node wrote it) or failed: {stalls} of "
         f"{c * len(routed.rounds)} ({verdict(stalls == 0)}). Received-minus-written includes the "
         "Python client's own lag, the same on both paths; gaps between chunks include the "
-        "engine's own schedule (prefills of arriving streams delay the others' decode steps).",
+        "source's own schedule.",
         "",
     ]
     targets += [
