@@ -7,8 +7,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 
 from .admission import Saturation
@@ -24,7 +22,7 @@ from .outliers import OutlierDetector
 from .policy import default_policy
 from .proxy import Upstream
 from .ratelimit import RateLimiter
-from .scraper import Scraper
+from .scraper import MetricsFetcher, Scraper
 from .state import EndpointState
 from .tenants import TenantRegistry, load_tenants
 
@@ -67,16 +65,13 @@ def build_app(
     )
     # The scraper has a client of its own: scraping hundreds of endpoints must not take
     # connections from (or add connections to) the proxy's pool.
-    scrape_client = httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.scrape_interval_s),
-        limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
-    )
+    fetcher = MetricsFetcher(max_connections=32)
     # Tier saturation is worked out from the endpoints' waiting counts once per scrape round
     # (they change only then), not per request.
     saturation = Saturation()
     scraper = Scraper(
         lambda: source.view.endpoints(),
-        scrape_client,
+        fetcher,
         clock=clock,
         interval_s=settings.scrape_interval_s,
         max_concurrency=32,
@@ -96,7 +91,7 @@ def build_app(
         saturation=saturation,
     )
     # The source first: services stop in reverse order, so discovery stops last.
-    services: list[Service] = [source, _Closing(scrape_client), scraper, *(extra_services or [])]
+    services: list[Service] = [source, _Closing(fetcher), scraper, *(extra_services or [])]
     return RouterApp(
         router,
         services,
@@ -108,7 +103,7 @@ def build_app(
 class _Closing:
     """Closes a client when the app stops (services stop in reverse order)."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: MetricsFetcher) -> None:
         self.client = client
 
     def start(self) -> None:

@@ -9,8 +9,8 @@ Why aiohttp and not httpx here, measured with `benchmarks/router_overhead.py` (w
 connection, p50): httpx's own pool (httpcore) walks every pooled connection on every request
 and release, ~45% of the router's CPU at 64 connections; httpx's request and response objects
 over aiohttp's pool (httpx-aiohttp) still added ~0.14 ms to every request, more than a quarter
-of the router's whole budget (0.5 ms). The rest of tiergate (scraper, Kubernetes discovery,
-`tiergate bench`) uses httpx.
+of the router's whole budget (0.5 ms). The metrics scraper uses aiohttp too (router/scraper.py);
+`tiergate bench`, `up` and `demo` use httpx.
 
 `Upstream.open(...)` sends a request to the first endpoint of the picked order and returns
 the upstream response with its headers read and its body not yet (streaming). A connection

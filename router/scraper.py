@@ -11,6 +11,11 @@ counts consecutive failures.
 Parsing reads only the three families routing needs: a vLLM exposition has ~150 lines of
 histograms, and parsing all of them for hundreds of endpoints each second would take the
 event loop away from the request path for tens of milliseconds.
+
+Fetching (`MetricsFetcher`) goes through an aiohttp session of its own, apart from the proxy's
+pool, keeping connections alive between scrapes. With httpx a scrape cost ~0.6 ms of CPU on a
+kept-alive connection and ~2.5 ms on a new one (300 endpoints: 13% of a core, taken from the
+request path); with aiohttp ~0.12 ms and ~0.35 ms (benchmarks/router_overhead.py).
 """
 
 from __future__ import annotations
@@ -22,13 +27,22 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from .scrape_schedule import ScrapeSchedule
 from .state import EndpointState
 
-__all__ = ["EndpointMetrics", "MetricsParseError", "ScrapeRound", "Scraper", "parse_vllm_metrics"]
+__all__ = [
+    "EndpointMetrics",
+    "Fetch",
+    "MetricsFetcher",
+    "MetricsParseError",
+    "ScrapeError",
+    "ScrapeRound",
+    "Scraper",
+    "parse_vllm_metrics",
+]
 
 log = logging.getLogger("tiergate.router.scraper")
 
@@ -45,6 +59,51 @@ _SAMPLE_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?[ \t]+\S+([ \t]+\S+
 
 class MetricsParseError(ValueError):
     """The text is not a Prometheus exposition (an HTML error page, JSON, binary...)."""
+
+
+class ScrapeError(Exception):
+    """No metrics page came back: refused, timed out, a bad status, too big."""
+
+
+#: GET `url` within `timeout_s` and return the body as text, or raise ScrapeError.
+Fetch = Callable[[str, float, int], Awaitable[str]]
+
+
+class MetricsFetcher:
+    """The scraper's HTTP client: one aiohttp session (made on first use, in the event loop)
+    with at most `max_connections` in flight and idle connections kept for the next round."""
+
+    def __init__(self, *, max_connections: int = 32, keepalive_s: float = 30.0) -> None:
+        self.max_connections = max_connections
+        self.keepalive_s = keepalive_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, url: str, timeout_s: float, max_bytes: int) -> str:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, keepalive_timeout=self.keepalive_s
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        try:
+            async with self._session.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                if response.status != 200:
+                    raise ScrapeError(f"HTTP {response.status}")
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise ScrapeError(f"reply larger than {max_bytes} bytes")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ScrapeError(_describe(exc)) from exc
+        return body.decode("utf-8", "replace")
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +173,7 @@ class Scraper:
     def __init__(
         self,
         endpoints: Callable[[], Sequence[EndpointState]],
-        client: httpx.AsyncClient,
+        fetch: Fetch,
         *,
         clock: Callable[[], float],
         interval_s: float = 1.0,
@@ -130,7 +189,7 @@ class Scraper:
         """
         endpoints: returns the current endpoints (called each tick, so discovery may change
             them at any time).
-        client: shared with the proxy or not; the scraper never closes it.
+        fetch: gets one metrics page (a `MetricsFetcher`); the scraper never closes it.
         clock: the router's clock (seconds); stamps `scraped_at_s` and paces the scrapes.
         timeout_s: per request; default 80% of the interval, so a pass ends before the next.
         max_concurrency: requests in flight at once, so scraping a big fleet never takes every
@@ -147,7 +206,7 @@ class Scraper:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.endpoints = endpoints
-        self.client = client
+        self.fetch = fetch
         self.clock = clock
         self.interval_s = interval_s
         self.max_scrapes_per_s = max_scrapes_per_s
@@ -249,9 +308,9 @@ class Scraper:
         url = ep.url.rstrip("/") + self.path
         try:
             async with self._limit:
-                text = await self._fetch(url)
+                text = await self.fetch(url, self.timeout_s, self.max_body_bytes)
             metrics = parse_vllm_metrics(text)
-        except (httpx.HTTPError, MetricsParseError, _ScrapeError) as exc:
+        except (ScrapeError, MetricsParseError) as exc:
             ep.scrape_failures += 1
             if ep.scrape_failures == 1:  # log transitions, not every failed round
                 log.warning(
@@ -268,22 +327,7 @@ class Scraper:
         ep.scrape_failures = 0
         return True
 
-    async def _fetch(self, url: str) -> str:
-        async with self.client.stream("GET", url, timeout=self.timeout_s) as response:
-            if response.status_code != 200:
-                raise _ScrapeError(f"HTTP {response.status_code}")
-            body = bytearray()
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > self.max_body_bytes:
-                    raise _ScrapeError(f"reply larger than {self.max_body_bytes} bytes")
-        return body.decode("utf-8", "replace")
 
-
-class _ScrapeError(Exception):
-    """A reply that is not a metrics page (bad status, too big)."""
-
-
-def _describe(exc: Exception) -> str:
-    # httpx timeouts have empty messages; the class name says what happened.
+def _describe(exc: BaseException) -> str:
+    # Timeouts have empty messages; the class name says what happened.
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

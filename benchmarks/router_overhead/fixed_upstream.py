@@ -216,17 +216,16 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def serve_uvicorn(host: str, port: int) -> None:
-    import socket
-
+    # uvicorn binds the port itself: its accepted sockets then get TCP_NODELAY from asyncio (a
+    # socket bound here, with proto 0, does not, and Nagle's algorithm plus delayed ACKs made
+    # every reply take 40 ms).
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    print(f"listening host={host} port={sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(asgi_app, http="h11", loop="asyncio", lifespan="off",
-                            access_log=False, log_level="warning", backlog=4096)  # fmt: skip
-    uvicorn.Server(config).run(sockets=[sock])
+    print(f"listening host={host} port={port}", flush=True)
+    config = uvicorn.Config(asgi_app, host=host, port=port, http="h11", loop="asyncio",
+                            lifespan="off", access_log=False, log_level="warning",
+                            backlog=4096)  # fmt: skip
+    uvicorn.Server(config).run()
 
 
 def main() -> int:

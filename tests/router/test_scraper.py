@@ -1,25 +1,29 @@
-"""Metrics parsing and the Scraper: MockTransport for failures, a real sim node in-process."""
+"""Metrics parsing; the Scraper with a scripted fetch; its fetcher and a sim node on sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
-import httpx
 import pytest
 from policy_helpers import endpoint
 
 from tiergate.router.scraper import (
     EndpointMetrics,
+    Fetch,
+    MetricsFetcher,
     MetricsParseError,
+    ScrapeError,
     Scraper,
     parse_vllm_metrics,
 )
 from tiergate.router.state import EndpointState
-from tiergate.sim_nodes.engine.clock import VirtualClock
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
-from tiergate.sim_nodes.server import NodeConfig, create_app, running
+from tiergate.sim_nodes.server import NodeConfig, create_app
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Requests in the running batch.
@@ -82,7 +86,7 @@ def test_parse_rejects_garbage(text: str) -> None:
         parse_vllm_metrics(text)
 
 
-# -- Scraper with a mock transport -----------------------------------------------------------
+# -- Scraper with a scripted fetch -------------------------------------------------------------
 
 
 class FakeClock:
@@ -93,53 +97,38 @@ class FakeClock:
         return self.now_s
 
 
-Handler = Callable[[httpx.Request], httpx.Response]
+def answering(text: str = VLLM_TEXT) -> Fetch:
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        return text
+
+    return fetch
 
 
-@pytest.fixture
-async def mock_client() -> AsyncIterator[Callable[[Handler], httpx.AsyncClient]]:
-    clients: list[httpx.AsyncClient] = []
+async def test_scrape_once_updates_states_in_place() -> None:
+    seen: list[tuple[str, float]] = []
 
-    def make(handler: Handler) -> httpx.AsyncClient:
-        client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.aclose()
-
-
-async def test_scrape_once_updates_states_in_place(
-    mock_client: Callable[[Handler], httpx.AsyncClient],
-) -> None:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, text=VLLM_TEXT)
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        seen.append((url, timeout_s))
+        return VLLM_TEXT
 
     eps = [endpoint("http://a:9000/"), endpoint("http://b:9000")]
     clock = FakeClock()
-    scraper = Scraper(lambda: eps, mock_client(handler), clock=clock, interval_s=2.0)
+    scraper = Scraper(lambda: eps, fetch, clock=clock, interval_s=2.0)
     result = await scraper.scrape_once()
     assert (result.scraped, result.failed) == (2, 0)
-    assert sorted(str(r.url) for r in seen) == ["http://a:9000/metrics", "http://b:9000/metrics"]
     # The per-request timeout is shorter than the interval.
-    assert seen[0].extensions["timeout"] == {"connect": 1.6, "read": 1.6, "write": 1.6, "pool": 1.6}
+    assert sorted(seen) == [("http://a:9000/metrics", 1.6), ("http://b:9000/metrics", 1.6)]
     for ep in eps:
         assert (ep.running, ep.waiting, ep.kv_usage, ep.scraped_at_s) == (5.0, 4.0, 0.5, 100.0)
         assert ep.scrape_failures == 0
 
 
-async def test_on_round_hears_of_each_round_after_the_states_are_written(
-    mock_client: Callable[[Handler], httpx.AsyncClient],
-) -> None:
+async def test_each_round_reports_its_outcome_after_the_states_are_written() -> None:
     eps = [endpoint("http://a:9000"), endpoint("http://b:9000")]
     rounds: list[tuple[int, int, list[float | None]]] = []
     scraper = Scraper(
         lambda: eps,
-        mock_client(lambda request: httpx.Response(200, text=VLLM_TEXT)),
+        answering(),
         clock=FakeClock(),
         on_round=lambda r: rounds.append((r.scraped, r.failed, [ep.waiting for ep in eps])),
     )
@@ -147,27 +136,20 @@ async def test_on_round_hears_of_each_round_after_the_states_are_written(
     assert rounds == [(2, 0, [4.0, 4.0])]
 
 
-@pytest.mark.parametrize(
-    "failure",
-    [
-        lambda request: httpx.Response(500, text="boom"),
-        lambda request: httpx.Response(404),
-        lambda request: httpx.Response(200, text="<html>not metrics</html>"),
-        lambda request: httpx.Response(200, content=b"vllm:num_requests_running 1\n" * 100_000),
-    ],
-    ids=["500", "404", "garbage", "too-big"],
-)
-async def test_failed_scrapes_keep_old_values_and_count(
-    mock_client: Callable[[Handler], httpx.AsyncClient], failure: Handler
-) -> None:
+@pytest.mark.parametrize("failure", ["refused", "garbage"])
+async def test_failed_scrapes_keep_old_values_and_count(failure: str) -> None:
     ep = endpoint("http://a")
     clock = FakeClock()
     healthy = True
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text=VLLM_TEXT) if healthy else failure(request)
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        if healthy:
+            return VLLM_TEXT
+        if failure == "refused":
+            raise ScrapeError("ClientConnectorError: refused")
+        return "<html>not metrics</html>"
 
-    scraper = Scraper(lambda: [ep], mock_client(handler), clock=clock, max_body_bytes=1 << 20)
+    scraper = Scraper(lambda: [ep], fetch, clock=clock)
     await scraper.scrape_once()
     healthy, clock.now_s = False, 105.0
     for _ in range(3):
@@ -181,52 +163,31 @@ async def test_failed_scrapes_keep_old_values_and_count(
     assert (ep.scrape_failures, ep.scraped_at_s) == (0, 110.0)
 
 
-async def test_timeouts_and_connection_errors_are_failures(
-    mock_client: Callable[[Handler], httpx.AsyncClient],
-) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "slow":
-            raise httpx.ReadTimeout("timed out", request=request)
-        if request.url.host == "down":
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(200, text=VLLM_TEXT)
-
-    slow, down, fine = endpoint("http://slow"), endpoint("http://down"), endpoint("http://fine")
-    scraper = Scraper(lambda: [slow, down, fine], mock_client(handler), clock=FakeClock())
-    result = await scraper.scrape_once()
-    assert (result.scraped, result.failed) == (1, 2)
-    assert slow.scrape_failures == down.scrape_failures == 1 and slow.running is None
-    assert fine.running == 5.0
-
-
 async def test_endpoints_are_scraped_concurrently() -> None:
     # Each reply waits until every request has arrived: a sequential scraper would hang.
     arrived = 0
     all_arrived = asyncio.Event()
 
-    async def handler(request: httpx.Request) -> httpx.Response:
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
         nonlocal arrived
         arrived += 1
         if arrived == 3:
             all_arrived.set()
         await all_arrived.wait()
-        return httpx.Response(200, text=VLLM_TEXT)
+        return VLLM_TEXT
 
     eps = [endpoint(f"http://e{i}") for i in range(3)]
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        scraper = Scraper(lambda: eps, client, clock=FakeClock())
-        async with asyncio.timeout(5):
-            result = await scraper.scrape_once()
+    scraper = Scraper(lambda: eps, fetch, clock=FakeClock())
+    async with asyncio.timeout(5):
+        result = await scraper.scrape_once()
     assert result.scraped == 3
 
 
-async def test_start_scrapes_every_interval_and_stop_cancels(
-    mock_client: Callable[[Handler], httpx.AsyncClient],
-) -> None:
+async def test_start_scrapes_every_interval_and_stop_cancels() -> None:
     current: list[EndpointState] = [endpoint("http://a")]
     scraper = Scraper(
         lambda: current,
-        mock_client(lambda request: httpx.Response(200, text=VLLM_TEXT)),
+        answering(),
         clock=time.monotonic,  # the clock paces the background scrapes
         interval_s=0.01,
     )
@@ -246,16 +207,81 @@ async def test_start_scrapes_every_interval_and_stop_cancels(
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "tiergate-scraper"]
 
 
-async def test_interval_must_be_positive() -> None:
-    async with httpx.AsyncClient() as client:
-        with pytest.raises(ValueError):
-            Scraper(list, client, clock=FakeClock(), interval_s=0)
+def test_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Scraper(list, answering(), clock=FakeClock(), interval_s=0)
 
 
-# -- a real sim node, in-process -------------------------------------------------------------
+# -- MetricsFetcher against real sockets -------------------------------------------------------
 
 
-async def test_scrapes_a_real_sim_node() -> None:
+async def replying(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """/metrics, or the ways a page fails: /500/metrics, /404/..., /big/..., /slow/..., /html/..."""
+    if scope["type"] != "http":
+        return
+    fault = scope["path"].split("/")[1]
+    status, body = 200, VLLM_TEXT.encode()
+    if fault == "500":
+        status, body = 500, b"boom"
+    elif fault == "404":
+        status, body = 404, b""
+    elif fault == "big":
+        body = b"vllm:num_requests_running 1\n" * 100_000
+    elif fault == "slow":
+        await asyncio.sleep(2)
+    elif fault == "html":
+        body = b"<html>not metrics</html>"
+    await send({"type": "http.response.start", "status": status, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture(scope="module")
+def metrics_server(served: Callable[[Any], AbstractContextManager[str]]) -> Iterator[str]:
+    with served(replying) as url:
+        yield url
+
+
+async def test_fetcher_reads_a_page_and_refuses_bad_replies(metrics_server: str) -> None:
+    fetch = MetricsFetcher()
+    try:
+        assert await fetch(metrics_server + "/metrics", 2.0, 1 << 20) == VLLM_TEXT
+        for path, error in [
+            ("/500/metrics", "HTTP 500"),
+            ("/404/metrics", "HTTP 404"),
+            ("/big/metrics", "reply larger than 1048576 bytes"),
+            ("/slow/metrics", "TimeoutError"),
+        ]:
+            with pytest.raises(ScrapeError, match=error):
+                await fetch(metrics_server + path, 0.3, 1 << 20)
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            refused = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
+        with pytest.raises(ScrapeError, match="ClientConnectorError"):
+            await fetch(refused, 1.0, 1 << 20)
+        # and after all that, the same session still scrapes
+        assert await fetch(metrics_server + "/metrics", 2.0, 1 << 20) == VLLM_TEXT
+    finally:
+        await fetch.aclose()
+
+
+async def test_a_scraper_over_real_sockets_counts_each_failure(metrics_server: str) -> None:
+    fetch = MetricsFetcher()
+    good, html, big = (endpoint(metrics_server + p) for p in ("", "/html", "/big"))
+    try:
+        scraper = Scraper(lambda: [good, html, big], fetch, clock=FakeClock())
+        result = await scraper.scrape_once()
+    finally:
+        await fetch.aclose()
+    assert (result.scraped, result.failed) == (1, 2)
+    assert good.running == 5.0 and html.scrape_failures == big.scrape_failures == 1
+
+
+# -- a real sim node -----------------------------------------------------------------------------
+
+
+async def test_scrapes_a_real_sim_node(
+    served: Callable[[Any], AbstractContextManager[str]],
+) -> None:
     config = NodeConfig(
         serving=ServingSpec(
             model="llama-3.1-8b", accelerator="h100-sxm", batching=BatchingSpec(max_num_seqs=8)
@@ -263,13 +289,14 @@ async def test_scrapes_a_real_sim_node() -> None:
         background_sequences=3,
         background_context_tokens=2000,
     )
-    app = create_app(config, clock=VirtualClock())
-    async with running(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport) as client:
-            ep = endpoint("http://node")
-            result = await Scraper(lambda: [ep], client, clock=FakeClock()).scrape_once()
-            text = (await client.get("http://node/metrics")).text
+    fetch = MetricsFetcher()
+    try:
+        with served(create_app(config)) as url:
+            ep = endpoint(url)
+            result = await Scraper(lambda: [ep], fetch, clock=FakeClock()).scrape_once()
+            text = await fetch(url + "/metrics", 2.0, 1 << 20)
+    finally:
+        await fetch.aclose()
     assert result.scraped == 1
     assert ep.running == 3.0 and ep.waiting == 0.0
     assert ep.kv_usage is not None and 0.0 < ep.kv_usage < 1.0
@@ -281,7 +308,7 @@ def test_rounds_stretch_with_the_fleet_to_bound_the_scrape_rate() -> None:
     fleet: list[EndpointState] = []
     scraper = Scraper(
         lambda: fleet,
-        httpx.AsyncClient(),
+        answering(),
         clock=lambda: 0.0,
         interval_s=0.5,
         max_scrapes_per_s=50,
@@ -293,15 +320,13 @@ def test_rounds_stretch_with_the_fleet_to_bound_the_scrape_rate() -> None:
     assert scraper.round_interval_s() == 6.0  # 300 endpoints at 50 scrapes/s
 
 
-async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_period(
-    mock_client: Callable[[Handler], httpx.AsyncClient],
-) -> None:
+async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_period() -> None:
     clock = FakeClock()
     requests_at: dict[float, int] = {}
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
         requests_at[clock.now_s] = requests_at.get(clock.now_s, 0) + 1
-        return httpx.Response(200, text=VLLM_TEXT)
+        return VLLM_TEXT
 
     async def sleep(wait_s: float) -> None:
         for _ in range(20):  # let the scrapes this tick started run to their end first
@@ -312,7 +337,7 @@ async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_p
     rounds: list[tuple[float, int, int, bool]] = []
     scraper = Scraper(
         lambda: eps,
-        mock_client(handler),
+        fetch,
         clock=clock,
         interval_s=0.5,
         max_scrapes_per_s=50,
