@@ -16,7 +16,7 @@ pure-Python defaults (h11, asyncio): a fixed-reply service as a Python team woul
 (direct ~4,100 req/s, nginx ~3,200).
 
     python benchmarks/router_overhead/fixed_upstream.py [--host 0.0.0.0] [--port 0]
-        [--token-interval-ms 100] [--server asyncio|uvicorn]
+        [--token-interval-ms 100] [--server asyncio|uvicorn] [--reply-delay-ms 0]
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ USAGE = (
 )
 #: Seconds between a stream's chunks (`--token-interval-ms`).
 TOKEN_INTERVAL_S = [0.1]
+#: Seconds before a whole reply is written (`--reply-delay-ms`).
+REPLY_DELAY_S = [0.0]
 
 
 def _chunked(data: bytes) -> bytes:
@@ -177,7 +179,11 @@ class FixedReply(asyncio.Protocol):
             if request_line.startswith(b"POST "):
                 tokens = stream_tokens(body)
                 if tokens is None:
-                    self.transport.write(REPLY_COMPLETION)
+                    if REPLY_DELAY_S[0]:
+                        loop = asyncio.get_running_loop()
+                        loop.call_later(REPLY_DELAY_S[0], self.transport.write, REPLY_COMPLETION)
+                    else:
+                        self.transport.write(REPLY_COMPLETION)
                 else:
                     Stream(self.transport, tokens)
             elif request_line.startswith(b"GET /metrics"):
@@ -211,7 +217,9 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     else:
         body = HEALTH
     kind = b"text/plain; version=0.0.4" if body is METRICS else b"application/json"
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+    # With its length, as a web framework's JSON response has it (not chunked).
+    headers = [(b"content-type", kind), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -234,8 +242,11 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-interval-ms", type=float, default=100.0)
     parser.add_argument("--server", choices=("asyncio", "uvicorn"), default="asyncio")
+    parser.add_argument("--reply-delay-ms", type=float, default=0.0,
+                        help="wait this long before each whole reply (asyncio server)")  # fmt: skip
     args = parser.parse_args()
     TOKEN_INTERVAL_S[0] = args.token_interval_ms / 1000
+    REPLY_DELAY_S[0] = args.reply_delay_ms / 1000
     if args.server == "uvicorn":
         serve_uvicorn(args.host, args.port)
         return 0
