@@ -33,38 +33,6 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_stopping_up_stops_its_nodes(tmp_path: Path, sig: signal.Signals) -> None:
-    config = tmp_path / "up.yaml"
-    config.write_text(CONFIG.format(ledger=tmp_path / "ledger.sqlite"))
-    router_port, node_port = free_port(), free_port()
-    argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(config),
-            "--port", str(router_port), "--first-node-port", str(node_port)]  # fmt: skip
-    up = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert up.poll() is None, "tiergate up exited early"
-            assert time.monotonic() < deadline, "tiergate up did not become ready"
-            try:
-                if httpx.get(f"http://127.0.0.1:{router_port}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        assert listening(node_port)
-        os.kill(up.pid, sig)
-        up.wait(timeout=20)
-        deadline = time.monotonic() + 15
-        while listening(node_port):
-            assert time.monotonic() < deadline, f"the sim node outlived tiergate up ({sig.name})"
-            time.sleep(0.1)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-
-
 TENANTS = """
 tenants:
   - {name: alice, apiKeys: [alice-key-0123456789], allowedTiers: [batched]}
@@ -89,13 +57,29 @@ def start_up(config: Path, router_port: int, node_port: int) -> subprocess.Popen
         time.sleep(0.1)
 
 
-def kill_hard(up: subprocess.Popen[bytes], node_port: int) -> None:
-    os.kill(up.pid, signal.SIGKILL)
+def stop(up: subprocess.Popen[bytes], node_port: int, sig: signal.Signals) -> None:
+    """Send `sig` to `tiergate up` and wait until it and its sim node are gone."""
+    os.kill(up.pid, sig)
     up.wait(timeout=20)
     deadline = time.monotonic() + 15
-    while listening(node_port):  # the node dies with it; its port is needed again
-        assert time.monotonic() < deadline, "the sim node outlived tiergate up"
+    while listening(node_port):
+        assert time.monotonic() < deadline, f"the sim node outlived tiergate up ({sig.name})"
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_up_stops_its_nodes(tmp_path: Path, sig: signal.Signals) -> None:
+    config = tmp_path / "up.yaml"
+    config.write_text(CONFIG.format(ledger=tmp_path / "ledger.sqlite"))
+    router_port, node_port = free_port(), free_port()
+    up = start_up(config, router_port, node_port)
+    try:
+        assert listening(node_port)
+        stop(up, node_port, sig)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
 
 
 def test_a_router_killed_right_after_replying_has_billed_every_reply(tmp_path: Path) -> None:
@@ -132,7 +116,7 @@ def test_a_router_killed_right_after_replying_has_billed_every_reply(tmp_path: P
                 billed += json.loads(events[-2])["usage"]["cost_usd"]
         r = httpx.post(url, json=body, headers=bob, timeout=30)
         assert r.status_code == 200, r.text  # bob's first request spends his whole budget
-        kill_hard(up, node_port)
+        stop(up, node_port, signal.SIGKILL)  # the node's port is needed again
 
         up = start_up(config, router_port, node_port)
         usage = httpx.get(url.replace("chat/completions", "usage"), headers=alice).json()
