@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from conftest import Release
+from release import Release
 from test_pools import EXAMPLES, chat, served_by
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import yaml
 from cluster import REPO
-from conftest import Release
+from release import Release
 
 EXAMPLES = REPO / "examples"
 POOLS = {"batched": "frontier-batched", "premium": "frontier-premium", "wafer-scale": "spark-wafer"}
