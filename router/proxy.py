@@ -43,6 +43,12 @@ BACKOFF_S = (0.0, 0.02, 0.1)
 #: (a stream may pause while a busy node prefills a long prompt). No total: streams are long.
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=2.0, sock_read=300.0)
 
+#: Idle connections are dropped after this long: under uvicorn's (so vLLM's and the sim
+#: node's) 5 s keep-alive, so a request never goes out on a connection the node is closing
+#: (aiohttp does not resend a POST that meets a closed connection; it would count as the
+#: endpoint's failure).
+KEEPALIVE_S = 4.0
+
 #: The failures of a connection, as aiohttp raises them (timeouts are TimeoutError).
 CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
 
@@ -120,7 +126,9 @@ class Upstream:
         """The shared session, made on first use (aiohttp needs the running event loop)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30.0),
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, keepalive_timeout=KEEPALIVE_S
+                ),
                 timeout=self.timeout,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 # Compression is not asked for (a node that compresses anyway is decoded).
