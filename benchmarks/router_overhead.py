@@ -25,7 +25,10 @@ command that produced them) and stops everything on any exit:
 4. Endpoint count: the router with 3, 30 and 300 endpoints in its pool (3 fixed-reply
    processes listening on 0.0.0.0; 300 distinct URLs through 127.0.0.1..127.0.0.100, all
    loopback): the router's own CPU per request and req/s at 64 connections, p50 at 1, and the
-   idle router's CPU (metrics scraping).
+   idle router's CPU (metrics scraping), user and system CPU apart.
+5. Idle gaps: the router in front of the fixed upstream replying at once and after 20 ms
+   (`--reply-delay-ms`), p50/p99 at 1 connection: what a request that waits upstream, as an
+   LLM request does, finds.
 
 `--profile` adds one 64-connection run per router under py-spy (installed into its own venv)
 and prints where the router spends its time.
@@ -87,6 +90,9 @@ TARGET_ADDED_P99_MS = 2.0
 TARGET_NGINX_SHARE = 0.5
 TARGET_STREAM_P99_MS = 2.0
 STALL_S = 1.0
+SECTIONS = ("fixed", "pyfixed", "sim", "stream", "endpoints", "idle")
+#: The `idle` section's upstream delay: about an LLM's time to a short reply.
+IDLE_DELAY_MS = 20.0
 #: A direct-path p99 above this means the machine, not the router, sets the streaming figures.
 BASELINE_SANE_MS = 50.0
 
@@ -210,9 +216,15 @@ def post_ok(url: str, body: dict[str, Any], timeout_s: float = 30.0) -> None:
         raise RuntimeError(f"unexpected reply: {str(reply)[:200]}")
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_times(pid))
 
 
 # -- tools -----------------------------------------------------------------------------------
@@ -272,13 +284,18 @@ class Server:
 
 
 def start_fixed(
-    procs: Processes, name: str, token_interval_ms: float = 100.0, server: str = "asyncio"
+    procs: Processes,
+    name: str,
+    token_interval_ms: float = 100.0,
+    server: str = "asyncio",
+    reply_delay_ms: float = 0.0,
 ) -> Server:
     port = free_port()
     proc = procs.start(
         name,
         [sys.executable, "-P", str(FIXED_UPSTREAM), "--host", "0.0.0.0", "--port", str(port),
-         "--token-interval-ms", str(token_interval_ms), "--server", server],
+         "--token-interval-ms", str(token_interval_ms), "--server", server,
+         "--reply-delay-ms", str(reply_delay_ms)],
     )  # fmt: skip
     server = Server(name, f"http://127.0.0.1:{port}", proc)
     wait_ready(server.url + "/health", proc, 15, lambda s: s == 200)
@@ -412,6 +429,7 @@ class Load:
     p99_ms: float
     errors: int
     cpu_s: float = float("nan")  # the measured process's CPU time during the run
+    cpu_user_s: float = float("nan")  # of which in user space
 
     @property
     def rps(self) -> float:
@@ -463,6 +481,9 @@ class Row:
         machine's cores were doing)."""
         return statistics.median(1e6 * r.cpu_s / max(r.requests, 1) for r in self.many)
 
+    def cpu_user_us_per_request(self) -> float:
+        return statistics.median(1e6 * r.cpu_user_s / max(r.requests, 1) for r in self.many)
+
     def errors(self) -> int:
         return sum(r.errors for r in self.one + self.many)
 
@@ -476,10 +497,11 @@ def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> Non
         for row in live:
             one = run_wrk(row.server.url, 1, args.duration)
             pid = row.server.proc.pid if row.server.proc is not None else None
-            cpu_before = cpu_seconds(pid) if pid is not None else float("nan")
+            user0, sys0 = cpu_times(pid) if pid is not None else (float("nan"), float("nan"))
             many = run_wrk(row.server.url, args.connections, args.duration)
             if pid is not None:
-                many.cpu_s = cpu_seconds(pid) - cpu_before
+                user1, sys1 = cpu_times(pid)
+                many.cpu_s, many.cpu_user_s = user1 + sys1 - user0 - sys0, user1 - user0
             row.one.append(one)
             row.many.append(many)
             log(
@@ -806,8 +828,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=None, help="wrk rounds per path (default 3)")
     p.add_argument("--duration", type=int, default=None, help="seconds per wrk run (default 2)")
     p.add_argument("--connections", type=int, default=64, help="the throughput load (64)")
-    p.add_argument("--sections", default="fixed,pyfixed,sim,stream,endpoints",
-                   help="comma-separated subset of fixed,pyfixed,sim,stream,endpoints")  # fmt: skip
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="comma-separated subset of " + ",".join(SECTIONS))  # fmt: skip
     p.add_argument("--nginx-workers", type=int, default=1,
                    help="nginx workers (1: one process, like the router)")  # fmt: skip
     p.add_argument("--no-litellm", action="store_true", help="skip LiteLLM (row unavailable)")
@@ -839,7 +861,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.stream_tokens = args.stream_tokens or (12 if args.quick else 24)
     args.stream_rounds = args.stream_rounds or (1 if args.quick else 2)
     args.sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    unknown = args.sections - {"fixed", "pyfixed", "sim", "stream", "endpoints"}
+    unknown = args.sections - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
     if args.endpoints % 3 or args.endpoints > 3 * 254:
@@ -967,6 +989,40 @@ def run(
         stream_section(args, procs, out, raw, targets)
     if "endpoints" in args.sections:
         endpoints_section(args, procs, out, raw, targets)
+    if "idle" in args.sections:
+        idle_section(args, procs, out, raw)
+
+
+def idle_section(
+    args: argparse.Namespace, procs: Processes, out: list[str], raw: dict[str, Any]
+) -> None:
+    """The router's added latency when each request waits upstream (as an LLM's does) versus
+    back-to-back requests: the same router and upstream code, the reply delayed or not."""
+    rows: list[Row] = []
+    for delay_ms in (0.0, IDLE_DELAY_MS):
+        log(f"[idle] upstream replying after {delay_ms:g} ms ...")
+        upstream = start_fixed(procs, f"idle-{delay_ms:g}", reply_delay_ms=delay_ms)
+        router = start_router(procs, f"router-idle-{delay_ms:g}", [upstream.url], 256)
+        pair = [Row(f"direct, reply after {delay_ms:g} ms", upstream),
+                Row(f"tiergate router, reply after {delay_ms:g} ms", router)]  # fmt: skip
+        measure_rows(pair, args, "idle")
+        rows += pair
+        for server in (router, upstream):
+            if server.proc is not None:
+                procs.stop(server.proc)
+    out += [
+        f"### Idle gaps: the same fixed upstream replying at once and after {IDLE_DELAY_MS:g} ms",
+        "",
+        "| path | p50 @1 conn (ms) | p99 @1 conn (ms) |",
+        "|---|---:|---:|",
+        *(f"| {r.label} | {r.p50():.3f} | {r.p99():.3f} |" for r in rows),
+        "",
+        f"Router added p50 at 1 connection: {rows[1].p50() - rows[0].p50():+.3f} ms with replies "
+        f"at once, {rows[3].p50() - rows[2].p50():+.3f} ms with replies after "
+        f"{IDLE_DELAY_MS:g} ms (the router waits idle in between, and runs with cold caches).",
+        "",
+    ]
+    raw["idle"] = {r.label: {"one": r.one} for r in rows}
 
 
 def stream_section(
@@ -1091,13 +1147,15 @@ def endpoints_section(
         "### Endpoint count: one pool of 3 vs "
         f"{args.endpoints} endpoints (3 fixed-reply processes)",
         "",
-        f"| endpoints | router CPU per request @{c} conns (us) | req/s @{c} conns "
-        f"| p50 @{c} conns (ms) | p50 @1 conn (ms) | p99 @1 conn (ms) | idle router CPU | errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| endpoints | router CPU per request @{c} conns (us) | of which user (us) "
+        f"| req/s @{c} conns | p50 @{c} conns (ms) | p50 @1 conn (ms) | p99 @1 conn (ms) "
+        "| idle router CPU | errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for count, row, idle in rows:
         out.append(
-            f"| {count} | {row.cpu_us_per_request():.0f} | {row.rps():,.0f} "
+            f"| {count} | {row.cpu_us_per_request():.0f} | {row.cpu_user_us_per_request():.0f} "
+            f"| {row.rps():,.0f} "
             f"| {row.p50_many():.2f} | {row.p50():.3f} | {row.p99():.3f} "
             f"| {100 * idle:.0f}% of a core | {row.errors()} |".replace(
                 "nan", "n/a (no reply in the run)"
