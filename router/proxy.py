@@ -8,8 +8,10 @@ upstream cookies and send them with another tenant's request.
 Why aiohttp and not httpx here, measured with `benchmarks/router_overhead.py` (wrk, one
 connection, p50): httpx's own pool (httpcore) walks every pooled connection on every request
 and release, ~45% of the router's CPU at 64 connections; httpx's request and response objects
-over aiohttp's pool (httpx-aiohttp) still added ~0.14 ms to every request, more than a quarter
-of the router's whole budget (0.5 ms). The metrics scraper uses aiohttp too (router/scraper.py);
+over aiohttp's pool (httpx-aiohttp 0.2, since dropped) still added ~0.14 ms to every request,
+more than a quarter of the router's whole budget (0.5 ms). `benchmarks/router_parts.py`
+compares a proxied reply through httpx's AsyncClient and through `Upstream` (~660 vs ~150 us
+of CPU). The metrics scraper uses aiohttp too (router/scraper.py);
 `tiergate bench`, `up` and `demo` use httpx.
 
 `Upstream.open(...)` sends a request to the first endpoint of the picked order and returns

@@ -13,9 +13,10 @@ histograms, and parsing all of them for hundreds of endpoints each second would 
 event loop away from the request path for tens of milliseconds.
 
 Fetching (`MetricsFetcher`) goes through an aiohttp session of its own, apart from the proxy's
-pool, keeping connections alive between scrapes. With httpx a scrape cost ~0.6 ms of CPU on a
-kept-alive connection and ~2.5 ms on a new one (300 endpoints: 13% of a core, taken from the
-request path); with aiohttp ~0.12 ms and ~0.35 ms (benchmarks/router_overhead.py).
+pool, keeping connections alive between scrapes. A scrape costs ~0.13 ms of CPU on a kept-alive
+connection and ~0.36 ms on a new one; through httpx it was ~0.55 ms kept-alive
+(benchmarks/router_parts.py), and scraping 300 endpoints took 13% of a core from the request
+path (benchmarks/router_overhead.py, idle router CPU).
 """
 
 from __future__ import annotations
