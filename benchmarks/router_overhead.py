@@ -1059,6 +1059,7 @@ def stream_section(
                     f"{1000 * max(r.max_gaps_s, default=0):.0f} ms; failed {r.failed}"
                     + (f" ({', '.join(sorted(set(r.failures)))})" if r.failures else "")
                 )
+    gc_line = router_gc_pauses(router)
     for server in (router, node):
         if server.proc is not None:
             procs.stop(server.proc)
@@ -1093,6 +1094,8 @@ def stream_section(
         "Python client's own lag, the same on both paths; gaps between chunks include the "
         "source's own schedule.",
         "",
+        gc_line,
+        "",
     ]
     targets += [
         (f"{c} streams through the router without stalls", stalls == 0),
@@ -1102,6 +1105,30 @@ def stream_section(
         "direct": {"p50_ms": direct.lag(0.5), "p99_ms": direct.lag(0.99)},
         "router": {"p50_ms": routed.lag(0.5), "p99_ms": routed.lag(0.99)},
     }
+
+
+_GC_SAMPLE = re.compile(r'^tiergate_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)$', re.M)
+
+
+def router_gc_pauses(router: Server) -> str:
+    """The router's garbage-collector pauses so far (its /metrics), as one line."""
+    try:
+        with urllib.request.urlopen(router.url + "/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    except OSError as exc:
+        return f"(the router's GC pauses could not be read: {exc})"
+    found: dict[tuple[str, str], float] = {
+        (generation, kind): float(value) for kind, generation, value in _GC_SAMPLE.findall(text)
+    }
+    parts = []
+    for generation in ("0", "1", "2"):
+        count = found.get((generation, "count"), 0.0)
+        total = found.get((generation, "sum"), 0.0)
+        mean = f", mean {1000 * total / count:.2f} ms" if count else ""
+        parts.append(f"generation {generation}: {count:.0f} pauses{mean}")
+    return (
+        "Router GC pauses over the section (tiergate_gc_pause_seconds): " + "; ".join(parts) + "."
+    )
 
 
 def endpoints_section(

@@ -98,6 +98,7 @@ class RouterApp:
                 await send_error(send, error)
 
     async def start(self) -> None:
+        self.router.metrics.gc_pauses.install()
         for service in self.services:
             started = service.start()
             if started is not None:
@@ -112,6 +113,7 @@ class RouterApp:
                 await stopped
         await self.router.upstream.aclose()
         self.router.ledger.close()
+        self.router.metrics.gc_pauses.uninstall()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -10,6 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .discovery import PoolView
+from .gc_pauses import GcPauses
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -75,6 +76,9 @@ class RouterMetrics:
             "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
         )
         r.register(_LiveCollector(view, now))
+        # Timed from the app's start to its stop (RouterApp installs and removes it).
+        self.gc_pauses = GcPauses()
+        r.register(self.gc_pauses)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -246,6 +246,10 @@ def test_models_health_and_openapi(system: dict[str, Any]) -> None:
     spec = httpx.get(system["url"] + "/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/usage", "/v1/models"} <= set(spec["paths"])
     assert httpx.get(system["url"] + "/nope").status_code == 404
+    metrics = httpx.get(system["url"] + "/metrics").text
+    young = 'tiergate_gc_pause_seconds_count{generation="0"} '
+    # installed when the app started: the requests served since then made young collections
+    assert float(next(x for x in metrics.splitlines() if x.startswith(young)).split()[-1]) > 0
 
 
 @pytest.mark.parametrize(
