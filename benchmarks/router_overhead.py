@@ -1019,7 +1019,7 @@ def idle_section(
         "",
         f"Router added p50 at 1 connection: {rows[1].p50() - rows[0].p50():+.3f} ms with replies "
         f"at once, {rows[3].p50() - rows[2].p50():+.3f} ms with replies after "
-        f"{IDLE_DELAY_MS:g} ms (the router waits idle in between, and runs with cold caches).",
+        f"{IDLE_DELAY_MS:g} ms (the same router code; it sleeps between requests there).",
         "",
     ]
     raw["idle"] = {r.label: {"one": r.one} for r in rows}
