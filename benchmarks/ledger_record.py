@@ -1,18 +1,29 @@
-"""Benchmark: the cost of one `Ledger.record` (one committed transaction) on a file and in memory.
+"""Benchmark: the cost of one `Ledger.record` (one committed transaction), and the WAL's size.
 
-Writes `--records` usage rows after 1,000 warm-up ones and prints the mean, p50, p99 and maximum
-per record. The maximum is a WAL checkpoint, which SQLite runs inline in the commit that crosses
-~1,000 pages of WAL. Not a test: the figures go into `router/ledger.py`'s docstring.
+Writes `--records` usage rows after 1,000 warm-up ones, paced like a busy router (bursts of
+`--burst` records, then 10 ms: ~2,700 records/s here), with the ledger's checkpoint thread
+running, into:
+- a new ledger file (the router's page size, `PAGE_SIZE`);
+- a ledger file created with SQLite's default 4096-byte pages (as ledgers made before the
+  change were), to show what the page size changes;
+- an in-memory ledger (no file, no checkpoints).
 
-    .venv/bin/python -P benchmarks/ledger_record.py [--records 19000] [--dir /tmp]
+For each: CPU per record (the whole process, so the checkpoint thread's share is in it), wall
+time per record p50 / p99 / max, and the largest WAL file seen. Not a test: the figures go
+into the README and `router/ledger.py`'s docstring.
+
+    .venv/bin/python -P benchmarks/ledger_record.py [--records 19000] [--rounds 3] [--dir /tmp]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sqlite3
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.router.ledger import Ledger, UsageRecord
@@ -22,7 +33,7 @@ WARM_UP = 1_000
 
 def _record(index: int) -> UsageRecord:
     return UsageRecord(
-        request_id=f"req-{index:08x}",
+        request_id=f"{index:032x}",  # the router's ids are uuid4 hex
         time_s=1.8e9 + index,
         tenant=f"team-{index % 5}",
         tier_requested="batched",
@@ -39,33 +50,87 @@ def _record(index: int) -> UsageRecord:
     )
 
 
-def measure(path: str, records: int) -> str:
-    """One run; returns the line to print."""
+@dataclass
+class Run:
+    cpu_us: float  # process CPU per record
+    p50_us: float
+    p99_us: float
+    max_ms: float
+    wal_max_mb: float
+
+
+def measure(path: str, records: int, burst: int) -> Run:
     rows = [_record(index) for index in range(WARM_UP + records)]
     with Ledger(path) as ledger:
         for row in rows[:WARM_UP]:
             ledger.record(row)
         each_s = []
-        for row in rows[WARM_UP:]:
+        wal_max = 0
+        cpu0 = time.process_time()
+        for n, row in enumerate(rows[WARM_UP:]):
             start = time.perf_counter()
             ledger.record(row)
             each_s.append(time.perf_counter() - start)
+            if n % burst == burst - 1:
+                wal_max = max(wal_max, ledger.wal_bytes())
+                time.sleep(0.01)
+        cpu_s = time.process_time() - cpu0
     each_s.sort()
-    mean_us = statistics.fmean(each_s) * 1e6
-    p50_us = each_s[len(each_s) // 2] * 1e6
-    p99_us = each_s[int(len(each_s) * 0.99)] * 1e6
-    max_us = each_s[-1] * 1e6
-    return f"{path}: mean {mean_us:.1f} us  p50 {p50_us:.1f}  p99 {p99_us:.1f}  max {max_us:.0f} us"
+    return Run(
+        cpu_us=cpu_s / records * 1e6,
+        p50_us=each_s[len(each_s) // 2] * 1e6,
+        p99_us=each_s[int(len(each_s) * 0.99)] * 1e6,
+        max_ms=each_s[-1] * 1e3,
+        wal_max_mb=wal_max / 1e6,
+    )
+
+
+def old_ledger_file(path: Path) -> str:
+    """An empty database with SQLite's default page size, which the ledger then adopts."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA page_size=4096")
+        db.execute("VACUUM")  # writes the header, fixing the page size
+    return str(path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=19_000)
-    parser.add_argument("--dir", default=None, help="where the file database goes (a temp dir)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=30, help="records between 10 ms pauses")
+    parser.add_argument("--dir", default=None, help="where the file databases go (a temp dir)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-        print(measure(str(Path(directory) / "ledger.db"), args.records))
-    print(measure(":memory:", args.records))
+    kinds = ("new file", "4096-byte pages", "in memory")
+    runs: dict[str, list[Run]] = {kind: [] for kind in kinds}
+    for round_ in range(args.rounds):
+        with tempfile.TemporaryDirectory(dir=args.dir) as directory:
+            paths = {
+                "new file": str(Path(directory) / "new.db"),
+                "4096-byte pages": old_ledger_file(Path(directory) / "old.db"),
+                "in memory": ":memory:",
+            }
+            for kind in kinds:  # interleaved, round by round
+                run = measure(paths[kind], args.records, args.burst)
+                runs[kind].append(run)
+                print(
+                    f"round {round_ + 1}/{args.rounds} {kind}: cpu {run.cpu_us:.1f} us/record, "
+                    f"p50 {run.p50_us:.1f} us, p99 {run.p99_us:.1f} us, max {run.max_ms:.1f} ms, "
+                    f"WAL up to {run.wal_max_mb:.1f} MB",
+                    flush=True,
+                )
+    print(f"\nmedians of {args.rounds} rounds, {args.records:,} records each:\n")
+    print("| ledger | CPU per record (us) | p50 (us) | p99 (us) | max (ms) | largest WAL (MB) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind in kinds:
+        rs = runs[kind]
+
+        def med(field: str, rs: list[Run] = rs) -> float:
+            return statistics.median(getattr(r, field) for r in rs)
+
+        print(
+            f"| {kind} | {med('cpu_us'):.1f} | {med('p50_us'):.1f} | {med('p99_us'):.1f} | "
+            f"{med('max_ms'):.1f} | {med('wal_max_mb'):.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def build_app(
         budgets=BudgetGuard(ledger, tenants=tenants.tenants.values()),
         ledger=ledger,
         upstream=upstream,
-        metrics=RouterMetrics(view, clock),
+        metrics=RouterMetrics(view, clock, ledger.wal_bytes),
         settings=settings,
         policy=default_policy(),
         clock=clock,

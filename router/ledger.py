@@ -11,18 +11,32 @@ killed, or crashing) and restarted has lost no recorded request; and the router 
 request before the reply's end goes out (router/relay.py), so no reply a client has whole is
 missing. Only an OS crash or power loss can lose the last few commits, because NORMAL does not
 fsync the WAL on every commit; that is the trade for a write path that costs microseconds
-instead of an fsync (milliseconds). Checkpoints (folding the WAL back into the main file) do not
-run inside `record`, where SQLite would run them by default every ~1000 pages, stalling the
-event loop for 3-7 ms each time; a background thread with its own connection runs a PASSIVE
-checkpoint every `CHECKPOINT_INTERVAL_S`, which never blocks a writer.
+instead of an fsync (milliseconds).
+
+Checkpoints (folding the WAL back into the main file) do not run inside `record`, where SQLite
+would run them by default every ~1000 pages, stalling the event loop for 3-7 ms each time. A
+background thread with its own connection checkpoints every `CHECKPOINT_INTERVAL_S`:
+- a PASSIVE pass copies what the WAL holds without ever blocking the writer;
+- then, once the WAL holds `RESTART_FRAMES` or more, a RESTART pass: it holds the writer back
+  while it copies what was committed during the first pass (a record waits up to ~1.5 ms: the
+  benchmark's max below), so that the next commit
+  starts the WAL over from its beginning (and SQLite cuts a file longer than
+  `WAL_SIZE_LIMIT` back to it).
+PASSIVE passes alone never let a busy router's WAL start over: the WAL only restarts when a
+commit finds every frame copied, and under steady load a commit always lands during the pass.
+The WAL then grew with every commit until the disk filled (tests/router/test_ledger.py shows
+it). With the RESTART pass it stays near one interval of commits (`tiergate_ledger_wal_bytes`).
 
 Cost, measured with `benchmarks/ledger_record.py` on the 2-core development machine (Python
 3.11, SQLite 3.40, ext4; 19,000 records after 1,000 warm-up ones, two statements and a commit
-each): on a file, mean ~28 us per `record`, p50 ~17 us, p99 ~65 us; in memory ~10 us. The
-maximum was the commit that ran the WAL checkpoint: 3-7 ms usually, once 65 ms while other
-processes were using the disk (hence the checkpoint thread). The SQL text is constant, so
-`sqlite3`'s statement cache prepares each statement once. `tenant_totals` costs ~7 us;
-`spend_since` ~60 ns per row of the period.
+each, paced like a busy router at ~2,700 records/s with the checkpoint thread running; medians
+of 3 rounds): ~28-32 us of CPU per record, p50 ~20 us, p99 ~105-130 us, max ~1.5 ms; the WAL
+file peaked at 16 MB. Each commit writes every page it touched into the WAL whole (about four
+per record), so a new ledger uses `PAGE_SIZE` pages instead of SQLite's default 4096: a ledger
+file with 4096-byte pages cost ~37-39 us per record and its WAL peaked at 51 MB. A ledger created
+before keeps its page size. In memory: ~15-20 us. The SQL text is constant, so `sqlite3`'s
+statement cache prepares each statement once. `tenant_totals` costs ~7 us; `spend_since` ~60 ns
+per row of the period.
 
 Per-tenant totals live in a second table updated in the same transaction, so `tenant_totals`
 costs the same whatever the ledger's size; `spend_since` reads an index on (tenant, time).
@@ -34,6 +48,7 @@ thread has its own connection and only ever checkpoints.
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -56,6 +71,15 @@ SCHEMA_VERSION = 1
 
 #: How often the checkpoint thread folds the WAL into the database file.
 CHECKPOINT_INTERVAL_S = 1.0
+#: WAL frames (pages) from which the checkpoint thread restarts the WAL (SQLite's own automatic
+#: checkpoint starts at 1000 too).
+RESTART_FRAMES = 1000
+#: When the WAL starts over, SQLite cuts a longer file back to this (`journal_size_limit`). It is
+#: above what a busy router writes in one interval (~16 MB at 2,700 records/s), because the cut
+#: is an ftruncate in the writer: 5-20 ms for tens of MB (benchmarks/ledger_record.py's max).
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+#: Page size of a new ledger file; an existing one keeps its own.
+PAGE_SIZE = 1024
 
 #: How a request attempt ended. `shed`: refused by admission; `rejected`: refused before
 #: routing (limits, budget); `client_disconnect`: the client went away mid-request.
@@ -168,7 +192,14 @@ ON CONFLICT (tenant, tier_served) DO UPDATE SET
 class Ledger:
     """The usage ledger at `path` (a file, or ":memory:" for tests)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+        restart_frames: int = RESTART_FRAMES,
+        wal_size_limit: int = WAL_SIZE_LIMIT,
+    ) -> None:
         self.path = str(path)
         try:
             # Autocommit mode: transactions are explicit, one per record.
@@ -180,9 +211,12 @@ class Ledger:
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
         try:
+            # Before anything is written: SQLite ignores it once the file has pages.
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpoint thread's job
+            self._db.execute(f"PRAGMA journal_size_limit={int(wal_size_limit)}")
             self._migrate()
         except sqlite3.Error as exc:
             self._db.close()
@@ -190,7 +224,11 @@ class Ledger:
         except BaseException:
             self._db.close()
             raise
-        self._checkpointer = None if self.path == ":memory:" else _Checkpointer(self.path)
+        self._checkpointer = (
+            None
+            if self.path == ":memory:"
+            else _Checkpointer(self.path, checkpoint_interval_s, restart_frames)
+        )
 
     def _migrate(self) -> None:
         """Create the schema if absent; refuse a ledger written by a newer router."""
@@ -283,6 +321,15 @@ class Ledger:
         except sqlite3.Error:
             pass
 
+    def wal_bytes(self) -> int:
+        """The size of the ledger's WAL file now (0 in memory or when there is none)."""
+        if self.path == ":memory:":
+            return 0
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except OSError:
+            return 0
+
     def tenant_totals(self, tenant: str) -> UsageTotals:
         """A tenant's totals over the whole ledger, overall and by tier served."""
         rows = self._db.execute(
@@ -318,30 +365,44 @@ class Ledger:
 class _Checkpointer:
     """A daemon thread that checkpoints the WAL of the database at `path` periodically.
 
-    PASSIVE: copies what it can without waiting for, or blocking, the writer. A failure is
-    retried next interval (the WAL only grows meanwhile; nothing recorded is at risk).
+    Each round: a PASSIVE pass, which copies what it can without waiting for, or blocking, the
+    writer; then, when the WAL holds `restart_frames` or more, a RESTART pass, which holds the
+    writer back while it copies the rest, so that the next commit starts the WAL over. When the
+    writer cannot be held back within the connection's timeout, SQLite degrades that pass to a
+    passive one and the next round tries again; a failure is retried next round too (the WAL
+    only grows meanwhile; nothing recorded is at risk).
     """
 
-    def __init__(self, path: str, interval_s: float = CHECKPOINT_INTERVAL_S) -> None:
+    def __init__(self, path: str, interval_s: float, restart_frames: int) -> None:
         self._path = path
         self._interval_s = interval_s
+        self._restart_frames = restart_frames
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledger-checkpoint", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            db = sqlite3.connect(self._path, isolation_level=None, timeout=1.0)
+            # The timeout bounds the wait for the writer's current transaction (microseconds).
+            db = sqlite3.connect(self._path, isolation_level=None, timeout=0.5)
+            # The checkpoint's own fsyncs (WAL before copying, database after) follow this.
+            db.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error:
             return  # the main connection reports problems with the file
         try:
             while not self._stopping.wait(self._interval_s):
                 try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self.checkpoint(db)
                 except sqlite3.Error:
                     continue
         finally:
             db.close()
+
+    def checkpoint(self, db: sqlite3.Connection) -> None:
+        """One round (see the class docstring)."""
+        _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if frames >= self._restart_frames:
+            db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
 
     def stop(self) -> None:
         self._stopping.set()

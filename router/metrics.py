@@ -19,7 +19,12 @@ _TPOT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5,
 
 
 class RouterMetrics:
-    def __init__(self, view: Callable[[], PoolView], now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        view: Callable[[], PoolView],
+        now: Callable[[], float],
+        ledger_wal_bytes: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -76,6 +81,7 @@ class RouterMetrics:
             "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
         )
         r.register(_LiveCollector(view, now))
+        r.register(_LedgerCollector(ledger_wal_bytes))
         # Timed from the app's start to its stop (RouterApp installs and removes it).
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
@@ -118,3 +124,16 @@ class _LiveCollector(Collector):
         yield waiting
         yield endpoints
         yield inflight
+
+
+class _LedgerCollector(Collector):
+    def __init__(self, wal_bytes: Callable[[], int]) -> None:
+        self._wal_bytes = wal_bytes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "tiergate_ledger_wal_bytes",
+            "Size of the usage ledger's write-ahead log file; it should stay near one "
+            "checkpoint interval of records (router/ledger.py).",
+            value=self._wal_bytes(),
+        )

@@ -1,5 +1,6 @@
 """The usage ledger: what it records, its totals, its schema, and durability under SIGKILL."""
 
+import contextlib
 import dataclasses
 import os
 import select
@@ -8,12 +9,20 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tiergate.router.ledger import SCHEMA_VERSION, Ledger, LedgerError, UsageRecord
+from tiergate.router.ledger import (
+    PAGE_SIZE,
+    SCHEMA_VERSION,
+    WAL_SIZE_LIMIT,
+    Ledger,
+    LedgerError,
+    UsageRecord,
+)
 
 T0 = 1_800_000_000.0
 
@@ -96,6 +105,14 @@ def test_schema_is_created_once_in_wal_mode(tmp_path: Path) -> None:
         assert ledger.tenant_totals("team-a").requests == 1
 
 
+def wal_frames(db_path: Path) -> int:
+    """Frames (pages) the WAL file has room for: a 32-byte header, then 24 + page size each."""
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        (page_size,) = db.execute("PRAGMA page_size").fetchone()
+    wal = db_path.with_name(db_path.name + "-wal")
+    return max(0, wal.stat().st_size - 32) // (24 + page_size) if wal.exists() else 0
+
+
 def test_checkpoints_run_off_the_recording_connection(tmp_path: Path) -> None:
     """`record` never runs a checkpoint (a 3-7 ms stall of the event loop): with SQLite's
     automatic checkpoints off, what it commits stays in the WAL until the thread folds it."""
@@ -104,13 +121,83 @@ def test_checkpoints_run_off_the_recording_connection(tmp_path: Path) -> None:
         assert ledger._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
         assert ledger._checkpointer is not None
         ledger._checkpointer.stop()  # nothing but `record` may touch the file from here
-        for n in range(3000):  # ~2 WAL pages each: past SQLite's default 1000-page trigger
+        for n in range(3000):  # ~3 WAL pages each: past SQLite's default 1000-page trigger
             ledger.record(usage(request_id=f"r{n}"))
-        wal_bytes = (tmp_path / "ledger.db-wal").stat().st_size
-        # Checkpointed every 1000 pages, the WAL would be reused and stay near 4 MB.
-        assert wal_bytes > 8 * 1024 * 1024, "a record ran a checkpoint"
+        # Checkpointed every 1000 pages, the WAL would be reused and stay near 1000 frames.
+        assert wal_frames(path) > 5000, "a record ran a checkpoint"
+        assert ledger.wal_bytes() == (tmp_path / "ledger.db-wal").stat().st_size
     with Ledger(path) as reopened:
         assert reopened.tenant_totals("team-a").requests == 3000
+
+
+def test_the_wal_starts_over_while_records_keep_coming(tmp_path: Path) -> None:
+    """Under steady load a commit always lands while a passive checkpoint runs, and the WAL
+    only starts over when a commit finds all of it copied: without the RESTART pass it grew
+    by every record, forever. Records here come in bursts of 10 with 1 ms between (a busy
+    router's pace), the checkpoint thread running every 20 ms."""
+    path = tmp_path / "ledger.db"
+    records = 6000
+    with Ledger(
+        path, checkpoint_interval_s=0.02, restart_frames=200, wal_size_limit=256 * 1024
+    ) as ledger:
+        largest = 0
+        for n in range(records):
+            ledger.record(usage(request_id=f"r{n}"))
+            if n % 10 == 9:
+                largest = max(largest, ledger.wal_bytes())
+                time.sleep(0.001)
+        (pages,) = ledger._db.execute("PRAGMA page_size").fetchone()
+    unbounded = records * 3 * (24 + pages)  # ~3 frames a record, never reused
+    assert largest < unbounded / 4, f"the WAL reached {largest:,} bytes"
+    with Ledger(path) as reopened:
+        assert reopened.tenant_totals("team-a").requests == records
+
+
+def test_a_restart_pass_waits_for_a_transaction_in_progress(tmp_path: Path) -> None:
+    """The RESTART pass holds the writer back only between transactions: it waits for (and
+    never breaks) one in progress, and the commit after it starts the WAL over."""
+    path = tmp_path / "ledger.db"
+    with Ledger(path, checkpoint_interval_s=3600, restart_frames=1) as ledger:
+        for n in range(500):
+            ledger.record(usage(request_id=f"r{n}"))
+        assert ledger._checkpointer is not None
+        checkpointer = ledger._checkpointer
+        before = wal_frames(path)
+        ledger._db.execute("BEGIN IMMEDIATE")  # a writer mid-transaction
+        ran = threading.Event()
+
+        def round_() -> None:
+            db = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+            with contextlib.closing(db):
+                checkpointer.checkpoint(db)
+            ran.set()
+
+        thread = threading.Thread(target=round_)
+        thread.start()
+        assert not ran.wait(0.2), "the RESTART pass did not wait for the writer"
+        ledger._db.execute("COMMIT")
+        thread.join(10)
+        assert ran.is_set()
+        ledger.record(usage(request_id="after"))
+        # The commit after the restart wrote from the WAL's start: a few frames, not 1,500.
+        frames_now = ledger._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        assert frames_now < 10 < before
+        assert ledger.tenant_totals("team-a").requests == 501
+
+
+def test_a_new_ledger_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "new.db") as ledger:
+        assert ledger._db.execute("PRAGMA page_size").fetchone() == (PAGE_SIZE,)
+        assert ledger._db.execute("PRAGMA journal_size_limit").fetchone() == (WAL_SIZE_LIMIT,)
+    old = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(old)) as db:
+        db.execute("PRAGMA page_size=4096")
+        db.execute("CREATE TABLE other (x)")
+        db.commit()
+    with Ledger(old) as ledger:
+        ledger.record(usage())
+        assert ledger._db.execute("PRAGMA page_size").fetchone() == (4096,)
+        assert ledger.tenant_totals("team-a").requests == 1
 
 
 def test_closing_the_ledger_stops_its_checkpoint_thread(tmp_path: Path) -> None:
