@@ -16,6 +16,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from .discovery import PoolView
 from .errors import RouterError
@@ -24,6 +26,11 @@ from .tenants import Tenant, authorize_tier
 from .tiers import TIERS, Tier
 
 CASCADE_HEADER = "x-tiergate-cascade"
+
+#: Tool schemas come from clients: a `$ref` resolves inside the schema or not at all. By default
+#: jsonschema fetches remote references with a blocking urlopen, which would stall the event
+#: loop for as long as the named host likes and make the router fetch any URL a client names.
+_NO_REMOTE_REFS: Registry = Registry()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +90,12 @@ def tool_call_problem(reply: dict[str, Any], request: dict[str, Any]) -> str | N
             arguments = json.loads(function.get("arguments") or "")
         except (ValueError, TypeError):
             return f"the arguments of {name!r} are not valid JSON"
+        validator = Draft202012Validator(tools[name], registry=_NO_REMOTE_REFS)
         try:
-            error = next(iter(Draft202012Validator(tools[name]).iter_errors(arguments)), None)
-        except SchemaError:
-            return None  # the client's schema is broken: not the model's fault
+            error = next(iter(validator.iter_errors(arguments)), None)
+        except (SchemaError, Unresolvable):
+            # The client's schema is broken, or refers outside itself: not the model's fault.
+            return None
         if error is not None:
             return f"the arguments of {name!r} do not match its schema: {error.message}"
     return None

@@ -194,6 +194,7 @@ class Router:
                 done.outcome = "upstream_error"
             else:
                 done.outcome = "rejected"
+            settle()  # recorded before the client has the refusal, as a reply is
             await self._refuse(send, error, request_id)
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499

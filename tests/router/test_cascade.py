@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
@@ -65,6 +66,36 @@ def test_parse_cascade() -> None:
 def test_tool_call_problem(arguments: str, name: str, problem: str | None) -> None:
     found = tool_call_problem(reply(arguments, name), REQUEST)
     assert found is None if problem is None else (found is not None and problem in found)
+
+
+def test_a_tool_schema_resolves_refs_inside_itself_and_never_fetches() -> None:
+    """A client's schema names a URL: the router must not fetch it (a blocking fetch on the
+    event loop, and a request to any host the client likes). Local refs still count."""
+    default_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(2.0)  # a fetch would wait on the silent listener, not forever
+    try:
+        _refs_stay_inside()
+    finally:
+        socket.setdefaulttimeout(default_timeout)
+
+
+def _refs_stay_inside() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        remote = f"http://127.0.0.1:{listener.getsockname()[1]}/schema.json"
+        parameters = {
+            "type": "object",
+            "properties": {"cmd": {"$ref": "#/$defs/cmd"}, "env": {"$ref": remote}},
+            "$defs": {"cmd": {"type": "string"}},
+        }
+        request = {**REQUEST, "tools": [{"type": "function", "function": {
+            "name": "run", "parameters": parameters}}]}  # fmt: skip
+        problem = tool_call_problem(reply('{"cmd": 3}'), request)
+        assert problem is not None and "do not match its schema" in problem
+        # The remote ref cannot be judged: no escalation, and nothing was fetched.
+        assert tool_call_problem(reply('{"cmd": "ls", "env": 1}'), request) is None
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
 
 
 def test_a_text_answer_or_no_tools_has_nothing_to_escalate() -> None:

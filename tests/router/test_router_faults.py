@@ -195,12 +195,24 @@ def test_hot_reload_through_a_running_router(
         assert r.status_code == 200
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("stream", "headers", "status"),
+    [
+        (False, {}, 200),
+        (True, {}, 200),
+        (False, {"x-slo-ttft-ms": "0.001"}, 503),  # a refusal is recorded before it is sent
+    ],
+)
 def test_a_reply_is_in_the_ledger_before_its_end_goes_out(
-    tmp_path: Path, served: Served, system: dict[str, Any], stream: bool
+    tmp_path: Path,
+    served: Served,
+    system: dict[str, Any],
+    stream: bool,
+    headers: dict[str, str],
+    status: int,
 ) -> None:
     """What a SIGKILL right after a reply cannot lose: the router commits the record before
-    it sends a whole reply's body or a stream's `data: [DONE]`."""
+    it sends a whole reply's body, a stream's `data: [DONE]` or an error envelope."""
     ledger = tmp_path / "ledger.sqlite"
     config = parse_config(
         f"router: {{ledgerPath: {ledger}}}\npools:\n" + pool("slow", "slow", [system["node"]])
@@ -223,7 +235,9 @@ def test_a_reply_is_in_the_ledger_before_its_end_goes_out(
     with served(watched) as url:
         for _ in range(3):
             r = httpx.post(
-                url + "/v1/chat/completions", json=body("slow", max_tokens=2, stream=stream)
+                url + "/v1/chat/completions",
+                json=body("slow", max_tokens=2, stream=stream),
+                headers=headers,
             )
-            assert r.status_code == 200, r.text
+            assert r.status_code == status, r.text
     assert rows_at_end == [1, 2, 3]
