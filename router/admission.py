@@ -91,6 +91,14 @@ class TierQueue:
         self.active -= 1
         self._hand_on()
 
+    def resize(self, capacity: int, max_waiting: int) -> None:
+        """New limits (the tier's endpoints changed); waiters get the slots a larger
+        capacity frees at once, not when a running request ends. Nothing admitted or waiting
+        is shed by a smaller one: it takes effect as requests end."""
+        self.capacity = max(capacity, 1)
+        self.max_waiting = max_waiting
+        self._hand_on()
+
     def _hand_on(self) -> None:
         while self._waiters and self.active < self.capacity:
             waiter = heapq.heappop(self._waiters)

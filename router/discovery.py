@@ -206,9 +206,10 @@ class FileSource:
 
     synced = True  # the file was read in full before the app starts
 
-    def __init__(self, path: Path, catalog: Catalog, *, interval_s: float = 1.0) -> None:
+    def __init__(self, path: Path, catalog: Catalog, *, interval_s: float | None = None) -> None:
         self.path = path
         self.catalog = catalog
+        #: None: the file's own `router.reloadIntervalS` (as it reads now).
         self.interval_s = interval_s
         self.config: RouterConfig = load_config(path)
         self._digest = _digest(path)
@@ -228,6 +229,12 @@ class FileSource:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+    def poll_interval_s(self) -> float:
+        """How long the watcher waits between looks at the file."""
+        if self.interval_s is not None:
+            return self.interval_s
+        return self.config.router.reload_interval_s
 
     def reload_if_changed(self) -> bool:
         """Rebuild the view if the file changed; True if a new view is in place."""
@@ -251,7 +258,7 @@ class FileSource:
 
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self.poll_interval_s())
             try:
                 self.reload_if_changed()
             except Exception:  # never let the watcher die: a dead watcher is a silent one

@@ -127,8 +127,7 @@ class Router:
             if queue is None:
                 self._queues[tier] = TierQueue(tier, capacity, max_waiting=max(16, capacity))
             else:
-                queue.capacity = capacity
-                queue.max_waiting = max(16, capacity)
+                queue.resize(capacity, max_waiting=max(16, capacity))
 
     # -- the request path ------------------------------------------------------------------
 
@@ -149,11 +148,7 @@ class Router:
             if settled:
                 return
             settled = True
-            try:
-                self._account(done, tenant, choice, request_id, started)
-            except Exception:  # a billing failure must be loud, not fatal to the reply
-                self.metrics.accounting_errors.inc()
-                log.exception("event=accounting_failed request_id=%s", request_id)
+            self._account_loudly(done, tenant, choice, request_id, started)
 
         try:
             tenant = self.tenants.authenticate(headers.get("authorization"))
@@ -274,7 +269,7 @@ class Router:
         # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
         one.outcome = "error" if one.status == 200 else "upstream_error"
         one.escalated = True
-        self._account(one, tenant, choice, request_id, started)
+        self._account_loudly(one, tenant, choice, request_id, started)
         self.metrics.escalations.labels(first, then).inc()
         log.info("event=cascade_escalated request_id=%s from=%s to=%s reason=%r",
                  request_id, first, then, problem)  # fmt: skip
@@ -482,6 +477,22 @@ class Router:
             await send_error(send, error, {"x-tiergate-request-id": request_id})
         except (OSError, RuntimeError):
             pass  # the response had started, or the client is gone: nothing more to say
+
+    def _account_loudly(
+        self,
+        done: Progress,
+        tenant: Tenant | None,
+        choice: TierChoice | None,
+        request_id: str,
+        started: float,
+    ) -> None:
+        """`_account`; a billing failure must be loud (a metric, a log line), not fatal to the
+        reply or to a cascade's second attempt."""
+        try:
+            self._account(done, tenant, choice, request_id, started)
+        except Exception:
+            self.metrics.accounting_errors.inc()
+            log.exception("event=accounting_failed request_id=%s", request_id)
 
     def _account(
         self,

@@ -17,6 +17,7 @@ from tiergate.router.cascade import as_event_stream, parse_cascade, tool_call_pr
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
+from tiergate.router.ledger import LedgerError, UsageRecord
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
@@ -142,7 +143,8 @@ def router(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
             f"endpoints: [{full_url}]}}\n"
         )
         app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
-        yield {"url": stack.enter_context(served(app)), "ledger": tmp / "ledger.sqlite"}
+        url = stack.enter_context(served(app))
+        yield {"url": url, "ledger": tmp / "ledger.sqlite", "app": app}
 
 
 def cascade(url: str, seed: int, **fields: Any) -> httpx.Response:
@@ -203,3 +205,40 @@ def test_without_tools_the_cascade_header_changes_nothing(router: dict[str, Any]
     bad = httpx.post(router["url"] + "/v1/chat/completions", json=body, timeout=30,
                      headers={"x-tiergate-cascade": "premium"})  # fmt: skip
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cascade"
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[-1])
+
+
+def test_a_ledger_failure_on_the_first_attempt_still_serves_the_second(
+    router: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Billing attempt 1 of an escalation fails (disk full): loud (metric, log), and the
+    client still gets attempt 2's reply, not a 500."""
+    ledger = router["app"].router.ledger
+    real, failed = ledger.record, []
+
+    def record(usage: UsageRecord) -> None:
+        if usage.attempt == 1 and usage.escalated and not failed:
+            failed.append(usage.request_id)
+            raise LedgerError("cannot record usage: database or disk is full")
+        real(usage)
+
+    monkeypatch.setattr(ledger, "record", record)
+    accounting = metric(router["url"], "tiergate_accounting_errors_total")
+    internal = metric(router["url"], "tiergate_internal_errors_total")
+    for seed in range(40):
+        r = cascade(router["url"], seed)
+        assert r.status_code == 200, r.text
+        if failed:
+            break
+    assert failed, "no request escalated"
+    assert r.headers["x-tiergate-escalated"] == "true" and r.headers["x-tiergate-tier"] == "premium"
+    assert metric(router["url"], "tiergate_accounting_errors_total") == accounting + 1
+    assert metric(router["url"], "tiergate_internal_errors_total") == internal
+    rows = sqlite3.connect(router["ledger"]).execute(
+        "select attempt from usage where request_id = ?", (failed[0],)
+    )
+    assert [a for (a,) in rows] == [2]  # attempt 2 billed; attempt 1's failure is on record

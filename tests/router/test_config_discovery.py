@@ -197,3 +197,14 @@ def test_an_inferencepool_object_with_an_inline_model_becomes_a_routed_pool() ->
     mismatched = {**spec, "model": "team-7b"}
     with pytest.raises(ConfigError, match="modelProfile.name 'team-8b' must equal model"):
         pool_from_object({"metadata": {"name": "team"}, "spec": mismatched})
+
+
+def test_the_file_is_polled_at_its_own_reload_interval(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("router: {reloadIntervalS: 30}\n" + POOLS)
+    source = FileSource(path, default_catalog())
+    assert source.poll_interval_s() == 30
+    path.write_text("router: {reloadIntervalS: 0.25}\n" + POOLS)
+    assert source.reload_if_changed()
+    assert source.poll_interval_s() == 0.25
+    assert FileSource(path, default_catalog(), interval_s=0.05).poll_interval_s() == 0.05
