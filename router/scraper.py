@@ -54,6 +54,10 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
 _WANTED = (RUNNING, WAITING, KV_USAGE, KV_USAGE_LEGACY)
 
+#: Consecutive failed scrapes after which an endpoint's last figures are dropped (unknown): a
+#: blip keeps them, an endpoint whose metrics stay unreadable stops being judged by them.
+FORGET_AFTER_FAILURES = 3
+
 # One sample line of the text format: name, optional {labels}, value, optional timestamp.
 _SAMPLE_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?[ \t]+\S+([ \t]+\S+)?[ \t]*")
 
@@ -320,6 +324,12 @@ class Scraper:
                     ep.pool,
                     _describe(exc),
                 )
+            elif ep.scrape_failures == FORGET_AFTER_FAILURES:
+                # Figures this old would steer picking and pin a tier "saturated" (shedding
+                # flex, moving `auto`) for as long as the endpoint's metrics stay unreadable.
+                ep.running = ep.waiting = ep.kv_usage = None
+                log.warning("event=scrape_figures_dropped endpoint=%s pool=%s failures=%d",
+                            ep.url, ep.pool, ep.scrape_failures)  # fmt: skip
             return False
         if ep.scrape_failures:
             log.info("event=scrape_recovered endpoint=%s failures=%d", ep.url, ep.scrape_failures)

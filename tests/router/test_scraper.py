@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from policy_helpers import endpoint
 
+from tiergate.router.admission import saturated
 from tiergate.router.scraper import (
+    FORGET_AFTER_FAILURES,
     EndpointMetrics,
     Fetch,
     MetricsFetcher,
@@ -137,7 +139,7 @@ async def test_each_round_reports_its_outcome_after_the_states_are_written() -> 
 
 
 @pytest.mark.parametrize("failure", ["refused", "garbage"])
-async def test_failed_scrapes_keep_old_values_and_count(failure: str) -> None:
+async def test_failed_scrapes_keep_old_values_for_a_while_then_drop_them(failure: str) -> None:
     ep = endpoint("http://a")
     clock = FakeClock()
     healthy = True
@@ -151,16 +153,22 @@ async def test_failed_scrapes_keep_old_values_and_count(failure: str) -> None:
 
     scraper = Scraper(lambda: [ep], fetch, clock=clock)
     await scraper.scrape_once()
+    assert saturated([ep], threshold=4.0)
     healthy, clock.now_s = False, 105.0
-    for _ in range(3):
+    for _ in range(FORGET_AFTER_FAILURES - 1):
         result = await scraper.scrape_once()
         assert result.failed == 1
-    assert (ep.running, ep.waiting, ep.kv_usage) == (5.0, 4.0, 0.5)
+    assert (ep.running, ep.waiting, ep.kv_usage) == (5.0, 4.0, 0.5)  # a blip: kept
     assert ep.scraped_at_s == 100.0  # stale by 5 s, and it shows
-    assert ep.scrape_failures == 3
+    await scraper.scrape_once()
+    assert ep.scrape_failures == FORGET_AFTER_FAILURES
+    assert (ep.running, ep.waiting, ep.kv_usage) == (None, None, None)
+    # Unknown is not saturated: a node whose metrics stay unreadable cannot pin its tier.
+    assert not saturated([ep], threshold=4.0)
     healthy, clock.now_s = True, 110.0
     await scraper.scrape_once()
     assert (ep.scrape_failures, ep.scraped_at_s) == (0, 110.0)
+    assert (ep.running, ep.waiting, ep.kv_usage) == (5.0, 4.0, 0.5)
 
 
 async def test_endpoints_are_scraped_concurrently() -> None:
