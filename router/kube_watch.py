@@ -34,6 +34,8 @@ log = logging.getLogger("tiergate.router.kube")
 #: Server-side watch timeout: the API server ends each watch after this long (client-go
 #: picks 5-10 minutes; shorter means a stalled watch is noticed sooner).
 SERVER_TIMEOUT_S = 120
+#: Failed watches in a row after which the watcher lists again instead of resuming.
+RELIST_AFTER_FAILURES = 3
 
 
 class KubeApi(Protocol):
@@ -112,30 +114,50 @@ class ResourceWatcher:
         self.lists = 0
         self.watches = 0
         self.errors = 0
+        #: Where the next watch starts: the last resourceVersion delivered (None: list first).
+        self.version: str | None = None
 
     def run(self) -> None:
-        """The reflector loop; returns only when `stop` is set."""
+        """The reflector loop; returns only when `stop` is set.
+
+        A watch resumes from the last resourceVersion it delivered, so a watch that fails
+        after some events does not have them sent again. The backoff grows with failures in a
+        row and resets only when a watch ends cleanly (events arriving before a failure do not
+        reset it: a watch the server breaks at the same event every time would otherwise be
+        retried several times a second forever). After `RELIST_AFTER_FAILURES` failures in a
+        row the watcher lists again, as client-go's reflector does.
+        """
         plural = self.resource.plural
-        version: str | None = None  # None: list (again) before watching
+        self.version = None  # None: list (again) before watching
+        failures = 0
         while not self.stop.is_set():
             try:
-                if version is None:
-                    version = self._list()
-                version = self._watch(version)
+                if self.version is None:
+                    self.version = self._list()
+                self._watch(self.version)
+                failures = 0
+                self.backoff.reset()
             except WatchExpired:
                 if self.stop.is_set():
                     return
-                log.info("event=watch_expired resource=%s resource_version=%s", plural, version)
-                version = None
+                log.info(
+                    "event=watch_expired resource=%s resource_version=%s", plural, self.version
+                )
+                self.version = None
             except Exception as exc:  # any failure: keep the last view, retry later
                 if self.stop.is_set():
                     return
                 self.errors += 1
+                failures += 1
+                if failures % RELIST_AFTER_FAILURES == 0:
+                    self.version = None
                 delay_s = self.backoff.next_delay_s()
                 status = exc.status if isinstance(exc, KubeApiError) else None
                 log.warning(
-                    "event=watch_failed resource=%s status=%s error=%r retry_in_s=%.2f",
-                    plural, status, _short(exc), delay_s,
+                    "event=watch_failed resource=%s status=%s error=%r retry_in_s=%.2f "
+                    "failures_in_a_row=%d next=%s",
+                    plural, status, _short(exc), delay_s, failures,
+                    "list" if self.version is None else "watch",
                 )  # fmt: skip
                 self.stop.wait(delay_s)
 
@@ -143,15 +165,14 @@ class ResourceWatcher:
         items, version = parse_list(self.api.list(self.resource))
         self.lists += 1
         self.sink.listed(self.resource, items)
-        self.backoff.reset()
         log.info(
             "event=listed resource=%s items=%d resource_version=%s",
             self.resource.plural, len(items), version,
         )  # fmt: skip
         return version
 
-    def _watch(self, version: str) -> str:
-        """One watch call; the resourceVersion to resume from when the server ends it."""
+    def _watch(self, version: str) -> None:
+        """One watch call from `version`; `self.version` follows every event delivered."""
         self.watches += 1
         started_s = self.clock()
         events = 0
@@ -159,12 +180,12 @@ class ResourceWatcher:
         try:
             for event in stream:
                 if self.stop.is_set():
-                    return version
-                version = event_resource_version(event) or version
+                    return
                 events += 1
                 if event.get("type") != "BOOKMARK":
                     self.sink.event(self.resource, event)
-                self.backoff.reset()
+                # After the sink has it: a failure in between resumes from before it.
+                self.version = event_resource_version(event) or self.version
         finally:
             # A watch left early (410, stop) releases its connection now, not whenever the
             # generator happens to be collected.
@@ -177,9 +198,8 @@ class ResourceWatcher:
             raise KubeApiError("watch ended at once without events")
         log.debug(
             "event=watch_ended resource=%s events=%d resource_version=%s",
-            self.resource.plural, events, version,
+            self.resource.plural, events, self.version,
         )  # fmt: skip
-        return version
 
 
 def _short(exc: BaseException) -> str:

@@ -7,7 +7,10 @@ on `ReplayApi`; only the API server is replayed.
 from __future__ import annotations
 
 import logging
+import random
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from kube_helpers import (
@@ -22,7 +25,14 @@ from kube_helpers import (
 )
 
 from tiergate.router.kube_discovery import KubeSource
-from tiergate.router.kube_state import INFERENCE_POOLS, PODS, KubeApiError, WatchExpired
+from tiergate.router.kube_state import (
+    INFERENCE_POOLS,
+    PODS,
+    KubeApiError,
+    Resource,
+    WatchExpired,
+)
+from tiergate.router.kube_watch import RELIST_AFTER_FAILURES, Backoff, ResourceWatcher
 
 POOLS = INFERENCE_POOLS
 BATCHED_URLS = ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]
@@ -224,6 +234,65 @@ async def test_a_watch_the_server_ends_resumes_from_the_last_resource_version(
     await eventually(lambda: api.calls_of("watch", POOLS) == ["48250", "48300"])
     assert len(api.calls_of("list", PODS)) == 1 and len(api.calls_of("list", POOLS)) == 1
     assert source.publishes == 2  # the first view and the pod turning ready; bookmarks: nothing
+
+
+async def test_a_watch_that_fails_after_events_resumes_after_them(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    """Events delivered before a failure are not asked for again."""
+    await listed(api, source)
+    api.give_watch(PODS, recorded("pod_batched_ready"), KubeApiError("connection reset"))
+    await eventually(lambda: api.calls_of("watch", PODS) == ["48250", "48264"])
+    assert len(api.calls_of("list", PODS)) == 1
+
+
+async def test_failures_in_a_row_list_again(api: ReplayApi, source: KubeSource) -> None:
+    """A watch the server breaks every time (say, at one object it cannot decode) is not
+    resumed forever: after RELIST_AFTER_FAILURES failures in a row the watcher lists."""
+    await listed(api, source)
+    api.give_list(PODS, recorded("pods_list"))
+    errors = [KubeApiError(f"HTTP 500 failure {n}", 500) for n in range(RELIST_AFTER_FAILURES)]
+    api.give_watch(PODS, *errors)
+    await eventually(lambda: len(api.calls_of("list", PODS)) == 2)
+    assert api.calls_of("watch", PODS)[:RELIST_AFTER_FAILURES] == ["48250"] * 3
+    await eventually(lambda: len(api.calls_of("watch", PODS)) == RELIST_AFTER_FAILURES + 1)
+
+
+def test_the_backoff_grows_while_watches_fail_after_events() -> None:
+    """Events before a failure do not reset the backoff; a watch that ends cleanly does."""
+    stop = threading.Event()
+    api = ReplayApi()
+    api.give_list(PODS, recorded("pods_list"), recorded("pods_list"))
+    for _ in range(RELIST_AFTER_FAILURES + 1):
+        api.give_watch(PODS, recorded("pod_batched_ready"), KubeApiError("reset", 500))
+
+    class Recorded(Backoff):
+        def __init__(self) -> None:
+            super().__init__(0.001, 1.0, random.Random(7))
+            self.ceilings: list[int] = []
+
+        def next_delay_s(self) -> float:
+            self.ceilings.append(self.failures)
+            if len(self.ceilings) > RELIST_AFTER_FAILURES:
+                stop.set()
+            return super().next_delay_s()
+
+        def reset(self) -> None:
+            self.ceilings.append(-1)
+            super().reset()
+
+    backoff = Recorded()
+    sink = _Sink()
+    ResourceWatcher(api, PODS, sink, stop, backoff=backoff, min_watch_s=0).run()
+    assert backoff.ceilings == list(range(RELIST_AFTER_FAILURES + 1))
+
+
+class _Sink:
+    def listed(self, resource: Resource, items: list[dict[str, Any]]) -> None:
+        pass
+
+    def event(self, resource: Resource, event: dict[str, Any]) -> None:
+        pass
 
 
 async def test_transient_errors_keep_the_last_view(
