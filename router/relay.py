@@ -73,13 +73,20 @@ async def relay_whole(
                      encode_headers(headers))  # fmt: skip
 
 
-def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool) -> None:
-    """The stream's tokens and cost so far, into `done`."""
+def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_estimate: int) -> None:
+    """The stream's tokens and cost so far, into `done`.
+
+    Without the node's usage chunk (the stream was cut short: the client left, the node
+    failed) the router bills what it relayed: a token per content chunk, and, once a token
+    came out (so the node had read the whole prompt), the prompt at the router's own estimate
+    (`prompt_estimate`, ~4 characters a token). For a long agentic prompt that is most of the
+    request's cost; billing it as 0 gave every cut-short stream its prefill for free."""
     if rewriter.usage is not None:
         done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
         done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
-    else:  # no usage chunk (cut short): bill what was relayed
+    else:
         done.completion_tokens = rewriter.content_chunks
+        done.prompt_tokens = prompt_estimate if rewriter.content_chunks else 0
     done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
 
 
@@ -134,7 +141,7 @@ async def relay_stream(
                 head, end, tail = out.partition(DONE)
                 if head:
                     await send({"type": "http.response.body", "body": head, "more_body": True})
-                tally(done, rewriter, pool)
+                tally(done, rewriter, pool, request.prompt_tokens_estimate)
                 done.outcome = "error" if rewriter.error else "ok"
                 settle()
                 settled = True
@@ -161,7 +168,7 @@ async def relay_stream(
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         watcher.cancel()
-    tally(done, rewriter, pool)
+    tally(done, rewriter, pool, request.prompt_tokens_estimate)
     if done.ttft_s is not None and done.completion_tokens > 1:
         tpot = (last_chunk_s - start - done.ttft_s) / (done.completion_tokens - 1)
         metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))

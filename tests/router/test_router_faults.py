@@ -107,9 +107,15 @@ def running(node_url: str) -> float:
     return float(line.split()[-1])
 
 
+#: A prompt of ~2,000 tokens by the router's estimate (4 characters a token).
+LONG_PROMPT = "word " * 1600
+
+
 def test_a_client_that_leaves_mid_stream_cancels_the_node_s_work(system: dict[str, Any]) -> None:
     url = system["url"] + "/v1/chat/completions"
-    with httpx.stream("POST", url, json=body("slow", max_tokens=5000, stream=True)) as r:
+    request = body("slow", max_tokens=5000, stream=True)
+    request["messages"] = [{"role": "user", "content": LONG_PROMPT}]
+    with httpx.stream("POST", url, json=request) as r:
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
         assert running(system["node"]) == 1
@@ -130,6 +136,12 @@ def test_a_client_that_leaves_mid_stream_cancels_the_node_s_work(system: dict[st
             break
         assert time.monotonic() < deadline, outcomes
         time.sleep(0.05)
+    # The node had read the whole prompt: a stream cut short still bills it (estimated).
+    ((prompt, completion, cost),) = sqlite3.connect(system["ledger"]).execute(
+        "select prompt_tokens, completion_tokens, cost_usd from usage"
+        " where pool = 'slow' and outcome = 'client_disconnect'"
+    )
+    assert prompt == 2000 and completion >= 1 and cost > 0
 
 
 def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(
