@@ -125,9 +125,14 @@ def build_pool(
 
 
 def _endpoint(old: EndpointState | None, spec: PoolSpec, url: str) -> EndpointState:
-    if old is not None and old.tier == spec.tier and old.served_names == spec.names:
-        return old
-    return EndpointState(url, spec.name, spec.tier, spec.model, spec.names)
+    if old is None:
+        return EndpointState(url, spec.name, spec.tier, spec.model, spec.names)
+    # The same pool and URL: the same server, whatever the edit (a new alias, another tier).
+    # Its figures, ejection and in-flight count carry over; requests in flight hold this very
+    # object and release on it, so a copy would undercount now and overcount forever after.
+    # The old view's candidate sets say their tier and model as a whole, not per member.
+    old.tier, old.model, old.served_names = spec.tier, spec.model, spec.names
+    return old
 
 
 def build_view(

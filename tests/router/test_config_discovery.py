@@ -208,3 +208,20 @@ def test_the_file_is_polled_at_its_own_reload_interval(tmp_path: Path) -> None:
     assert source.reload_if_changed()
     assert source.poll_interval_s() == 0.25
     assert FileSource(path, default_catalog(), interval_s=0.05).poll_interval_s() == 0.05
+
+
+def test_an_edit_to_a_pool_s_names_or_tier_keeps_its_endpoints_state(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(POOLS)
+    source = FileSource(path, default_catalog())
+    spark = source.view.candidates("spark", "wafer-scale")[0]
+    spark.inflight, spark.ejected_until_s, spark.waiting = 2, 1e12, 5.0
+    path.write_text(POOLS.replace("aliases: [spark]", "aliases: [spark, fast]"))
+    assert source.reload_if_changed()
+    assert source.view.candidates("fast", "wafer-scale")[0] is spark
+    assert (spark.inflight, spark.ejected_until_s, spark.waiting) == (2, 1e12, 5.0)
+    assert spark.served_names == ("coder-spark", "spark", "fast")
+    path.write_text(POOLS.replace("tier: wafer-scale", "tier: premium"))
+    assert source.reload_if_changed()
+    assert source.view.candidates("spark", "premium")[0] is spark and spark.tier == "premium"
+    assert source.view.candidates("spark", "wafer-scale") == ()
