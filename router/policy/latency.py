@@ -120,6 +120,24 @@ class LatencyPredictor:
             totals.append(None if found is None else found[0] + decode_tokens * found[1])
         return totals
 
+    def _refresh(
+        self, pool: str, steps: _PoolSteps | None, deployment: Deployment | None
+    ) -> _PoolSteps | None:
+        """The pools changed (a new view): `pool`'s cache for `deployment`, and none for pools
+        that are gone. Every view builds new Deployment objects, so an equal one keeps the
+        cache; only a pool whose hardware or model changed starts over."""
+        for gone in [name for name in self._pools if name not in self.deployments]:
+            del self._pools[gone]
+        if deployment is None:
+            return None
+        if steps is not None and steps.deployment == deployment:
+            steps.deployment = deployment
+            return steps
+        spec = deployment.speculative
+        steps = _PoolSteps(deployment, spec.tokens_per_step if spec else 1.0)
+        self._pools[pool] = steps
+        return steps
+
     def _times(
         self, pool: str, load: float, prompt: int, context: int, output: int
     ) -> tuple[float, float] | None:
@@ -127,11 +145,9 @@ class LatencyPredictor:
         steps = self._pools.get(pool)
         deployment = self.deployments.get(pool)
         if steps is None or steps.deployment is not deployment:
-            if deployment is None:
+            steps = self._refresh(pool, steps, deployment)
+            if steps is None:
                 return None
-            spec = deployment.speculative
-            steps = _PoolSteps(deployment, spec.tokens_per_step if spec else 1.0)
-            self._pools[pool] = steps
         cap = self.batch_caps.get(pool)
         batch = load + 1.0
         queued = 0.0

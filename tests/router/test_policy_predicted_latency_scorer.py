@@ -94,6 +94,23 @@ def test_cache_follows_a_replaced_deployment() -> None:
     assert before is not None and after is not None and after.total_s < before.total_s
 
 
+def test_cache_keeps_an_equal_deployment_and_forgets_pools_that_are_gone() -> None:
+    deployments = {"p0": H100, "p1": B200}
+    predictor = LatencyPredictor(deployments)
+    predictor.predict("p0", 0.0, 1000, 100)
+    predictor.predict("p1", 0.0, 1000, 100)
+    cached = predictor._pools["p0"].times
+    assert cached
+    # A new view: new objects for the same hardware, and p1 deleted.
+    deployments.clear()
+    deployments["p0"] = deployment()
+    predictor.predict("p0", 0.0, 1000, 100)
+    assert predictor._pools["p0"].times is cached
+    assert predictor._pools["p0"].deployment is deployments["p0"]
+    assert set(predictor._pools) == {"p0"}
+    assert predictor.predict("p1", 0.0, 1000, 100) is None
+
+
 def test_grid_rounds_up_to_four_significant_bits() -> None:
     assert [_grid(n) for n in (0, 1, 15, 16, 17, 31, 33, 1000)] == [0, 1, 15, 16, 18, 32, 36, 1024]
     assert _grid(14.2) == 15
