@@ -34,6 +34,7 @@ from .asgi import (
 from .budgets import BudgetGuard
 from .cascade import CascadePlan, as_event_stream, cascade_plan, tool_call_problem
 from .config import RouterSettings
+from .disconnect import DisconnectGuard
 from .discovery import PoolView, RoutedPool
 from .errors import RouterError
 from .ledger import Ledger, UsageRecord
@@ -139,6 +140,7 @@ class Router:
         tenant: Tenant | None = None
         choice: TierChoice | None = None
         settled = False
+        guard: DisconnectGuard | None = None
 
         def settle() -> None:
             """Account for the request, once: called before the reply's last bytes go out (so
@@ -156,6 +158,7 @@ class Router:
                 await read_body(receive, headers, self.settings.max_body_bytes), chat=chat
             )
             request.slo = parse_slo(headers)
+            guard = DisconnectGuard(receive)
             view = self.view()
             pipeline = self.pipeline(view)
             plan = cascade_plan(headers, request, view, tenant)
@@ -169,15 +172,19 @@ class Router:
             done.estimated_tokens = estimate
             if plan is not None:
                 request, choice = await self._first_attempt(
-                    send, view, pipeline, request, plan, tenant, request_id, started, done, settle
-                )
+                    send, view, pipeline, request, plan, tenant, request_id, started, done,
+                    settle, guard,
+                )  # fmt: skip
                 if not done.escalated:
                     return
-            tier = await self._admit(view, request, choice, choice.tier if plan else tier, tenant)
+            with guard.cancellable():
+                tier = await self._admit(
+                    view, request, choice, choice.tier if plan else tier, tenant
+                )
             try:
                 await self._serve(
                     headers, receive, send, view, pipeline, request, choice, tier, request_id,
-                    done, settle,
+                    done, settle, guard,
                 )  # fmt: skip
             finally:
                 self._queues[tier].release()
@@ -194,6 +201,8 @@ class Router:
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499
         finally:
+            if guard is not None:
+                guard.stop()
             settle()
 
     async def _first_attempt(
@@ -208,6 +217,7 @@ class Router:
         started: float,
         done: Progress,
         settle: Callable[[], None],
+        guard: DisconnectGuard,
     ) -> tuple[CompletionRequest, TierChoice]:
         """Serve on the cascade's first tier, whole. A usable reply goes to the client and
         `done` describes it; otherwise attempt 1 is billed here, `done` is reset for attempt 2
@@ -224,11 +234,14 @@ class Router:
         problem: str | None = "no reply"
         reply: dict[str, Any] | None = None
         one = Progress(estimated_tokens=done.estimated_tokens)
-        await self._admit(view, attempt, choice, first, tenant)
+        with guard.cancellable():
+            await self._admit(view, attempt, choice, first, tenant)
         try:
-            opened, pool = await self._open(view, pipeline, attempt, first, request_id, one)
+            with guard.cancellable():
+                opened, pool = await self._open(view, pipeline, attempt, first, request_id, one)
             try:
-                body = await opened.read()
+                with guard.cancellable():
+                    body = await opened.read()
                 one.status = opened.status
             except UpstreamError as exc:
                 raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
@@ -399,9 +412,11 @@ class Router:
         request_id: str,
         done: Progress,
         settle: Callable[[], None],
+        guard: DisconnectGuard,
     ) -> None:
         extra = {h: headers[h] for h in FORWARDED if h in headers}
-        opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
+        with guard.cancellable():
+            opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
         reply_headers = {
             "x-tiergate-tier": tier,
             "x-tiergate-tier-requested": choice.tier,
@@ -420,12 +435,15 @@ class Router:
             ):
                 raise bad_reply("the serving node answered a stream request without a stream")
             if request.stream and opened.status == 200:
+                guard.stop()  # the stream watches its client itself
                 await relay_stream(
                     receive, send, opened, request, pool, reply_headers, done,
                     settle=settle, clock=self.clock, metrics=self.metrics,
                 )  # fmt: skip
             else:
-                await relay_whole(send, opened, pool, reply_headers, done, settle=settle)
+                await relay_whole(
+                    send, opened, pool, reply_headers, done, settle=settle, guard=guard
+                )
         finally:
             await opened.close()
 

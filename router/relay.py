@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .asgi import Receive, Send, encode_headers, send_bytes
+from .disconnect import DisconnectGuard
 from .discovery import RoutedPool
 from .errors import RouterError
 from .metrics import RouterMetrics
@@ -48,9 +49,14 @@ async def relay_whole(
     done: Progress,
     *,
     settle: Callable[[], None],
+    guard: DisconnectGuard | None = None,
 ) -> None:
     try:
-        body = await opened.read()
+        if guard is None:
+            body = await opened.read()
+        else:
+            with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
+                body = await opened.read()
     except UpstreamError as exc:
         raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
     done.status = opened.status
