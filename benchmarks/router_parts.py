@@ -7,6 +7,9 @@
    kept-alive connections, and aiohttp opening a new connection per scrape.
 3. A proxied chat completion (POST, whole reply) through httpx's AsyncClient and through the
    router's `Upstream` (aiohttp's ClientSession).
+4. A request's `DisconnectGuard` when the request ends before the guard starts watching (its
+   timer set and cancelled: what every quick request pays), and when it ends after (a watcher
+   task started and cancelled).
 
 The upstream is `benchmarks/router_overhead/fixed_upstream.py` in its own process, so its CPU
 is not counted. Each figure is the median of `--rounds` rounds. Not a test: the figures back
@@ -18,6 +21,7 @@ the explanations in the README and in router/proxy.py and router/scraper.py.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import socket
 import statistics
@@ -33,6 +37,7 @@ import uvloop
 
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import build_view
+from tiergate.router.disconnect import DisconnectGuard
 from tiergate.router.policy import default_policy
 from tiergate.router.policy.pipeline import Pipeline
 from tiergate.router.proxy import Upstream
@@ -94,6 +99,39 @@ async def async_us(rounds: int, calls: int, call: Callable[[], Awaitable[object]
             await call()
         results.append((time.process_time() - started) / calls * 1e6)
     return statistics.median(results)
+
+
+async def guard_rows(rounds: int, calls: int) -> list[tuple[str, float]]:
+    gone = asyncio.Event()  # never set: the client stays
+
+    async def receive() -> dict[str, object]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def quick() -> None:
+        guard = DisconnectGuard(receive)
+        with guard.cancellable():
+            await asyncio.sleep(0)
+        guard.stop()
+
+    async def watched() -> None:
+        guard = DisconnectGuard(receive, delay_s=0)
+        await asyncio.sleep(0)  # the timer fires: the watcher task starts
+        await asyncio.sleep(0)  # and waits on `receive`
+        with guard.cancellable():
+            await asyncio.sleep(0)
+        guard.stop()
+
+    async def bare() -> None:
+        await asyncio.sleep(0)
+
+    baseline = await async_us(rounds, calls, bare)
+    return [
+        ("DisconnectGuard, request ends before watching (minus a bare await)",
+         await async_us(rounds, calls, quick) - baseline),
+        ("DisconnectGuard, request watched (minus a bare await)",
+         await async_us(rounds, calls, watched) - 2 * baseline),
+    ]  # fmt: skip
 
 
 async def clients(url: str, rounds: int, calls: int) -> list[tuple[str, float]]:
@@ -178,6 +216,7 @@ def main() -> int:
                 time.sleep(0.1)
         rows = [(f"Pipeline.pick, {n} candidates", pick_us(n, args.rounds)) for n in (3, 8, 300)]
         rows += uvloop.run(clients(url, args.rounds, args.calls))
+        rows += uvloop.run(guard_rows(args.rounds, 20 * args.calls))
     finally:
         upstream.terminate()
         upstream.wait()
