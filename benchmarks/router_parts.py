@@ -36,8 +36,8 @@ import httpx
 import uvloop
 
 from tiergate.router.config import parse_config
-from tiergate.router.discovery import build_view
 from tiergate.router.disconnect import DisconnectGuard
+from tiergate.router.discovery import build_view
 from tiergate.router.policy import default_policy
 from tiergate.router.policy.pipeline import Pipeline
 from tiergate.router.proxy import Upstream
