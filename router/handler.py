@@ -150,7 +150,7 @@ class Router:
             if settled:
                 return
             settled = True
-            self._account_loudly(done, tenant, choice, request_id, started)
+            self._account(done, tenant, choice, request_id, started)
 
         try:
             tenant = self.tenants.authenticate(headers.get("authorization"))
@@ -282,7 +282,7 @@ class Router:
         # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
         one.outcome = "error" if one.status == 200 else "upstream_error"
         one.escalated = True
-        self._account_loudly(one, tenant, choice, request_id, started)
+        self._account(one, tenant, choice, request_id, started)
         self.metrics.escalations.labels(first, then).inc()
         log.info("event=cascade_escalated request_id=%s from=%s to=%s reason=%r",
                  request_id, first, then, problem)  # fmt: skip
@@ -496,22 +496,6 @@ class Router:
         except (OSError, RuntimeError):
             pass  # the response had started, or the client is gone: nothing more to say
 
-    def _account_loudly(
-        self,
-        done: Progress,
-        tenant: Tenant | None,
-        choice: TierChoice | None,
-        request_id: str,
-        started: float,
-    ) -> None:
-        """`_account`; a billing failure must be loud (a metric, a log line), not fatal to the
-        reply or to a cascade's second attempt."""
-        try:
-            self._account(done, tenant, choice, request_id, started)
-        except Exception:
-            self.metrics.accounting_errors.inc()
-            log.exception("event=accounting_failed request_id=%s", request_id)
-
     def _account(
         self,
         done: Progress,
@@ -520,41 +504,47 @@ class Router:
         request_id: str,
         started: float,
     ) -> None:
-        requested = choice.tier if choice is not None else "batched"
-        served = done.tier_served or "none"
-        self.metrics.requests.labels(requested, served, done.outcome).inc()
-        if done.tier_served is not None:
-            tier = done.tier_served
-            if done.ttft_s is not None:
-                self.metrics.ttft.labels(tier).observe(done.ttft_s)
-            self.metrics.cost.labels(tier).inc(done.cost_usd)
-            self.metrics.tokens.labels(tier, "prompt").inc(done.prompt_tokens)
-            self.metrics.tokens.labels(tier, "completion").inc(done.completion_tokens)
-        if tenant is None or choice is None:
-            return  # unauthenticated or unparsable: no tenant to bill
-        now = self.clock()
-        actual = done.prompt_tokens + done.completion_tokens
-        self.limiter.settle(tenant, now, actual - done.estimated_tokens)
-        self.ledger.record(
-            UsageRecord(
-                request_id=request_id,
-                time_s=self.wall(),
-                tenant=tenant.name,
-                tier_requested=choice.tier,
-                tier_served=done.tier_served,
-                pool=done.pool.spec.name if done.pool else None,
-                endpoint=done.endpoint,
-                prompt_tokens=done.prompt_tokens,
-                completion_tokens=done.completion_tokens,
-                latency_s=now - started,
-                ttft_s=done.ttft_s,
-                cost_usd=done.cost_usd,
-                http_status=done.status,
-                outcome=done.outcome,
-                escalated=done.escalated,
-                attempt=done.attempt,
+        """Count and bill one attempt. A billing failure must be loud (a metric, a log line), not
+        fatal to the reply or to a cascade's second attempt."""
+        try:
+            requested = choice.tier if choice is not None else "batched"
+            served = done.tier_served or "none"
+            self.metrics.requests.labels(requested, served, done.outcome).inc()
+            if done.tier_served is not None:
+                tier = done.tier_served
+                if done.ttft_s is not None:
+                    self.metrics.ttft.labels(tier).observe(done.ttft_s)
+                self.metrics.cost.labels(tier).inc(done.cost_usd)
+                self.metrics.tokens.labels(tier, "prompt").inc(done.prompt_tokens)
+                self.metrics.tokens.labels(tier, "completion").inc(done.completion_tokens)
+            if tenant is None or choice is None:
+                return  # unauthenticated or unparsable: no tenant to bill
+            now = self.clock()
+            actual = done.prompt_tokens + done.completion_tokens
+            self.limiter.settle(tenant, now, actual - done.estimated_tokens)
+            self.ledger.record(
+                UsageRecord(
+                    request_id=request_id,
+                    time_s=self.wall(),
+                    tenant=tenant.name,
+                    tier_requested=choice.tier,
+                    tier_served=done.tier_served,
+                    pool=done.pool.spec.name if done.pool else None,
+                    endpoint=done.endpoint,
+                    prompt_tokens=done.prompt_tokens,
+                    completion_tokens=done.completion_tokens,
+                    latency_s=now - started,
+                    ttft_s=done.ttft_s,
+                    cost_usd=done.cost_usd,
+                    http_status=done.status,
+                    outcome=done.outcome,
+                    escalated=done.escalated,
+                    attempt=done.attempt,
+                )
             )
-        )
-        # After the ledger, with no await between: the guard may re-read the ledger.
-        if done.cost_usd:
-            self.budgets.add(tenant, done.cost_usd, self.wall())
+            # After the ledger, with no await between: the guard may re-read the ledger.
+            if done.cost_usd:
+                self.budgets.add(tenant, done.cost_usd, self.wall())
+        except Exception:
+            self.metrics.accounting_errors.inc()
+            log.exception("event=accounting_failed request_id=%s", request_id)
