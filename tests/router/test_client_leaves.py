@@ -115,4 +115,9 @@ def test_a_client_that_leaves_the_queue_gives_up_its_place(system: dict[str, Any
         release.set()
         holder.join(30)
     until(lambda: queue.active == 0, "the stream's slot was not released")
-    assert outcomes(system["ledger"]).count(("client_disconnect", 499)) == 2
+    # The slot is released just before the row is written: wait for the row too.
+    until(
+        lambda: outcomes(system["ledger"]).count(("client_disconnect", 499)) == 2,
+        "the stream whose client left was not recorded",
+    )
+    assert outcomes(system["ledger"]) == [("client_disconnect", 499)] * 2
