@@ -134,7 +134,7 @@ class ResourceWatcher:
             try:
                 if self.version is None:
                     self.version = self._list()
-                self._watch(self.version)
+                self._watch()
                 failures = 0
                 self.backoff.reset()
             except WatchExpired:
@@ -171,12 +171,13 @@ class ResourceWatcher:
         )  # fmt: skip
         return version
 
-    def _watch(self, version: str) -> None:
-        """One watch call from `version`; `self.version` follows every event delivered."""
+    def _watch(self) -> None:
+        """One watch call from `self.version`, which follows every event delivered."""
         self.watches += 1
         started_s = self.clock()
         events = 0
-        stream = iter(self.api.watch(self.resource, version, self.server_timeout_s))
+        assert self.version is not None, "list before watching"
+        stream = iter(self.api.watch(self.resource, self.version, self.server_timeout_s))
         try:
             for event in stream:
                 if self.stop.is_set():

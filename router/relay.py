@@ -49,14 +49,11 @@ async def relay_whole(
     done: Progress,
     *,
     settle: Callable[[], None],
-    guard: DisconnectGuard | None = None,
+    guard: DisconnectGuard,
 ) -> None:
     try:
-        if guard is None:
+        with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
             body = await opened.read()
-        else:
-            with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
-                body = await opened.read()
     except UpstreamError as exc:
         raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
     done.status = opened.status
