@@ -9,8 +9,10 @@ running, into:
 - an in-memory ledger (no file, no checkpoints).
 
 For each: CPU per record (the whole process, so the checkpoint thread's share is in it), wall
-time per record p50 / p99 / max, and the largest WAL file seen. Not a test: the figures go
-into the README and `router/ledger.py`'s docstring.
+time per record p50 / p99 / max, and the largest WAL file seen. Then, on the new file, what
+retention costs (router/ledger_retention.py): the rows are pruned in its batches of
+`BATCH_ROWS`, oldest first, and each batch is timed: that is how long it holds the event loop.
+Not a test: the figures go into the README and the two modules' docstrings.
 
     .venv/bin/python -P benchmarks/ledger_record.py [--records 19000] [--rounds 3] [--dir /tmp]
 """
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.router.ledger import Ledger, UsageRecord
+from tiergate.router.ledger_retention import BATCH_ROWS
 
 WARM_UP = 1_000
 
@@ -85,6 +88,33 @@ def measure(path: str, records: int, burst: int) -> Run:
     )
 
 
+@dataclass
+class Prune:
+    batch_p50_ms: float  # one batch of BATCH_ROWS: the event loop is held this long
+    batch_max_ms: float
+    row_us: float  # wall time per row deleted
+
+
+def measure_prune(path: str) -> Prune:
+    """Prune every row of the ledger at `path`, oldest first, in the retention's batches."""
+    each_s = []
+    deleted = 0
+    with Ledger(path) as ledger:
+        while True:
+            start = time.perf_counter()
+            n = ledger.prune(BATCH_ROWS)
+            each_s.append(time.perf_counter() - start)
+            deleted += n
+            if n < BATCH_ROWS:
+                break
+    full = sorted(each_s[:-1]) or each_s  # the last batch is partial
+    return Prune(
+        batch_p50_ms=full[len(full) // 2] * 1e3,
+        batch_max_ms=max(each_s) * 1e3,
+        row_us=sum(each_s) / max(1, deleted) * 1e6,
+    )
+
+
 def old_ledger_file(path: Path) -> str:
     """An empty database with SQLite's default page size, which the ledger then adopts."""
     with contextlib.closing(sqlite3.connect(path)) as db:
@@ -102,6 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     kinds = ("new file", "4096-byte pages", "in memory")
     runs: dict[str, list[Run]] = {kind: [] for kind in kinds}
+    prunes: list[Prune] = []
     for round_ in range(args.rounds):
         with tempfile.TemporaryDirectory(dir=args.dir) as directory:
             paths = {
@@ -118,6 +149,14 @@ def main() -> None:
                     f"WAL up to {run.wal_max_mb:.1f} MB",
                     flush=True,
                 )
+            prune = measure_prune(paths["new file"])
+            prunes.append(prune)
+            print(
+                f"round {round_ + 1}/{args.rounds} pruning the new file in batches of "
+                f"{BATCH_ROWS}: p50 {prune.batch_p50_ms:.2f} ms, max {prune.batch_max_ms:.2f} ms "
+                f"a batch, {prune.row_us:.2f} us a row",
+                flush=True,
+            )
     print(f"\nmedians of {args.rounds} rounds, {args.records:,} records each:\n")
     print("| ledger | CPU per record (us) | p50 (us) | p99 (us) | max (ms) | largest WAL (MB) |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -131,6 +170,14 @@ def main() -> None:
             f"| {kind} | {med('cpu_us'):.1f} | {med('p50_us'):.1f} | {med('p99_us'):.1f} | "
             f"{med('max_ms'):.1f} | {med('wal_max_mb'):.1f} |"
         )
+
+    p50 = statistics.median(p.batch_p50_ms for p in prunes)
+    top = statistics.median(p.batch_max_ms for p in prunes)
+    per_row = statistics.median(p.row_us for p in prunes)
+    print(
+        f"\npruning ({BATCH_ROWS} rows a batch, {WARM_UP + args.records:,} rows): "
+        f"p50 {p50:.2f} ms, max {top:.2f} ms a batch; {per_row:.2f} us a row"
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A tenant's budget (`budgetUsd`) applies per `budgetPeriod`: a UTC calendar `day`, an ISO `week`
 (from Monday 00:00 UTC), a calendar `month`, or `total` (never resets). The guard keeps each
 tenant's spend in the current period in memory and reads it from the ledger the first time the
-tenant is checked, so a restarted router keeps enforcing budgets.
+tenant is checked, so a restarted router keeps enforcing budgets. Every period starts at 00:00
+UTC, so the ledger's daily totals give its spend exactly.
 
 Contract with the caller: record an attempt in the ledger first, then call `add` with no
 `await` in between. The ledger is then always the truth the in-memory figure is rebuilt from,
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from .errors import RouterError
-from .ledger import Ledger
+from .ledger import Ledger, utc_day
 from .tenants import BudgetPeriod, Tenant
 
 __all__ = ["BudgetGuard", "BudgetStatus", "period_bounds"]
@@ -146,9 +147,11 @@ class BudgetGuard:
     def _tracked(self, tenant: Tenant, now_s: float) -> _Spend:
         spend = self._spend.get(tenant.name)
         if spend is None or spend.period != tenant.budget_period or not spend.contains(now_s):
-            # One indexed range read per tenant per period (near-empty right after a rollover).
+            # The ledger's daily totals: one row per day and tier served, whatever the traffic.
             start_s, end_s = period_bounds(tenant.budget_period, now_s)
-            spent_usd = self._ledger.spend_since(tenant.name, start_s, end_s)
+            spent_usd = self._ledger.spend_in_days(
+                tenant.name, utc_day(start_s), None if end_s is None else utc_day(end_s)
+            )
             spend = _Spend(tenant.budget_period, start_s, end_s, spent_usd)
             self._spend[tenant.name] = spend
         return spend

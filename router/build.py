@@ -17,6 +17,7 @@ from .discovery import FileSource, PoolSource, PoolView
 from .handler import Router
 from .kube_discovery import KubeSource
 from .ledger import Ledger
+from .ledger_retention import LedgerRetention
 from .metrics import RouterMetrics
 from .outliers import OutlierDetector
 from .policy import default_policy
@@ -49,6 +50,11 @@ def build_app(
     if str(ledger_path) != ":memory:":
         Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path)
+    retention = LedgerRetention(
+        ledger,
+        max_age_days=settings.ledger_retention_days,
+        max_bytes=settings.ledger_max_size,
+    )
 
     def view() -> PoolView:
         return source.view
@@ -84,14 +90,20 @@ def build_app(
         budgets=BudgetGuard(ledger, tenants=tenants.tenants.values()),
         ledger=ledger,
         upstream=upstream,
-        metrics=RouterMetrics(view, clock, ledger.wal_bytes),
+        metrics=RouterMetrics(view, clock, ledger, retention),
         settings=settings,
         policy=default_policy(),
         clock=clock,
         saturation=saturation,
     )
     # The source first: services stop in reverse order, so discovery stops last.
-    services: list[Service] = [source, _Closing(fetcher), scraper, *(extra_services or [])]
+    services: list[Service] = [
+        source,
+        _Closing(fetcher),
+        scraper,
+        retention,
+        *(extra_services or []),
+    ]
     return RouterApp(
         router,
         services,

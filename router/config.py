@@ -12,12 +12,15 @@ would disagree sooner or later.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
+    ByteSize,
     ConfigDict,
     Field,
     ValidationError,
@@ -74,6 +77,17 @@ class PoolSpec(InferencePoolSpec):
         return [u.rstrip("/") for u in urls]
 
 
+def _quantity_units(value: Any) -> Any:
+    """Kubernetes' binary suffixes ("768Mi") as pydantic's byte units ("768MiB")."""
+    if isinstance(value, str):
+        return re.sub(r"(?i)([kmgtpe]i)\s*$", r"\1B", value.strip())
+    return value
+
+
+#: A size in bytes: an integer, or a number with a unit (768MiB, 768Mi, 1GB, 0.5GiB).
+Size = Annotated[ByteSize, BeforeValidator(_quantity_units)]
+
+
 class RouterSettings(_Model):
     """How the router itself runs."""
 
@@ -83,6 +97,22 @@ class RouterSettings(_Model):
         default=None, description="Tenants YAML, or a mounted Secret folder; none: open mode."
     )
     ledger_path: Path = Field(default=Path(".tiergate/ledger.sqlite"))
+    ledger_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Delete request rows older than this many days (daily totals per tenant stay); "
+            "none: keep them."
+        ),
+    )
+    ledger_max_size: Size | None = Field(
+        default=None,
+        ge=1024 * 1024,
+        description=(
+            "Delete the oldest request rows while the ledger's pages in use exceed this "
+            "(e.g. 768Mi); keep it below the volume's size. None: no limit."
+        ),
+    )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     upstream_attempts: int = Field(default=3, ge=1, le=10)
     scrape_interval_s: float = Field(default=0.5, gt=0)

@@ -18,7 +18,7 @@ would run them by default every ~1000 pages, stalling the event loop for 3-7 ms 
 background thread with its own connection checkpoints every `CHECKPOINT_INTERVAL_S`:
 - a PASSIVE pass copies what the WAL holds without ever blocking the writer;
 - then, once the WAL holds `RESTART_FRAMES` or more, a RESTART pass: it holds the writer back
-  while it copies what was committed during the first pass (a record waits up to ~1.5 ms: the
+  while it copies what was committed during the first pass (a record waits up to a few ms: the
   benchmark's max below), so that the next commit starts the WAL over from its beginning (and
   SQLite cuts a file longer than `WAL_SIZE_LIMIT` back to it).
 PASSIVE passes alone never let a busy router's WAL start over: the WAL only restarts when a
@@ -29,16 +29,18 @@ it). With the RESTART pass it stays near one interval of commits (`tiergate_ledg
 Cost, measured with `benchmarks/ledger_record.py` on the 2-core development machine (Python
 3.11, SQLite 3.40, ext4; 19,000 records after 1,000 warm-up ones, two statements and a commit
 each, paced like a busy router at ~2,700 records/s with the checkpoint thread running; medians
-of 3 rounds): ~28-32 us of CPU per record, p50 ~20 us, p99 ~105-130 us, max ~1.5 ms; the WAL
-file peaked at 16 MB. Each commit writes every page it touched into the WAL whole (about four
-per record), so a new ledger uses `PAGE_SIZE` pages instead of SQLite's default 4096: a ledger
-file with 4096-byte pages cost ~37-39 us per record and its WAL peaked at 51 MB. A ledger created
-before keeps its page size. In memory: ~15-20 us. The SQL text is constant, so `sqlite3`'s
-statement cache prepares each statement once. `tenant_totals` costs ~7 us; `spend_since` ~60 ns
-per row of the period.
+of 3 rounds, two runs): ~25-31 us of CPU per record, p50 ~17-21 us, p99 ~115-140 us, max
+~1.6-3.8 ms; the WAL file peaked at 9 MB. Each commit writes every page it touched into the WAL
+whole (three or four per record), so a new ledger uses `PAGE_SIZE` pages instead of SQLite's
+default 4096: a ledger file with 4096-byte pages cost ~30-35 us per record and its WAL peaked at
+32 MB. A ledger created before keeps its page size. In memory: ~17-19 us. Schema version 1 also
+kept an index on (tenant, time): its pages made the WAL ~16 MB. The SQL text is constant, so
+`sqlite3`'s statement cache prepares each statement once.
 
-Per-tenant totals live in a second table updated in the same transaction, so `tenant_totals`
-costs the same whatever the ledger's size; `spend_since` reads an index on (tenant, time).
+Per-tenant totals per UTC day and tier served live in a second table, updated in the same
+transaction: a tenant's totals and its spend in a budget period read a few rows per day of
+history, never its requests. So request rows can be pruned (`prune`, run by
+router/ledger_retention.py under a retention setting) without changing any bill.
 
 Threading: records and reads use one connection, on the event loop's thread; the checkpoint
 thread has its own connection and only ever checkpoints.
@@ -46,7 +48,7 @@ thread has its own connection and only ever checkpoints.
 
 from __future__ import annotations
 
-import math
+import logging
 import os
 import sqlite3
 import threading
@@ -64,9 +66,12 @@ __all__ = [
     "TierTotals",
     "UsageRecord",
     "UsageTotals",
+    "utc_day",
 ]
 
-SCHEMA_VERSION = 1
+log = logging.getLogger("tiergate.router")
+
+SCHEMA_VERSION = 2
 
 #: How often the checkpoint thread folds the WAL into the database file.
 CHECKPOINT_INTERVAL_S = 1.0
@@ -135,6 +140,20 @@ class UsageTotals:
 
 
 _SCHEMA_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+# Per tenant, UTC day (Unix days: time_s // 86400) and tier served ('' for attempts no tier
+# served): running totals, so neither a tenant's totals nor its spend in a budget period scans
+# its requests, and pruning old request rows (retention) changes neither.
+_DAILY_TABLE = """CREATE TABLE IF NOT EXISTS tenant_daily (
+        tenant TEXT NOT NULL,
+        day INTEGER NOT NULL,
+        tier_served TEXT NOT NULL,
+        requests INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL,
+        PRIMARY KEY (tenant, day, tier_served)
+    ) WITHOUT ROWID"""
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS usage (
         id INTEGER PRIMARY KEY,
@@ -155,22 +174,8 @@ _SCHEMA = (
         outcome TEXT NOT NULL,
         escalated INTEGER NOT NULL
     )""",
-    # Covers spend_since without reading the table itself.
-    "CREATE INDEX IF NOT EXISTS usage_tenant_time ON usage (tenant, time_s, cost_usd)",
-    # Running totals, so reading a tenant's totals does not scan its history.
-    # tier_served is '' for attempts no tier served.
-    """CREATE TABLE IF NOT EXISTS tenant_totals (
-        tenant TEXT NOT NULL,
-        tier_served TEXT NOT NULL,
-        requests INTEGER NOT NULL,
-        attempts INTEGER NOT NULL,
-        prompt_tokens INTEGER NOT NULL,
-        completion_tokens INTEGER NOT NULL,
-        cost_usd REAL NOT NULL,
-        PRIMARY KEY (tenant, tier_served)
-    ) WITHOUT ROWID""",
+    _DAILY_TABLE,
 )
-
 _INSERT = """
 INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
     endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
@@ -179,8 +184,8 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 _ADD_TOTALS = """
-INSERT INTO tenant_totals VALUES (?, ?, ?, 1, ?, ?, ?)
-ON CONFLICT (tenant, tier_served) DO UPDATE SET
+INSERT INTO tenant_daily VALUES (?, ?, ?, ?, 1, ?, ?, ?)
+ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
     requests = requests + excluded.requests,
     attempts = attempts + 1,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
@@ -231,7 +236,8 @@ class Ledger:
         )
 
     def _migrate(self) -> None:
-        """Create the schema if absent; refuse a ledger written by a newer router."""
+        """Create the schema if absent, bring an older one up to date; refuse a ledger written
+        by a newer router."""
         db = self._db
         # IMMEDIATE: two routers opening one new file do not both create the schema.
         db.execute("BEGIN IMMEDIATE")
@@ -247,12 +253,30 @@ class Ledger:
                 db.execute(statement)
             if version is None:
                 db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-            # Migrations from older versions go here, when there are any.
+            elif version == 1:
+                self._from_version_1()
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+
+    def _from_version_1(self) -> None:
+        """Version 1 kept lifetime totals per tenant and tier, and read budget periods from the
+        request rows through an index. Version 2 keeps the totals per day instead (built here
+        from every row, once), so that request rows can be pruned; the index goes."""
+        db = self._db
+        (rows,) = db.execute("SELECT COUNT(*) FROM usage").fetchone()
+        log.info("event=ledger_migrating path=%s from=1 to=2 rows=%d", self.path, rows)
+        db.execute(
+            "INSERT INTO tenant_daily SELECT tenant, CAST(time_s / 86400 AS INTEGER),"
+            " COALESCE(tier_served, ''), SUM(attempt = 1), COUNT(*), SUM(prompt_tokens),"
+            " SUM(completion_tokens), SUM(cost_usd) FROM usage"
+            " GROUP BY tenant, CAST(time_s / 86400 AS INTEGER), COALESCE(tier_served, '')"
+        )
+        db.execute("DROP TABLE IF EXISTS tenant_totals")
+        db.execute("DROP INDEX IF EXISTS usage_tenant_time")
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
     def close(self) -> None:
         """Close the database; every recorded attempt is already committed."""
@@ -297,6 +321,7 @@ class Ledger:
                 _ADD_TOTALS,
                 (
                     usage.tenant,
+                    utc_day(usage.time_s),
                     served,
                     int(usage.attempt == 1),
                     usage.prompt_tokens,
@@ -331,10 +356,12 @@ class Ledger:
             return 0
 
     def tenant_totals(self, tenant: str) -> UsageTotals:
-        """A tenant's totals over the whole ledger, overall and by tier served."""
+        """A tenant's totals over the whole ledger, overall and by tier served (from the daily
+        totals: pruned request rows still count)."""
         rows = self._db.execute(
-            "SELECT tier_served, requests, attempts, prompt_tokens, completion_tokens, cost_usd"
-            " FROM tenant_totals WHERE tenant = ? ORDER BY tier_served",
+            "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
+            " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = ?"
+            " GROUP BY tier_served ORDER BY tier_served",
             (tenant,),
         ).fetchall()
         by_tier: dict[Tier, TierTotals] = {}
@@ -350,16 +377,56 @@ class Ledger:
             by_tier_served=by_tier,
         )
 
-    def spend_since(self, tenant: str, since_ts: float, until_ts: float | None = None) -> float:
-        """USD a tenant spent in attempts that finished in [since_ts, until_ts) (Unix time)."""
-        if until_ts is None:
-            until_ts = math.inf
+    def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
+        """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
+        Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served."""
         (spent,) = self._db.execute(
-            "SELECT COALESCE(SUM(cost_usd), 0.0) FROM usage"
-            " WHERE tenant = ? AND time_s >= ? AND time_s < ?",
-            (tenant, since_ts, until_ts),
+            "SELECT COALESCE(SUM(cost_usd), 0.0) FROM tenant_daily"
+            " WHERE tenant = ? AND day >= ? AND day < ?",
+            (tenant, first_day, _MAX_DAY if end_day is None else end_day),
         ).fetchone()
         return float(spent)
+
+    def used_bytes(self) -> int:
+        """Bytes of the database file in use (pages not on SQLite's free list; without the WAL).
+        Pruned rows free their pages for new rows: the file stops growing, it does not shrink."""
+        db = self._db
+        try:
+            (pages,) = db.execute("PRAGMA page_count").fetchone()
+            (free,) = db.execute("PRAGMA freelist_count").fetchone()
+            (page_size,) = db.execute("PRAGMA page_size").fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the size of {self.path}: {exc}") from exc
+        return int((pages - free) * page_size)
+
+    def prune(self, limit: int, *, before_s: float | None = None) -> int:
+        """Delete request rows, oldest first: of the `limit` oldest rows, those that finished
+        before `before_s` (all of them without it). Returns how many went.
+
+        Only request rows go; the daily totals stay, so budgets, `tenant_totals` and
+        `/v1/usage` are unchanged. The work is bounded by `limit` whatever the ledger's size:
+        rows are read in insertion order, which is the order they finished in.
+        """
+        where = "" if before_s is None else " WHERE time_s < ?"
+        params: tuple[float, ...] = (limit,) if before_s is None else (limit, before_s)
+        try:
+            cursor = self._db.execute(
+                "DELETE FROM usage WHERE id IN (SELECT id FROM"
+                f" (SELECT id, time_s FROM usage ORDER BY id LIMIT ?){where})",
+                params,
+            )
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot prune the usage ledger {self.path}: {exc}") from exc
+        return cursor.rowcount
+
+
+def utc_day(time_s: float) -> int:
+    """The UTC day of a Unix time, counted from 1970-01-01 (Unix days have 86,400 s)."""
+    return int(time_s // 86400)
+
+
+#: Beyond any day a Unix time of this era falls on (an open end for day ranges).
+_MAX_DAY = 1 << 40
 
 
 class _Checkpointer:

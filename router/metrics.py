@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .discovery import PoolView
 from .gc_pauses import GcPauses
+from .ledger import Ledger, LedgerError
+from .ledger_retention import LedgerRetention
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -23,7 +25,8 @@ class RouterMetrics:
         self,
         view: Callable[[], PoolView],
         now: Callable[[], float],
-        ledger_wal_bytes: Callable[[], int] = lambda: 0,
+        ledger: Ledger | None = None,
+        retention: LedgerRetention | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -81,7 +84,8 @@ class RouterMetrics:
             "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
         )
         r.register(_LiveCollector(view, now))
-        r.register(_LedgerCollector(ledger_wal_bytes))
+        if ledger is not None:
+            r.register(_LedgerCollector(ledger, retention))
         # Timed from the app's start to its stop (RouterApp installs and removes it).
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
@@ -127,13 +131,35 @@ class _LiveCollector(Collector):
 
 
 class _LedgerCollector(Collector):
-    def __init__(self, wal_bytes: Callable[[], int]) -> None:
-        self._wal_bytes = wal_bytes
+    def __init__(self, ledger: Ledger, retention: LedgerRetention | None) -> None:
+        self._ledger, self._retention = ledger, retention
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield GaugeMetricFamily(
             "tiergate_ledger_wal_bytes",
             "Size of the usage ledger's write-ahead log file; it should stay near one "
             "checkpoint interval of records (router/ledger.py).",
-            value=self._wal_bytes(),
+            value=self._ledger.wal_bytes(),
+        )
+        try:
+            used = self._ledger.used_bytes()
+        except LedgerError:
+            pass  # an unreadable ledger fails records loudly; /metrics still answers
+        else:
+            yield GaugeMetricFamily(
+                "tiergate_ledger_used_bytes",
+                "Bytes of the usage ledger's database file in use (without the WAL); "
+                "router.ledgerMaxSize bounds it.",
+                value=used,
+            )
+        retention = self._retention
+        yield CounterMetricFamily(
+            "tiergate_ledger_pruned_rows",
+            "Request rows deleted by the ledger's retention (daily totals are kept).",
+            value=retention.pruned_rows if retention is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_prune_failures",
+            "Pruning rounds that failed (the ledger keeps growing meanwhile).",
+            value=retention.failures if retention is not None else 0,
         )

@@ -93,11 +93,22 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
         "host": "0.0.0.0",
         "port": 8080,
         "ledgerPath": "/var/lib/tiergate/ledger.sqlite",
+        "ledgerRetentionDays": 90,
+        "ledgerMaxSize": "768Mi",
     }
     assert config["discovery"] == {"kubernetes": {"namespace": NAMESPACE}}
     assert config["pools"] == []
     parsed = validate_with_router(config)
     assert parsed.router.tenants_file is None and parsed.router.port == 8080
+    assert parsed.router.ledger_max_size == 768 * 2**20
+
+
+def test_ledger_limits_can_be_switched_off(helm: Helm) -> None:
+    manifests = helm.template(
+        sets=["router.ledger.retentionDays=null"], set_strings=["router.ledger.maxSize="]
+    )
+    router = validate_with_router(router_config(manifests)).router
+    assert (router.ledger_retention_days, router.ledger_max_size) == (None, None)
 
 
 def test_router_config_with_tenants_and_a_discovery_namespace(

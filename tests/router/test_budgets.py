@@ -134,3 +134,13 @@ def test_unlimited_tenants_are_never_refused(ledger: Ledger) -> None:
     guard.check(ANONYMOUS)
     status = guard.status(ANONYMOUS)
     assert (status.budget_usd, status.remaining_usd, status.spent_usd) == (None, None, 1e6)
+
+
+def test_a_period_counts_from_its_first_second_to_its_last(ledger: Ledger) -> None:
+    """Spend is kept per UTC day: the second before a week starts is last week's."""
+    weekly = Tenant("weekly", budget_usd=10.0, budget_period="week")
+    spend(ledger, "weekly", ts(2026, 12, 27, 23, 59, 59), 100.0)  # Sunday, last week
+    spend(ledger, "weekly", ts(2026, 12, 28), 4.0)  # Monday 00:00: this week
+    spend(ledger, "weekly", ts(2027, 1, 3, 23, 59, 59), 5.0)  # Sunday, this week
+    spend(ledger, "weekly", ts(2027, 1, 4), 1000.0)  # next week
+    assert BudgetGuard(ledger, clock=lambda: NOW).status(weekly).spent_usd == 9.0

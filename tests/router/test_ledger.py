@@ -22,6 +22,7 @@ from tiergate.router.ledger import (
     Ledger,
     LedgerError,
     UsageRecord,
+    utc_day,
 )
 
 T0 = 1_800_000_000.0
@@ -83,14 +84,19 @@ def test_totals_by_tier_served_and_a_billed_cascade() -> None:
         assert ledger.tenant_totals("nobody").requests == 0
 
 
-def test_spend_since_and_until() -> None:
+def test_spend_in_days_reads_whole_utc_days() -> None:
+    day = utc_day(T0)
     with Ledger(":memory:") as ledger:
-        for hour in range(5):
-            ledger.record(usage(request_id=f"r{hour}", time_s=T0 + 3600 * hour, cost_usd=1.0))
+        for n in range(5):  # one attempt a day, the last at 23:59:59 UTC
+            ledger.record(
+                usage(request_id=f"r{n}", time_s=(day + n + 1) * 86400.0 - 1, cost_usd=1.0)
+            )
         ledger.record(usage(tenant="team-b", cost_usd=100.0))
-        assert ledger.spend_since("team-a", T0 + 3600) == 4.0
-        assert ledger.spend_since("team-a", T0 + 3600, T0 + 3 * 3600) == 2.0
-        assert ledger.spend_since("team-a", T0 + 10 * 3600) == 0.0
+        assert ledger.spend_in_days("team-a", day + 1) == 4.0
+        assert ledger.spend_in_days("team-a", day + 1, day + 3) == 2.0
+        assert ledger.spend_in_days("team-a", day + 10) == 0.0
+        assert ledger.spend_in_days("team-a", 0) == 5.0
+        assert ledger.spend_in_days("team-b", day, day + 1) == 100.0
 
 
 def test_schema_is_created_once_in_wal_mode(tmp_path: Path) -> None:
@@ -215,7 +221,7 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     db.close()
-    with pytest.raises(LedgerError, match="schema version 2"):
+    with pytest.raises(LedgerError, match=f"schema version {SCHEMA_VERSION + 1}"):
         Ledger(path)
 
 
@@ -289,3 +295,107 @@ def test_sigkill_right_after_recording_loses_nothing(tmp_path: Path) -> None:
         assert totals.completion_tokens == sum(range(records))
         (rows,) = ledger._db.execute("SELECT COUNT(*) FROM usage").fetchone()
         assert rows == records
+
+
+# Version 1's schema, as routers before the daily totals wrote it.
+V1_SCHEMA = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    """CREATE TABLE usage (
+        id INTEGER PRIMARY KEY, request_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+        time_s REAL NOT NULL, tenant TEXT NOT NULL, tier_requested TEXT NOT NULL,
+        tier_served TEXT, pool TEXT, endpoint TEXT, prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, ttft_s REAL,
+        cost_usd REAL NOT NULL, http_status INTEGER NOT NULL, outcome TEXT NOT NULL,
+        escalated INTEGER NOT NULL)""",
+    "CREATE INDEX usage_tenant_time ON usage (tenant, time_s, cost_usd)",
+    """CREATE TABLE tenant_totals (
+        tenant TEXT NOT NULL, tier_served TEXT NOT NULL, requests INTEGER NOT NULL,
+        attempts INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL,
+        PRIMARY KEY (tenant, tier_served)) WITHOUT ROWID""",
+)
+
+
+def test_a_version_1_ledger_is_brought_up_to_date(tmp_path: Path) -> None:
+    """Its rows become daily totals: the same totals and the same spend per day as before,
+    and the index only version 1 read is gone."""
+    day = utc_day(T0)
+    records = [
+        usage(request_id="r1", time_s=day * 86400.0 + 10, cost_usd=1.0),
+        usage(request_id="r2", time_s=day * 86400.0 + 86399, cost_usd=2.0),
+        usage(request_id="r3", time_s=(day + 1) * 86400.0, tier_served="premium", cost_usd=4.0),
+        usage(request_id="r3", time_s=(day + 1) * 86400.0, tier_served="wafer-scale", attempt=2,
+              escalated=True, cost_usd=8.0),
+        usage(request_id="r4", time_s=(day + 2) * 86400.0, tier_served=None, pool=None,
+              endpoint=None, prompt_tokens=0, completion_tokens=0, cost_usd=0.0,
+              http_status=429, outcome="shed"),
+        usage(request_id="r5", tenant="team-b", cost_usd=16.0),
+    ]  # fmt: skip
+    path = tmp_path / "v1.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        for statement in V1_SCHEMA:
+            db.execute(statement)
+        db.execute("INSERT INTO schema_version VALUES (1)")
+        for r in records:
+            db.execute(
+                "INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested,"
+                " tier_served, pool, endpoint, prompt_tokens, completion_tokens, latency_s,"
+                " ttft_s, cost_usd, http_status, outcome, escalated)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.request_id, r.attempt, r.time_s, r.tenant, r.tier_requested, r.tier_served,
+                 r.pool, r.endpoint, r.prompt_tokens, r.completion_tokens, r.latency_s,
+                 r.ttft_s, r.cost_usd, r.http_status, r.outcome, int(r.escalated)),
+            )  # fmt: skip
+        db.commit()
+    with Ledger(path) as ledger:
+        db = ledger._db
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        names = {n for (n,) in db.execute("SELECT name FROM sqlite_master")}
+        assert "tenant_totals" not in names and "usage_tenant_time" not in names
+        totals = ledger.tenant_totals("team-a")
+        assert (totals.requests, totals.attempts) == (4, 5)
+        assert (totals.prompt_tokens, totals.completion_tokens) == (4000, 800)
+        assert totals.cost_usd == 15.0
+        assert sorted(totals.by_tier_served) == ["batched", "premium", "wafer-scale"]
+        assert totals.by_tier_served["wafer-scale"].requests == 1  # attempts served there
+        assert [ledger.spend_in_days("team-a", d, d + 1) for d in (day, day + 1, day + 2)] == [
+            3.0, 12.0, 0.0,
+        ]  # fmt: skip
+        assert ledger.tenant_totals("team-b").cost_usd == 16.0
+        (rows,) = db.execute("SELECT COUNT(*) FROM usage").fetchone()
+        assert rows == len(records)  # the requests themselves stay
+        ledger.record(usage(request_id="r6", time_s=(day + 2) * 86400.0 + 5, cost_usd=32.0))
+        assert ledger.spend_in_days("team-a", day + 2) == 32.0
+    with Ledger(path) as reopened:  # migrated once
+        assert reopened.tenant_totals("team-a").cost_usd == 47.0
+
+
+def test_pruning_takes_the_oldest_rows_and_keeps_every_total() -> None:
+    with Ledger(":memory:") as ledger:
+        for n in range(10):
+            ledger.record(usage(request_id=f"r{n}", time_s=T0 + 86400 * n, cost_usd=1.0))
+        totals = ledger.tenant_totals("team-a")
+        # Older than day 3: rows 0-2 go, and only the 2 oldest rows are looked at per call.
+        assert ledger.prune(2, before_s=T0 + 86400 * 3) == 2
+        assert ledger.prune(2, before_s=T0 + 86400 * 3) == 1
+        assert ledger.prune(2, before_s=T0 + 86400 * 3) == 0
+        assert ledger.prune(4) == 4  # by count: the next four oldest, whatever their age
+        left = [r for (r,) in ledger._db.execute("SELECT request_id FROM usage ORDER BY id")]
+        assert left == ["r7", "r8", "r9"]
+        assert ledger.tenant_totals("team-a") == totals
+        assert ledger.spend_in_days("team-a", 0) == 10.0
+
+
+def test_pruned_pages_are_reused_so_the_file_stops_growing(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        for n in range(3000):
+            ledger.record(usage(request_id=f"a{n}"))
+        full = ledger.used_bytes()
+        (pages,) = ledger._db.execute("PRAGMA page_count").fetchone()
+        while ledger.prune(500):
+            pass
+        assert ledger.used_bytes() < full / 10
+        for n in range(3000):
+            ledger.record(usage(request_id=f"b{n}"))
+        assert ledger._db.execute("PRAGMA page_count").fetchone() == (pages,)
+        assert ledger.used_bytes() == pytest.approx(full, rel=0.1)
