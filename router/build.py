@@ -26,6 +26,7 @@ from .ratelimit import RateLimiter
 from .scraper import MetricsFetcher, Scraper
 from .state import EndpointState
 from .tenants import TenantRegistry, load_tenants
+from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
 
@@ -83,6 +84,10 @@ def build_app(
         max_concurrency=32,
         on_round=lambda _: saturation.refresh(source.view),
     )
+    metrics = RouterMetrics(view, clock, ledger, retention)
+    tool_checker = ToolCallChecker(
+        on_unchecked=lambda reason: metrics.cascade_unchecked.labels(reason).inc()
+    )
     router = Router(
         view=view,
         tenants=tenants,
@@ -90,11 +95,12 @@ def build_app(
         budgets=BudgetGuard(ledger, tenants=tenants.tenants.values()),
         ledger=ledger,
         upstream=upstream,
-        metrics=RouterMetrics(view, clock, ledger, retention),
+        metrics=metrics,
         settings=settings,
         policy=default_policy(),
         clock=clock,
         saturation=saturation,
+        tool_checker=tool_checker,
     )
     # The source first: services stop in reverse order, so discovery stops last.
     services: list[Service] = [
@@ -102,6 +108,7 @@ def build_app(
         _Closing(fetcher),
         scraper,
         retention,
+        tool_checker,
         *(extra_services or []),
     ]
     return RouterApp(

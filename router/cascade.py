@@ -5,7 +5,8 @@ the first tier (a distilled model: fast, cheaper, sloppier) and to check the rep
 call: arguments that are not JSON, or that do not match the tool's JSON schema, send the
 request to the second tier (the full model), whose reply is returned instead. Both attempts
 are billed and recorded. The first attempt is read whole (it is the fast one); a client that
-asked for a stream gets the kept reply as server-sent events.
+asked for a stream gets the kept reply as server-sent events. The check is
+router/tool_calls.py, run in a worker process with a deadline by router/tool_check.py.
 """
 
 from __future__ import annotations
@@ -14,11 +15,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-from referencing import Registry
-from referencing.exceptions import Unresolvable
-
 from .discovery import PoolView
 from .errors import RouterError
 from .request import CompletionRequest
@@ -26,11 +22,6 @@ from .tenants import Tenant, authorize_tier
 from .tiers import TIERS, Tier
 
 CASCADE_HEADER = "x-tiergate-cascade"
-
-#: Tool schemas come from clients: a `$ref` resolves inside the schema or not at all. By default
-#: jsonschema fetches remote references with a blocking urlopen, which would stall the event
-#: loop for as long as the named host likes and make the router fetch any URL a client names.
-_NO_REMOTE_REFS: Registry = Registry()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,45 +51,6 @@ def parse_cascade(value: str) -> Cascade:
             param=CASCADE_HEADER,
         )
     return Cascade(parts[0], parts[1])  # type: ignore[arg-type]
-
-
-def tool_call_problem(reply: dict[str, Any], request: dict[str, Any]) -> str | None:
-    """Why the reply's tool call is unusable, or None when it is fine (or there is none to
-    check). Arguments must be JSON matching the called tool's `parameters` schema."""
-    tools = {
-        t["function"]["name"]: t["function"].get("parameters") or {}
-        for t in request.get("tools") or []
-        if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
-    }
-    if not tools:
-        return None
-    try:
-        message = reply["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError):
-        return "the reply has no message"
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    if not calls:
-        return None  # the model chose to answer in text: nothing malformed to escalate
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return "a tool call without a function"
-        name = function.get("name")
-        if name not in tools:
-            return f"a call to an unknown tool {name!r}"
-        try:
-            arguments = json.loads(function.get("arguments") or "")
-        except (ValueError, TypeError):
-            return f"the arguments of {name!r} are not valid JSON"
-        validator = Draft202012Validator(tools[name], registry=_NO_REMOTE_REFS)
-        try:
-            error = next(iter(validator.iter_errors(arguments)), None)
-        except (SchemaError, Unresolvable):
-            # The client's schema is broken, or refers outside itself: not the model's fault.
-            return None
-        if error is not None:
-            return f"the arguments of {name!r} do not match its schema: {error.message}"
-    return None
 
 
 def as_event_stream(reply: dict[str, Any], *, include_usage: bool) -> bytes:

@@ -32,7 +32,7 @@ from .asgi import (
     send_error,
 )
 from .budgets import BudgetGuard
-from .cascade import CascadePlan, as_event_stream, cascade_plan, tool_call_problem
+from .cascade import CascadePlan, as_event_stream, cascade_plan
 from .config import RouterSettings
 from .disconnect import DisconnectGuard
 from .discovery import PoolView, RoutedPool
@@ -55,6 +55,7 @@ from .request import CompletionRequest, parse_completion, parse_slo, upstream_bo
 from .state import EndpointState, RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
 from .tiers import TIERS, Tier, TierChoice, resolve_tier
+from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
 
@@ -81,6 +82,8 @@ class Router:
     wall: Callable[[], float] = time.time
     #: Refreshed by the scraper after each round (see build.py); read per request.
     saturation: Saturation = field(default_factory=Saturation)
+    #: Cascade tool-call checks, in a worker process with a deadline (router/tool_check.py).
+    tool_checker: ToolCallChecker = field(default_factory=ToolCallChecker)
     _pipeline: Pipeline | None = None
     _pipeline_view: PoolView | None = None
     _deployments: dict[str, Deployment] = field(default_factory=dict)
@@ -251,13 +254,16 @@ class Router:
                 try:
                     reply = json.loads(body)
                     bill(one, pool, reply)
-                    problem = tool_call_problem(reply, request.body)
+                    problem = None  # unless the tool-call check below finds one
                 except (ValueError, TypeError, AttributeError):
                     problem = "a malformed reply"
         except RouterError as error:
             one.status, problem = error.status, error.message
         finally:
             self._queues[first].release()
+        if problem is None and reply is not None:
+            # After the slot is free: the check may take up to its deadline.
+            problem = await self.tool_checker.problem(reply, request.body)
         if problem is None and reply is not None:
             one.outcome = "ok"
             reply["service_tier"] = first

@@ -75,6 +75,13 @@ class RouterMetrics:
             ["from_tier", "to_tier"],
             registry=r,
         )
+        self.cascade_unchecked = Counter(
+            "tiergate_cascade_unchecked",
+            "Cascade replies served without their tool-call check: it took too long (timeout), "
+            "waited too long for the checker (busy), or the checker failed.",
+            ["reason"],
+            registry=r,
+        )
         self.accounting_errors = Counter(
             "tiergate_accounting_errors",
             "Requests whose usage could not be recorded (ledger failures).",

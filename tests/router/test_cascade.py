@@ -6,6 +6,7 @@ import json
 import socket
 import sqlite3
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
@@ -13,11 +14,12 @@ import httpx
 import pytest
 
 from tiergate.router.build import build_app
-from tiergate.router.cascade import as_event_stream, parse_cascade, tool_call_problem
+from tiergate.router.cascade import as_event_stream, parse_cascade
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
 from tiergate.router.ledger import LedgerError, UsageRecord
+from tiergate.router.tool_calls import tool_call_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
@@ -58,15 +60,17 @@ def test_parse_cascade() -> None:
         ('{"cmd": "ls"}', "run", None),
         ('{"cmd": "ls", "timeout": 3}', "run", None),
         ('{"cmd": "ls"', "run", "not valid JSON"),
-        ('{"timeout": 3}', "run", "do not match its schema"),
-        ('{"cmd": 3}', "run", "do not match its schema"),
-        ('{"cmd": "ls", "extra": 1}', "run", "do not match its schema"),
-        ('{"cmd": "ls"}', "rm", "unknown tool"),
+        ('{"timeout": 3}', "run", "do not match the tool's schema (required)"),
+        ('{"cmd": 3}', "run", "do not match the tool's schema (type)"),
+        ('{"cmd": "ls", "extra": 1}', "run", "schema (additionalProperties)"),
+        ('{"cmd": "ls"}', "rm", "a tool the request does not offer"),
     ],
 )
 def test_tool_call_problem(arguments: str, name: str, problem: str | None) -> None:
     found = tool_call_problem(reply(arguments, name), REQUEST)
     assert found is None if problem is None else (found is not None and problem in found)
+    # The reason is logged: it never repeats what the model wrote.
+    assert found is None or not ({"ls", "extra", "rm", "3"} & set(found.replace("(", " ").split()))
 
 
 def test_a_tool_schema_resolves_refs_inside_itself_and_never_fetches() -> None:
@@ -91,7 +95,7 @@ def _refs_stay_inside() -> None:
         request = {**REQUEST, "tools": [{"type": "function", "function": {
             "name": "run", "parameters": parameters}}]}  # fmt: skip
         problem = tool_call_problem(reply('{"cmd": 3}'), request)
-        assert problem is not None and "do not match its schema" in problem
+        assert problem is not None and "do not match the tool's schema" in problem
         # The remote ref cannot be judged: no escalation, and nothing was fetched.
         assert tool_call_problem(reply('{"cmd": "ls", "env": 1}'), request) is None
         listener.setblocking(False)
@@ -242,3 +246,34 @@ def test_a_ledger_failure_on_the_first_attempt_still_serves_the_second(
         "select attempt from usage where request_id = ?", (failed[0],)
     )
     assert [a for (a,) in rows] == [2]  # attempt 2 billed; attempt 1's failure is on record
+
+
+def test_a_schema_that_would_take_forever_to_check_does_not_stall_the_router(
+    router: dict[str, Any],
+) -> None:
+    """The node fills `cmd` with x's (minLength); the client's pattern backtracks
+    exponentially on them. The check is given up after its deadline, the reply is served as
+    it is, and the router answers other requests meanwhile."""
+    evil = {"type": "function", "function": {"name": "run", "parameters": {
+        "type": "object", "required": ["cmd"],
+        "properties": {"cmd": {"type": "string", "minLength": 60, "pattern": "(x+x+)+y"}},
+    }}}  # fmt: skip
+    url = router["url"]
+
+    def given_up() -> float:
+        metrics = httpx.get(url + "/metrics").text
+        line = 'tiergate_cascade_unchecked_total{reason="timeout"} '
+        return next((float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)), 0)
+
+    before = given_up()
+    with ThreadPoolExecutor(1) as pool:
+        checked = [pool.submit(cascade, url, seed, tools=[evil]) for seed in range(4)]
+        # While the checks run (each up to its 1 s deadline), other requests are answered.
+        for _ in range(5):
+            assert httpx.get(url + "/healthz", timeout=10).status_code == 200
+            plain = cascade(url, 99, tools=[TOOL], max_tokens=5)
+            assert plain.status_code == 200
+        replies = [f.result() for f in checked]
+    assert all(r.status_code == 200 for r in replies)
+    kept = [r for r in replies if r.headers["x-tiergate-escalated"] == "false"]
+    assert kept and given_up() - before == len(kept)  # served unchecked, each counted

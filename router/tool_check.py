@@ -1,0 +1,167 @@
+"""A cascade's tool-call check, run in a worker process with a deadline.
+
+Tool schemas come from clients, and the arguments from a model the client prompts, so one
+check can take as long as the client likes. A `pattern` such as `(a+)+$` backtracks
+exponentially in Python's `re`, and `$ref`s inside `anyOf` let a schema of a few lines take
+2^n steps. On the event loop, one such request would stall every request the router serves.
+
+So the check (`cascade.tool_call_problem`) runs in a worker process, one check at a time. A
+check the worker has not answered within `timeout_s` is given up: the worker is killed, and
+the next check forks a new one. Waiting for the worker (another check is running) is bounded
+too (`wait_s`, by default the same). A reply whose check was given up is served as it is, as
+for a client schema that cannot be read: the cascade escalates for the model's mistakes, not
+the client's. The router counts these in `tiergate_cascade_unchecked_total{reason}`.
+
+Workers are forked from multiprocessing's fork server, which has this module (and so
+jsonschema) imported already: a new worker takes milliseconds, not an interpreter start. The
+router's own process is never forked; it has threads (the ledger's checkpointer). A reply
+without tool calls, which is most of them, is checked in process: there is nothing to
+validate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from .tool_calls import tool_call_problem, tool_calls
+
+__all__ = ["ToolCallChecker"]
+
+log = logging.getLogger("tiergate.router")
+
+#: How long a check may take in the worker, and how long it may wait for the worker.
+CHECK_TIMEOUT_S = 1.0
+
+_context_lock = threading.Lock()
+_context: ForkServerContext | None = None
+
+
+def _fork_server() -> ForkServerContext:
+    global _context
+    with _context_lock:
+        if _context is None:
+            context = multiprocessing.get_context("forkserver")
+            assert isinstance(context, ForkServerContext)
+            context.set_forkserver_preload([__name__])
+            _context = context
+        return _context
+
+
+def _serve(conn: Connection) -> None:
+    """The worker: answer checks until the router closes its end."""
+    while True:
+        try:
+            reply, request = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer: tuple[str, str | None] = ("ok", tool_call_problem(reply, request))
+        except Exception as exc:  # a schema jsonschema cannot handle: not the model's fault
+            answer = ("failed", type(exc).__name__)
+        conn.send(answer)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        context = _fork_server()
+        self.conn, child = context.Pipe()
+        self.process: BaseProcess = context.Process(
+            target=_serve, args=(child,), name="tiergate-tool-check", daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    def ask(self, payload: tuple[Any, Any], timeout_s: float) -> tuple[str, str | None]:
+        """Send one check and wait for its answer (runs in a thread)."""
+        try:
+            self.conn.send(payload)
+            if not self.conn.poll(timeout_s):
+                return ("timeout", None)
+            answer: tuple[str, str | None] = self.conn.recv()
+            return answer
+        except (EOFError, OSError):
+            return ("died", None)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+class ToolCallChecker:
+    """Checks cascade replies' tool calls off the event loop (a service of the app)."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = CHECK_TIMEOUT_S,
+        wait_s: float | None = None,
+        on_unchecked: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.wait_s = timeout_s if wait_s is None else wait_s
+        self._on_unchecked = on_unchecked
+        self._worker: _Worker | None = None
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        return None  # the first check with tool calls starts the worker
+
+    async def stop(self) -> None:
+        async with self._lock:
+            self._drop_worker()
+
+    async def problem(self, reply: dict[str, Any], request: dict[str, Any]) -> str | None:
+        """`cascade.tool_call_problem(reply, request)`, or None when the check was given up."""
+        tools = request.get("tools")
+        if not tools or not tool_calls(reply):
+            return tool_call_problem(reply, request)  # nothing to validate: no worker needed
+        payload = (reply, {"tools": tools})
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self.wait_s)
+        except TimeoutError:
+            return self._unchecked("busy")
+        try:
+            if self._worker is None:
+                try:
+                    self._worker = await asyncio.to_thread(_Worker)
+                except Exception as exc:  # no processes left, no /tmp for the fork server...
+                    return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}")
+            asking = asyncio.ensure_future(
+                asyncio.to_thread(self._worker.ask, payload, self.timeout_s)
+            )
+            try:
+                status, value = await asyncio.shield(asking)
+            except asyncio.CancelledError:
+                # The answer still on its way would be read by the next check: start over.
+                self._drop_worker()
+                with contextlib.suppress(Exception):
+                    await asking
+                raise
+            if status == "ok":
+                return value
+            if status in ("timeout", "died"):
+                self._drop_worker()
+            return self._unchecked(status if status != "failed" else f"failed: {value}")
+        finally:
+            self._lock.release()
+
+    def _unchecked(self, reason: str) -> str | None:
+        """Count and log a check given up; its verdict is None (serve the reply)."""
+        self._on_unchecked(reason.split(":")[0])
+        log.warning("event=cascade_check_given_up reason=%s", reason)
+        return None
+
+    def _drop_worker(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None

@@ -1,0 +1,152 @@
+"""The cascade's tool-call check in its worker: client schemas that take forever are given up
+while the event loop keeps serving, and the worker is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tiergate.router.tool_check import ToolCallChecker
+
+# Exponential backtracking in Python's re: 2^40 ways to split the a's before the "!" fails.
+EVIL_PATTERN = {"type": "object", "properties": {"cmd": {"type": "string", "pattern": "^(a+)+$"}}}
+EVIL_ARGUMENTS = '{"cmd": "' + "a" * 40 + '!"}'
+# No regex at all: each level refers to the next twice, so a failing value is tried 2^40 times.
+EXPONENTIAL_REFS: dict[str, Any] = {
+    "$defs": {
+        **{f"l{n}": {"anyOf": [{"$ref": f"#/$defs/l{n + 1}"}] * 2} for n in range(40)},
+        "l40": {"type": "string"},
+    },
+    "type": "object",
+    "properties": {"cmd": {"$ref": "#/$defs/l0"}},
+}
+PLAIN = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
+
+
+def request(parameters: Any) -> dict[str, Any]:
+    tool = {"type": "function", "function": {"name": "run", "parameters": parameters}}
+    return {"model": "m", "messages": [], "tools": [tool]}
+
+
+def reply(arguments: str) -> dict[str, Any]:
+    call = {"id": "c", "type": "function", "function": {"name": "run", "arguments": arguments}}
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": [call]}}]}
+
+
+class Checker(ToolCallChecker):
+    """A checker that remembers why it gave up."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.given_up: list[str] = []
+        super().__init__(on_unchecked=self.given_up.append, **kwargs)
+
+
+async def ticking_while(work: Any) -> tuple[Any, int]:
+    """Run `work`, counting how often a 10 ms ticker ran meanwhile (the loop was free)."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        return await work, ticks
+    finally:
+        task.cancel()
+
+
+@pytest.mark.parametrize(
+    ("schema", "arguments"),
+    [(EVIL_PATTERN, EVIL_ARGUMENTS), (EXPONENTIAL_REFS, '{"cmd": 3}')],
+    ids=["regex", "refs"],
+)
+def test_a_schema_that_takes_forever_is_given_up_and_the_loop_keeps_running(
+    schema: dict[str, Any], arguments: str
+) -> None:
+    async def scenario() -> None:
+        checker = Checker(timeout_s=0.5)
+        try:
+            problem, ticks = await ticking_while(checker.problem(reply(arguments), request(schema)))
+            assert problem is None and checker.given_up == ["timeout"]
+            assert ticks >= 3  # in process, the check would have held the loop for hours
+            # A new worker answers the next check, a real problem included.
+            bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
+            assert bad is not None and "(type)" in bad
+            assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
+            assert checker.given_up == ["timeout"]
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_check_that_waits_too_long_for_the_worker_is_given_up_as_busy() -> None:
+    async def scenario() -> None:
+        checker = Checker(timeout_s=3.0, wait_s=0.2)
+        try:
+            slow = asyncio.create_task(
+                checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN))
+            )
+            await asyncio.sleep(0.05)
+            assert await checker.problem(reply('{"cmd": 3}'), request(PLAIN)) is None
+            assert checker.given_up == ["busy"]
+            assert await slow is None
+            assert checker.given_up == ["busy", "timeout"]
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_schema_the_validator_cannot_handle_is_not_the_model_s_fault() -> None:
+    async def scenario() -> None:
+        checker = Checker()
+        try:
+            for broken in ({"type": 5}, {"properties": {"cmd": {"pattern": "("}}}):
+                assert await checker.problem(reply('{"cmd": "x"}'), request(broken)) is None
+            assert checker.given_up == ["failed", "failed"]
+            worker = checker._worker
+            assert await checker.problem(reply("{bad"), request(PLAIN)) is not None
+            assert checker._worker is worker  # a failed check does not cost the worker
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_replies_without_tool_calls_never_start_a_worker() -> None:
+    async def scenario() -> None:
+        checker = Checker()
+        text = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
+        assert await checker.problem(text, request(PLAIN)) is None
+        assert await checker.problem({"choices": []}, request(PLAIN)) == "the reply has no message"
+        assert checker._worker is None
+
+    asyncio.run(scenario())
+
+
+def test_a_check_cancelled_midway_leaves_no_answer_behind() -> None:
+    """The next check must not read the cancelled one's answer."""
+
+    async def scenario() -> None:
+        checker = Checker(timeout_s=5.0)
+        try:
+            slow = asyncio.create_task(
+                checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN))
+            )
+            await asyncio.sleep(0.3)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
+            assert bad is not None and "(type)" in bad
+            assert checker.given_up == []
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
