@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -57,7 +58,10 @@ def _fork_server() -> ForkServerContext:
 
 
 def _serve(conn: Connection) -> None:
-    """The worker: answer checks until the router closes its end."""
+    """The worker: answer checks until the router closes its end (or kills it)."""
+    # Ctrl-C in a terminal reaches the whole process group: the router decides when the
+    # worker ends, and the user should not see a worker's KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             reply, request = conn.recv()

@@ -4,6 +4,8 @@ while the event loop keeps serving, and the worker is replaced."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -146,6 +148,25 @@ def test_a_check_cancelled_midway_leaves_no_answer_behind() -> None:
             bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
             assert bad is not None and "(type)" in bad
             assert checker.given_up == []
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_ctrl_c_in_the_terminal_does_not_end_the_worker() -> None:
+    """Ctrl-C reaches the whole process group; the worker leaves when the router says so."""
+
+    async def scenario() -> None:
+        checker = Checker()
+        try:
+            assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
+            worker = checker._worker
+            assert worker is not None and worker.process.pid is not None
+            os.kill(worker.process.pid, signal.SIGINT)
+            await asyncio.sleep(0.3)
+            bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
+            assert bad is not None and checker._worker is worker and checker.given_up == []
         finally:
             await checker.stop()
 
