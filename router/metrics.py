@@ -25,8 +25,8 @@ class RouterMetrics:
         self,
         view: Callable[[], PoolView],
         now: Callable[[], float],
-        ledger: Ledger | None = None,
-        retention: LedgerRetention | None = None,
+        ledger: Ledger,
+        retention: LedgerRetention,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -91,8 +91,7 @@ class RouterMetrics:
             "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
         )
         r.register(_LiveCollector(view, now))
-        if ledger is not None:
-            r.register(_LedgerCollector(ledger, retention))
+        r.register(_LedgerCollector(ledger, retention))
         # Timed from the app's start to its stop (RouterApp installs and removes it).
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
@@ -138,7 +137,7 @@ class _LiveCollector(Collector):
 
 
 class _LedgerCollector(Collector):
-    def __init__(self, ledger: Ledger, retention: LedgerRetention | None) -> None:
+    def __init__(self, ledger: Ledger, retention: LedgerRetention) -> None:
         self._ledger, self._retention = ledger, retention
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -159,14 +158,13 @@ class _LedgerCollector(Collector):
                 "router.ledgerMaxSize bounds it.",
                 value=used,
             )
-        retention = self._retention
         yield CounterMetricFamily(
             "tiergate_ledger_pruned_rows",
             "Request rows deleted by the ledger's retention (daily totals are kept).",
-            value=retention.pruned_rows if retention is not None else 0,
+            value=self._retention.pruned_rows,
         )
         yield CounterMetricFamily(
             "tiergate_ledger_prune_failures",
             "Pruning rounds that failed (the ledger keeps growing meanwhile).",
-            value=retention.failures if retention is not None else 0,
+            value=self._retention.failures,
         )
