@@ -5,6 +5,8 @@ burst takes, and a request that arrives then waits: the router's tail latency wo
 its endpoint count. `ScrapeSchedule` instead visits the endpoints in a ring at a steady rate,
 `n / period_s(n)` scrapes per second, so a tick scrapes one endpoint (more only when the loop
 ran late and catches up) and every endpoint is scraped once per pass, about `period_s` apart.
+A tick's endpoints all belong to one pass: a catch-up that would cross the end of a pass stops
+there and goes on at the next tick, so the caller can tell when each pass's scrapes are done.
 
 Endpoints that appear between ticks join the ring just ahead of the cursor, so they are
 scraped at the next tick; endpoints that disappear leave it. Pure: the caller passes the time
@@ -25,8 +27,8 @@ __all__ = ["ScrapeSchedule", "ScrapeTick"]
 class ScrapeTick:
     """What one tick asks for."""
 
-    endpoints: tuple[EndpointState, ...]  # to scrape now
-    pass_done: bool  # this tick completed a pass over every endpoint of the ring
+    endpoints: tuple[EndpointState, ...]  # to scrape now, all of the same pass
+    pass_done: bool  # these endpoints are the last of their pass over the ring
     wait_s: float  # until the next tick
 
 
@@ -68,17 +70,13 @@ class ScrapeSchedule:
         n = len(self._ring)
         rate_per_s = self._rate_per_s = n / self.period_s(n) if n else 0.0
         # The epsilon: 50 ticks of 1/50 of a scrape must add up to one, not 0.99999.
-        take = min(int(self._credit + 1e-9), n)
+        take = min(int(self._credit + 1e-9), n - self._cursor)
         self._credit -= take
-        batch: list[EndpointState] = []
-        pass_done = False
-        for _ in range(take):
-            batch.append(self._ring[self._cursor])
-            self._cursor += 1
-            if self._cursor == n:
-                self._cursor = 0
-                pass_done = True
+        batch = tuple(self._ring[self._cursor : self._cursor + take])
+        self._cursor += take
+        pass_done = take > 0 and self._cursor == n
         if pass_done:
+            self._cursor = 0
             self.passes += 1
         if rate_per_s:
             wait_s = max(1.0 - self._credit, 0.0) / rate_per_s
@@ -86,7 +84,7 @@ class ScrapeSchedule:
             self._credit = 1.0  # the first endpoint to appear is scraped at the next tick
             wait_s = self.max_tick_s
         wait_s = min(max(wait_s, self.min_tick_s), self.max_tick_s)
-        return ScrapeTick(tuple(batch), pass_done, wait_s)
+        return ScrapeTick(batch, pass_done, wait_s)
 
     def _sync(self, current: Sequence[EndpointState]) -> None:
         ids = [id(ep) for ep in current]

@@ -4,7 +4,9 @@ The `Scraper` fetches `/metrics` from each current endpoint once per `interval_s
 for big fleets to bound the scrape rate), spread evenly over the interval by a
 `ScrapeSchedule` rather than in one burst, so the request path never waits behind a whole
 round; each request has a timeout shorter than the interval. It writes running / waiting /
-KV usage into the states in place. A failed scrape keeps the old
+KV usage into the states in place. A slow or silent endpoint holds up nothing but itself: the
+trickle goes on while its scrape waits out the timeout, and it is not scraped again until that
+scrape has ended. A failed scrape keeps the old
 values: `scraped_at_s` stays at the last success (so their age shows) and `scrape_failures`
 counts consecutive failures.
 
@@ -27,6 +29,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -172,6 +175,16 @@ class ScrapeRound:
     failed: int
 
 
+@dataclass(slots=True)
+class _Pass:
+    """The background scrapes of one pass over the ring; its round ends once all have."""
+
+    pending: int = 0
+    scraped: int = 0
+    failed: int = 0
+    started: bool = False  # every scrape of the pass has been started
+
+
 class Scraper:
     """Scrapes every endpoint's metrics each interval and updates their states in place."""
 
@@ -226,8 +239,9 @@ class Scraper:
         )
         self._limit = asyncio.Semaphore(max_concurrency)
         self._task: asyncio.Task[None] | None = None
-        self._inflight: set[asyncio.Task[bool]] = set()
-        self._outcomes = [0, 0]  # scraped, failed, since the last round ended
+        # Background scrapes in flight, by id() of their endpoint (which each task holds).
+        self._inflight: dict[int, asyncio.Task[bool]] = {}
+        self._pass = _Pass()  # the pass the schedule is in
 
     async def scrape_once(self) -> ScrapeRound:
         """Scrape every current endpoint once, concurrently."""
@@ -268,40 +282,59 @@ class Scraper:
         try:
             while True:
                 try:
-                    wait_s = await self._tick()
+                    wait_s = self._tick()
                 except Exception:  # a bug here must not stop scraping for the router's lifetime
                     log.exception("event=scrape_tick_failed")
                     wait_s = self.interval_s
                 await self.sleep(wait_s)
         finally:
-            inflight = list(self._inflight)
+            # The passes these scrapes belong to never end: no round is reported for them.
+            inflight = list(self._inflight.values())
             for task in inflight:
                 task.cancel()
             await asyncio.gather(*inflight, return_exceptions=True)
+            self._pass = _Pass()
 
-    async def _tick(self) -> float:
-        """Start this tick's scrapes without waiting for them (one slow endpoint must not hold
-        up the others'); a pass's round ends once all its scrapes have."""
+    def _tick(self) -> float:
+        """Start this tick's scrapes without waiting for them: one slow endpoint must not hold
+        up the others'. A pass's round ends when the last of its scrapes does."""
         tick = self.schedule.tick(self.clock(), self.endpoints())
+        this_pass = self._pass
         for ep in tick.endpoints:
+            if id(ep) in self._inflight:
+                # Its previous scrape is still waiting (an endpoint slower than its period):
+                # one at a time, or a silent endpoint would pile up requests and connections.
+                continue
             task = asyncio.create_task(self._scrape(ep))
-            self._inflight.add(task)
-            task.add_done_callback(self._scraped)
+            self._inflight[id(ep)] = task
+            this_pass.pending += 1
+            task.add_done_callback(partial(self._scraped, id(ep), this_pass))
         if tick.pass_done:
-            # Every scrape in flight belongs to this pass or an earlier one: their ends bound it.
-            # Ticks pause meanwhile (at most `timeout_s`) and catch up after.
-            pending = set(self._inflight)
-            if pending:
-                await asyncio.wait(pending)
-            outcome = ScrapeRound(scraped=self._outcomes[0], failed=self._outcomes[1])
-            self._outcomes = [0, 0]
-            self._end_round(outcome)
+            this_pass.started = True
+            self._pass = _Pass()
+            self._end_pass_if_done(this_pass)
         return tick.wait_s
 
-    def _scraped(self, task: asyncio.Task[bool]) -> None:
-        self._inflight.discard(task)
-        if not task.cancelled() and task.exception() is None:
-            self._outcomes[0 if task.result() else 1] += 1
+    def _scraped(self, key: int, of_pass: _Pass, task: asyncio.Task[bool]) -> None:
+        del self._inflight[key]
+        if task.cancelled():  # stopping
+            return
+        of_pass.pending -= 1
+        exc = task.exception()
+        if exc is not None:
+            log.error("event=scrape_bug", exc_info=exc)
+        if exc is None and task.result():
+            of_pass.scraped += 1
+        else:
+            of_pass.failed += 1
+        self._end_pass_if_done(of_pass)
+
+    def _end_pass_if_done(self, of_pass: _Pass) -> None:
+        if of_pass.started and not of_pass.pending:
+            try:
+                self._end_round(ScrapeRound(scraped=of_pass.scraped, failed=of_pass.failed))
+            except Exception:  # in a task's done callback: nobody else would see it
+                log.exception("event=scrape_round_hook_failed")
 
     def _end_round(self, outcome: ScrapeRound) -> ScrapeRound:
         self.rounds += 1

@@ -141,3 +141,17 @@ def test_tick_bounds_are_checked() -> None:
         ScrapeSchedule(period_s, min_tick_s=0.0, max_tick_s=1.0)
     with pytest.raises(ValueError):
         ScrapeSchedule(period_s, min_tick_s=2.0, max_tick_s=1.0)
+
+
+def test_a_catch_up_stops_at_the_end_of_a_pass() -> None:
+    eps = fleet(3)
+    sched = schedule()
+    assert [ep.url for ep in sched.tick(0.0, eps).endpoints] == ["http://e0:9000"]
+    # The loop stalled for 2 s: a whole pass is owed, but e1 and e2 end this one.
+    late = sched.tick(2.0, eps)
+    assert [ep.url for ep in late.endpoints] == ["http://e1:9000", "http://e2:9000"]
+    assert late.pass_done and late.wait_s == pytest.approx(0.01)
+    # The rest of the catch-up starts the next pass, at the next tick.
+    after = sched.tick(2.01, eps)
+    assert [ep.url for ep in after.endpoints] == ["http://e0:9000"]
+    assert not after.pass_done

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -21,6 +21,7 @@ from tiergate.router.scraper import (
     MetricsParseError,
     ScrapeError,
     Scraper,
+    ScrapeRound,
     parse_vllm_metrics,
 )
 from tiergate.router.state import EndpointState
@@ -104,6 +105,28 @@ def answering(text: str = VLLM_TEXT) -> Fetch:
         return text
 
     return fetch
+
+
+def silent_until_timeout(clock: FakeClock) -> Callable[[float], Awaitable[str]]:
+    """A black-holed endpoint: nothing comes back, and the fetch gives up after `timeout_s`
+    of the fake clock, as aiohttp's would."""
+
+    async def wait(timeout_s: float) -> str:
+        deadline_s = clock.now_s + timeout_s
+        while clock.now_s < deadline_s - 1e-9:
+            await asyncio.sleep(0)
+        raise ScrapeError("TimeoutError")
+
+    return wait
+
+
+def fake_sleep(clock: FakeClock) -> Callable[[float], Awaitable[None]]:
+    async def sleep(wait_s: float) -> None:
+        for _ in range(20):  # let the scrapes this tick started run as far as they can first
+            await asyncio.sleep(0)
+        clock.now_s += wait_s
+
+    return sleep
 
 
 async def test_scrape_once_updates_states_in_place() -> None:
@@ -336,11 +359,6 @@ async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_p
         requests_at[clock.now_s] = requests_at.get(clock.now_s, 0) + 1
         return VLLM_TEXT
 
-    async def sleep(wait_s: float) -> None:
-        for _ in range(20):  # let the scrapes this tick started run to their end first
-            await asyncio.sleep(0)
-        clock.now_s += wait_s
-
     eps = [endpoint(f"http://e{i}:9000") for i in range(300)]
     rounds: list[tuple[float, int, int, bool]] = []
     scraper = Scraper(
@@ -349,7 +367,7 @@ async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_p
         clock=clock,
         interval_s=0.5,
         max_scrapes_per_s=50,
-        sleep=sleep,
+        sleep=fake_sleep(clock),
         on_round=lambda r: rounds.append(
             (clock.now_s, r.scraped, r.failed, all(ep.waiting == 4.0 for ep in eps))
         ),
@@ -367,3 +385,116 @@ async def test_background_scrapes_of_300_endpoints_trickle_and_rounds_end_each_p
     ] * 3
     ends = [at_s - 100.0 for at_s, *_ in rounds]
     assert ends == pytest.approx([5.98, 11.98, 17.98])
+
+
+async def test_a_silent_endpoint_holds_up_only_itself() -> None:
+    # The last endpoint of the ring never answers: its scrape waits out the timeout (0.4 s)
+    # right at the end of each pass. The others' trickle must not pause behind it and then
+    # burst to catch up.
+    clock = FakeClock()
+    silent = silent_until_timeout(clock)
+    requests_at: dict[float, int] = {}
+    eps = [endpoint(f"http://e{i}:9000") for i in range(300)]
+
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        requests_at[clock.now_s] = requests_at.get(clock.now_s, 0) + 1
+        if url == "http://e299:9000/metrics":
+            return await silent(timeout_s)
+        return VLLM_TEXT
+
+    rounds: list[tuple[float, int, int]] = []
+    scraper = Scraper(
+        lambda: eps,
+        fetch,
+        clock=clock,
+        interval_s=0.5,
+        max_scrapes_per_s=50,
+        sleep=fake_sleep(clock),
+        on_round=lambda r: rounds.append((clock.now_s, r.scraped, r.failed)),
+    )
+    scraper.start()
+    async with asyncio.timeout(10):
+        while len(rounds) < 3:
+            await asyncio.sleep(0)
+    await scraper.stop()
+    assert max(requests_at.values()) == 1
+    # 50 scrapes a second throughout: the trickle went on while the silent one waited.
+    starts = sorted(requests_at)
+    assert max(b - a for a, b in zip(starts, starts[1:], strict=False)) == pytest.approx(0.02)
+    # Each round ends when its last scrape does: the silent endpoint's, 0.4 s after it began.
+    assert [(scraped, failed) for _, scraped, failed in rounds] == [(299, 1)] * 3
+    ends = [at_s - 100.0 for at_s, *_ in rounds]
+    assert ends == pytest.approx([5.98 + 0.4, 11.98 + 0.4, 17.98 + 0.4], abs=0.021)
+    assert eps[299].scrape_failures == 3 and eps[0].scrape_failures == 0
+
+
+async def test_an_endpoint_slower_than_its_period_is_scraped_once_at_a_time() -> None:
+    clock = FakeClock()
+    silent = silent_until_timeout(clock)
+    calls = {"http://a:9000/metrics": 0, "http://b:9000/metrics": 0}
+    waiting = 0
+    most_waiting = 0
+
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        nonlocal waiting, most_waiting
+        calls[url] += 1
+        if url == "http://b:9000/metrics":
+            waiting += 1
+            most_waiting = max(most_waiting, waiting)
+            try:
+                return await silent(timeout_s)
+            finally:
+                waiting -= 1
+        return VLLM_TEXT
+
+    eps = [endpoint("http://a:9000"), endpoint("http://b:9000")]
+    rounds: list[ScrapeRound] = []
+    scraper = Scraper(
+        lambda: eps,
+        fetch,
+        clock=clock,
+        interval_s=0.1,
+        timeout_s=1.0,  # longer than the period: b's scrape spans ten passes
+        sleep=fake_sleep(clock),
+        on_round=rounds.append,
+    )
+    scraper.start()
+    async with asyncio.timeout(10):
+        while calls["http://b:9000/metrics"] < 4:
+            await asyncio.sleep(0)
+    await scraper.stop()
+    assert most_waiting == 1
+    # b at 0.05 s, then at its first slot after each scrape timed out: 1.15, 2.25, 3.35 s.
+    assert clock.now_s - 100.0 == pytest.approx(3.35)
+    assert calls["http://a:9000/metrics"] == 34  # every 0.1 s, held up by nothing
+    # Passes in which b was skipped end at once, those with b when its scrape times out. All
+    # are reported but the last, which b's scrape in flight at stop() belonged to.
+    assert sum(r.failed for r in rounds) == 3
+    assert sum(r.scraped for r in rounds) == 34 - 1
+    ended = len(rounds)
+    await asyncio.sleep(0)
+    assert len(rounds) == ended  # nothing reported after stop()
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+
+async def test_a_scrape_that_breaks_unexpectedly_is_logged_and_counted_as_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        if "b" in url:
+            raise RuntimeError("a bug, not a refused connection")
+        return VLLM_TEXT
+
+    clock = FakeClock()
+    rounds: list[ScrapeRound] = []
+    eps = [endpoint("http://a:9000"), endpoint("http://b:9000")]
+    scraper = Scraper(
+        lambda: eps, fetch, clock=clock, sleep=fake_sleep(clock), on_round=rounds.append
+    )
+    scraper.start()
+    async with asyncio.timeout(5):
+        while len(rounds) < 2:
+            await asyncio.sleep(0)
+    await scraper.stop()
+    assert rounds[:2] == [ScrapeRound(scraped=1, failed=1)] * 2  # and scraping went on
+    assert "event=scrape_bug" in caplog.text
