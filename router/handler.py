@@ -226,9 +226,12 @@ class Router:
         `done` describes it; otherwise attempt 1 is billed here, `done` is reset for attempt 2
         and the request and tier for attempt 2 are returned."""
         first, then = plan.cascade.first, plan.cascade.then
+        # A whole reply: the client's stream_options stay out (vLLM refuses them without
+        # `stream`, which would escalate every streamed cascade).
+        body = {k: v for k, v in request.body.items() if k != "stream_options"}
         attempt = replace(
             request,
-            body={**request.body, "model": plan.first_model, "stream": False},
+            body={**body, "model": plan.first_model, "stream": False},
             model=plan.first_model,
             stream=False,
             raw=None,

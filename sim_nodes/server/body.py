@@ -65,6 +65,8 @@ def validate_body(model: type[M], data: dict[str, Any]) -> M:
         param = _param(first["loc"])
         if first["type"] == "missing":
             message = f"Missing required parameter: '{param}'."
+        elif first["type"] == "value_error":  # our own validators: without pydantic's prefix
+            message = f"Invalid value for '{param}': {first['ctx']['error']}."
         else:
             message = f"Invalid value for '{param}': {first['msg']}."
         code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"

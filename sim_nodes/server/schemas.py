@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 __all__ = [
     "ChatChoice",
@@ -116,6 +124,16 @@ class _Generation(_Request):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        # vLLM refuses them on a whole reply; a client (or router) that sends them gets a 400.
+        if options is not None and not info.data.get("stream", False):
+            raise ValueError("stream options can only be defined when `stream=True`")
+        return options
 
     @property
     def include_usage(self) -> bool:

@@ -193,8 +193,19 @@ def test_malformed_tool_calls_escalate_to_the_full_model(router: dict[str, Any])
 
 
 def test_a_streaming_client_gets_the_kept_reply_as_events(router: dict[str, Any]) -> None:
-    r = cascade(router["url"], 1, stream=True, stream_options={"include_usage": True})
+    kept = next(
+        seed
+        for seed in range(20)
+        if cascade(router["url"], seed).headers["x-tiergate-escalated"] == "false"
+    )
+    # The same request streamed: the first attempt is a whole reply, so the client's
+    # stream_options must not go with it (vLLM refuses them without `stream`).
+    r = cascade(router["url"], kept, stream=True, stream_options={"include_usage": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert (r.headers["x-tiergate-escalated"], r.headers["x-tiergate-tier"]) == (
+        "false",
+        "wafer-scale",
+    )
     events = [line for line in r.text.split("\n\n") if line]
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["usage"]["completion_tokens"] > 0

@@ -116,6 +116,13 @@ CHAT_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
         "messages",
     ),
     ("unknown model", _body(model="gpt-17", messages=MESSAGES), 404, "model_not_found", "model"),
+    (
+        "stream_options without stream (vLLM refuses them)",
+        _body(model=MODEL, messages=MESSAGES, stream_options={"include_usage": True}),
+        400,
+        "invalid_value",
+        "stream_options",
+    ),
 ]
 
 COMPLETION_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
