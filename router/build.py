@@ -17,6 +17,7 @@ from .discovery import FileSource, PoolSource, PoolView
 from .handler import Router
 from .kube_discovery import KubeSource
 from .ledger import Ledger
+from .ledger_backlog import LedgerBacklogWriter
 from .ledger_retention import LedgerRetention
 from .metrics import RouterMetrics
 from .outliers import OutlierDetector
@@ -108,6 +109,7 @@ def build_app(
         _Closing(fetcher),
         scraper,
         retention,
+        LedgerBacklogWriter(ledger),
         tool_checker,
         *(extra_services or []),
     ]

@@ -228,10 +228,10 @@ class Router:
         first, then = plan.cascade.first, plan.cascade.then
         # A whole reply: the client's stream_options stay out (vLLM refuses them without
         # `stream`, which would escalate every streamed cascade).
-        body = {k: v for k, v in request.body.items() if k != "stream_options"}
+        fields = {k: v for k, v in request.body.items() if k != "stream_options"}
         attempt = replace(
             request,
-            body={**body, "model": plan.first_model, "stream": False},
+            body={**fields, "model": plan.first_model, "stream": False},
             model=plan.first_model,
             stream=False,
             raw=None,
@@ -531,29 +531,32 @@ class Router:
             now = self.clock()
             actual = done.prompt_tokens + done.completion_tokens
             self.limiter.settle(tenant, now, actual - done.estimated_tokens)
-            self.ledger.record(
-                UsageRecord(
-                    request_id=request_id,
-                    time_s=self.wall(),
-                    tenant=tenant.name,
-                    tier_requested=choice.tier,
-                    tier_served=done.tier_served,
-                    pool=done.pool.spec.name if done.pool else None,
-                    endpoint=done.endpoint,
-                    prompt_tokens=done.prompt_tokens,
-                    completion_tokens=done.completion_tokens,
-                    latency_s=now - started,
-                    ttft_s=done.ttft_s,
-                    cost_usd=done.cost_usd,
-                    http_status=done.status,
-                    outcome=done.outcome,
-                    escalated=done.escalated,
-                    attempt=done.attempt,
+            try:
+                self.ledger.record(
+                    UsageRecord(
+                        request_id=request_id,
+                        time_s=self.wall(),
+                        tenant=tenant.name,
+                        tier_requested=choice.tier,
+                        tier_served=done.tier_served,
+                        pool=done.pool.spec.name if done.pool else None,
+                        endpoint=done.endpoint,
+                        prompt_tokens=done.prompt_tokens,
+                        completion_tokens=done.completion_tokens,
+                        latency_s=now - started,
+                        ttft_s=done.ttft_s,
+                        cost_usd=done.cost_usd,
+                        http_status=done.status,
+                        outcome=done.outcome,
+                        escalated=done.escalated,
+                        attempt=done.attempt,
+                    )
                 )
-            )
-            # After the ledger, with no await between: the guard may re-read the ledger.
-            if done.cost_usd:
-                self.budgets.add(tenant, done.cost_usd, self.wall())
+            finally:
+                # After the ledger (with no await between: the guard may re-read it), and
+                # even when it refused the record: a ledger failure must not lift a budget.
+                if done.cost_usd:
+                    self.budgets.add(tenant, done.cost_usd, self.wall())
         except Exception:
             self.metrics.accounting_errors.inc()
             log.exception("event=accounting_failed request_id=%s", request_id)

@@ -42,6 +42,14 @@ transaction: a tenant's totals and its spend in a budget period read a few rows 
 history, never its requests. So request rows can be pruned (`prune`, run by
 router/ledger_retention.py under a retention setting) without changing any bill.
 
+When the database refuses a write (another process holds its write lock, the disk is full or
+read-only), the record is held in memory, in order, and written once the database takes writes
+again (`flush_backlog`, run every second by router/ledger_backlog.py). Meanwhile later records
+join the backlog without touching the database, so an outage stalls the event loop for at
+most one `BUSY_TIMEOUT_S`, not once per request; totals and budget spend include the backlog,
+so budgets stay enforced. Held records are not durable: a router killed during an outage loses
+them, and beyond `MAX_BACKLOG` new ones are dropped (`tiergate_ledger_dropped_records_total`).
+
 Threading: records and reads use one connection, on the event loop's thread; the checkpoint
 thread has its own connection and only ever checkpoints.
 """
@@ -52,6 +60,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -85,6 +94,13 @@ RESTART_FRAMES = 1000
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 #: Page size of a new ledger file; an existing one keeps its own.
 PAGE_SIZE = 1024
+#: How long a record waits for the write lock (SQLite's busy handler, on the event loop). The
+#: checkpoint thread's RESTART pass holds it for a few ms; a record that still finds it taken
+#: joins the backlog and is written a second later.
+BUSY_TIMEOUT_S = 0.1
+#: Records held in memory while the database refuses writes (~300 bytes each); beyond this many,
+#: new records are dropped and counted.
+MAX_BACKLOG = 100_000
 
 #: How a request attempt ended. `shed`: refused by admission; `rejected`: refused before
 #: routing (limits, budget); `client_disconnect`: the client went away mid-request.
@@ -211,7 +227,7 @@ class Ledger:
             # Built on one thread (the CLI's), used on the event loop's, one at a time: the
             # connection may change threads, it is never shared by two at once.
             self._db = sqlite3.connect(
-                self.path, isolation_level=None, timeout=1.0, check_same_thread=False
+                self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False
             )
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
@@ -234,6 +250,9 @@ class Ledger:
             if self.path == ":memory:"
             else _Checkpointer(self.path, checkpoint_interval_s, restart_frames)
         )
+        self._backlog: deque[UsageRecord] = deque()
+        self.max_backlog = MAX_BACKLOG
+        self.dropped = 0  # records lost: over `max_backlog`, or that the database refused
 
     def _migrate(self) -> None:
         """Create the schema if absent, bring an older one up to date; refuse a ledger written
@@ -279,7 +298,11 @@ class Ledger:
         db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
     def close(self) -> None:
-        """Close the database; every recorded attempt is already committed."""
+        """Close the database, after a last try at writing the backlog."""
+        while self._backlog and self.flush_backlog(1000):
+            pass
+        if self._backlog:
+            log.error("event=ledger_backlog_lost path=%s records=%d", self.path, len(self._backlog))
         if self._checkpointer is not None:
             self._checkpointer.stop()
         self._db.close()
@@ -291,7 +314,61 @@ class Ledger:
         self.close()
 
     def record(self, usage: UsageRecord) -> None:
-        """Durably record one attempt (see the module docstring for what durable means)."""
+        """Durably record one attempt (see the module docstring for what durable means), or
+        hold it in the backlog while the database refuses writes. Raises LedgerError only for
+        a record the database can never take (a bug), which is counted as dropped."""
+        if self._backlog:
+            self._hold(usage)  # in order, and without another wait for the lock
+            return
+        try:
+            self._write(usage)
+        except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
+            log.warning(
+                "event=ledger_write_failed path=%s error=%s holding=in_memory", self.path, exc
+            )
+            self._hold(usage)
+        except sqlite3.Error as exc:
+            self.dropped += 1
+            raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
+
+    @property
+    def backlog(self) -> int:
+        """Records held in memory, not yet written."""
+        return len(self._backlog)
+
+    def flush_backlog(self, limit: int) -> int:
+        """Write up to `limit` held records, oldest first, without waiting for the write lock.
+        Returns how many left the backlog (0 while the database still refuses)."""
+        done = 0
+        db = self._db
+        db.execute("PRAGMA busy_timeout=0")  # retried next round: never hold the loop waiting
+        try:
+            while self._backlog and done < limit:
+                try:
+                    self._write(self._backlog[0])
+                except sqlite3.OperationalError:
+                    break
+                except sqlite3.Error as exc:
+                    self.dropped += 1
+                    log.error("event=ledger_record_dropped path=%s error=%s", self.path, exc)
+                self._backlog.popleft()
+                done += 1
+        finally:
+            db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if done and not self._backlog:
+            log.warning("event=ledger_backlog_written path=%s", self.path)
+        return done
+
+    def _hold(self, usage: UsageRecord) -> None:
+        if len(self._backlog) >= self.max_backlog:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                log.error("event=ledger_backlog_full path=%s dropped=%d", self.path, self.dropped)
+            return
+        self._backlog.append(usage)
+
+    def _write(self, usage: UsageRecord) -> None:
+        """One attempt's row and its daily totals, in one committed transaction."""
         served = usage.tier_served or ""
         db = self._db
         try:
@@ -330,9 +407,6 @@ class Ledger:
                 ),
             )
             db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
         except BaseException:
             self._rollback()
             raise
@@ -357,13 +431,22 @@ class Ledger:
 
     def tenant_totals(self, tenant: str) -> UsageTotals:
         """A tenant's totals over the whole ledger, overall and by tier served (from the daily
-        totals: pruned request rows still count)."""
+        totals: pruned request rows still count), the backlog included."""
         rows = self._db.execute(
             "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
             " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = ?"
-            " GROUP BY tier_served ORDER BY tier_served",
+            " GROUP BY tier_served",
             (tenant,),
         ).fetchall()
+        sums = {row[0]: list(row[1:]) for row in rows}
+        for held in self._backlog:
+            if held.tenant == tenant:
+                add = (held.attempt == 1, 1, held.prompt_tokens, held.completion_tokens,
+                       held.cost_usd)  # fmt: skip
+                total = sums.setdefault(held.tier_served or "", [0, 0, 0, 0, 0.0])
+                for i, value in enumerate(add):
+                    total[i] += value
+        rows = sorted((tier, *total) for tier, total in sums.items())
         by_tier: dict[Tier, TierTotals] = {}
         for tier, _, attempts, prompt, completion, cost in rows:
             if tier:
@@ -379,13 +462,20 @@ class Ledger:
 
     def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
         """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
-        Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served."""
+        Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and
+        the backlog."""
+        end = _MAX_DAY if end_day is None else end_day
         (spent,) = self._db.execute(
             "SELECT COALESCE(SUM(cost_usd), 0.0) FROM tenant_daily"
             " WHERE tenant = ? AND day >= ? AND day < ?",
-            (tenant, first_day, _MAX_DAY if end_day is None else end_day),
+            (tenant, first_day, end),
         ).fetchone()
-        return float(spent)
+        held = sum(
+            r.cost_usd
+            for r in self._backlog
+            if r.tenant == tenant and first_day <= utc_day(r.time_s) < end
+        )
+        return float(spent) + held
 
     def used_bytes(self) -> int:
         """Bytes of the database file in use (pages not on SQLite's free list; without the WAL).

@@ -84,7 +84,9 @@ class RouterMetrics:
         )
         self.accounting_errors = Counter(
             "tiergate_accounting_errors",
-            "Requests whose usage could not be recorded (ledger failures).",
+            "Requests whose accounting failed: the ledger refused the record itself (it holds "
+            "records while its database refuses writes: tiergate_ledger_backlog_records), or a "
+            "bug (logged).",
             registry=r,
         )
         self.internal_errors = Counter(
@@ -167,4 +169,15 @@ class _LedgerCollector(Collector):
             "tiergate_ledger_prune_failures",
             "Pruning rounds that failed (the ledger keeps growing meanwhile).",
             value=self._retention.failures,
+        )
+        yield GaugeMetricFamily(
+            "tiergate_ledger_backlog_records",
+            "Records held in memory because the ledger's database refused writes (locked, "
+            "full, read-only); written once it takes them. Not durable meanwhile.",
+            value=self._ledger.backlog,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_dropped_records",
+            "Records lost: the backlog was full, or the database refused the record itself.",
+            value=self._ledger.dropped,
         )

@@ -1,0 +1,51 @@
+"""Writing the ledger's backlog: records held in memory while the database refused writes.
+
+`Ledger.record` holds a record it cannot write (router/ledger.py says when and why); this
+service tries the backlog every `interval_s`, on the event loop and without waiting for the
+write lock, in batches of `batch_rows` with the loop free between them, so a backlog built up
+during an outage drains in the background once the database takes writes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from .ledger import Ledger
+
+__all__ = ["LedgerBacklogWriter"]
+
+#: Seconds between tries while records are held.
+INTERVAL_S = 1.0
+#: Records per batch: each is its own transaction, ~25 us (benchmarks/ledger_record.py).
+BATCH_ROWS = 200
+
+
+class LedgerBacklogWriter:
+    """Writes `ledger`'s backlog while the app runs (a service)."""
+
+    def __init__(
+        self, ledger: Ledger, *, interval_s: float = INTERVAL_S, batch_rows: int = BATCH_ROWS
+    ) -> None:
+        self.ledger = ledger
+        self._interval_s = interval_s
+        self._batch_rows = batch_rows
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name="ledger-backlog-writer"
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            while self.ledger.backlog and self.ledger.flush_backlog(self._batch_rows):
+                await asyncio.sleep(0)
