@@ -117,6 +117,14 @@ class RouterSettings(_Model):
     upstream_attempts: int = Field(default=3, ge=1, le=10)
     scrape_interval_s: float = Field(default=0.5, gt=0)
     reload_interval_s: float = Field(default=1.0, gt=0)
+    forward_fault_header: bool = Field(
+        default=False,
+        description=(
+            "Pass clients' x-tiergate-fault header on to the sim nodes, for fault drills. Any "
+            "client may then make a node fail, and the failures count against the endpoint's "
+            "health: leave it off where others share the router."
+        ),
+    )
 
 
 class LocalSettings(_Model):

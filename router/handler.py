@@ -60,7 +60,9 @@ from .tool_check import ToolCallChecker
 log = logging.getLogger("tiergate.router")
 
 #: Request headers passed on to the serving node (never Authorization: keys stay here).
-FORWARDED = ("x-tiergate-fault", "x-tiergate-timing")
+FORWARDED = ("x-tiergate-timing",)
+#: The sim nodes' fault injection: passed on only when the settings say so (fault drills).
+FAULT_HEADER = "x-tiergate-fault"
 #: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
 HEADROOM = 1.5
 
@@ -424,6 +426,8 @@ class Router:
         guard: DisconnectGuard,
     ) -> None:
         extra = {h: headers[h] for h in FORWARDED if h in headers}
+        if self.settings.forward_fault_header and FAULT_HEADER in headers:
+            extra[FAULT_HEADER] = headers[FAULT_HEADER]
         with guard.cancellable():
             opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
         reply_headers = {

@@ -19,6 +19,9 @@ CHARS_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 256
 #: How much of the prompt the prefix-affinity hash looks at.
 PREFIX_CHARS = 2048
+#: The largest `max_tokens` accepted: far beyond any model's context (the node refuses what its
+#: model cannot do), and small enough for the router's limits and predictions to compute with.
+MAX_TOKENS_LIMIT = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -66,6 +69,10 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise _bad("the request body is not valid UTF-8") from None
     except json.JSONDecodeError as exc:
         raise _bad(f"the request body is not valid JSON ({exc.msg} at {exc.pos})") from None
+    except RecursionError:
+        raise _bad("the request body nests arrays or objects too deeply") from None
+    except ValueError as exc:  # an integer longer than Python converts (4,300 digits)
+        raise _bad(f"the request body holds a number that cannot be read ({exc})") from None
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
     model = body.get("model")
@@ -120,6 +127,8 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
             raise _bad(f"`{key}` must be an integer", param=key)
         if value < 1:
             raise _bad(f"`{key}` must be at least 1 (got {value})", param=key)
+        if value > MAX_TOKENS_LIMIT:
+            raise _bad(f"`{key}` must be at most {MAX_TOKENS_LIMIT}", param=key)
         return value
     return None
 
@@ -133,7 +142,7 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise _bad(f"`messages[{i}]` must be an object", param="messages")
-            parts.append(_content_text(message.get("content")))
+            parts.append(_content_text(message.get("content"), i))
         return "\n".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -143,14 +152,19 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
     raise _bad("`prompt` must be a string or a non-empty array of strings", param="prompt")
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: Any, i: int) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # multi-part content: count the text parts
-        return "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""
+    if not isinstance(content, list):
+        return ""
+    texts: list[str] = []  # multi-part content: count the text parts
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _bad(f"`messages[{i}].content[{j}].text` must be a string", param="messages")
+            texts.append(text)
+    return "".join(texts)
 
 
 def _bad(message: str, *, param: str | None = None) -> RouterError:

@@ -48,7 +48,8 @@ def pools_yaml(urls: dict[str, list[str]], tenants: Path, ledger: Path) -> str:
         )
 
     return (
-        f"router: {{tenantsFile: {tenants}, ledgerPath: {ledger}}}\npools:\n"
+        f"router: {{tenantsFile: {tenants}, ledgerPath: {ledger}, forwardFaultHeader: true}}\n"
+        "pools:\n"
         + pool("coder-batched", "batched", "coder")
         + pool("coder-premium", "premium", "coder")
         + pool("spark", "wafer-scale", "coder-spark")
@@ -182,6 +183,19 @@ def test_a_midstream_failure_ends_the_stream_with_an_error_event(system: dict[st
         (json.dumps(chat(max_tokens=-3)).encode(), 400, "invalid_request"),
         (json.dumps(chat(max_tokens=True)).encode(), 400, "invalid_request"),
         (json.dumps({"model": "coder", "messages": []}).encode(), 400, "invalid_request"),
+        (b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], "x": '
+         + b"[" * 3000 + b"]" * 3000 + b"}", 400, "invalid_request"),
+        (json.dumps(chat()).encode()[:-1] + b', "seed": ' + b"9" * 4301 + b"}",
+         400, "invalid_request"),
+        (json.dumps(chat()).encode()[:-1] + b', "max_tokens": 1' + b"0" * 309 + b"}",
+         400, "invalid_request"),
+        (json.dumps(chat(max_tokens=2**31)).encode(), 400, "invalid_request"),
+        (json.dumps({"model": "coder", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": None}]}]}).encode(),
+         400, "invalid_request"),
+        (json.dumps({"model": "coder", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": 5}]}]}).encode(),
+         400, "invalid_request"),
         (json.dumps(chat("gpt-9")).encode(), 404, "model_not_found"),
         (json.dumps(chat(service_tier="turbo")).encode(), 400, "unknown_tier"),
         (json.dumps(chat("coder-spark", service_tier="priority")).encode(), 400, "tier_not_served"),

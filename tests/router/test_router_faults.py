@@ -253,3 +253,19 @@ def test_a_reply_is_in_the_ledger_before_its_end_goes_out(
             )
             assert r.status_code == status, r.text
     assert rows_at_end == [1, 2, 3]
+
+
+def test_a_client_s_fault_header_does_not_reach_the_node_by_default(
+    system: dict[str, Any],
+) -> None:
+    # With it, any client could make a shared node fail and have it ejected for every tenant.
+    url = system["url"] + "/v1/chat/completions"
+    for _ in range(6):
+        r = httpx.post(
+            url, json=body("slow", max_tokens=1), headers={"x-tiergate-fault": "503"}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+    metrics = httpx.get(system["url"] + "/metrics").text
+    assert not [
+        x for x in metrics.splitlines() if 'state="ejected"' in x and not x.endswith(" 0.0")
+    ]
