@@ -195,8 +195,8 @@ class Router:
                 self._queues[tier].release()
         except RouterError as error:
             done.status = error.status
-            if error.code == "tier_saturated":
-                done.outcome = "shed"
+            if error.code in ("tier_saturated", "slo_unattainable"):
+                done.outcome = "shed"  # refused by admission: served late or not at all
             elif error.status >= 502:
                 done.outcome = "upstream_error"
             else:
@@ -241,6 +241,7 @@ class Router:
         choice = TierChoice(first, "cascade", "standard", False)
         problem: str | None = "no reply"
         reply: dict[str, Any] | None = None
+        refusal: bytes | None = None  # the node refused the request itself
         one = Progress(estimated_tokens=done.estimated_tokens)
         with guard.cancellable():
             await self._admit(view, attempt, choice, first, tenant)
@@ -262,10 +263,27 @@ class Router:
                     problem = None  # unless the tool-call check below finds one
                 except (ValueError, TypeError, AttributeError):
                     problem = "a malformed reply"
+            elif _the_request_s_fault(one.status, body):
+                refusal = body
         except RouterError as error:
             one.status, problem = error.status, error.message
         finally:
             self._queues[first].release()
+        if refusal is not None:
+            # The full model would refuse it too: the client gets the refusal, not a premium
+            # attempt billed for nothing.
+            one.outcome = "rejected"
+            headers = {
+                "x-tiergate-tier": first,
+                "x-tiergate-tier-requested": first,
+                "x-tiergate-pool": one.pool.spec.name if one.pool else "",
+                "x-tiergate-request-id": request_id,
+                "x-tiergate-escalated": "false",
+            }
+            done.__dict__.update(one.__dict__)
+            settle()
+            await send_bytes(send, one.status, refusal, encode_headers(headers))
+            return request, choice
         if problem is None and reply is not None:
             # After the slot is free: the check may take up to its deadline.
             problem = await self.tool_checker.problem(reply, request.body)
@@ -564,3 +582,17 @@ class Router:
         except Exception:
             self.metrics.accounting_errors.inc()
             log.exception("event=accounting_failed request_id=%s", request_id)
+
+
+def _the_request_s_fault(status: int, body: bytes) -> bool:
+    """Whether a cascade's first tier refused the request for what it asks (a bad field), which
+    the second tier would refuse too, rather than for what it is (its context, its load)."""
+    if not 400 <= status < 500 or status in (404, 408, 429):
+        return False
+    code: object
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, TypeError, KeyError):
+        code = None
+    # The distilled model's context may be shorter than the full model's.
+    return code != "context_length_exceeded"

@@ -18,6 +18,7 @@ from tiergate.router.cascade import as_event_stream, parse_cascade
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
+from tiergate.router.handler import _the_request_s_fault
 from tiergate.router.ledger import LedgerError, UsageRecord
 from tiergate.router.tool_calls import tool_call_problem
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -209,6 +210,50 @@ def test_a_streaming_client_gets_the_kept_reply_as_events(router: dict[str, Any]
     events = [line for line in r.text.split("\n\n") if line]
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["usage"]["completion_tokens"] > 0
+
+
+def test_a_request_the_first_tier_refuses_for_a_bad_field_is_not_escalated(
+    router: dict[str, Any],
+) -> None:
+    def escalations() -> float:
+        series = 'tiergate_cascade_escalations_total{from_tier="wafer-scale",to_tier="premium"}'
+        metrics = httpx.get(router["url"] + "/metrics").text
+        return sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(series))
+
+    before = escalations()
+    r = cascade(router["url"], 1, tool_choice="bogus")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert r.headers["x-tiergate-escalated"] == "false"
+    rows = (
+        sqlite3.connect(router["ledger"])
+        .execute(
+            "select attempt, tier_served, outcome, http_status, cost_usd from usage"
+            " where request_id = ?",
+            (r.headers["x-tiergate-request-id"],),
+        )
+        .fetchall()
+    )
+    assert rows == [(1, "wafer-scale", "rejected", 400, 0.0)]  # no premium attempt
+    assert escalations() == before
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "escalates"),
+    [
+        (400, "invalid_value", False),
+        (422, None, False),
+        (400, "context_length_exceeded", True),  # the full model's context may be longer
+        (404, "model_not_found", True),
+        (429, None, True),
+        (503, None, True),
+    ],
+)
+def test_which_refusals_of_the_first_tier_escalate(
+    status: int, code: str | None, escalates: bool
+) -> None:
+    body = json.dumps({"error": {"message": "m", "type": "t", "code": code, "param": None}})
+    assert _the_request_s_fault(status, body.encode()) is not escalates
+    assert _the_request_s_fault(400, b"<html>") is True  # no envelope: as the node said
 
 
 def test_without_tools_the_cascade_header_changes_nothing(router: dict[str, Any]) -> None:

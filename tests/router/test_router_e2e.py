@@ -292,3 +292,13 @@ def test_slo_headers_reject_early_what_the_model_says_will_be_late(
     if code == "slo_unattainable":
         assert "best predicted" in r.json()["error"]["message"]
         assert r.headers["retry-after"] == "1"
+        # Refused by admission (the router's own call), not an upstream failure.
+        (outcome,) = (
+            sqlite3.connect(system["ledger"])
+            .execute(
+                "select outcome from usage where request_id = ?",
+                (r.headers["x-tiergate-request-id"],),
+            )
+            .fetchone()
+        )
+        assert outcome == "shed"
