@@ -59,17 +59,33 @@ class RouterApp:
             ("GET", "/readyz"): self._readyz,
             ("GET", "/openapi.json"): self._openapi,
         }
-        self._paths = {path for _, path in self._routes}
+        # A path's methods, for a 405's Allow header; HEAD wherever GET is (uvicorn sends
+        # the headers of the GET reply without its body).
+        self._allowed: dict[str, list[str]] = {}
+        for method, path in self._routes:
+            self._allowed.setdefault(path, []).extend(
+                ["GET", "HEAD"] if method == "GET" else [method]
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            handler = self._routes.get((scope["method"], scope["path"]))
+            method, path = scope["method"], scope["path"]
+            handler = self._routes.get((method, path))
+            if handler is None and method == "HEAD":
+                handler = self._routes.get(("GET", path))
             if handler is not None:
                 await self._guarded(handler, scope, receive, send)
-            elif scope["path"] in self._paths:
+            elif path in self._allowed:
+                allowed = ", ".join(self._allowed[path])
                 await send_error(
-                    send, RouterError(405, "method not allowed", code="method_not_allowed")
+                    send,
+                    RouterError(
+                        405,
+                        f"method not allowed: {path} takes {allowed}",
+                        code="method_not_allowed",
+                        headers={"allow": allowed},
+                    ),
                 )
             else:
                 await send_error(

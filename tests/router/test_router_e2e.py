@@ -302,3 +302,18 @@ def test_slo_headers_reject_early_what_the_model_says_will_be_late(
             .fetchone()
         )
         assert outcome == "shed"
+
+
+def test_head_answers_like_get_and_a_wrong_method_says_which_are_allowed(
+    system: dict[str, Any],
+) -> None:
+    for path in ("/healthz", "/readyz", "/v1/models", "/openapi.json"):
+        head = httpx.head(system["url"] + path, headers=ALICE)
+        get = httpx.get(system["url"] + path, headers=ALICE)
+        assert head.status_code == get.status_code == 200, path
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+    r = httpx.request("OPTIONS", system["url"] + "/v1/chat/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    r = httpx.delete(system["url"] + "/healthz")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
