@@ -7,12 +7,14 @@ else OpenAI defines is passed to the serving node, so the schemas allow addition
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tiergate import __version__
 
+from .cascade import CASCADE_HEADER
+from .request import MAX_TOKENS_LIMIT, SLO_TPOT_HEADER, SLO_TTFT_HEADER
 from .tiers import TIER_HEADER, TIERS
 
 Tier = Literal["batched", "premium", "wafer-scale"]
@@ -30,8 +32,12 @@ class _Common(_Open):
     model: str = Field(description="A served model name (see GET /v1/models).")
     stream: bool = Field(default=False, description="Stream server-sent events.")
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, description="Output token limit.")
-    max_completion_tokens: int | None = Field(default=None, ge=1, description="Same, newer name.")
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS_LIMIT, description="Output token limit."
+    )
+    max_completion_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS_LIMIT, description="Same, newer name."
+    )
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
         default=None,
         description="priority -> premium; flex -> batched at lowest priority; auto may be "
@@ -48,7 +54,7 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] = Field(description="The prompt.")
+    prompt: str | Annotated[list[str], Field(min_length=1)] = Field(description="The prompt.")
 
 
 class ErrorBody(BaseModel):
@@ -75,14 +81,21 @@ class ModelList(BaseModel):
 
 
 _ERRORS = {
-    "400": "Bad request (invalid body, unknown tier, model not served in the tier).",
+    "400": "Bad request (invalid body, unknown tier, model not served in the tier, a bad "
+    "cascade or SLO header).",
     "401": "Missing or invalid API key.",
     "403": "The tenant may not use the resolved tier.",
     "404": "Model not served here (the message lists the served models).",
+    "405": "Method not allowed (see the Allow header).",
     "413": "Body too large.",
     "429": "Rate limit, budget or a saturated tier; see Retry-After.",
-    "503": "No endpoint could serve the request.",
+    "500": "A router bug (logged, counted in tiergate_internal_errors_total).",
+    "502": "The serving node's reply was malformed or cut short (bad_upstream_reply).",
+    "503": "No endpoint could serve the request (no_capacity, upstream_unavailable), or the "
+    "SLO headers cannot be met on any candidate (slo_unattainable); see Retry-After.",
 }
+#: Errors that carry Retry-After (seconds; a spent budget of period `total` has none).
+_RETRY_AFTER = ("429", "503")
 
 _REPLY_HEADERS = {
     "x-tiergate-tier": "The tier that served the request.",
@@ -91,7 +104,22 @@ _REPLY_HEADERS = {
     "x-tiergate-request-id": "The router's id of the request (also in the ledger).",
     "x-tiergate-cost-usd": "Cost billed (non-streaming replies; streams put it in usage).",
     "x-tiergate-fallback": "true when service_tier auto moved the request to another tier.",
+    "x-tiergate-escalated": "With a cascade: true when the first tier's reply was not usable "
+    "and the second tier's is returned (both attempts are billed).",
 }
+
+_REQUEST_HEADERS: list[tuple[str, dict[str, Any], str]] = [
+    (TIER_HEADER, {"type": "string", "enum": list(TIERS)},
+     "Ask for a tier explicitly (first rule of tier resolution)."),
+    (CASCADE_HEADER, {"type": "string", "pattern": "^[a-z-]+>[a-z-]+$"},
+     "Serve on the first tier, and on the second when the first's tool call is malformed, "
+     "e.g. wafer-scale>premium."),
+    (SLO_TTFT_HEADER, {"type": "number", "exclusiveMinimum": 0},
+     "Time to first token the client needs (ms): refused early with 503 when no candidate "
+     "is predicted to meet it."),
+    (SLO_TPOT_HEADER, {"type": "number", "exclusiveMinimum": 0},
+     "Time per output token the client needs (ms), likewise."),
+]  # fmt: skip
 
 
 def _completion_op(summary: str, schema: str) -> dict[str, Any]:
@@ -100,13 +128,14 @@ def _completion_op(summary: str, schema: str) -> dict[str, Any]:
         "security": [{"bearer": []}],
         "parameters": [
             {
-                "name": TIER_HEADER,
+                "name": name,
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string", "enum": list(TIERS)},
-                "description": "Ask for a tier explicitly (first rule of tier resolution).",
+                "schema": schema,
+                "description": description,
             }
-        ],
+            for name, schema, description in _REQUEST_HEADERS
+        ],  # fmt: skip
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
@@ -123,16 +152,28 @@ def _completion_op(summary: str, schema: str) -> dict[str, Any]:
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            **{code: _error(text) for code, text in _ERRORS.items()},
+            **{
+                code: _error(text, retry_after=code in _RETRY_AFTER)
+                for code, text in _ERRORS.items()
+            },
+            "default": _error(
+                "The serving node refused the request itself: its status and envelope, "
+                "passed through."
+            ),
         },
     }
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {
+def _error(description: str, *, retry_after: bool = False) -> dict[str, Any]:
+    error: dict[str, Any] = {
         "description": description,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
     }
+    if retry_after:
+        error["headers"] = {
+            "Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}
+        }
+    return error
 
 
 @functools.cache

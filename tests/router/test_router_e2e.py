@@ -265,6 +265,19 @@ def test_models_health_and_openapi(system: dict[str, Any]) -> None:
     assert httpx.get(system["url"] + "/readyz").status_code == 200
     spec = httpx.get(system["url"] + "/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/usage", "/v1/models"} <= set(spec["paths"])
+    # What the router reads and sends is what the document says.
+    op = spec["paths"]["/v1/chat/completions"]["post"]
+    assert {p["name"] for p in op["parameters"]} == {
+        "x-tiergate-tier", "x-tiergate-cascade", "x-slo-ttft-ms", "x-slo-tpot-ms"
+    }  # fmt: skip
+    documented = set(op["responses"]["200"]["headers"])
+    for headers in ({}, {"x-tiergate-cascade": "wafer-scale>premium"}):
+        r = post(system, chat("coder-spark", max_tokens=2), headers)
+        assert r.status_code == 200
+        assert {h for h in r.headers if h.startswith("x-tiergate-")} <= documented
+    for status in ("429", "503"):
+        assert "Retry-After" in op["responses"][status]["headers"]
+    assert "default" in op["responses"]  # a node's own refusal, passed through
     assert httpx.get(system["url"] + "/nope").status_code == 404
     metrics = httpx.get(system["url"] + "/metrics").text
     young = 'tiergate_gc_pause_seconds_count{generation="0"} '
