@@ -11,8 +11,12 @@ Contract with the caller: record an attempt in the ledger first, then call `add`
 and a figure rebuilt from it never counts an attempt twice (`add` only updates a tenant the
 guard already tracks; one it does not yet track is read from the ledger at its next `check`).
 
-Budgets are soft by the requests already in flight: `check` admits while the spend so far is
-under the budget, and requests running at that moment still complete and are billed.
+Requests in flight count too: `check` takes a hold of the request's most it may cost (its
+prompt estimate and `max_tokens` at the dearest price it may be served at), admits while the
+spend so far plus the holds of requests in flight is under the budget, and the caller releases
+the hold when the request ends (its actual cost is `add`ed). So a burst of concurrent requests
+cannot overspend by more than the holds underestimate; a request admitted still completes and
+is billed. A refusal only because of holds is temporary: its Retry-After is 1 s.
 Time is Unix time (`time.time` by default) because periods are calendar periods.
 """
 
@@ -91,38 +95,65 @@ class BudgetGuard:
         self._ledger = ledger
         self._clock = clock
         self._spend: dict[str, _Spend] = {}
+        self._held: dict[str, list[float]] = {}  # tenant -> [requests, USD] held in flight
         now_s = clock()
         for tenant in tenants:
             if tenant.budget_usd is not None:
                 self._tracked(tenant, now_s)
 
-    def check(self, tenant: Tenant, now_s: float | None = None) -> None:
-        """Raise RouterError(429, insufficient_quota) if the tenant has spent its budget.
+    def check(self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0) -> float:
+        """Take a hold of `hold_usd` for a request, or raise RouterError(429,
+        insufficient_quota) if the tenant has spent its budget, counting the holds of its
+        requests in flight. Returns the hold, for `release` when the request ends.
 
-        `Retry-After` is the time to the next period; a spent `total` budget has none.
+        `Retry-After` is the time to the next period (a spent `total` budget has none), or 1 s
+        when only requests in flight stand in the way.
         """
         budget = tenant.budget_usd
         if budget is None:
-            return
+            return 0.0
         now = self._clock() if now_s is None else now_s
         spend = self._tracked(tenant, now)
-        if spend.spent_usd < budget:
-            return
+        held = self._held.get(tenant.name)
+        in_flight_usd = held[1] if held is not None else 0.0
+        if spend.spent_usd + in_flight_usd < budget:
+            held = self._held.setdefault(tenant.name, [0, 0.0])
+            held[0] += 1
+            held[1] += hold_usd
+            return hold_usd
         headers = {}
-        if spend.end_s is None:
-            when = "it does not reset; an administrator can raise budgetUsd"
+        label = _label(spend.period)
+        if spend.spent_usd < budget:
+            headers["Retry-After"] = "1"
+            message = (
+                f"tenant {tenant.name!r} has requests in flight that may spend the rest of its "
+                f"{label} budget (${spend.spent_usd:.4f} spent of ${budget:.2f}, "
+                f"${in_flight_usd:.4f} held for them); retry when they end"
+            )
         else:
-            headers["Retry-After"] = str(max(1, math.ceil(spend.end_s - now)))
-            reset = datetime.fromtimestamp(spend.end_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            when = f"it resets at {reset}"
+            if spend.end_s is None:
+                when = "it does not reset; an administrator can raise budgetUsd"
+            else:
+                headers["Retry-After"] = str(max(1, math.ceil(spend.end_s - now)))
+                reset = datetime.fromtimestamp(spend.end_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                when = f"it resets at {reset}"
+            message = (
+                f"tenant {tenant.name!r} has spent its {label} budget "
+                f"(${spend.spent_usd:.4f} of ${budget:.2f}); {when}"
+            )
         raise RouterError(
-            429,
-            f"tenant {tenant.name!r} has spent its {_label(spend.period)} budget "
-            f"(${spend.spent_usd:.4f} of ${budget:.2f}); {when}",
-            type="insufficient_quota",
-            code="budget_exceeded",
-            headers=headers,
+            429, message, type="insufficient_quota", code="budget_exceeded", headers=headers
         )
+
+    def release(self, tenant: Tenant, hold_usd: float) -> None:
+        """End the hold `check` took for a request (once it was accounted for)."""
+        held = self._held.get(tenant.name)
+        if held is None:
+            return
+        held[0] -= 1
+        held[1] -= hold_usd
+        if held[0] <= 0:
+            del self._held[tenant.name]  # exactly zero again, whatever the rounding
 
     def add(self, tenant: Tenant, cost_usd: float, now_s: float | None = None) -> None:
         """Count an attempt's cost, after it was recorded in the ledger (see the module doc)."""

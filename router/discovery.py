@@ -61,11 +61,17 @@ class PoolView:
         self.pools: dict[str, RoutedPool] = {p.spec.name: p for p in pools}
         members: dict[tuple[str, Tier], list[EndpointState]] = {}
         tiers: dict[str, set[Tier]] = {}
+        self._prices: dict[tuple[str, Tier], tuple[float, float]] = {}
         for pool in self.pools.values():
             for name in pool.spec.names:
                 key = (name, pool.spec.tier)
                 members.setdefault(key, []).extend(pool.endpoints)
                 tiers.setdefault(name, set()).add(pool.spec.tier)
+                held = self._prices.get(key, (0.0, 0.0))
+                self._prices[key] = (
+                    max(held[0], pool.input_price_per_token_usd),
+                    max(held[1], pool.output_price_per_token_usd),
+                )
         self._candidates = {
             (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
         }
@@ -79,6 +85,12 @@ class PoolView:
     def candidate_sets(self) -> Iterable[CandidateSet]:
         """Every non-empty (model, tier) set of `candidates`."""
         return self._candidates.values()
+
+    def price_ceiling_usd(self, model: str, tier: Tier, prompt: int, completion: int) -> float:
+        """What a request of these token counts costs on the dearest pool of `tier` serving
+        `model` (0 when none does)."""
+        per_in, per_out = self._prices.get((model, tier), (0.0, 0.0))
+        return prompt * per_in + completion * per_out
 
     def tiers_serving(self, model: str) -> tuple[Tier, ...]:
         return self._tiers.get(model, ())

@@ -146,6 +146,7 @@ class Router:
         choice: TierChoice | None = None
         settled = False
         guard: DisconnectGuard | None = None
+        hold_usd: float | None = None  # held against the tenant's budget while in flight
 
         def settle() -> None:
             """Account for the request, once: called before the reply's last bytes go out (so
@@ -171,7 +172,9 @@ class Router:
                 choice, tier = self._tier(headers, request, view, tenant)
             else:
                 choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
-            self.budgets.check(tenant, self.wall())
+            hold_usd = self.budgets.check(
+                tenant, self.wall(), self._most_it_may_cost(view, request, plan, choice, tenant)
+            )
             estimate = request.prompt_tokens_estimate + request.max_tokens
             self.limiter.check(tenant, started, estimate)
             done.estimated_tokens = estimate
@@ -209,6 +212,28 @@ class Router:
             if guard is not None:
                 guard.stop()
             settle()
+            if hold_usd is not None and tenant is not None:
+                self.budgets.release(tenant, hold_usd)  # its actual cost is counted now
+
+    def _most_it_may_cost(
+        self,
+        view: PoolView,
+        request: CompletionRequest,
+        plan: CascadePlan | None,
+        choice: TierChoice,
+        tenant: Tenant,
+    ) -> float:
+        """The budget hold of a request: its prompt estimate and `max_tokens` at the dearest
+        pool that may serve it (both tiers of a cascade, which may bill both)."""
+        if tenant.budget_usd is None:
+            return 0.0
+        prompt, most = request.prompt_tokens_estimate, request.max_tokens
+        if plan is None:
+            return view.price_ceiling_usd(request.model, choice.tier, prompt, most)
+        first, then = plan.cascade.first, plan.cascade.then
+        return view.price_ceiling_usd(plan.first_model, first, prompt, most) + (
+            view.price_ceiling_usd(plan.then_model, then, prompt, most)
+        )
 
     async def _first_attempt(
         self,

@@ -1,16 +1,26 @@
 """Budgets: UTC periods, enforcement, rollover, and enforcement that survives a restart."""
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tiergate.router.budgets import BudgetGuard, period_bounds
+from tiergate.router.build import build_app
+from tiergate.router.config import parse_config
+from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
 from tiergate.router.ledger import Ledger, UsageRecord
 from tiergate.router.tenants import ANONYMOUS, BudgetPeriod, Tenant
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
 
 
 @pytest.fixture
@@ -144,3 +154,61 @@ def test_a_period_counts_from_its_first_second_to_its_last(ledger: Ledger) -> No
     spend(ledger, "weekly", ts(2027, 1, 3, 23, 59, 59), 5.0)  # Sunday, this week
     spend(ledger, "weekly", ts(2027, 1, 4), 1000.0)  # next week
     assert BudgetGuard(ledger, clock=lambda: NOW).status(weekly).spent_usd == 9.0
+
+
+def test_requests_in_flight_hold_their_most_against_the_budget(ledger: Ledger) -> None:
+    guard = BudgetGuard(ledger, clock=lambda: NOW)
+    # $10 a month; each request may cost up to $4 (its max_tokens at the dearest price).
+    holds = [guard.check(MONTHLY, NOW, 4.0) for _ in range(3)]  # $0 + $8 held < $10
+    error = _refused(guard, MONTHLY, NOW)  # $12 held: a burst cannot overspend
+    assert error.headers == {"Retry-After": "1"}  # not the end of the month: they will end
+    assert "in flight" in error.message and "$12.0000 held" in error.message
+    # One ends having cost $1: its hold goes, its cost stays. $1 spent + $8 held < $10.
+    spend(ledger, "monthly", NOW, 1.0)
+    guard.add(MONTHLY, 1.0, NOW)
+    guard.release(MONTHLY, holds.pop())
+    holds.append(guard.check(MONTHLY, NOW, 4.0))
+    _refused(guard, MONTHLY, NOW)  # $1 + $12 held
+    for hold in holds:
+        guard.release(MONTHLY, hold)
+    assert guard.check(MONTHLY, NOW, 4.0) == 4.0  # all ended: $1 of $10 spent
+    assert guard.status(MONTHLY, NOW).spent_usd == 1.0  # holds are not spend
+
+
+def test_a_burst_of_concurrent_requests_cannot_overspend_the_budget(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789], budgetUsd: 5,"
+        " budgetPeriod: day}\n"
+    )
+    serving = ServingSpec(
+        model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=32)
+    )
+    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node:
+        # $1 per output token: a 5-token reply costs $5, the whole budget.
+        config = parse_config(
+            f"router: {{tenantsFile: {tenants}, ledgerPath: {tmp_path / 'ledger.sqlite'}}}\n"
+            "pools:\n  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3,"
+            " servedModelName: coder, batching: {maxNumSeqs: 32},"
+            f" billing: {{outputPerMillionUsd: 1000000}}, endpoints: [{node}]}}\n"
+        )
+        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+        with served(app) as url:
+            body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 5, "ignore_eos": True}  # fmt: skip
+            key = {"authorization": "Bearer alice-key-0123456789"}
+
+            def ask(_: int) -> httpx.Response:
+                return httpx.post(url + "/v1/chat/completions", json=body, headers=key, timeout=60)
+
+            with ThreadPoolExecutor(20) as pool:
+                replies = list(pool.map(ask, range(20)))
+            spent = httpx.get(url + "/v1/usage", headers=key).json()["budget"]["spent_usd"]
+    served_ok = [r for r in replies if r.status_code == 200]
+    refused = [r for r in replies if r.status_code == 429]
+    assert len(served_ok) + len(refused) == 20
+    # The first holds $5 while it runs: the others are refused, not served on credit.
+    assert len(served_ok) == 1 and spent == pytest.approx(5.0, rel=0.01)
+    assert all(r.json()["error"]["code"] == "budget_exceeded" for r in refused)
