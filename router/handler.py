@@ -3,7 +3,9 @@
     tenant -> body -> tier -> limits and budget -> admission -> pick -> upstream -> relay -> bill
 
 Every refusal is a RouterError, turned into the OpenAI error envelope once, at the end. Every
-request that got as far as a tenant is written to the ledger, whatever its outcome.
+request that got as far as a tier (a tenant, a readable body, a model and tier it may use) is
+written to the ledger, whatever its outcome; earlier refusals (a bad key or body, a model not
+served, a tier not allowed) cost nothing and are counted in `tiergate_requests_total` only.
 """
 
 from __future__ import annotations
