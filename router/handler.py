@@ -296,17 +296,18 @@ class Router:
             one.status, problem = error.status, error.message
         finally:
             self._queues[first].release()
+        # What the client is told when the first tier's answer is the one it gets.
+        headers = {
+            "x-tiergate-tier": first,
+            "x-tiergate-tier-requested": first,
+            "x-tiergate-pool": one.pool.spec.name if one.pool else "",
+            "x-tiergate-request-id": request_id,
+            "x-tiergate-escalated": "false",
+        }
         if refusal is not None:
             # The full model would refuse it too: the client gets the refusal, not a premium
             # attempt billed for nothing.
             one.outcome = "rejected"
-            headers = {
-                "x-tiergate-tier": first,
-                "x-tiergate-tier-requested": first,
-                "x-tiergate-pool": one.pool.spec.name if one.pool else "",
-                "x-tiergate-request-id": request_id,
-                "x-tiergate-escalated": "false",
-            }
             done.__dict__.update(one.__dict__)
             settle()
             await send_bytes(send, one.status, refusal, encode_headers(headers))
@@ -317,14 +318,7 @@ class Router:
         if problem is None and reply is not None:
             one.outcome = "ok"
             reply["service_tier"] = first
-            headers = {
-                "x-tiergate-tier": first,
-                "x-tiergate-tier-requested": first,
-                "x-tiergate-pool": one.pool.spec.name if one.pool else "",
-                "x-tiergate-request-id": request_id,
-                "x-tiergate-escalated": "false",
-                "x-tiergate-cost-usd": f"{one.cost_usd:.10f}",
-            }
+            headers["x-tiergate-cost-usd"] = f"{one.cost_usd:.10f}"
             if request.stream:
                 payload = as_event_stream(reply, include_usage=request.include_usage)
                 kind = (b"content-type", b"text/event-stream")

@@ -9,8 +9,8 @@ during an outage drains in the background once the database takes writes again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
+from .background import LoopService
 from .ledger import Ledger
 
 __all__ = ["LedgerBacklogWriter"]
@@ -21,8 +21,10 @@ INTERVAL_S = 1.0
 BATCH_ROWS = 200
 
 
-class LedgerBacklogWriter:
+class LedgerBacklogWriter(LoopService):
     """Writes `ledger`'s backlog while the app runs (a service)."""
+
+    task_name = "ledger-backlog-writer"
 
     def __init__(
         self, ledger: Ledger, *, interval_s: float = INTERVAL_S, batch_rows: int = BATCH_ROWS
@@ -30,19 +32,6 @@ class LedgerBacklogWriter:
         self.ledger = ledger
         self._interval_s = interval_s
         self._batch_rows = batch_rows
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name="ledger-backlog-writer"
-        )
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def _run(self) -> None:
         while True:

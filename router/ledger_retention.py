@@ -20,11 +20,11 @@ backlog (retention just switched on for a big ledger) drains in the background.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
+from .background import LoopService
 from .ledger import Ledger, LedgerError
 
 __all__ = ["LedgerRetention"]
@@ -42,8 +42,10 @@ BATCH_ROWS = 200
 MAX_ROWS_PER_ROUND = 50_000
 
 
-class LedgerRetention:
+class LedgerRetention(LoopService):
     """Prunes `ledger` by age and/or size every `interval_s` while the app runs (a service)."""
+
+    task_name = "ledger-retention"
 
     def __init__(
         self,
@@ -65,7 +67,6 @@ class LedgerRetention:
         self._max_rows = max_rows_per_round
         self.pruned_rows = 0  # since start, for the metrics
         self.failures = 0
-        self._task: asyncio.Task[None] | None = None
         self._over_size_logged = False
 
     @property
@@ -74,16 +75,7 @@ class LedgerRetention:
 
     def start(self) -> None:
         if self.enabled:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="ledger-retention"
-            )
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+            super().start()
 
     async def _run(self) -> None:
         while True:

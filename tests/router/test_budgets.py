@@ -10,17 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
+from tenant_router_helpers import KEY, tenant_router
 
 from tiergate.router.budgets import BudgetGuard, period_bounds
-from tiergate.router.build import build_app
-from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
 from tiergate.router.ledger import Ledger, UsageRecord
 from tiergate.router.tenants import ANONYMOUS, BudgetPeriod, Tenant
-from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
-from tiergate.sim_nodes.server import NodeConfig, create_app
 
 
 @pytest.fixture
@@ -178,34 +173,24 @@ def test_requests_in_flight_hold_their_most_against_the_budget(ledger: Ledger) -
 def test_a_burst_of_concurrent_requests_cannot_overspend_the_budget(
     tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
 ) -> None:
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789], budgetUsd: 5,"
-        " budgetPeriod: day}\n"
-    )
-    serving = ServingSpec(
-        model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=32)
-    )
-    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node:
-        # $1 per output token: a 5-token reply costs $5, the whole budget.
-        config = parse_config(
-            f"router: {{tenantsFile: {tenants}, ledgerPath: {tmp_path / 'ledger.sqlite'}}}\n"
-            "pools:\n  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3,"
-            " servedModelName: coder, batching: {maxNumSeqs: 32},"
-            f" billing: {{outputPerMillionUsd: 1000000}}, endpoints: [{node}]}}\n"
-        )
-        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
-        with served(app) as url:
-            body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 5, "ignore_eos": True}  # fmt: skip
-            key = {"authorization": "Bearer alice-key-0123456789"}
+    # $1 per output token: a 5-token reply costs $5, the whole budget.
+    with tenant_router(
+        served,
+        tmp_path / "ledger.sqlite",
+        tmp_path,
+        budget="budgetUsd: 5, budgetPeriod: day",
+        pool="billing: {outputPerMillionUsd: 1000000}",
+        max_num_seqs=32,
+    ) as (_, url):
+        body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5, "ignore_eos": True}  # fmt: skip
 
-            def ask(_: int) -> httpx.Response:
-                return httpx.post(url + "/v1/chat/completions", json=body, headers=key, timeout=60)
+        def ask(_: int) -> httpx.Response:
+            return httpx.post(url + "/v1/chat/completions", json=body, headers=KEY, timeout=60)
 
-            with ThreadPoolExecutor(20) as pool:
-                replies = list(pool.map(ask, range(20)))
-            spent = httpx.get(url + "/v1/usage", headers=key).json()["budget"]["spent_usd"]
+        with ThreadPoolExecutor(20) as pool:
+            replies = list(pool.map(ask, range(20)))
+        spent = httpx.get(url + "/v1/usage", headers=KEY).json()["budget"]["spent_usd"]
     served_ok = [r for r in replies if r.status_code == 200]
     refused = [r for r in replies if r.status_code == 429]
     assert len(served_ok) + len(refused) == 20

@@ -16,15 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from tenant_router_helpers import KEY, tenant_router
 
-from tiergate.router.build import build_app
-from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.ledger import Ledger, LedgerError, UsageRecord, utc_day
 from tiergate.router.ledger_backlog import LedgerBacklogWriter
-from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
-from tiergate.sim_nodes.server import NodeConfig, create_app
 
 T0 = 1_800_000_000.0
 
@@ -181,54 +176,43 @@ def test_a_router_whose_ledger_is_locked_still_bills_and_enforces_budgets(
     tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
 ) -> None:
     path = tmp_path / "ledger.sqlite"
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789], budgetUsd: 2,"
-        " budgetPeriod: day}\n"
-    )
-    serving = ServingSpec(
-        model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=4)
-    )
-    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node:
-        # $1 per output token: each 1-token reply costs $1 (and a little for its prompt).
-        config = parse_config(
-            f"router: {{tenantsFile: {tenants}, ledgerPath: {path}}}\n"
-            "pools:\n  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3,"
-            " servedModelName: coder, batching: {maxNumSeqs: 4},"
-            f" billing: {{outputPerMillionUsd: 1000000}}, endpoints: [{node}]}}\n"
-        )
-        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
-        with served(app) as url:
-            key = {"authorization": "Bearer alice-key-0123456789"}
-            body = {
-                "model": "coder",
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 1,
-                "ignore_eos": True,
-            }
+    # $1 per output token: each 1-token reply costs $1 (and a little for its prompt).
+    with tenant_router(
+        served,
+        path,
+        tmp_path,
+        budget="budgetUsd: 2, budgetPeriod: day",
+        pool="billing: {outputPerMillionUsd: 1000000}",
+    ) as (app, url):
+        body = {
+            "model": "coder",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+            "ignore_eos": True,
+        }
 
-            def ask() -> httpx.Response:
-                return httpx.post(
-                    url + "/v1/chat/completions",
-                    content=json.dumps(body),
-                    headers={**key, "content-type": "application/json"},
-                    timeout=30,
-                )
+        def ask() -> httpx.Response:
+            return httpx.post(
+                url + "/v1/chat/completions",
+                content=json.dumps(body),
+                headers={**KEY, "content-type": "application/json"},
+                timeout=30,
+            )
 
-            with write_locked(path):
-                statuses = [ask().status_code for _ in range(4)]
-                usage_now = httpx.get(url + "/v1/usage", headers=key).json()
-                metrics = httpx.get(url + "/metrics").text
-            # Two served ($1 each), then the budget refused: a locked ledger did not lift it.
-            assert statuses == [200, 200, 429, 429]
-            assert usage_now["budget"]["spent_usd"] == pytest.approx(2.0, rel=0.01)
-            assert usage_now["totals"]["requests"] == 4
-            assert "tiergate_ledger_backlog_records 4.0" in metrics
-            assert "tiergate_accounting_errors_total 0.0" in metrics
-            deadline = time.monotonic() + 30
-            while app.router.ledger.backlog:
-                assert time.monotonic() < deadline, "the backlog was not written"
-                time.sleep(0.05)
-            assert len(rows(path)) == 4
-            after = httpx.get(url + "/v1/usage", headers=key).json()
-            assert after["totals"] == usage_now["totals"]
+        with write_locked(path):
+            statuses = [ask().status_code for _ in range(4)]
+            usage_now = httpx.get(url + "/v1/usage", headers=KEY).json()
+            metrics = httpx.get(url + "/metrics").text
+        # Two served ($1 each), then the budget refused: a locked ledger did not lift it.
+        assert statuses == [200, 200, 429, 429]
+        assert usage_now["budget"]["spent_usd"] == pytest.approx(2.0, rel=0.01)
+        assert usage_now["totals"]["requests"] == 4
+        assert "tiergate_ledger_backlog_records 4.0" in metrics
+        assert "tiergate_accounting_errors_total 0.0" in metrics
+        deadline = time.monotonic() + 30
+        while app.router.ledger.backlog:
+            assert time.monotonic() < deadline, "the backlog was not written"
+            time.sleep(0.05)
+        assert len(rows(path)) == 4
+        after = httpx.get(url + "/v1/usage", headers=KEY).json()
+        assert after["totals"] == usage_now["totals"]

@@ -14,17 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+from tenant_router_helpers import KEY, tenant_router
 
 from tiergate.router.budgets import BudgetGuard
-from tiergate.router.build import build_app
 from tiergate.router.config import ConfigError, parse_config
-from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.ledger import Ledger, LedgerError, UsageRecord
 from tiergate.router.ledger_retention import LedgerRetention
 from tiergate.router.tenants import Tenant
-from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
-from tiergate.sim_nodes.server import NodeConfig, create_app
 
 DAY = 86400.0
 KUBE = "discovery: {kubernetes: {}}"  # a config that needs no pools
@@ -191,37 +187,27 @@ def test_a_running_router_prunes_its_ledger_and_bills_stay_whole(
     with Ledger(path) as old:
         for n in range(2000):
             old.record(usage(n, wall - 40 * DAY + n, tenant="alice", cost_usd=0.25))
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789], budgetUsd: 1000,"
-        " budgetPeriod: total}\n"
-    )
-    serving = ServingSpec(
-        model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=4)
-    )
-    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node:
-        config = parse_config(
-            f"router: {{tenantsFile: {tenants}, ledgerPath: {path}, ledgerRetentionDays: 30}}\n"
-            "pools:\n  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3,"
-            f" servedModelName: coder, batching: {{maxNumSeqs: 4}}, endpoints: [{node}]}}\n"
+    with tenant_router(
+        served,
+        path,
+        tmp_path,
+        budget="budgetUsd: 1000, budgetPeriod: total",
+        router="ledgerRetentionDays: 30",
+    ) as (app, url):
+        body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
+        reply = httpx.post(
+            url + "/v1/chat/completions",
+            content=json.dumps({**body, "max_tokens": 3}),
+            headers={**KEY, "content-type": "application/json"},
+            timeout=30,
         )
-        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
-        with served(app) as url:
-            key = {"authorization": "Bearer alice-key-0123456789"}
-            body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
-            reply = httpx.post(
-                url + "/v1/chat/completions",
-                content=json.dumps({**body, "max_tokens": 3}),
-                headers={**key, "content-type": "application/json"},
-                timeout=30,
-            )
-            assert reply.status_code == 200
-            deadline = time.monotonic() + 30
-            while rows(app.router.ledger) > 1:
-                assert time.monotonic() < deadline, "the old rows were not pruned"
-                time.sleep(0.05)
-            usage_now = httpx.get(url + "/v1/usage", headers=key).json()
-            metrics = httpx.get(url + "/metrics").text
+        assert reply.status_code == 200
+        deadline = time.monotonic() + 30
+        while rows(app.router.ledger) > 1:
+            assert time.monotonic() < deadline, "the old rows were not pruned"
+            time.sleep(0.05)
+        usage_now = httpx.get(url + "/v1/usage", headers=KEY).json()
+        metrics = httpx.get(url + "/metrics").text
     # The pruned requests still count: in the totals and in the budget's spend.
     assert usage_now["totals"]["requests"] == 2001
     assert usage_now["budget"]["spent_usd"] == usage_now["totals"]["cost_usd"] > 500.0

@@ -1,0 +1,60 @@
+"""A router over one sim node, with one tenant: for tests of billing (a uniquely named module:
+conftest names clash)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from tiergate.router.app import RouterApp
+from tiergate.router.build import build_app
+from tiergate.router.config import parse_config
+from tiergate.router.discovery import StaticSource, build_view
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
+
+KEY = {"authorization": "Bearer alice-key-0123456789"}
+
+
+@contextmanager
+def tenant_router(
+    served: Callable[[Any], AbstractContextManager[str]],
+    ledger: Path,
+    tmp_path: Path,
+    *,
+    budget: str,
+    router: str = "",
+    pool: str = "",
+    max_num_seqs: int = 4,
+) -> Iterator[tuple[RouterApp, str]]:
+    """The router app and its URL. Tenant `alice` (key `KEY`) has `budget` (e.g. "budgetUsd:
+    5, budgetPeriod: day"); model `coder` is served by pool `b` (batched, one sim node).
+    `router` and `pool` add settings to the router's and the pool's YAML maps."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        f"tenants:\n  - {{name: alice, apiKeys: [alice-key-0123456789], {budget}}}\n"
+    )
+    serving = ServingSpec(
+        model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=max_num_seqs)
+    )
+    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node:
+        router_fields = ", ".join(
+            x for x in (f"tenantsFile: {tenants}", f"ledgerPath: {ledger}", router) if x
+        )
+        pool_fields = ", ".join(
+            x
+            for x in (
+                "name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3",
+                f"servedModelName: coder, batching: {{maxNumSeqs: {max_num_seqs}}}",
+                f"endpoints: [{node}]",
+                pool,
+            )
+            if x
+        )
+        config = parse_config(f"router: {{{router_fields}}}\npools:\n  - {{{pool_fields}}}\n")
+        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+        with served(app) as url:
+            yield app, url
