@@ -98,6 +98,8 @@ PAGE_SIZE = 1024
 #: checkpoint thread's RESTART pass holds it for a few ms; a record that still finds it taken
 #: joins the backlog and is written a second later.
 BUSY_TIMEOUT_S = 0.1
+#: How long opening the ledger waits for the lock (another router creating the schema).
+OPEN_TIMEOUT_S = 5.0
 #: Records held in memory while the database refuses writes (~300 bytes each); beyond this many,
 #: new records are dropped and counted.
 MAX_BACKLOG = 100_000
@@ -226,8 +228,9 @@ class Ledger:
             # Autocommit mode: transactions are explicit, one per record.
             # Built on one thread (the CLI's), used on the event loop's, one at a time: the
             # connection may change threads, it is never shared by two at once.
+            # Opening (the schema, a migration) may wait longer for the lock than a record.
             self._db = sqlite3.connect(
-                self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+                self.path, isolation_level=None, timeout=OPEN_TIMEOUT_S, check_same_thread=False
             )
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
@@ -239,6 +242,7 @@ class Ledger:
             self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpoint thread's job
             self._db.execute(f"PRAGMA journal_size_limit={int(wal_size_limit)}")
             self._migrate()
+            self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         except sqlite3.Error as exc:
             self._db.close()
             raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
