@@ -253,7 +253,11 @@ def test_which_refusals_of_the_first_tier_escalate(
 ) -> None:
     body = json.dumps({"error": {"message": "m", "type": "t", "code": code, "param": None}})
     assert _the_request_s_fault(status, body.encode()) is not escalates
-    assert _the_request_s_fault(400, b"<html>") is True  # no envelope: as the node said
+
+
+def test_a_refusal_without_an_envelope_is_taken_as_the_request_s_fault() -> None:
+    assert _the_request_s_fault(400, b"<html>") is True
+    assert _the_request_s_fault(502, b"<html>") is False
 
 
 def test_without_tools_the_cascade_header_changes_nothing(router: dict[str, Any]) -> None:

@@ -264,8 +264,5 @@ def test_a_client_s_fault_header_does_not_reach_the_node_by_default(
         r = httpx.post(
             url, json=body("slow", max_tokens=1), headers={"x-tiergate-fault": "503"}, timeout=30
         )
+        # Forwarded, the node would answer 503 every time (and the router retry elsewhere).
         assert r.status_code == 200, r.text
-    metrics = httpx.get(system["url"] + "/metrics").text
-    assert not [
-        x for x in metrics.splitlines() if 'state="ejected"' in x and not x.endswith(" 0.0")
-    ]
