@@ -54,7 +54,15 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | Annotated[list[str], Field(min_length=1)] = Field(description="The prompt.")
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+            Field(min_length=1),
+        ]
+    ) = Field(description="The prompt: text, texts, token ids, or arrays of token ids.")
 
 
 class ErrorBody(BaseModel):

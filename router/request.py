@@ -86,7 +86,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise _bad("`stream_options` must be an object", param="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     max_tokens = _max_tokens(body)
-    text = _prompt_text(body, chat)
+    text, tokens = _prompt(body, chat)
     return CompletionRequest(
         body=body,
         chat=chat,
@@ -94,7 +94,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
-        prompt_tokens_estimate=max(1, len(text) // CHARS_PER_TOKEN),
+        prompt_tokens_estimate=max(1, tokens),
         prefix_text=text[:PREFIX_CHARS],
         raw=raw,
     )
@@ -133,7 +133,9 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
-def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int]:
+    """The prompt's text (what prefix affinity hashes) and its size in tokens (estimated for
+    text, counted for token ids)."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -143,13 +145,34 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
             if not isinstance(message, dict):
                 raise _bad(f"`messages[{i}]` must be an object", param="messages")
             parts.append(_content_text(message.get("content"), i))
-        return "\n".join(parts)
+        text = "\n".join(parts)
+        return text, len(text) // CHARS_PER_TOKEN
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return "\n".join(prompt)
-    raise _bad("`prompt` must be a string or a non-empty array of strings", param="prompt")
+        return prompt, len(prompt) // CHARS_PER_TOKEN
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            text = "\n".join(prompt)
+            return text, len(text) // CHARS_PER_TOKEN
+        if _token_ids(prompt):  # OpenAI's and vLLM's pre-tokenised prompt
+            return _ids_text(prompt), len(prompt)
+        if all(isinstance(p, list) and p and _token_ids(p) for p in prompt):
+            return _ids_text(prompt[0]), sum(len(p) for p in prompt)
+    raise _bad(
+        "`prompt` must be a string, a non-empty array of strings, an array of token ids "
+        "(non-negative integers) or a non-empty array of such arrays",
+        param="prompt",
+    )
+
+
+def _token_ids(values: list[Any]) -> bool:
+    return all(type(v) is int and v >= 0 for v in values)
+
+
+def _ids_text(ids: list[int]) -> str:
+    """Token ids as text for prefix affinity: the same leading ids give the same leading text.
+    Only as many as the prefix hash can look at are written out."""
+    return " ".join(map(str, ids[: PREFIX_CHARS // 2]))
 
 
 def _content_text(content: Any, i: int) -> str:

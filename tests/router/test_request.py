@@ -1,7 +1,11 @@
 """What the router sends upstream: the client's bytes unless it must change the body."""
 
 import json
+from typing import Any
 
+import pytest
+
+from tiergate.router.errors import RouterError
 from tiergate.router.request import parse_completion, upstream_body
 
 
@@ -17,3 +21,29 @@ def test_a_stream_without_usage_is_asked_for_usage_and_keeps_its_other_fields() 
     sent = json.loads(upstream_body(parse_completion(raw, chat=True)))
     assert sent["stream_options"] == {"include_usage": True}
     assert sent["x"] == 1 and sent["messages"][0]["content"] == "hi"
+
+
+def test_token_id_prompts_are_accepted_and_counted_exactly() -> None:
+    ids = list(range(100, 1100))  # 1,000 ids: ~4,500 characters written out
+    one = parse_completion(json.dumps({"model": "m", "prompt": ids}).encode(), chat=False)
+    assert one.prompt_tokens_estimate == 1000
+    batch = {"model": "m", "prompt": [ids, [7, 8, 9]]}
+    assert parse_completion(json.dumps(batch).encode(), chat=False).prompt_tokens_estimate == 1003
+    # Prefix affinity: the same leading ids give the same prefix, whatever follows.
+    other_end = parse_completion(
+        json.dumps({"model": "m", "prompt": ids[:900] + [1] * 100}).encode(), chat=False
+    )
+    assert other_end.prefix_text == one.prefix_text and one.prefix_text.startswith("100 101 ")
+    assert (
+        parse_completion(b'{"model": "m", "prompt": [0]}', chat=False).prompt_tokens_estimate == 1
+    )
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[], [1, -2], [1, True], [1, 2.0], [1, "a"], [[]], [[1], []], [[1], 2], ["a", 1], None, 5, {}],
+)
+def test_prompts_that_are_neither_text_nor_token_ids_are_refused(prompt: Any) -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_completion(json.dumps({"model": "m", "prompt": prompt}).encode(), chat=False)
+    assert caught.value.status == 400 and caught.value.param == "prompt"

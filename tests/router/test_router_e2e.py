@@ -213,6 +213,15 @@ def test_bad_input_gets_a_clear_error_and_the_router_keeps_serving(
     assert post(system, chat(max_tokens=1)).status_code == 200
 
 
+def test_a_token_id_prompt_is_served_and_billed_at_its_length(system: dict[str, Any]) -> None:
+    body = {"model": "coder", "prompt": list(range(1, 41)), "max_tokens": 3}
+    r = post(system, body, path="/v1/completions")
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 40
+    r = post(system, {**body, "prompt": [1, -1]}, path="/v1/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_a_node_refusal_is_passed_through(system: dict[str, Any]) -> None:
     r = post(system, chat(max_tokens=10_000_000))  # beyond the model's context
     assert r.status_code == 400
