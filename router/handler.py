@@ -231,7 +231,10 @@ class Router:
             return 0.0
         prompt, most = request.prompt_tokens_estimate, request.max_tokens
         if plan is None:
-            return view.price_ceiling_usd(request.model, choice.tier, prompt, most)
+            return max(
+                view.price_ceiling_usd(request.model, tier, prompt, most)
+                for tier in self._tiers_to_try(view, request, choice, choice.tier, tenant)
+            )
         first, then = plan.cascade.first, plan.cascade.then
         return view.price_ceiling_usd(plan.first_model, first, prompt, most) + (
             view.price_ceiling_usd(plan.then_model, then, prompt, most)
@@ -412,6 +415,17 @@ class Router:
             param="model",
         )
 
+    @staticmethod
+    def _tiers_to_try(
+        view: PoolView, request: CompletionRequest, choice: TierChoice, tier: Tier, tenant: Tenant
+    ) -> list[Tier]:
+        """`tier`, then for `service_tier: auto` the other tiers serving the model that the
+        tenant may use, in the order admission tries them."""
+        if not choice.may_fall_back:
+            return [tier]
+        others = view.tiers_serving(request.model)
+        return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers)]
+
     async def _admit(
         self,
         view: PoolView,
@@ -421,13 +435,7 @@ class Router:
         tenant: Tenant,
     ) -> Tier:
         """A slot in `tier`'s queue; `service_tier: auto` may move to a quieter tier."""
-        tiers = [tier]
-        if choice.may_fall_back:
-            tiers += [
-                t
-                for t in view.tiers_serving(request.model)
-                if t != tier and t in tenant.allowed_tiers
-            ]
+        tiers = self._tiers_to_try(view, request, choice, tier, tenant)
         for i, candidate in enumerate(tiers):
             last = i == len(tiers) - 1
             busy = self.saturation.is_saturated(view, request.model, candidate)

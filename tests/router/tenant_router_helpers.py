@@ -29,10 +29,12 @@ def tenant_router(
     router: str = "",
     pool: str = "",
     max_num_seqs: int = 4,
+    premium: str | None = None,
 ) -> Iterator[tuple[RouterApp, str]]:
     """The router app and its URL. Tenant `alice` (key `KEY`) has `budget` (e.g. "budgetUsd:
     5, budgetPeriod: day"); model `coder` is served by pool `b` (batched, one sim node).
-    `router` and `pool` add settings to the router's and the pool's YAML maps."""
+    `router` and `pool` add settings to the router's and the pool's YAML maps. `premium`, if
+    given, adds pool `p` (premium) on the same node with those settings (e.g. its billing)."""
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(
         f"tenants:\n  - {{name: alice, apiKeys: [alice-key-0123456789], {budget}}}\n"
@@ -44,17 +46,19 @@ def tenant_router(
         router_fields = ", ".join(
             x for x in (f"tenantsFile: {tenants}", f"ledgerPath: {ledger}", router) if x
         )
-        pool_fields = ", ".join(
-            x
-            for x in (
-                "name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3",
-                f"servedModelName: coder, batching: {{maxNumSeqs: {max_num_seqs}}}",
-                f"endpoints: [{node}]",
-                pool,
+
+        def pool_yaml(head: str, extra: str) -> str:
+            fields = (
+                f"{head}, model: llama-3.1-8b, accelerator: wse-3, servedModelName: coder",
+                f"batching: {{maxNumSeqs: {max_num_seqs}}}, endpoints: [{node}]",
+                extra,
             )
-            if x
-        )
-        config = parse_config(f"router: {{{router_fields}}}\npools:\n  - {{{pool_fields}}}\n")
+            return "  - {" + ", ".join(x for x in fields if x) + "}\n"
+
+        pools = pool_yaml("name: b, tier: batched", pool)
+        if premium is not None:
+            pools += pool_yaml("name: p, tier: premium", premium)
+        config = parse_config(f"router: {{{router_fields}}}\npools:\n{pools}")
         app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
         with served(app) as url:
             yield app, url

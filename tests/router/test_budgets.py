@@ -197,3 +197,37 @@ def test_a_burst_of_concurrent_requests_cannot_overspend_the_budget(
     # The first holds $5 while it runs: the others are refused, not served on credit.
     assert len(served_ok) == 1 and spent == pytest.approx(5.0, rel=0.01)
     assert all(r.json()["error"]["code"] == "budget_exceeded" for r in refused)
+
+
+def test_an_auto_request_holds_the_price_of_the_dearest_tier_it_may_move_to(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    # `service_tier: auto` resolves to batched (almost free) but may move to premium ($1 per
+    # 1,000 output tokens) when batched is busy: 2,000 tokens there cost $2, over the $1 budget.
+    with tenant_router(
+        served,
+        tmp_path / "ledger.sqlite",
+        tmp_path,
+        budget="budgetUsd: 1, budgetPeriod: day",
+        pool="billing: {outputPerMillionUsd: 1}",
+        premium="billing: {outputPerMillionUsd: 1000}",
+    ) as (_, url):
+        body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2000, "ignore_eos": True, "service_tier": "auto"}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True},
+                          headers=KEY, timeout=60) as first:  # fmt: skip
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # in flight, holding
+            second = httpx.post(url + "/v1/chat/completions", json=body, headers=KEY, timeout=60)
+        assert second.status_code == 429, second.text
+        assert second.headers["retry-after"] == "1"
+        assert "in flight" in second.json()["error"]["message"]
+        # Without `auto` the request can only be served on batched: it holds batched's price.
+        plain = {k: v for k, v in body.items() if k != "service_tier"}
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**plain, "stream": True},
+                          headers=KEY, timeout=60) as first:  # fmt: skip
+            lines = first.iter_lines()
+            next(lines)
+            second = httpx.post(url + "/v1/chat/completions", json=plain, headers=KEY, timeout=60)
+        assert second.status_code == 200, second.text
