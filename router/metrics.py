@@ -78,7 +78,8 @@ class RouterMetrics:
         self.cascade_unchecked = Counter(
             "tiergate_cascade_unchecked",
             "Cascade replies served without their tool-call check: it took too long (timeout), "
-            "waited too long for the checker (busy), or the checker failed.",
+            "waited too long for the checker (busy), ran out of its memory (out_of_memory), or the "
+            "checker failed.",
             ["reason"],
             registry=r,
         )

@@ -12,6 +12,11 @@ too (`wait_s`, by default the same). A reply whose check was given up is served 
 for a client schema that cannot be read: the cascade escalates for the model's mistakes, not
 the client's. The router counts these in `tiergate_cascade_unchecked_total{reason}`.
 
+The worker's address space is capped (RLIMIT_AS) at what it had when it started plus
+`MEMORY_HEADROOM_BYTES`, so a check that allocates without end fails with MemoryError in the
+worker (given up as `out_of_memory`, the worker replaced) instead of growing the router pod
+toward its memory limit, where the kernel would OOM-kill the router itself.
+
 Workers are forked from multiprocessing's fork server, which has this module (and so
 jsonschema) imported already: a new worker takes milliseconds, not an interpreter start. The
 router's own process is never forked; it has threads (the ledger's checkpointer). A reply
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import resource
 import signal
 import threading
 from collections.abc import Callable
@@ -41,6 +47,9 @@ log = logging.getLogger("tiergate.router")
 
 #: How long a check may take in the worker, and how long it may wait for the worker.
 CHECK_TIMEOUT_S = 1.0
+#: Address space a worker may add to what it has when it starts (jsonschema checking a tool
+#: call needs a few MB).
+MEMORY_HEADROOM_BYTES = 256 * 1024 * 1024
 
 _context_lock = threading.Lock()
 _context: ForkServerContext | None = None
@@ -57,29 +66,50 @@ def _fork_server() -> ForkServerContext:
         return _context
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, headroom_bytes: int) -> None:
     """The worker: answer checks until the router closes its end (or kills it)."""
     # Ctrl-C in a terminal reaches the whole process group: the router decides when the
     # worker ends, and the user should not see a worker's KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _cap_address_space(headroom_bytes)
     while True:
         try:
             reply, request = conn.recv()
         except (EOFError, OSError):
             return
+        except MemoryError:  # the check's payload alone is past the cap; the pipe is mid-message
+            conn.send(("out_of_memory", None))
+            return
         try:
             answer: tuple[str, str | None] = ("ok", tool_call_problem(reply, request))
+        except MemoryError:
+            answer = ("out_of_memory", None)  # the router replaces this worker
         except Exception as exc:  # a schema jsonschema cannot handle: not the model's fault
             answer = ("failed", type(exc).__name__)
         conn.send(answer)
 
 
+def _cap_address_space(headroom_bytes: int) -> None:
+    """RLIMIT_AS at the worker's address space now plus `headroom_bytes` (Linux; elsewhere,
+    where /proc is absent, the worker runs uncapped)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    limit = pages * resource.getpagesize() + headroom_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, headroom_bytes: int) -> None:
         context = _fork_server()
         self.conn, child = context.Pipe()
         self.process: BaseProcess = context.Process(
-            target=_serve, args=(child,), name="tiergate-tool-check", daemon=True
+            target=_serve, args=(child, headroom_bytes), name="tiergate-tool-check", daemon=True
         )
         self.process.start()
         child.close()
@@ -87,7 +117,13 @@ class _Worker:
     def ask(self, payload: tuple[Any, Any], timeout_s: float) -> tuple[str, str | None]:
         """Send one check and wait for its answer (runs in a thread)."""
         try:
-            self.conn.send(payload)
+            try:
+                self.conn.send(payload)
+            except OSError:  # the worker gave up mid-message (out of memory): its last word
+                if self.conn.poll(0):
+                    last: tuple[str, str | None] = self.conn.recv()
+                    return last
+                raise
             if not self.conn.poll(timeout_s):
                 return ("timeout", None)
             answer: tuple[str, str | None] = self.conn.recv()
@@ -110,8 +146,10 @@ class ToolCallChecker:
         timeout_s: float = CHECK_TIMEOUT_S,
         wait_s: float | None = None,
         on_unchecked: Callable[[str], None] = lambda reason: None,
+        memory_headroom_bytes: int = MEMORY_HEADROOM_BYTES,
     ) -> None:
         self.timeout_s = timeout_s
+        self.memory_headroom_bytes = memory_headroom_bytes
         self.wait_s = timeout_s if wait_s is None else wait_s
         self._on_unchecked = on_unchecked
         self._worker: _Worker | None = None
@@ -137,7 +175,7 @@ class ToolCallChecker:
         try:
             if self._worker is None:
                 try:
-                    self._worker = await asyncio.to_thread(_Worker)
+                    self._worker = await asyncio.to_thread(_Worker, self.memory_headroom_bytes)
                 except Exception as exc:  # no processes left, no /tmp for the fork server...
                     return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}")
             asking = asyncio.ensure_future(
@@ -153,7 +191,7 @@ class ToolCallChecker:
                 raise
             if status == "ok":
                 return value
-            if status in ("timeout", "died"):
+            if status in ("timeout", "died", "out_of_memory"):
                 self._drop_worker()
             return self._unchecked(status if status != "failed" else f"failed: {value}")
         finally:

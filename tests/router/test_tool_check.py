@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -167,6 +168,29 @@ def test_ctrl_c_in_the_terminal_does_not_end_the_worker() -> None:
             await asyncio.sleep(0.3)
             bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
             assert bad is not None and checker._worker is worker and checker.given_up == []
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_check_that_outgrows_the_worker_s_memory_is_given_up_and_the_worker_replaced() -> None:
+    async def scenario() -> None:
+        # Room for a 1 MB reply, not for one of 64 MB (decoding its arguments allocates that).
+        checker = Checker(memory_headroom_bytes=32 * 1024 * 1024)
+        try:
+            assert await checker.problem(reply('{"cmd": "x"}'), request(PLAIN)) is None
+            worker = checker._worker
+            assert worker is not None
+            limits = Path(f"/proc/{worker.process.pid}/limits").read_text()
+            line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
+            assert line.split()[3] != "unlimited"
+            huge = '{"cmd": "' + "x" * (64 * 1024 * 1024) + '"}'
+            assert await checker.problem(reply(huge), request(PLAIN)) is None
+            assert checker.given_up == ["out_of_memory"]
+            assert checker._worker is None and not worker.process.is_alive()
+            # The next check gets a new worker and a verdict.
+            assert await checker.problem(reply("{bad"), request(PLAIN)) is not None
         finally:
             await checker.stop()
 
