@@ -317,7 +317,7 @@ class Router:
             return request, choice
         if problem is None and reply is not None:
             # After the slot is free: the check may take up to its deadline.
-            problem = await self.tool_checker.problem(reply, request.body)
+            problem = await self.tool_checker.problem(reply, request.body, tenant.name)
         if problem is None and reply is not None:
             one.outcome = "ok"
             reply["service_tier"] = first

@@ -106,6 +106,29 @@ def test_a_check_that_waits_too_long_for_the_worker_is_given_up_as_busy() -> Non
     asyncio.run(scenario())
 
 
+def test_a_tenant_with_slow_schemas_holds_one_worker_and_others_still_get_checked() -> None:
+    async def scenario() -> None:
+        checker = Checker(timeout_s=3.0, wait_s=0.3)
+        try:
+            slow = asyncio.create_task(
+                checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN), "mallory")
+            )
+            await asyncio.sleep(0.05)
+            # Mallory's next check waits for her first one and is given up; Alice's is checked.
+            mallory, alice = await asyncio.gather(
+                checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN), "mallory"),
+                checker.problem(reply('{"cmd": 3}'), request(PLAIN), "alice"),
+            )
+            assert mallory is None and alice is not None and "(type)" in alice
+            assert checker.given_up == ["busy"]
+            assert await slow is None and checker.given_up == ["busy", "timeout"]
+        finally:
+            await checker.stop()
+        assert checker.workers == []
+
+    asyncio.run(scenario())
+
+
 def test_a_schema_the_validator_cannot_handle_is_not_the_model_s_fault() -> None:
     async def scenario() -> None:
         checker = Checker()
@@ -113,9 +136,9 @@ def test_a_schema_the_validator_cannot_handle_is_not_the_model_s_fault() -> None
             for broken in ({"type": 5}, {"properties": {"cmd": {"pattern": "("}}}):
                 assert await checker.problem(reply('{"cmd": "x"}'), request(broken)) is None
             assert checker.given_up == ["failed", "failed"]
-            worker = checker._worker
+            workers = checker.workers
             assert await checker.problem(reply("{bad"), request(PLAIN)) is not None
-            assert checker._worker is worker  # a failed check does not cost the worker
+            assert checker.workers == workers  # a failed check does not cost the worker
         finally:
             await checker.stop()
 
@@ -128,7 +151,7 @@ def test_replies_without_tool_calls_never_start_a_worker() -> None:
         text = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
         assert await checker.problem(text, request(PLAIN)) is None
         assert await checker.problem({"choices": []}, request(PLAIN)) == "the reply has no message"
-        assert checker._worker is None
+        assert checker.workers == []
 
     asyncio.run(scenario())
 
@@ -162,12 +185,12 @@ def test_ctrl_c_in_the_terminal_does_not_end_the_worker() -> None:
         checker = Checker()
         try:
             assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
-            worker = checker._worker
-            assert worker is not None and worker.process.pid is not None
+            (worker,) = checker.workers
+            assert worker.process.pid is not None
             os.kill(worker.process.pid, signal.SIGINT)
             await asyncio.sleep(0.3)
             bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
-            assert bad is not None and checker._worker is worker and checker.given_up == []
+            assert bad is not None and checker.workers == [worker] and checker.given_up == []
         finally:
             await checker.stop()
 
@@ -180,15 +203,14 @@ def test_a_check_that_outgrows_the_worker_s_memory_is_given_up_and_the_worker_re
         checker = Checker(memory_headroom_bytes=32 * 1024 * 1024)
         try:
             assert await checker.problem(reply('{"cmd": "x"}'), request(PLAIN)) is None
-            worker = checker._worker
-            assert worker is not None
+            (worker,) = checker.workers
             limits = Path(f"/proc/{worker.process.pid}/limits").read_text()
             line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
             assert line.split()[3] != "unlimited"
             huge = '{"cmd": "' + "x" * (64 * 1024 * 1024) + '"}'
             assert await checker.problem(reply(huge), request(PLAIN)) is None
             assert checker.given_up == ["out_of_memory"]
-            assert checker._worker is None and not worker.process.is_alive()
+            assert checker.workers == [] and not worker.process.is_alive()
             # The next check gets a new worker and a verdict.
             assert await checker.problem(reply("{bad"), request(PLAIN)) is not None
         finally:
