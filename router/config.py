@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -51,7 +52,9 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class Billing(_Model):
@@ -71,10 +74,30 @@ class PoolSpec(InferencePoolSpec):
     @field_validator("endpoints")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"endpoint {url!r} is not an http(s) URL")
-        return [u.rstrip("/") for u in urls]
+        return [_endpoint_url(url) for url in urls]
+
+
+def _endpoint_url(url: str) -> str:
+    """An endpoint's base URL, `http(s)://host:port` (the router adds `/v1/...`), without a
+    trailing slash; ValueError saying what is wrong with anything else."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"endpoint {url!r} is not a URL the router can use ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {url!r} is not an http(s) URL")
+    if not parts.hostname or any(c.isspace() for c in url):
+        raise ValueError(f"endpoint {url!r} needs a host (http://host:port), and no spaces")
+    if parts.username is not None:
+        raise ValueError(f"endpoint {url!r}: credentials do not belong in an endpoint URL")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(
+            f"endpoint {url!r} must be scheme, host and port only (the router adds /v1/...)"
+        )
+    if port == 0:
+        raise ValueError(f"endpoint {url!r}: port 0 is not a port to connect to")
+    return url.rstrip("/")
 
 
 def _quantity_units(value: Any) -> Any:

@@ -163,7 +163,7 @@ class Upstream:
                 response = await session.post(
                     self._url(endpoint.url + path), data=body, headers=headers
                 )
-            except CONNECTION_ERRORS as exc:
+            except (*CONNECTION_ERRORS, ValueError) as exc:  # ValueError: a URL it cannot use
                 endpoint.inflight -= 1
                 self._on_failure(endpoint)
                 last = f"{endpoint.url}: {type(exc).__name__}"

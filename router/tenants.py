@@ -35,6 +35,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from tiergate.sim_nodes.validation import field_path
+
 from .errors import RouterError
 from .tiers import TIERS, Tier
 
@@ -251,6 +253,9 @@ def load_tenants(path: str | Path) -> TenantRegistry:
 
 def parse_tenants(data: Any, *, source: str = "<tenants>") -> TenantRegistry:
     """Build a registry from already-parsed tenants data (`{"tenants": [...]}`)."""
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"a {type(data).__name__}"
+        raise TenantConfigError(source, [("", f"expected a mapping with `tenants:`, got {what}")])
     try:
         spec = _TenantsFile.model_validate(data)
     except ValidationError as exc:
@@ -303,7 +308,8 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
     problems = []
     for error in exc.errors(include_input=False, include_url=False):
         field = "".join(
-            f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+            f"[{part}]" if isinstance(part, int) else f".{part}"
+            for part in field_path(error["loc"])
         )
         problems.append((field.lstrip("."), error["msg"]))
     return problems

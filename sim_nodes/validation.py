@@ -7,14 +7,28 @@ syntax error by its position, never by quoting the offending text (it may hold a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import yaml
 from pydantic import ValidationError
+
+# The members of a union as pydantic names them in an error's location ("int", "list[str]",
+# "function-after[...]"): not fields the user wrote, so left out of the path.
+_TYPE_TAG = re.compile(
+    r"(int|float|str|bool|bytes|none|url|constrained-\w+|[a-z-]+\[.*\])", re.DOTALL
+)
+
+
+def field_path(loc: Sequence[int | str]) -> list[int | str]:
+    """An error location as the user wrote it: union members' type tags left out."""
+    return [p for p in loc if isinstance(p, int) or not _TYPE_TAG.fullmatch(p)]
 
 
 def first_problem(exc: ValidationError, *, default_field: str = "") -> str:
     """``field.path: message`` of the first error in `exc`."""
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or default_field
+    where = ".".join(str(p) for p in field_path(first["loc"])) or default_field
     return f"{where}: {first['msg']}" if where else str(first["msg"])
 
 

@@ -28,7 +28,11 @@ US = 1e-6
 
 
 _PROFILE_CONFIG = ConfigDict(
-    extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    extra="forbid",
+    frozen=True,
+    alias_generator=to_camel,
+    populate_by_name=True,
+    allow_inf_nan=False,
 )
 
 

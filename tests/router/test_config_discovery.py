@@ -94,6 +94,27 @@ def test_prices_come_from_the_envelope_unless_billing_overrides() -> None:
         ),
         ("pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}, "
          "{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]", "used twice"),
+        *(
+            (
+                "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+                f"endpoints: ['{url}']}}]",
+                message,
+            )
+            for url, message in [
+                ("http://127.0.0.1:99999", "Port out of range"),
+                ("http://[::1", "Invalid IPv6"),
+                ("http://a b", "no spaces"),
+                ("http://", "needs a host"),
+                ("http://127.0.0.1:9000/v1", "the router adds /v1"),
+                ("http://u:p@127.0.0.1:9000", "credentials"),
+                ("http://127.0.0.1:0", "port 0"),
+            ]
+        ),
+        ("router: {scrapeIntervalS: .inf}", r"router\.scrapeIntervalS: .*finite"),
+        ("pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+         "billing: {outputPerMillionUsd: .inf}}]", "finite"),
+        ("pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+         "chips: eight}]", r"pools\.0\.chips: Input should be a valid integer"),
         ("pools: [\n  - {name: [}", "not valid YAML"),
         ("- 1\n- 2", "expected a mapping"),
     ],

@@ -89,3 +89,21 @@ async def test_every_endpoint_failing_is_a_503_naming_the_last_failure() -> None
         assert all(e.inflight == 0 for e in dead)
     finally:
         await upstream.aclose()
+
+
+@pytest.mark.parametrize("bad", ["http://127.0.0.1:99999", "http://[::1", "http://a b"])
+async def test_an_endpoint_url_that_cannot_be_used_counts_as_its_failure(
+    served: Callable[[Any], AbstractContextManager[str]], bad: str
+) -> None:
+    # The config refuses such URLs; one from elsewhere must still not become a 500.
+    failed: list[str] = []
+    upstream = Upstream(on_failure=lambda e: failed.append(e.url))
+    try:
+        with served(cookie_setter) as url:
+            broken, alive = endpoint(bad), endpoint(url)
+            opened = await upstream.open([broken, alive], "/v1/chat/completions", b"{}", {})
+            assert opened.endpoint is alive and opened.status == 200
+            await opened.close()
+        assert failed == [bad] and broken.inflight == 0
+    finally:
+        await upstream.aclose()

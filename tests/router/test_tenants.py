@@ -174,6 +174,9 @@ def test_tenant_without_keys_and_duplicate_names() -> None:
 def test_empty_or_missing_tenants_list() -> None:
     assert _error({"tenants": []}).field == "tenants"
     assert _error(None).field == ""
+    # An empty file or a list: said in the file's terms, not the parser's class names.
+    assert "got empty" in str(_error(None)) and "_TenantsFile" not in str(_error(None))
+    assert "got a list" in str(_error([{"name": "a"}]))
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
