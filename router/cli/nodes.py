@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from typing import IO
 
 import httpx
 
@@ -15,6 +20,8 @@ from tiergate.operator.api import sim_node_flags
 
 from ..config import PoolSpec, RouterConfig
 from ..discovery import PoolView
+
+log = logging.getLogger("tiergate.router")
 
 
 class NodeStartError(RuntimeError):
@@ -25,7 +32,10 @@ class NodeStartError(RuntimeError):
 class LocalNode:
     pool: PoolSpec
     url: str
+    command: list[str]
     process: subprocess.Popen[bytes]
+    stderr: IO[bytes]  # a temporary file: a pipe nobody reads would fill and stall the node
+    restarts: int = 0
 
 
 def node_command(
@@ -61,19 +71,78 @@ def start_nodes(
             d = view.pools[pool.name].deployment
             for _ in range(pool.replicas):
                 cmd = node_command(pool, d.chips, d.tensor_parallel, host, port, seed=port)
-                process = subprocess.Popen(
-                    cmd,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    preexec_fn=_die_with_parent,
-                )
-                nodes.append(LocalNode(pool, f"http://{host}:{port}", process))
+                stderr = tempfile.TemporaryFile()
+                url = f"http://{host}:{port}"
+                nodes.append(LocalNode(pool, url, cmd, _spawn(cmd, stderr), stderr))
                 port += 1
         _wait_ready(nodes, timeout_s)
     except BaseException:
         stop_nodes(nodes)
         raise
     return nodes
+
+
+def node_ports(config: RouterConfig) -> range:
+    """The ports `start_nodes` gives the nodes, one per replica."""
+    first = config.local.first_port
+    return range(first, first + sum(pool.replicas for pool in config.pools))
+
+
+def _spawn(cmd: list[str], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_die_with_parent
+    )
+
+
+class NodeSupervisor:
+    """Restarts a node that exits while `tiergate up` runs (as a kubelet restarts a container),
+    after `backoff_s` doubled for each restart of that node, up to `MAX_BACKOFF_S`; each exit
+    is logged with the node's last line of stderr."""
+
+    MAX_BACKOFF_S = 30.0
+
+    def __init__(self, nodes: list[LocalNode], *, poll_s: float = 0.5, backoff_s: float = 1.0):
+        self.nodes = nodes
+        self.poll_s = poll_s
+        self.backoff_s = backoff_s
+        self._due: dict[int, float] = {}  # node index -> when to restart it
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.check(time.monotonic())
+
+    def check(self, now: float) -> None:
+        """One round: note nodes that exited, restart those whose backoff has passed."""
+        for i, node in enumerate(self.nodes):
+            code = node.process.poll()
+            if code is None:
+                continue
+            due = self._due.get(i)
+            if due is None:
+                delay = min(self.MAX_BACKOFF_S, self.backoff_s * 2**node.restarts)
+                self._due[i] = now + delay
+                log.error(
+                    "event=sim_node_exited pool=%s url=%s status=%s last=%r restart_in_s=%.0f",
+                    node.pool.name, node.url, code, _last_line(node, code), delay,
+                )  # fmt: skip
+            elif now >= due and not self._stop.is_set():
+                del self._due[i]
+                node.restarts += 1
+                node.process = _spawn(node.command, node.stderr)
+                log.warning(
+                    "event=sim_node_restarted pool=%s url=%s restarts=%d",
+                    node.pool.name, node.url, node.restarts,
+                )  # fmt: skip
 
 
 _PR_SET_PDEATHSIG = 1
@@ -97,14 +166,9 @@ def _wait_ready(nodes: list[LocalNode], timeout_s: float) -> None:
             for node in list(pending):
                 code = node.process.poll()
                 if code is not None:
-                    err = (
-                        node.process.stderr.read().decode(errors="replace")
-                        if node.process.stderr
-                        else ""
-                    )
-                    last = err.strip().splitlines()[-1] if err.strip() else f"exit status {code}"
                     raise NodeStartError(
-                        f"sim node of pool {node.pool.name} at {node.url} failed: {last}"
+                        f"sim node of pool {node.pool.name} at {node.url} failed: "
+                        f"{_last_line(node, code)}"
                     )
                 try:
                     if client.get(node.url + "/ready").status_code == 200:
@@ -119,8 +183,10 @@ def _wait_ready(nodes: list[LocalNode], timeout_s: float) -> None:
 
 
 def _last_line(node: LocalNode, code: int) -> str:
-    stderr = node.process.stderr
-    text = stderr.read().decode(errors="replace").strip() if stderr is not None else ""
+    """The last line the node wrote to stderr (its own error), or its exit status."""
+    node.stderr.seek(0, os.SEEK_END)
+    node.stderr.seek(max(0, node.stderr.tell() - 4096))
+    text = node.stderr.read().decode(errors="replace").strip()
     return text.splitlines()[-1] if text else f"exit status {code}"
 
 
@@ -135,3 +201,4 @@ def stop_nodes(nodes: list[LocalNode], grace_s: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             node.process.kill()
             node.process.wait()
+        node.stderr.close()

@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tiergate.sim_nodes.commands.common import CliError, configure_logging
+from tiergate.sim_nodes.commands.common import (
+    CliError,
+    configure_logging,
+    listen_socket,
+    port_number,
+)
 
 from ..build import build_app, router_source
 from ..config import ConfigError
@@ -21,7 +26,9 @@ from .serve import run_router
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="router configuration (YAML)")
     p.add_argument("--host", default=None, help="listen address (default: from the config)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default: from the config)")
+    p.add_argument(
+        "--port", type=port_number, default=None, help="listen port (default: from the config)"
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
@@ -29,10 +36,17 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         config, source = router_source(args.config)
-        app = build_app(config, source)
-    except (ConfigError, TenantConfigError, LedgerError) as exc:
+    except ConfigError as exc:
         raise CliError(str(exc)) from None
     host = args.host or config.router.host
     port = args.port if args.port is not None else config.router.port
-    ok = run_router(app, host, port, args.log_level)
+    sock = listen_socket(host, port)  # a port in use is one line, before anything starts
+    try:
+        try:
+            app = build_app(config, source)
+        except (ConfigError, TenantConfigError, LedgerError) as exc:
+            raise CliError(str(exc)) from None
+        ok = run_router(app, sock, args.log_level)
+    finally:
+        sock.close()
     return 0 if ok else 1

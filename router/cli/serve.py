@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+
 from ..app import RouterApp
 
 #: Open streams get this long to finish when the router is told to stop.
 GRACEFUL_SHUTDOWN_S = 10
 
 
-def run_router(app: RouterApp, host: str, port: int, log_level: str) -> bool:
-    """Serve `app` on a uvloop event loop until SIGINT/SIGTERM; False if it could not start.
+def run_router(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
+    """Serve `app` on `sock` (bound: common.listen_socket) on a uvloop event loop until
+    SIGINT/SIGTERM; False if it could not start.
 
     uvloop (and httptools, which uvicorn picks when installed) take ~0.25 ms off every
     proxied request on the development machine (benchmarks/router_overhead.py).
@@ -33,18 +36,16 @@ def run_router(app: RouterApp, host: str, port: int, log_level: str) -> bool:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, 1000)
-    return uvloop.run(serve(app, host, port, log_level))
+    return uvloop.run(serve(app, sock, log_level))
 
 
-async def serve(app: RouterApp, host: str, port: int, log_level: str) -> bool:
-    """Run until SIGINT/SIGTERM; False if the server could not start (port taken...)."""
+async def serve(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
+    """Run until SIGINT/SIGTERM; False if the server could not start."""
     import uvicorn
 
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            host=host,
-            port=port,
             access_log=False,
             log_config=None,
             log_level=log_level,
@@ -53,5 +54,5 @@ async def serve(app: RouterApp, host: str, port: int, log_level: str) -> bool:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
-    await server.serve()
+    await server.serve(sockets=[sock])
     return server.started

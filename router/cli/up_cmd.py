@@ -13,7 +13,13 @@ from importlib import resources
 from pathlib import Path
 
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import CliError, configure_logging, table
+from tiergate.sim_nodes.commands.common import (
+    CliError,
+    configure_logging,
+    listen_socket,
+    port_number,
+    table,
+)
 from tiergate.sim_nodes.perf import profile_label
 
 from ..build import build_app
@@ -21,7 +27,7 @@ from ..config import ConfigError, RouterConfig, load_config, parse_config
 from ..discovery import PoolView, StaticSource, build_view
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
-from .nodes import NodeStartError, start_nodes, stop_nodes
+from .nodes import NodeStartError, NodeSupervisor, node_ports, start_nodes, stop_nodes
 from .serve import run_router
 
 
@@ -29,8 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None, help="configuration (default: embedded)")
     p.add_argument("--print-config", action="store_true", help="print the embedded default")
     p.add_argument("--host", default=None, help="router address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="router port (default 8080)")
-    p.add_argument("--first-node-port", type=int, default=None, help="first sim-node port (9000)")
+    p.add_argument("--port", type=port_number, default=None, help="router port (default 8080)")
+    p.add_argument(
+        "--first-node-port", type=port_number, default=None, help="first sim-node port (9000)"
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
 
 
@@ -59,8 +67,29 @@ def load(args: argparse.Namespace) -> RouterConfig:
     router = config.router.model_copy(update=updates)
     local = config.local
     if args.first_node_port is not None:
+        if args.first_node_port == 0:
+            raise CliError("--first-node-port: nodes need real ports (1..65535), not 0")
         local = local.model_copy(update={"first_port": args.first_node_port})
-    return config.model_copy(update={"router": router, "local": local})
+    config = config.model_copy(update={"router": router, "local": local})
+    ports = node_ports(config)
+    if ports and ports[-1] > 65535:
+        raise CliError(
+            f"{len(ports)} sim nodes from port {ports[0]} would need ports past 65535: "
+            "lower --first-node-port"
+        )
+    if not ports:
+        raise CliError("the configuration has no pool replicas to run: nothing would serve")
+    return config
+
+
+def _check_node_ports(config: RouterConfig, router_port: int) -> None:
+    """Refuse ports something else holds before starting any node: a node that cannot bind
+    exits, and the server already there (another `tiergate up`?) would answer in its place."""
+    host = config.local.host
+    for port in node_ports(config):
+        if port == router_port and host == config.router.host:
+            raise CliError(f"port {port} is both the router's and a sim node's: move one")
+        listen_socket(host, port).close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,24 +104,38 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Validate every pool (and its envelope) before starting any process.
         planned = build_view(config.pools, default_catalog())
-        nodes = start_nodes(config, planned)
-    except (ConfigError, NodeStartError) as exc:
+    except ConfigError as exc:
         raise CliError(str(exc)) from None
+    host = config.router.host
+    sock = listen_socket(host, config.router.port)
     try:
-        urls: dict[str, list[str]] = {}
-        for node in nodes:
-            urls.setdefault(node.pool.name, []).append(node.url)
-        view = build_view(config.pools, default_catalog(), urls_of=lambda s: urls.get(s.name, []))
+        port = sock.getsockname()[1]  # the one bound, for --port 0
+        _check_node_ports(config, port)
         try:
-            app = build_app(config, StaticSource(view))
-        except (TenantConfigError, LedgerError) as exc:
+            nodes = start_nodes(config, planned)
+        except NodeStartError as exc:
             raise CliError(str(exc)) from None
-        host, port = config.router.host, config.router.port
-        print(summary(view, f"http://{host}:{port}"), flush=True)
-        ok = run_router(app, host, port, args.log_level)
-        return 0 if ok else 1
+        supervisor = NodeSupervisor(nodes)
+        try:
+            urls: dict[str, list[str]] = {}
+            for node in nodes:
+                urls.setdefault(node.pool.name, []).append(node.url)
+            view = build_view(
+                config.pools, default_catalog(), urls_of=lambda s: urls.get(s.name, [])
+            )
+            try:
+                app = build_app(config, StaticSource(view))
+            except (TenantConfigError, LedgerError) as exc:
+                raise CliError(str(exc)) from None
+            supervisor.start()
+            print(summary(view, f"http://{host}:{port}"), flush=True)
+            ok = run_router(app, sock, args.log_level)
+            return 0 if ok else 1
+        finally:
+            supervisor.stop()
+            stop_nodes(nodes)
     finally:
-        stop_nodes(nodes)
+        sock.close()
 
 
 def summary(view: PoolView, router_url: str) -> str:

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -34,6 +35,33 @@ def configure_logging(level: str) -> None:
     # a second per endpoint. Shown with --log-level debug.
     if level.lower() != "debug":
         logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0..65535 (0: any free port, where the command allows it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, for uvicorn to serve on (so a port already in use is one
+    clear line, before anything else starts); inheritable by the server's workers."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CliError(f"cannot listen on {host}:{port}: {reason}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def positive_int(text: str) -> int:

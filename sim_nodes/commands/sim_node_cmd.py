@@ -20,23 +20,15 @@ from .common import (
     CliError,
     add_serving_arguments,
     configure_logging,
+    listen_socket,
     non_negative_int,
+    port_number,
     positive_int,
     spec_overrides,
     unit_interval,
 )
 
 GRACEFUL_SHUTDOWN_S = 5
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_serving_arguments(parser, max_num_seqs=None, defaults=False)
     node = parser.add_argument_group("node")
     node.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    node.add_argument("--port", type=_port, default=8000, help="listen port (0: any free port)")
+    node.add_argument(
+        "--port", type=port_number, default=8000, help="listen port (0: any free port)"
+    )
     node.add_argument(
         "--served-model-name",
         action="append",
@@ -124,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     spec, names = serving_spec(args)
     if args.background_sequences and not args.background_context_tokens:
         raise CliError("--background-sequences needs --background-context-tokens")
-    sock = _bind(args.host, args.port)
+    sock = listen_socket(args.host, args.port)
     try:
         return _serve(args, spec, names, sock)
     finally:
@@ -169,16 +163,3 @@ def _serve(
     )
     server.run(sockets=[sock])
     return 0 if server.started else 1
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.set_inheritable(True)
-    return sock

@@ -129,3 +129,74 @@ def test_a_router_killed_right_after_replying_has_billed_every_reply(tmp_path: P
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def run_up(config: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(config), *flags]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_ports_in_use_or_out_of_range_are_one_line_before_anything_starts(tmp_path: Path) -> None:
+    config = tmp_path / "up.yaml"
+    config.write_text(CONFIG.format(ledger=tmp_path / "ledger.sqlite"))
+    with socket.socket() as held:  # something else already listens on the node's port
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        router_port = free_port()
+        done = run_up(config, "--port", str(router_port), "--first-node-port", str(taken))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert f"cannot listen on 127.0.0.1:{taken}" in done.stderr
+        assert not listening(router_port)  # the router never started
+        done = run_up(config, "--port", str(taken), "--first-node-port", str(free_port()))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert f"cannot listen on 127.0.0.1:{taken}" in done.stderr
+    two = tmp_path / "two.yaml"  # two nodes from 65535 would need port 65536
+    two.write_text(
+        CONFIG.format(ledger=tmp_path / "ledger.sqlite").replace("replicas: 1", "replicas: 2")
+    )
+    for path, flags in [(config, ["--port", "70000"]), (config, ["--first-node-port", "-1"]),
+                        (two, ["--first-node-port", "65535"])]:  # fmt: skip
+        done = run_up(path, *flags)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "65535" in done.stderr.strip().splitlines()[-1]
+
+
+def node_pid(port: int) -> int | None:
+    """The pid of the sim node started for `port` (its command line names the port)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sim-node" in argv and str(port).encode() in argv:
+            return int(entry.name)
+    return None  # none, or a zombie (its command line is gone)
+
+
+def test_a_node_that_dies_while_up_runs_is_restarted(tmp_path: Path) -> None:
+    config = tmp_path / "up.yaml"
+    config.write_text(CONFIG.format(ledger=tmp_path / "ledger.sqlite"))
+    router_port, node_port = free_port(), free_port()
+    up = start_up(config, router_port, node_port)
+    try:
+        first = node_pid(node_port)
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:  # restarted after ~1 s: a new process on the same port
+            assert up.poll() is None, "tiergate up exited when its node died"
+            assert time.monotonic() < deadline, "the node was not restarted"
+            now = node_pid(node_port)
+            if now is not None and now != first and listening(node_port):
+                break
+            time.sleep(0.1)
+        body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}  # fmt: skip
+        url = f"http://127.0.0.1:{router_port}/v1/chat/completions"
+        replies = [httpx.post(url, json=body, timeout=30).status_code for _ in range(3)]
+        assert replies[-1] == 200, replies
+    finally:
+        stop(up, node_port, signal.SIGTERM)
