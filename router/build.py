@@ -27,6 +27,7 @@ from .ratelimit import RateLimiter
 from .scraper import MetricsFetcher, Scraper
 from .state import EndpointState
 from .tenants import TenantRegistry, load_tenants
+from .tenants_reload import TenantsReloader
 from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
@@ -113,6 +114,19 @@ def build_app(
         tool_checker,
         *(extra_services or []),
     ]
+    if settings.tenants_file is not None:
+
+        def swap(registry: TenantRegistry) -> None:
+            router.tenants = registry
+
+        reloader = TenantsReloader(
+            settings.tenants_file, swap, interval_s=lambda: settings.reload_interval_s
+        )
+        services.append(reloader)
+        metrics.count_reloads("tenants", lambda: (reloader.reloads, reloader.reload_errors))
+    if isinstance(source, FileSource):
+        file = source
+        metrics.count_reloads("pools", lambda: (file.reloads, file.reload_errors))
     return RouterApp(
         router,
         services,

@@ -268,6 +268,12 @@ class FileSource:
             self.reload_errors += 1
             log.error("event=config_reload_failed path=%s error=%r", self.path, str(exc))
             return False
+        unapplied = _restart_only_changes(self.config, config)
+        if unapplied:
+            log.warning(
+                "event=config_settings_need_restart path=%s fields=%s applied=pools",
+                self.path, ",".join(unapplied),
+            )  # fmt: skip
         self.config, self.view = config, view
         self.reloads += 1
         log.info("event=config_reloaded path=%s pools=%d", self.path, len(view.pools))
@@ -280,6 +286,19 @@ class FileSource:
                 self.reload_if_changed()
             except Exception:  # never let the watcher die: a dead watcher is a silent one
                 log.exception("event=config_watch_error path=%s", self.path)
+
+
+#: Router settings a reload applies: the rest are read once, when the router starts.
+_LIVE_SETTINGS = frozenset({"reload_interval_s"})
+
+
+def _restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
+    """The `router.*` settings (as the file spells them) that changed but take a restart."""
+    return [
+        f"router.{info.alias or name}"
+        for name, info in type(old.router).model_fields.items()
+        if name not in _LIVE_SETTINGS and getattr(old.router, name) != getattr(new.router, name)
+    ]
 
 
 def _digest(path: Path) -> bytes | None:

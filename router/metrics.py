@@ -102,6 +102,27 @@ class RouterMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
+        """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`."""
+        self.registry.register(_ReloadCollector(config, reloads))
+
+
+class _ReloadCollector(Collector):
+    def __init__(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
+        self.config, self.reloads = config, reloads
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "tiergate_config_reloads",
+            "Reloads of a configuration file that changed: applied, or failed (the previous "
+            "configuration kept; the log says why).",
+            labels=["config", "result"],
+        )
+        applied, failed = self.reloads()
+        family.add_metric([self.config, "applied"], applied)
+        family.add_metric([self.config, "failed"], failed)
+        yield family
+
 
 class _LiveCollector(Collector):
     def __init__(self, view: Callable[[], PoolView], now: Callable[[], float]) -> None:

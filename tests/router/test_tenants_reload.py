@@ -1,0 +1,92 @@
+"""Tenants reloaded while the router runs: a revoked key stops working without a restart, and a
+bad edit keeps the tenants already loaded."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tenant_router_helpers import KEY, tenant_router
+
+from tiergate.router.discovery import FileSource
+from tiergate.router.tenants import TenantRegistry
+from tiergate.router.tenants_reload import TenantsReloader
+from tiergate.sim_nodes.catalogs import default_catalog
+
+ALICE = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
+CAROL = "tenants:\n  - {name: carol, apiKeys: [carol-key-0123456789], requestsPerMinute: 5}\n"
+
+
+@pytest.mark.parametrize("secret", [False, True], ids=["file", "secret-folder"])
+def test_a_changed_file_is_swapped_in_and_a_bad_one_keeps_the_tenants(
+    tmp_path: Path, secret: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    file = tmp_path / "tenants.yaml"
+    file.write_text(ALICE)
+    swapped: list[TenantRegistry] = []
+    reloader = TenantsReloader(tmp_path if secret else file, swapped.append, interval_s=lambda: 1)
+    assert not reloader.reload_if_changed()  # unchanged
+    file.write_text(CAROL)
+    assert reloader.reload_if_changed()
+    (registry,) = swapped
+    assert registry.authenticate("Bearer carol-key-0123456789").name == "carol"
+    with caplog.at_level(logging.ERROR, logger="tiergate.router"):
+        file.write_text("tenants:\n  - {name: dave, apiKeys: [dave-key-0123456789], colour: 1}\n")
+        assert not reloader.reload_if_changed()
+        file.unlink()
+        assert not reloader.reload_if_changed()
+    assert len(swapped) == 1 and reloader.reload_errors == 2
+    assert "dave-key" not in caplog.text  # a rejected file's keys are never logged
+    assert caplog.text.count("event=tenants_reload_failed") == 2
+
+
+def test_a_revoked_key_is_refused_without_a_restart(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    with tenant_router(
+        served, tmp_path / "ledger.sqlite", tmp_path, budget="", router="reloadIntervalS: 0.05"
+    ) as (_, url):
+        usage = url + "/v1/usage"
+        assert httpx.get(usage, headers=KEY).status_code == 200
+        (tmp_path / "tenants.yaml").write_text(CAROL)  # alice's key revoked, carol's added
+        deadline = time.monotonic() + 10
+        while httpx.get(usage, headers=KEY).status_code != 401:
+            assert time.monotonic() < deadline, "the revoked key still works"
+            time.sleep(0.05)
+        carol = {"authorization": "Bearer carol-key-0123456789"}
+        assert httpx.get(usage, headers=carol).json()["tenant"] == "carol"
+
+
+def test_router_settings_changed_in_a_reload_are_named_as_needing_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "router.yaml"
+    pools = "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]\n"
+    path.write_text("router: {reloadIntervalS: 1}\n" + pools)
+    source = FileSource(path, default_catalog())
+    with caplog.at_level(logging.WARNING, logger="tiergate.router"):
+        path.write_text("router: {reloadIntervalS: 2, forwardFaultHeader: true}\n" + pools)
+        assert source.reload_if_changed()
+    assert "fields=router.forwardFaultHeader applied=pools" in caplog.text
+    assert source.poll_interval_s() == 2  # read live: not named
+
+
+def test_reloads_are_counted_in_the_metrics(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    with tenant_router(
+        served, tmp_path / "ledger.sqlite", tmp_path, budget="", router="reloadIntervalS: 0.05"
+    ) as (_, url):
+        (tmp_path / "tenants.yaml").write_text("tenants: [{name: x}]\n")  # no keys: refused
+        line = 'tiergate_config_reloads_total{config="tenants",result="failed"} 1.0'
+        deadline = time.monotonic() + 10
+        while line not in (text := httpx.get(url + "/metrics").text):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)
+        assert 'tiergate_config_reloads_total{config="tenants",result="applied"} 0.0' in text
