@@ -16,7 +16,7 @@ from .config import RouterConfig, load_config
 from .discovery import FileSource, PoolSource, PoolView
 from .handler import Router
 from .kube_discovery import KubeSource
-from .ledger import Ledger
+from .ledger import Ledger, LedgerError
 from .ledger_backlog import LedgerBacklogWriter
 from .ledger_retention import LedgerRetention
 from .metrics import RouterMetrics
@@ -47,12 +47,15 @@ def build_app(
     settings = config.router
     if settings.tenants_file is not None:
         tenants = load_tenants(settings.tenants_file)
-    else:
-        tenants = TenantRegistry.open()
     ledger_path = settings.ledger_path
     if str(ledger_path) != ":memory:":
-        Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create the usage ledger's folder: {exc}") from None
     ledger = Ledger(ledger_path)
+    if settings.tenants_file is None:  # after what may fail: its warning is no error's preface
+        tenants = TenantRegistry.open()
     retention = LedgerRetention(
         ledger,
         max_age_days=settings.ledger_retention_days,

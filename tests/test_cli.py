@@ -1,6 +1,7 @@
 """The `tiergate` command line: machine output, human output and one-line errors."""
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,18 @@ def test_calibrate_bad_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_
     f.write_text("a,b\n1,2\n")
     code, _, err = run(capsys, "calibrate", "--measurements", str(f))
     assert code == 2 and err.count("\n") == 1 and "not a measurements CSV" in err
+
+
+@pytest.mark.parametrize("header_only", [False, True])
+def test_calibrate_without_rows_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, header_only: bool
+) -> None:
+    shipped = resources.files("tiergate.sim_nodes.catalogs").joinpath("measurements.csv")
+    header = shipped.read_text(encoding="utf-8").splitlines()[0] + "\n"
+    f = tmp_path / "m.csv"
+    f.write_text(header if header_only else "")
+    code, _, err = run(capsys, "calibrate", "--measurements", str(f))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
 
 
 def test_seeds_prints_the_three_tiers(capsys: pytest.CaptureFixture[str]) -> None:

@@ -98,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
     )
     # Fail before sending load, not after it.
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path is not None and not path.parent.is_dir():
-            raise BenchError(f"{flag}: no such directory: {path.parent}")
+        if path is not None:
+            _check_writable(flag, path)
     if args.plot is not None:
+        if not args.plot.suffix:
+            raise BenchError(f"--plot {args.plot}: name an image file, such as {args.plot}.png")
         require_matplotlib()
 
     progress = make_progress(settings.requests)
@@ -114,3 +116,19 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         write_plot(report, args.plot)
     return 1 if report.total.errors == report.total.requests else 0
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """BenchError unless `path` can be written (created, or appended to and left unchanged)."""
+    if path.is_dir():
+        raise BenchError(f"{flag} {path}: is a directory")
+    if not path.parent.is_dir():
+        raise BenchError(f"{flag}: no such directory: {path.parent}")
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise BenchError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)

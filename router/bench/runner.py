@@ -42,8 +42,13 @@ class BenchSettings:
 
 def normalize_url(url: str) -> str:
     """`url` without a trailing slash or `/v1` (accepted as OpenAI clients' base URL)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 (ValueError when out of range or not a number)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        usable = False
+    if not usable:
         raise BenchError(
             f"--router: expected an http(s) URL such as http://127.0.0.1:8080, got {url!r}"
         )

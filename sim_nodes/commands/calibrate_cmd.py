@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
         except (KeyError, ValueError) as exc:
             raise CliError(f"{args.measurements}: not a measurements CSV ({exc})") from None
     comparisons = compare_all(default_catalog(), rows)
+    if not comparisons:
+        raise CliError(f"{args.measurements}: no measurements to compare (an empty CSV?)")
     body = [
         [
             c.measurement.id,
