@@ -23,6 +23,12 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 #: Spec keys naming the models a pool's replicas answer to (first one wins).
 _SERVED_NAME_KEYS = ("servedModelName", "servedModelNames", "aliases")
+#: The InferencePool spec's fields a node does not simulate (the operator's and the router's):
+#: accepted in a pool file and ignored; any other field not in `ServingSpec` is a mistake.
+#: (sim_nodes cannot import the operator's API: tests/sim_nodes check this list against it.)
+POOL_ONLY_FIELDS = frozenset(
+    {"aliases", "background", "replicas", "servedModelName", "slo", "template", "tier", "workload"}
+)
 
 
 class PoolFileError(ValueError):
@@ -93,6 +99,13 @@ def load_pool_spec(path: Path) -> tuple[dict[str, Any], list[str]]:
     names = _served_names(data, path)
     known = {f.alias or name for name, f in ServingSpec.model_fields.items()}
     known |= set(ServingSpec.model_fields)
+    allowed = known | POOL_ONLY_FIELDS | set(_SERVED_NAME_KEYS)
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise PoolFileError(
+            f"pool file {path}: unknown field(s) {', '.join(unknown)} (an InferencePool's spec "
+            "has no such field)"
+        )
     return {k: v for k, v in data.items() if k in known}, names
 
 

@@ -95,7 +95,19 @@ BAD_FILES = {
     "bad served name": "model: frontier\naccelerator: b200\nservedModelName: [1]\n",
     "no model": "accelerator: b200\n",
     "unknown model": "model: gpt-17\naccelerator: b200\n",
+    "misspelt field": "spec: {modle: frontier, model: frontier, accelerator: b200}\n",
 }
+
+
+def test_the_fields_a_node_ignores_are_the_inferencepool_spec_s_others() -> None:
+    from tiergate.operator.api import InferencePoolSpec
+    from tiergate.sim_nodes.perf import ServingSpec
+    from tiergate.sim_nodes.server.config import POOL_ONLY_FIELDS
+
+    def aliases(model: type) -> set[str]:
+        return {f.alias or name for name, f in model.model_fields.items()}
+
+    assert aliases(InferencePoolSpec) - aliases(ServingSpec) == POOL_ONLY_FIELDS
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
