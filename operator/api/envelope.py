@@ -8,12 +8,14 @@ and the envelope says which profiles were inline and whether they shadowed catal
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from tiergate.sim_nodes.catalogs import Catalog
 from tiergate.sim_nodes.perf import (
     Deployment,
+    PerfConfigError,
     PerfResult,
     ProfileSource,
     ServingSpec,
@@ -74,9 +76,24 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     w = workload
     shape = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, None)
     kv_tokens = spec.batching.max_num_seqs * shape.tokens_per_sequence
-    deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
-    batching = spec.batching.to_batching()
-    running = max(max_running(deployment, shape, batching), 1)
-    full = Workload(shape.input_tokens, shape.output_tokens, shape.cached_input_tokens, running)
-    result = evaluate(deployment, full, batching)
+    try:
+        deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
+        batching = spec.batching.to_batching()
+        running = max(max_running(deployment, shape, batching), 1)
+        full = Workload(shape.input_tokens, shape.output_tokens, shape.cached_input_tokens, running)
+        result = evaluate(deployment, full, batching)
+    except ArithmeticError as exc:  # overflow, a division by zero: absurd inline profiles
+        raise PerfConfigError(_beyond_the_model(f"{type(exc).__name__}: {exc}")) from None
+    if result.fits and not all(
+        math.isfinite(x) and x >= 0
+        for x in (result.ttft_s, result.tpot_s, result.cost_per_million_output_tokens_usd)
+    ):
+        raise PerfConfigError(_beyond_the_model("a figure came out infinite or undefined"))
     return PoolPerformance(deployment, result, *profile_sources(spec, catalog))
+
+
+def _beyond_the_model(detail: str) -> str:
+    return (
+        "the model or accelerator profile is outside what the performance model can compute "
+        f"({detail}): check its sizes"
+    )

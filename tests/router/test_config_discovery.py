@@ -246,3 +246,24 @@ def test_an_edit_to_a_pool_s_names_or_tier_keeps_its_endpoints_state(tmp_path: P
     assert source.reload_if_changed()
     assert source.view.candidates("spark", "premium")[0] is spark and spark.tier == "premium"
     assert source.view.candidates("spark", "wafer-scale") == ()
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"layers": 10**9, "hiddenSize": 10**9, "totalParamsB": 1e300, "activeParamsB": 1e300},
+        {"hiddenSize": 10**7},
+    ],
+    ids=["overflow", "division-by-zero"],
+)
+def test_a_profile_beyond_the_model_leaves_out_its_pool_only(sizes: dict[str, Any]) -> None:
+    bad = inline_pool("absurd")
+    bad["modelProfile"] = {**bad["modelProfile"], **sizes}
+    good = inline_pool("fine", model="llama-3.1-8b", modelProfile=None)
+    del good["modelProfile"]
+    pools = parse_config(yaml.safe_dump({"pools": [bad, good]})).pools
+    left_out: list[str] = []
+    view = build_view(pools, default_catalog(), on_error=lambda s, e: left_out.append(str(e)))
+    assert list(view.pools) == ["fine"]
+    (message,) = left_out
+    assert message.startswith("pool absurd: ") and "outside what the performance model" in message
