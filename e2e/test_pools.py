@@ -186,6 +186,16 @@ def test_an_invalid_pool_is_refused_with_a_readable_message(release: Release) ->
     assert "maxNumSeqs" in done.stderr and "16" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not release.exists("inferencepool", "too-wide")
+    # A name that cannot name its Service is refused by the API server too (CEL on the name).
+    done = subprocess.run(
+        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
+        input=INVALID_PREMIUM.replace("too-wide", "1-too-wide").replace("64", "8"),
+        capture_output=True,
+        text=True,
+        env=release.cluster.env,
+        check=False,
+    )
+    assert done.returncode != 0 and "start with a letter" in done.stderr, done.stderr
 
 
 def test_scale_to_three_replicas_spreads_load(release: Release) -> None:

@@ -4,11 +4,12 @@
 OpenAPI v3 schema the API server wants: every `$ref` inlined, `Optional[X]` as an optional X,
 `int | "auto"` as int-or-string with a CEL rule, JSON-Schema-2020 exclusive bounds in their
 OpenAPI 3.0 form, no titles, defaults stated in descriptions (the operator applies them, so a
-stored object never changes meaning when a default does). Rules the schema alone cannot state
-are CEL `x-kubernetes-validations`, each with a message a person understands; the list of
-SRAM accelerators comes from the catalog (an inline `acceleratorProfile` is checked by its own
-`memoryKind` instead), and inline profiles get the cross-field checks of their pydantic models
-that are cheap to state in CEL.
+stored object never changes meaning when a default does), except `replicas: 1`, which the scale
+subresource needs in the object. The pool's name is checked too: it names a Service. Rules
+the schema alone cannot state are CEL `x-kubernetes-validations`, each with a message a person
+understands; the list of SRAM accelerators comes from the catalog (an inline
+`acceleratorProfile` is checked by its own `memoryKind` instead), and inline profiles get the
+cross-field checks of their pydantic models that are cheap to state in CEL.
 
 `tiergate crds` writes the result; tests fail when the committed YAML differs.
 """
@@ -20,7 +21,15 @@ from typing import Any
 
 from tiergate.sim_nodes.catalogs import Catalog
 
-from .api import GROUP, KIND, PLURAL, PREMIUM_MAX_NUM_SEQS, VERSION, InferencePool
+from .api import (
+    GROUP,
+    KIND,
+    PLURAL,
+    PREMIUM_MAX_NUM_SEQS,
+    VERSION,
+    InferencePool,
+    InferencePoolSpec,
+)
 
 __all__ = ["inference_pool_crd", "spec_rules", "structural"]
 
@@ -176,7 +185,26 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
     sram = sorted(a.name for a in catalog.accelerators.values() if a.memory_kind == "sram")
     spec["x-kubernetes-validations"] = spec_rules(sram)
+    # The one default the schema states: the scale subresource (kubectl scale, an HPA) reads
+    # .spec.replicas and fails on a pool that left it out.
+    props["replicas"]["default"] = InferencePoolSpec.model_fields["replicas"].default
     return spec
+
+
+#: The pool's name becomes its Deployment's and Service's, and a label value: a Service name
+#: is a DNS-1035 label (a letter first, at most 63 characters). Refused here, at apply, rather
+#: than by the operator's apply of the Service, long after the pool was accepted.
+NAME_RULES = [
+    {
+        "rule": "self.metadata.name.size() <= 63",
+        "message": "an InferencePool's name is at most 63 characters (it names its Service)",
+    },
+    {
+        "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "message": "an InferencePool's name must start with a letter and hold only lowercase "
+        "letters, digits and '-' (it names its Service: a DNS-1035 label)",
+    },
+]
 
 
 def _status_schema(schema: Schema) -> Schema:
@@ -203,6 +231,7 @@ def inference_pool_crd(catalog: Catalog) -> Schema:
             "status": _status_schema(schema),
         },
         "required": ["spec"],
+        "x-kubernetes-validations": NAME_RULES,
     }
     columns = [
         ("Tier", "string", ".spec.tier", 0),
@@ -213,7 +242,7 @@ def inference_pool_crd(catalog: Catalog) -> Schema:
         ("Tok/s", "number", ".status.envelope.tokensPerSecondPerStream", 0),
         ("$/Mtok", "number", ".status.envelope.costPerMillionOutputTokensUSD", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
-        ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
+        ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("ModelProfile", "string", ".status.envelope.modelSource", 1),
         ("AcceleratorProfile", "string", ".status.envelope.acceleratorSource", 1),
     ]

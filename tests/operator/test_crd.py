@@ -60,7 +60,9 @@ def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 def test_schema_is_structural_and_documented(crd: dict[str, Any]) -> None:
     for path, node in walk(schema_of(crd)):
-        assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "default"} & node.keys(), path
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "title"} & node.keys(), path
+        # Defaults are the operator's to apply, except the one the scale subresource needs.
+        assert "default" not in node or path == ".spec.replicas", path
         assert "type" in node or node.get("x-kubernetes-int-or-string"), path
         if path.startswith((".spec", ".status")) and not path.endswith(("[]", "{}")):
             assert node.get("description"), f"{path} has no description (kubectl explain)"
@@ -142,6 +144,25 @@ def test_bad_pools_are_refused_with_a_readable_message(
 ) -> None:
     found = problems(crd, bad(change))
     assert any(message in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [("a" * 63, False), ("a" * 64, True), ("1digit", True), ("dotted.pool", True),
+     ("ends-", True), ("frontier-premium-2", False)],
+)  # fmt: skip
+def test_pool_names_must_make_service_names(crd: dict[str, Any], name: str, refused: bool) -> None:
+    obj = bad({})
+    obj["metadata"] = {**obj["metadata"], "name": name}
+    found = problems(crd, obj)
+    assert bool(found) == refused, found
+    assert all("InferencePool's name" in p for p in found)
+
+
+def test_replicas_default_to_one_in_the_schema_for_the_scale_subresource(
+    crd: dict[str, Any],
+) -> None:
+    assert schema_of(crd)["properties"]["spec"]["properties"]["replicas"]["default"] == 1
 
 
 # -- inline profiles ---------------------------------------------------------------------------
