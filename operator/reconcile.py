@@ -130,7 +130,9 @@ def observe(
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
     values: dict[Any, ConditionValue] = {
         "Fits": ConditionValue("True", "ModelFits", fits),
-        **replica_conditions(assessment, spec.replicas, ready, updated),
+        **replica_conditions(
+            assessment, spec.replicas, ready, updated, int(deployment.get("replicas") or 0)
+        ),
     }
     selector = label_selector(pool_selector_labels(meta["name"]))
     return _status(

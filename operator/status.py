@@ -87,9 +87,14 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
 
 
 def replica_conditions(
-    assessment: Assessment, desired: int, ready: int, updated: int
+    assessment: Assessment, desired: int, ready: int, updated: int, total: int | None = None
 ) -> dict[ConditionType, ConditionValue]:
-    """Ready / Progressing / Degraded of a runnable pool from its Deployment's counts."""
+    """Ready / Progressing / Degraded of a runnable pool from its Deployment's counts:
+    `ready` pods of any template, `updated` pods of the current one, `total` pods of all
+    (None: as many as updated). A rollout is settled, as `kubectl rollout status` has it, when
+    the current template's pods are all there and no old pod is left: while an old pod still
+    serves beside a new one that never becomes ready, `ready` alone would call it done."""
+    total = updated if total is None else total
     if ready >= desired:
         if assessment.slo_misses:
             ready_value = ConditionValue(
@@ -102,7 +107,7 @@ def replica_conditions(
         ready_value = ConditionValue(
             "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready"
         )
-    settled = ready >= desired and updated >= desired
+    settled = ready >= desired and updated >= desired and total <= updated
     # Rolled out, yet nothing serves: the pods start but never become ready.
     degraded = desired > 0 and ready == 0 and updated >= desired
     return {
@@ -110,7 +115,10 @@ def replica_conditions(
         "Progressing": ConditionValue(
             "False" if settled else "True",
             "Settled" if settled else "RollingOut",
-            f"{updated}/{desired} replicas updated, {ready} ready",
+            f"{updated}/{desired} replicas updated, {ready} ready"
+            + (
+                f", {total - updated} of the previous spec still running" if total > updated else ""
+            ),
         ),
         "Degraded": ConditionValue(
             "True" if degraded else "False",

@@ -208,6 +208,20 @@ def test_rolled_out_with_no_replica_ready_is_degraded() -> None:
     assert c["Progressing"]["status"] == "True" and c["Ready"]["status"] == "False"
 
 
+def test_a_rollout_whose_new_pod_never_gets_ready_is_not_settled() -> None:
+    # The old pod still serves (ready 1) beside the new one that fails (updated 1, total 2).
+    cluster = FakeCluster()
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 2, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    c = conditions(reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status)
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
+    assert "1 of the previous spec still running" in c["Progressing"]["message"]
+    # Once the old pod is gone, the rollout is done.
+    cluster.deployments[("team-a", "frontier-premium")]["replicas"] = 1
+    c = conditions(reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status)
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "Settled")
+
+
 def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
     events: list[str] = []
     memo = handlers.OperatorMemo(
