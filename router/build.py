@@ -126,10 +126,12 @@ def build_app(
             settings.tenants_file, swap, interval_s=lambda: settings.reload_interval_s
         )
         services.append(reloader)
-        metrics.count_reloads("tenants", lambda: (reloader.reloads, reloader.reload_errors))
+        metrics.count_reloads(
+            "tenants", lambda: (reloader.file.reloads, reloader.file.reload_errors)
+        )
     if isinstance(source, FileSource):
         file = source
-        metrics.count_reloads("pools", lambda: (file.reloads, file.reload_errors))
+        metrics.count_reloads("pools", lambda: (file.file.reloads, file.file.reload_errors))
     return RouterApp(
         router,
         services,

@@ -16,7 +16,6 @@ started), `FileSource` (a YAML file, polled for changes: hot reload) and
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
 
 from .config import ConfigError, PoolSpec, RouterConfig, load_config
+from .file_watch import WatchedFile, watch
 from .state import CandidateSet, EndpointState
 from .tiers import TIERS, Tier
 
@@ -229,10 +229,8 @@ class FileSource:
         #: None: the file's own `router.reloadIntervalS` (as it reads now).
         self.interval_s = interval_s
         self.config: RouterConfig = load_config(path)
-        self._digest = _digest(path)
+        self.file = WatchedFile(path)
         self.view = build_view(self.config.pools, catalog)
-        self.reloads = 0
-        self.reload_errors = 0
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -255,17 +253,15 @@ class FileSource:
 
     def reload_if_changed(self) -> bool:
         """Rebuild the view if the file changed; True if a new view is in place."""
-        digest = _digest(self.path)
-        if digest == self._digest:
+        if not self.file.changed():
             return False
-        self._digest = digest
         try:
             config = load_config(self.path)
             if config.discovery.kubernetes is not None:
                 raise ConfigError("switching to discovery.kubernetes needs a restart")
             view = build_view(config.pools, self.catalog, self.view)
         except ConfigError as exc:
-            self.reload_errors += 1
+            self.file.reload_errors += 1
             log.error("event=config_reload_failed path=%s error=%r", self.path, str(exc))
             return False
         unapplied = _restart_only_changes(self.config, config)
@@ -275,17 +271,12 @@ class FileSource:
                 self.path, ",".join(unapplied),
             )  # fmt: skip
         self.config, self.view = config, view
-        self.reloads += 1
+        self.file.reloads += 1
         log.info("event=config_reloaded path=%s pools=%d", self.path, len(view.pools))
         return True
 
     async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_s())
-            try:
-                self.reload_if_changed()
-            except Exception:  # never let the watcher die: a dead watcher is a silent one
-                log.exception("event=config_watch_error path=%s", self.path)
+        await watch(self.reload_if_changed, self.poll_interval_s, "config")
 
 
 #: Router settings a reload applies: the rest are read once, when the router starts.
@@ -299,10 +290,3 @@ def _restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
         for name, info in type(old.router).model_fields.items()
         if name not in _LIVE_SETTINGS and getattr(old.router, name) != getattr(new.router, name)
     ]
-
-
-def _digest(path: Path) -> bytes | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).digest()
-    except OSError:
-        return None

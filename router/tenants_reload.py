@@ -10,13 +10,12 @@ used; a removed tenant's key is refused at once.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from .background import LoopService
+from .file_watch import WatchedFile, watch
 from .tenants import SECRET_FILE_NAME, TenantConfigError, TenantRegistry, load_tenants
 
 __all__ = ["TenantsReloader"]
@@ -39,40 +38,22 @@ class TenantsReloader(LoopService):
         self.path = path
         self._swap = swap
         self._interval_s = interval_s
-        self._digest = _digest(path)
-        self.reloads = 0
-        self.reload_errors = 0
+        self.file = WatchedFile(path / SECRET_FILE_NAME if path.is_dir() else path)
 
     def reload_if_changed(self) -> bool:
         """Load and swap in the tenants if their file changed; True if it did."""
-        digest = _digest(self.path)
-        if digest == self._digest:
+        if not self.file.changed():
             return False
-        self._digest = digest
         try:
             registry = load_tenants(self.path)
         except TenantConfigError as exc:
-            self.reload_errors += 1
+            self.file.reload_errors += 1
             log.error("event=tenants_reload_failed error=%r keeping=previous", str(exc))
             return False
         self._swap(registry)
-        self.reloads += 1
+        self.file.reloads += 1
         log.info("event=tenants_reloaded tenants=%d", len(registry.tenants))
         return True
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s())
-            try:
-                self.reload_if_changed()
-            except Exception:  # never let the watcher die: a dead watcher is a silent one
-                log.exception("event=tenants_watch_error")
-
-
-def _digest(path: Path) -> bytes | None:
-    """The tenants file's content hash (None while it cannot be read)."""
-    file = path / SECRET_FILE_NAME if path.is_dir() else path
-    try:
-        return hashlib.sha256(file.read_bytes()).digest()
-    except OSError:
-        return None
+        await watch(self.reload_if_changed, self._interval_s, "tenants")

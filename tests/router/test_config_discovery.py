@@ -156,13 +156,13 @@ def test_hot_reload_keeps_endpoint_state_and_survives_a_bad_edit(tmp_path: Path)
     before = source.view
     path.write_text("pools: [{name: x, tier: nope}]")
     assert not source.reload_if_changed()
-    assert source.view is before and source.reload_errors == 1
+    assert source.view is before and source.file.reload_errors == 1
 
     path.write_text(POOLS.replace("http://127.0.0.1:9001/", "http://127.0.0.1:9005"))
     assert source.reload_if_changed()
     urls = [e.url for e in source.view.candidates("coder", "batched")]
     assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9005"]
-    assert source.reloads == 2
+    assert source.file.reloads == 2
 
 
 # -- inline profiles -------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_a_hot_reload_cannot_switch_to_kubernetes(tmp_path: Path) -> None:
     assert isinstance(source, FileSource)
     path.write_text(KUBE)
     assert not source.reload_if_changed()
-    assert source.reload_errors == 1 and list(source.view.pools) == ["a"]
+    assert source.file.reload_errors == 1 and list(source.view.pools) == ["a"]
 
 
 def test_the_namespace_is_configured_else_the_pods_own_else_default(tmp_path: Path) -> None:

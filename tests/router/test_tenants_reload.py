@@ -41,7 +41,7 @@ def test_a_changed_file_is_swapped_in_and_a_bad_one_keeps_the_tenants(
         assert not reloader.reload_if_changed()
         file.unlink()
         assert not reloader.reload_if_changed()
-    assert len(swapped) == 1 and reloader.reload_errors == 2
+    assert len(swapped) == 1 and reloader.file.reload_errors == 2
     assert "dave-key" not in caplog.text  # a rejected file's keys are never logged
     assert caplog.text.count("event=tenants_reload_failed") == 2
 

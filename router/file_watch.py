@@ -1,0 +1,50 @@
+"""What the router's reloadable files share: telling a changed file by its content, and the
+loop that looks at it (pools: router/discovery.py; tenants: router/tenants_reload.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["WatchedFile", "watch"]
+
+log = logging.getLogger("tiergate.router")
+
+
+class WatchedFile:
+    """A file's content as last seen, and how its reloads went."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._digest = _digest(path)
+        self.reloads = 0  # applied
+        self.reload_errors = 0  # refused: the previous content kept
+
+    def changed(self) -> bool:
+        """True once for each change of content (including the file going or coming back)."""
+        digest = _digest(self.path)
+        if digest == self._digest:
+            return False
+        self._digest = digest
+        return True
+
+
+async def watch(reload: Callable[[], object], interval_s: Callable[[], float], name: str) -> None:
+    """Call `reload` every `interval_s()` seconds, forever; an exception is logged, never let
+    out: a dead watcher is a silent one."""
+    while True:
+        await asyncio.sleep(interval_s())
+        try:
+            reload()
+        except Exception:
+            log.exception("event=%s_watch_error", name)
+
+
+def _digest(path: Path) -> bytes | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None
