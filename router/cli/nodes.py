@@ -94,8 +94,13 @@ def _spawn(cmd: list[str], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     )
 
 
+#: Exit statuses of a node that was asked to stop (Popen gives -N for signal N).
+_ASKED_TO_STOP = frozenset({0, -signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT,
+                            128 + signal.SIGTERM})  # fmt: skip
+
+
 class NodeSupervisor:
-    """Restarts a node that exits while `tiergate up` runs (as a kubelet restarts a container),
+    """Restarts a node that crashes while `tiergate up` runs (as a kubelet restarts a container),
     after `backoff_s` doubled for each restart of that node, up to `MAX_BACKOFF_S`; each exit
     is logged with the node's last line of stderr."""
 
@@ -106,6 +111,7 @@ class NodeSupervisor:
         self.poll_s = poll_s
         self.backoff_s = backoff_s
         self._due: dict[int, float] = {}  # node index -> when to restart it
+        self._left: set[int] = set()  # stopped as asked: not restarted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-supervisor", daemon=True)
 
@@ -122,10 +128,17 @@ class NodeSupervisor:
             self.check(time.monotonic())
 
     def check(self, now: float) -> None:
-        """One round: note nodes that exited, restart those whose backoff has passed."""
+        """One round: note nodes that exited, restart those whose backoff has passed. A node
+        that stopped as asked (status 0, or SIGINT/SIGTERM: Ctrl-C reaches the whole process
+        group while `up` shuts down) is left stopped."""
         for i, node in enumerate(self.nodes):
             code = node.process.poll()
-            if code is None:
+            if code is None or i in self._left:
+                continue
+            if code in _ASKED_TO_STOP:
+                self._left.add(i)
+                log.info("event=sim_node_stopped pool=%s url=%s status=%s", node.pool.name,
+                         node.url, code)  # fmt: skip
                 continue
             due = self._due.get(i)
             if due is None:

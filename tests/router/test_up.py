@@ -1,9 +1,13 @@
 """`tiergate up`'s embedded default and the sim-node command lines it renders."""
 
+import subprocess
+import sys
+import tempfile
+
 import yaml
 
 from tiergate.cli import build_parser
-from tiergate.router.cli.nodes import node_command
+from tiergate.router.cli.nodes import LocalNode, NodeSupervisor, node_command, stop_nodes
 from tiergate.router.cli.up_cmd import default_config_text, summary
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import build_view
@@ -70,3 +74,30 @@ def test_the_summary_marks_inline_profiles() -> None:
     row = summary(build_view(parse_config(text).pools, catalog), "http://x").splitlines()[2]
     assert " x h100-sxm (inline profile, shadowing the catalog entry)" in row
     assert "llama-3.1-8b (inline" not in row
+
+
+def test_the_supervisor_restarts_a_crashed_node_and_leaves_one_that_was_stopped() -> None:
+    pool = parse_config(
+        "pools: [{name: p, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]"
+    ).pools[0]
+
+    def node(code: int) -> LocalNode:
+        command = [sys.executable, "-c", f"import sys; sys.exit({code})"]
+        stderr = tempfile.TemporaryFile()
+        process = subprocess.Popen(command, stderr=stderr)
+        process.wait()
+        return LocalNode(pool, f"http://127.0.0.1:{9000 + code}", command, process, stderr)
+
+    crashed, stopped, interrupted = node(1), node(0), node(130)
+    supervisor = NodeSupervisor([crashed, stopped, interrupted], backoff_s=1.0)
+    supervisor.check(now=0.0)  # noted, restart due at 1 s
+    assert crashed.restarts == 0
+    supervisor.check(now=1.0)
+    assert crashed.restarts == 1 and stopped.restarts == 0 and interrupted.restarts == 0
+    crashed.process.wait()
+    supervisor.check(now=2.0)  # crashed again: the next wait doubles
+    supervisor.check(now=3.5)
+    assert crashed.restarts == 1
+    supervisor.check(now=4.0)
+    assert crashed.restarts == 2
+    stop_nodes([crashed, stopped, interrupted])
