@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import httpx
 import pytest
+from polling_helpers import until
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
@@ -61,13 +61,6 @@ def running(node_url: str) -> float:
     return float(
         next(x for x in text.splitlines() if x.startswith("vllm:num_requests_running")).split()[-1]
     )  # noqa: E501
-
-
-def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def outcomes(ledger: Any) -> list[tuple[str, int]]:

@@ -1,0 +1,15 @@
+"""Waiting for something the router does in the background (a uniquely named module:
+conftest names clash)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    """Return once `condition()` holds; fail with `what` after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
