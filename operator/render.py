@@ -2,16 +2,25 @@
 
 Pure functions of (pool name, namespace, spec, image): the handlers apply what these return,
 so reconciling twice, or after a restart, writes the same objects. Every pod carries the
-labels and the port name of `api.sim_node_pods`: that is how the router finds a pool's
-endpoints (it watches the pods themselves). The Service, named after the pool with port
-`http`, is for in-cluster clients that want one address per pool.
+labels, the annotation and the port name of `api.sim_node_pods`: that is how the router finds
+a pool's endpoints (it watches the pods themselves) and which model names each answers to.
+The Service, named after the pool with port `http`, is for in-cluster clients that want one
+address per pool.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .api import HTTP_PORT_NAME, InferencePoolSpec, Layout, pool_selector_labels, sim_node_flags
+from .api import (
+    HTTP_PORT_NAME,
+    SERVES_ANNOTATION,
+    InferencePoolSpec,
+    Layout,
+    pool_selector_labels,
+    serves_annotation,
+    sim_node_flags,
+)
 
 __all__ = [
     "CONTAINER_PORT",
@@ -126,7 +135,11 @@ def deployment_manifest(
             "replicas": spec.replicas,
             "selector": {"matchLabels": pool_selector_labels(pool)},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {
+                    "labels": labels,
+                    # What the router may send these pods: the names of the spec they run.
+                    "annotations": {SERVES_ANNOTATION: serves_annotation(spec.names)},
+                },
                 "spec": {
                     "automountServiceAccountToken": False,
                     "securityContext": {

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -65,13 +65,16 @@ class PoolView:
         for pool in self.pools.values():
             for name in pool.spec.names:
                 key = (name, pool.spec.tier)
-                members.setdefault(key, []).extend(pool.endpoints)
+                members.setdefault(key, [])
                 tiers.setdefault(name, set()).add(pool.spec.tier)
                 held = self._prices.get(key, (0.0, 0.0))
                 self._prices[key] = (
                     max(held[0], pool.input_price_per_token_usd),
                     max(held[1], pool.output_price_per_token_usd),
                 )
+            for endpoint in pool.endpoints:  # not every pod answers to every name (a rollout)
+                for name in endpoint.served_names:
+                    members[(name, pool.spec.tier)].append(endpoint)
         self._candidates = {
             (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
         }
@@ -109,8 +112,15 @@ def build_pool(
     catalog: Catalog,
     urls: Sequence[str],
     previous: dict[tuple[str, str], EndpointState] | None = None,
+    answers_to: Mapping[str, Collection[str]] | None = None,
 ) -> RoutedPool:
-    """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run."""
+    """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run.
+
+    `answers_to`: URL -> the model names that endpoint answers to, where it says (a pod made
+    from another version of the spec: a rollout that changes the model or the aliases, or one
+    that failed). Such an endpoint is sent only the pool's names it answers to, and is left out
+    when it answers to none of them: it would reply 404. Other endpoints take every name.
+    """
     try:
         performance = predict(spec, spec.workload, catalog)
     except (CatalogError, PerfConfigError) as exc:
@@ -122,28 +132,34 @@ def build_pool(
     if out_price is None:
         out_price = envelope.cost_per_million_output_tokens_usd
     previous = previous or {}
-    endpoints = tuple(
-        _endpoint(previous.get((spec.name, url)), spec, url) for url in dict.fromkeys(urls)
-    )
+    answers_to = answers_to or {}
+    endpoints = []
+    for url in dict.fromkeys(urls):
+        known = answers_to.get(url)
+        names = spec.names if known is None else tuple(n for n in spec.names if n in known)
+        if names:
+            endpoints.append(_endpoint(previous.get((spec.name, url)), spec, url, names))
     return RoutedPool(
         spec,
         deployment,
         envelope,
         out_price / 1e6,
         spec.billing.input_per_million_usd / 1e6,
-        endpoints,
+        tuple(endpoints),
         (performance.model_source, performance.accelerator_source),
     )
 
 
-def _endpoint(old: EndpointState | None, spec: PoolSpec, url: str) -> EndpointState:
+def _endpoint(
+    old: EndpointState | None, spec: PoolSpec, url: str, names: tuple[str, ...]
+) -> EndpointState:
     if old is None:
-        return EndpointState(url, spec.name, spec.tier, spec.model, spec.names)
+        return EndpointState(url, spec.name, spec.tier, spec.model, names)
     # The same pool and URL: the same server, whatever the edit (a new alias, another tier).
     # Its figures, ejection and in-flight count carry over; requests in flight hold this very
     # object and release on it, so a copy would undercount now and overcount forever after.
     # The old view's candidate sets say their tier and model as a whole, not per member.
-    old.tier, old.model, old.served_names = spec.tier, spec.model, spec.names
+    old.tier, old.model, old.served_names = spec.tier, spec.model, names
     return old
 
 
@@ -153,18 +169,21 @@ def build_view(
     previous: PoolView | None = None,
     urls_of: Callable[[PoolSpec], Sequence[str]] = lambda s: s.endpoints,
     on_error: Callable[[PoolSpec, ConfigError], None] | None = None,
+    answers_to: Callable[[PoolSpec], Mapping[str, Collection[str]]] | None = None,
 ) -> PoolView:
     """A view of `specs`, reusing `previous`' endpoint states where pool and URL match.
 
     A pool that cannot run raises ConfigError, unless `on_error` is given: then it is
     reported there and left out, and the other pools still make the view (a source fed by
-    other people's objects must not lose every pool over one bad one).
+    other people's objects must not lose every pool over one bad one). `answers_to`: a
+    pool's endpoints' names, where they say (`build_pool`).
     """
     old = {(e.pool, e.url): e for e in previous.endpoints()} if previous else {}
     pools: list[RoutedPool] = []
     for spec in specs:
         try:
-            pools.append(build_pool(spec, catalog, urls_of(spec), old))
+            names = answers_to(spec) if answers_to is not None else None
+            pools.append(build_pool(spec, catalog, urls_of(spec), old, names))
         except ConfigError as exc:
             if on_error is None:
                 raise

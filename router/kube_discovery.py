@@ -169,16 +169,25 @@ class KubeSource:
         """The view of the current state (pure apart from the warnings it logs)."""
         problems: dict[str, str] = {}
         specs: list[PoolSpec] = []
+        answers: dict[str, dict[str, frozenset[str]]] = {}  # pool -> URL -> names, if known
         for name in sorted(self.state.pools):
+            pods = self.state.endpoints_of(name)
+            answers[name] = {p.url: p.serves for p in pods if p.serves is not None}
             try:
-                specs.append(pool_from_object(self.state.pools[name], self.state.urls_of(name)))
+                specs.append(pool_from_object(self.state.pools[name], [p.url for p in pods]))
             except ConfigError as exc:
                 problems[name] = str(exc)
 
         def unusable(spec: PoolSpec, exc: ConfigError) -> None:
             problems[spec.name] = str(exc)
 
-        view = build_view(specs, self.catalog, self.view, on_error=unusable)
+        view = build_view(
+            specs,
+            self.catalog,
+            self.view,
+            on_error=unusable,
+            answers_to=lambda spec: answers.get(spec.name, {}),
+        )
         self._report(problems)
         return view
 

@@ -14,7 +14,9 @@ end-to-end backend (kwok) gives pods IPs in 127.0.0.0/8.
 
 The operator's contract (`tiergate.operator.api.sim_node_pods`): every sim-node pod of the
 InferencePool P is labelled `app.kubernetes.io/name=tiergate-sim-node` and
-`tiergate.dev/pool=P`, and its container has a port named `http`.
+`tiergate.dev/pool=P`, its container has a port named `http`, and its annotation
+`tiergate.dev/serves` lists the model names it answers to (those of the spec it was made from,
+which during a rollout may not be the pool's spec).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tiergate.operator.api import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR
+from tiergate.operator.api import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR, served_names
 from tiergate.sim_nodes.validation import first_problem
 
 from .config import ConfigError, PoolSpec
@@ -98,10 +100,12 @@ def pool_from_object(obj: Object, endpoints: Sequence[str] = ()) -> PoolSpec:
 
 @dataclass(frozen=True, slots=True)
 class PodEndpoint:
-    """What the view takes from a pod that can take requests: its pool and its URL."""
+    """What the view takes from a pod that can take requests: its pool, its URL and the model
+    names it answers to (None: it does not say, so every name of its pool)."""
 
     pool: str
     url: str
+    serves: frozenset[str] | None = None
 
 
 def pod_endpoint(obj: Object) -> PodEndpoint | None:
@@ -122,7 +126,9 @@ def pod_endpoint(obj: Object) -> PodEndpoint | None:
     host, port = _host(status.get("podIP")), _http_port(obj.get("spec") or {})
     if host is None or port is None:
         return None
-    return PodEndpoint(pool, f"http://{host}:{port}")
+    return PodEndpoint(
+        pool, f"http://{host}:{port}", served_names(metadata.get("annotations") or {})
+    )
 
 
 def _ready(status: Object) -> bool:
@@ -248,7 +254,11 @@ class ClusterState:
         """Both kinds listed at least once: the view can be trusted as complete."""
         return all(r.kind in self.listed for r in RESOURCES)
 
-    def urls_of(self, pool: str) -> list[str]:
-        """Endpoint URLs of `pool`'s serving pods (pod name order, no duplicates)."""
-        urls = (self.pods[n].url for n in sorted(self.pods) if self.pods[n].pool == pool)
-        return list(dict.fromkeys(urls))
+    def endpoints_of(self, pool: str) -> list[PodEndpoint]:
+        """`pool`'s serving pods (pod name order, the first of any two with one URL)."""
+        found: dict[str, PodEndpoint] = {}
+        for name in sorted(self.pods):
+            pod = self.pods[name]
+            if pod.pool == pool:
+                found.setdefault(pod.url, pod)
+        return list(found.values())

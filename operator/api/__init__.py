@@ -34,10 +34,13 @@ from .sim_node_pods import (
     HTTP_PORT_NAME,
     NAME_LABEL,
     POOL_LABEL,
+    SERVES_ANNOTATION,
     SIM_NODE_NAME,
     SIM_NODE_SELECTOR,
     label_selector,
     pool_selector_labels,
+    served_names,
+    serves_annotation,
 )
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "NAME_LABEL",
     "PLURAL",
     "POOL_LABEL",
+    "SERVES_ANNOTATION",
     "PREMIUM_MAX_NUM_SEQS",
     "SIM_NODE_NAME",
     "SIM_NODE_SELECTOR",
@@ -71,6 +75,8 @@ __all__ = [
     "Toleration",
     "label_selector",
     "pool_selector_labels",
+    "served_names",
+    "serves_annotation",
     "predict",
     "sim_node_flags",
 ]

@@ -12,7 +12,13 @@ import pytest
 import yaml
 
 from tiergate.cli import build_parser
-from tiergate.operator.api import InferencePool, InferencePoolSpec, Layout, pool_selector_labels
+from tiergate.operator.api import (
+    InferencePool,
+    InferencePoolSpec,
+    Layout,
+    pool_selector_labels,
+    served_names,
+)
 from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
 from tiergate.operator.status import assess
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -72,6 +78,9 @@ def test_speculative_decoding_and_names_reach_the_node() -> None:
     assert (parsed.draft_model, parsed.speculative_tokens, parsed.acceptance_rate) == (
         "llama-3.2-1b", 4, 0.7)  # fmt: skip
     assert parsed.served_model_name == ["claude-ish", "fast-one"]
+    # ... and the pods say so, for the router: the names the node was started with
+    template = deployment_manifest("p", "ns", spec, "img", Layout(8, 8))["spec"]["template"]
+    assert served_names(template["metadata"]["annotations"]) == set(parsed.served_model_name)
 
 
 def test_inline_profiles_reach_the_node_as_compact_json_flags() -> None:

@@ -20,10 +20,12 @@ from kube_helpers import (
     kube_source,
     recorded,
     recorded_pod,
+    set_ready,
     urls,
     watch_event,
 )
 
+from tiergate.operator.api import SERVES_ANNOTATION, serves_annotation
 from tiergate.router.kube_discovery import KubeSource
 from tiergate.router.kube_state import (
     INFERENCE_POOLS,
@@ -183,6 +185,56 @@ async def test_status_only_updates_do_not_rebuild_the_view(
     api.give_watch(PODS, pod_update, recorded("pod_spark_pending"), recorded("pod_batched_ready"))
     await eventually(lambda: "http://10.244.3.4:8000" in urls(source, "coder-batched"))
     assert source.publishes == 3  # only for the pod that turned ready
+
+
+def _serving(pod: str, *names: str) -> dict[str, Any]:
+    """The recorded pod `pod`, annotated as answering to `names` (the spec it was made from)."""
+    obj = recorded_pod(pod)
+    obj["metadata"]["annotations"] = {SERVES_ANNOTATION: serves_annotation(names)}
+    return obj
+
+
+def _candidates(source: KubeSource, model: str) -> list[str]:
+    return [e.url for e in source.view.candidates(model, "batched")]
+
+
+async def test_a_rollout_sends_each_name_only_to_pods_that_answer_to_it(
+    api: ReplayApi, source: KubeSource
+) -> None:
+    """A spec edit rolls the pods over one by one; the pods of the previous spec keep its
+    names until they go, and one that failed to roll over keeps them for good. Sending a
+    request for a name a pod does not answer to gets a 404 from it."""
+    await listed(api, source)
+    old, new, unsaid = "2xk4l", "r7t9v", "8pq2m"  # 8pq2m has no annotation (an older operator)
+    pool = recorded("inferencepools_list")["items"][0]
+    pool["spec"]["servedModelName"] = "coder-2"
+    pool["spec"]["aliases"] = ["coder"]
+    api.give_watch(
+        POOLS, watch_event("MODIFIED", pool, "48290")
+    )  # the edit: a new primary name, the old one kept as an alias
+    api.give_watch(
+        PODS,
+        watch_event("MODIFIED", _serving(f"coder-batched-6d8f9c7b5-{old}", "coder"), "48291"),
+        watch_event(
+            "MODIFIED",
+            set_ready(_serving(f"coder-batched-6d8f9c7b5-{new}", "coder-2", "coder"), "True"),
+            "48292",
+        ),
+    )
+    ip = {old: "http://10.244.1.17:8000", new: "http://10.244.3.4:8000"}
+    ip[unsaid] = "http://10.244.2.9:8000"
+    await eventually(lambda: ip[new] in urls(source, "coder-batched"))
+    assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
+    assert sorted(_candidates(source, "coder")) == sorted(ip.values())
+
+    # the alias goes: the old pod answers to none of the pool's names and leaves the pool
+    del pool["spec"]["aliases"]
+    api.give_watch(POOLS, watch_event("MODIFIED", pool, "48293"))
+    await eventually(lambda: ip[old] not in urls(source, "coder-batched"))
+    assert urls(source, "coder-batched") == [ip[unsaid], ip[new]]
+    assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
+    assert _candidates(source, "coder") == []
+    assert source.view.tiers_serving("coder") == ("premium",)
 
 
 async def test_a_pod_ip_change_moves_its_endpoint(api: ReplayApi, source: KubeSource) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kube_helpers import recorded, recorded_pod, set_ready, watch_event
 
-from tiergate.operator.api import SIM_NODE_SELECTOR, InferencePoolSpec, Layout
+from tiergate.operator.api import SERVES_ANNOTATION, SIM_NODE_SELECTOR, InferencePoolSpec, Layout
 from tiergate.operator.render import deployment_manifest
 from tiergate.router.config import ConfigError
 from tiergate.router.kube_state import (
@@ -131,7 +131,7 @@ def test_recorded_pods_that_cannot_take_requests_are_no_endpoints() -> None:
 def test_the_router_finds_the_pods_the_operator_renders() -> None:
     """The contract, end to end: labels and port name as render.py writes them."""
     spec = InferencePoolSpec.model_validate(
-        {"tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm"}
+        {"tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm", "aliases": ["c"]}
     )
     template = deployment_manifest("p", "ns", spec, "tiergate:0.1.0", Layout(8, 8))["spec"][
         "template"
@@ -148,7 +148,41 @@ def test_the_router_finds_the_pods_the_operator_renders() -> None:
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }
-    assert pod_endpoint(pod) == PodEndpoint("p", "http://10.244.1.17:8000")
+    assert pod_endpoint(pod) == PodEndpoint(
+        "p", "http://10.244.1.17:8000", frozenset({"llama-3.1-8b", "c"})
+    )
+
+
+@pytest.mark.parametrize(
+    ("annotation", "serves"),
+    [
+        ('["coder","c"]', frozenset({"coder", "c"})),
+        ("[]", frozenset()),
+        (None, None),  # made before the annotation: it says nothing
+        ("coder", None),  # not JSON
+        ('{"coder": 1}', None),  # not a list
+        ('["coder", 7]', None),  # not names
+    ],
+)
+def test_a_pod_says_which_names_it_answers_to(
+    annotation: str | None, serves: frozenset[str] | None
+) -> None:
+    pod = recorded_pod("coder-batched-6d8f9c7b5-2xk4l")
+    if annotation is not None:
+        pod["metadata"]["annotations"] = {SERVES_ANNOTATION: annotation}
+    endpoint = pod_endpoint(pod)
+    assert endpoint is not None and endpoint.serves == serves
+
+
+def test_a_change_of_what_a_pod_answers_to_changes_the_state() -> None:
+    state = ClusterState()
+    pod = recorded_pod("coder-batched-6d8f9c7b5-2xk4l")
+    state.replace(PODS, [pod])
+    revision = state.revision
+    pod["metadata"]["annotations"] = {SERVES_ANNOTATION: '["coder"]'}
+    assert state.apply(PODS, watch_event("MODIFIED", pod, "2"))
+    assert state.revision == revision + 1
+    assert [p.serves for p in state.endpoints_of("coder-batched")] == [frozenset({"coder"})]
 
 
 def test_events_move_the_resource_version_and_errors_raise() -> None:
@@ -187,9 +221,12 @@ def test_cluster_state_folds_lists_and_events() -> None:
     state.replace(PODS, recorded("pods_list")["items"])
     assert state.synced and set(state.pools) == {"coder-batched", "coder-premium"}
     # r7t9v is not ready; the premium pool's second pod is Pending
-    assert state.urls_of("coder-batched") == ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]
-    assert state.urls_of("coder-premium") == ["http://10.244.1.18:8000"]
-    assert state.urls_of("nobody") == []
+    assert [p.url for p in state.endpoints_of("coder-batched")] == [
+        "http://10.244.1.17:8000",
+        "http://10.244.2.9:8000",
+    ]
+    assert [p.url for p in state.endpoints_of("coder-premium")] == ["http://10.244.1.18:8000"]
+    assert [p.url for p in state.endpoints_of("nobody")] == []
 
     revision = state.revision
     assert not state.apply(INFERENCE_POOLS, recorded("pools_bookmark"))
@@ -198,10 +235,13 @@ def test_cluster_state_folds_lists_and_events() -> None:
     assert state.apply(PODS, recorded("pod_batched_ready"))
     assert not state.apply(PODS, recorded("pod_batched_ready"))  # same again
     assert state.apply(PODS, recorded("pod_batched_terminating"))
-    assert state.urls_of("coder-batched") == ["http://10.244.1.17:8000", "http://10.244.3.4:8000"]
+    assert [p.url for p in state.endpoints_of("coder-batched")] == [
+        "http://10.244.1.17:8000",
+        "http://10.244.3.4:8000",
+    ]
     assert state.apply(PODS, recorded("pod_batched_deleted"))
     assert not state.apply(PODS, recorded("pod_batched_deleted"))
-    assert state.urls_of("coder-batched") == ["http://10.244.3.4:8000"]
+    assert [p.url for p in state.endpoints_of("coder-batched")] == ["http://10.244.3.4:8000"]
     assert state.apply(INFERENCE_POOLS, recorded("pool_premium_deleted"))
     assert not state.apply(INFERENCE_POOLS, recorded("pool_premium_deleted"))
     assert state.revision == revision + 4
@@ -216,14 +256,14 @@ def test_a_pod_turning_ready_appears_and_one_never_ready_changes_nothing() -> No
     # created, then scheduled and started but not ready: nothing the view shows changes
     assert not state.apply(PODS, recorded("pod_spark_pending"))
     assert not state.apply(PODS, recorded("pod_spark_started"))
-    assert state.urls_of("coder-spark") == [] and state.revision == revision
+    assert [p.url for p in state.endpoints_of("coder-spark")] == [] and state.revision == revision
     assert state.apply(PODS, recorded("pod_spark_ready"))
-    assert state.urls_of("coder-spark") == ["http://10.244.4.2:8000"]
+    assert [p.url for p in state.endpoints_of("coder-spark")] == ["http://10.244.4.2:8000"]
     # and back to unready (a failing readiness probe): out again
     unready = watch_event("MODIFIED", recorded("pod_spark_ready")["object"], "48270")
     set_ready(unready["object"], "False")
     assert state.apply(PODS, unready)
-    assert state.urls_of("coder-spark") == []
+    assert [p.url for p in state.endpoints_of("coder-spark")] == []
     # a pod that never served leaves without a change
     pending = recorded("pods_list")["items"][4]
     assert not state.apply(PODS, watch_event("DELETED", pending, "48271"))
@@ -247,7 +287,10 @@ def test_a_pod_ip_change_moves_its_url() -> None:
     moved["object"]["status"]["podIP"] = "10.244.5.3"
     moved["object"]["status"]["podIPs"] = [{"ip": "10.244.5.3"}]
     assert state.apply(PODS, moved)
-    assert state.urls_of("coder-batched") == ["http://10.244.5.3:8000", "http://10.244.2.9:8000"]
+    assert [p.url for p in state.endpoints_of("coder-batched")] == [
+        "http://10.244.5.3:8000",
+        "http://10.244.2.9:8000",
+    ]
 
 
 def test_pods_of_one_pool_are_in_pod_name_order_without_duplicates() -> None:
@@ -256,7 +299,10 @@ def test_pods_of_one_pool_are_in_pod_name_order_without_duplicates() -> None:
     twin = watch_event("ADDED", recorded_pod(BATCHED_B), "48290")
     twin["object"]["metadata"]["name"] = "coder-batched-6d8f9c7b5-0aaaa"
     assert state.apply(PODS, twin)
-    assert state.urls_of("coder-batched") == ["http://10.244.2.9:8000", "http://10.244.1.17:8000"]
+    assert [p.url for p in state.endpoints_of("coder-batched")] == [
+        "http://10.244.2.9:8000",
+        "http://10.244.1.17:8000",
+    ]
 
 
 def test_backoff_doubles_up_to_its_bound_with_jitter() -> None:
