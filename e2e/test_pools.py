@@ -173,6 +173,69 @@ def test_a_pool_whose_model_does_not_fit_gets_fits_false_and_no_deployment(
     assert not release.exists("deployment", "too-small")
 
 
+TAKEN_NAME = """
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: billing}
+spec: {tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, chips: 1}
+"""
+
+BAD_LABEL_KEY = """
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: bad-label}
+spec:
+  tier: batched
+  model: llama-3.1-8b
+  accelerator: h100-sxm
+  chips: 1
+  template: {labels: {"team a": x}}
+"""
+
+
+def warning_reasons(release: Release, name: str) -> list[str]:
+    out = release.kubectl(
+        "get", "events", "--field-selector", f"involvedObject.name={name},type=Warning",
+        "-o", "jsonpath={.items[*].reason}",
+    )  # fmt: skip
+    return out.split()
+
+
+def test_the_operator_takes_no_other_apps_object_and_says_what_it_could_not_apply(
+    release: Release,
+) -> None:
+    # Another app's Service has the name a pool wants.
+    release.kubectl("create", "service", "clusterip", "billing", "--tcp=80:8080")
+    release.kubectl("apply", "-f", "-", input=TAKEN_NAME)
+    release.wait(
+        lambda: (release.condition("billing", "Ready") or {}).get("reason") == "NameTaken",
+        "billing Ready=False NameTaken",
+    )
+    ready = release.condition("billing", "Ready") or {}
+    assert "Service " in ready["message"] and "already exists" in ready["message"], ready
+    release.wait(lambda: "NameTaken" in warning_reasons(release, "billing"), "a NameTaken event")
+    assert not release.exists("deployment", "billing")  # nothing applied, not even that
+    service = release.get("service", "billing")
+    assert not service["metadata"].get("ownerReferences"), service["metadata"]
+    assert service["spec"]["selector"] == {"app": "billing"}
+    release.kubectl("delete", "inferencepool", "billing", "--wait=true")
+    assert release.exists("service", "billing")  # deleting the pool took nothing of the app's
+    release.kubectl("delete", "service", "billing")
+
+    # A pod label key the CRD lets through and the API server refuses on the Deployment.
+    release.kubectl("apply", "-f", "-", input=BAD_LABEL_KEY)
+    release.wait(
+        lambda: (
+            (release.condition("bad-label", "Progressing") or {}).get("reason") == "ApplyRejected"
+        ),
+        "bad-label Progressing=False ApplyRejected",
+    )
+    progressing = release.condition("bad-label", "Progressing") or {}
+    assert "team a" in progressing["message"], progressing
+    assert "ApplyRejected" in warning_reasons(release, "bad-label")
+    release.kubectl("delete", "inferencepool", "bad-label", "--wait=true")
+
+
 def test_an_invalid_pool_is_refused_with_a_readable_message(release: Release) -> None:
     done = subprocess.run(
         [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],

@@ -25,7 +25,7 @@ from tiergate.sim_nodes.catalogs import Catalog
 
 from .api import GROUP, PLURAL, VERSION
 from .kube import Cluster, KubeCluster
-from .reconcile import reconcile
+from .reconcile import Outcome, reconcile
 from .render import FIELD_MANAGER
 
 __all__ = ["OperatorMemo", "configure"]
@@ -91,12 +91,24 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
     change, not one per resync)."""
     outcome = reconcile(dict(body), memo.api(), memo.catalog, memo.image, _now)
     patch.status.update(outcome.status)
+    _alert(body, outcome, memo)
     if not report:
         return
     for reason, message in outcome.warnings:
         memo.warn(body, reason=reason, message=message)
     if outcome.permanent_error is not None:
         raise kopf.PermanentError(outcome.permanent_error)
+
+
+def _alert(pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMemo) -> None:
+    """Post (and log, naming the pool) what the pool's status did not say before."""
+    meta = pool.get("metadata") or {}
+    for reason, message in outcome.alerts:
+        log.warning(
+            "event=pool_not_applied pool=%s/%s reason=%s message=%s",
+            meta.get("namespace"), meta.get("name"), reason, message,
+        )  # fmt: skip
+        memo.warn(pool, reason=reason, message=message)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -133,4 +145,5 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
         return  # the pool is gone: garbage collection removes its objects
     outcome = reconcile(obj, cluster, memo.catalog, memo.image, _now)
     cluster.patch_pool_status(namespace, pool, outcome.status)
+    _alert(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))

@@ -1,9 +1,11 @@
 """The operator's writes to the Kubernetes API, behind a small interface.
 
 `Cluster` is what reconciliation needs: server-side apply of a manifest (idempotent: the same
-manifest twice changes nothing), reading a Deployment's status, deleting. `KubeCluster` is the
-real one (the official `kubernetes` client; kopf runs sync handlers in threads); tests pass a
-fake. A transient API failure raises `kopf.TemporaryError` so kopf retries with backoff.
+manifest twice changes nothing), reading an object's metadata (whose it is) and a Deployment's
+status. `KubeCluster` is the real one (the official `kubernetes` client; kopf runs sync
+handlers in threads); tests pass a fake. A transient API failure raises `kopf.TemporaryError`
+so kopf retries with backoff; a manifest the API server refuses as invalid raises
+`ApplyRejected`, which retrying cannot mend.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from .api import GROUP, PLURAL, VERSION
 from .render import FIELD_MANAGER
 
-__all__ = ["Cluster", "KubeCluster", "load_kube_config"]
+__all__ = ["ApplyRejected", "Cluster", "KubeCluster", "load_kube_config"]
 
 Manifest = dict[str, Any]
 
@@ -27,8 +29,15 @@ REQUEST_TIMEOUT_S = 30
 RETRY_DELAY_S = 10
 
 
+class ApplyRejected(Exception):
+    """The API server refused a manifest as invalid (400, 422): applying it again cannot
+    help; the spec it was rendered from has to change."""
+
+
 class Cluster(Protocol):
     def apply(self, manifest: Manifest) -> None: ...
+
+    def metadata(self, kind: str, namespace: str, name: str) -> Manifest | None: ...
 
     def deployment_status(self, namespace: str, name: str) -> Manifest | None: ...
 
@@ -45,13 +54,19 @@ def load_kube_config(kubeconfig: str | None = None) -> None:
         config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
 
 
-def _temporary(action: str, exc: ApiException) -> kopf.TemporaryError:
+def _message(exc: ApiException) -> str:
+    """The API server's own words (its Status message), else the HTTP reason."""
     reason = exc.reason or "error"
     try:
-        reason = json.loads(exc.body or "{}").get("message") or reason
+        body = json.loads(exc.body or "{}")
     except ValueError:
-        pass
-    return kopf.TemporaryError(f"{action}: HTTP {exc.status}: {reason}", delay=RETRY_DELAY_S)
+        return str(reason)
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or reason)
+
+
+def _temporary(action: str, exc: ApiException) -> kopf.TemporaryError:
+    return kopf.TemporaryError(f"{action}: HTTP {exc.status}: {_message(exc)}", delay=RETRY_DELAY_S)
 
 
 class KubeCluster:
@@ -80,7 +95,27 @@ class KubeCluster:
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
         except ApiException as exc:
-            raise _temporary(f"apply {kind} {namespace}/{name}", exc) from None
+            action = f"apply {kind} {namespace}/{name}"
+            if exc.status in (400, 422):
+                raise ApplyRejected(f"the API server rejected {kind} {namespace}/{name}: "
+                                    f"{_message(exc)}") from None  # fmt: skip
+            raise _temporary(action, exc) from None
+
+    def metadata(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        """The metadata of the Deployment or Service `name` (None: there is none)."""
+        read = {
+            "Deployment": self._apps.read_namespaced_deployment,
+            "Service": self._core.read_namespaced_service,
+        }[kind]
+        try:
+            obj = read(name, namespace, _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _temporary(f"read {kind} {namespace}/{name}", exc) from None
+        sanitize = client.ApiClient().sanitize_for_serialization
+        meta = sanitize(getattr(obj, "metadata", None))  # type: ignore[no-untyped-call]
+        return meta if isinstance(meta, dict) else {}
 
     def deployment_status(self, namespace: str, name: str) -> Manifest | None:
         try:

@@ -17,8 +17,16 @@ from pydantic import ValidationError
 from tiergate.sim_nodes.catalogs import Catalog
 from tiergate.sim_nodes.validation import first_problem
 
-from .api import Condition, InferencePoolSpec, label_selector, pool_selector_labels
-from .kube import Cluster
+from .api import (
+    GROUP,
+    KIND,
+    POOL_LABEL,
+    Condition,
+    InferencePoolSpec,
+    label_selector,
+    pool_selector_labels,
+)
+from .kube import ApplyRejected, Cluster
 from .render import deployment_manifest, service_manifest
 from .status import (
     Assessment,
@@ -41,8 +49,12 @@ class Outcome:
     """What a reconciliation decided: the status to write and what to tell people."""
 
     status: Manifest
-    warnings: list[tuple[str, str]] = field(default_factory=list)  # (reason, message) events
-    permanent_error: str | None = None  # the spec is wrong: retrying cannot help
+    #: (reason, message) Warning events about the spec: posted when it changes, not on resync.
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+    #: (reason, message) Warning events about something the status did not say before (the
+    #: objects could not be applied): posted from any reconciliation, resyncs included.
+    alerts: list[tuple[str, str]] = field(default_factory=list)
+    permanent_error: str | None = None  # retrying the same spec cannot help
 
 
 def owner_reference(body: Manifest) -> Manifest:
@@ -100,18 +112,105 @@ def reconcile(
         message = f"does not fit: {assessment.misfit}"
         values = {
             "Fits": ConditionValue("False", "ModelDoesNotFit", message),
-            "Ready": ConditionValue("False", "ModelDoesNotFit", message),
+            **_not_rolled_out("ModelDoesNotFit", message),
         }
         status = _status(body, values, now(), envelope=None)
         return Outcome(status, warnings=[("ModelDoesNotFit", message)])
-    owner = owner_reference(body)
-    for manifest in (
+    manifests = (
         deployment_manifest(name, namespace, spec, image, assessment.layout),
         service_manifest(name, namespace, spec),
-    ):
-        manifest["metadata"]["ownerReferences"] = [owner]
-        cluster.apply(manifest)
+    )
+    for manifest in manifests:  # all checked before any is applied
+        taken = _someone_elses(manifest, cluster, meta.get("uid"))
+        if taken is not None:
+            return _blocked(body, spec, assessment, "NameTaken", taken, now())
+    owner = owner_reference(body)
+    try:
+        for manifest in manifests:
+            manifest["metadata"]["ownerReferences"] = [owner]
+            cluster.apply(manifest)
+    except ApplyRejected as exc:
+        # What is already running stays, and says how it does; the new spec is not rolled out.
+        rejected = f"{exc}; the pool's previous objects, if any, are left as they were"
+        status = observe(
+            body, spec, assessment, cluster, now(), blocked=("ApplyRejected", rejected)
+        )
+        return _alerting(body, status, "ApplyRejected", rejected)
     return Outcome(observe(body, spec, assessment, cluster, now()))
+
+
+def _someone_elses(manifest: Manifest, cluster: Cluster, uid: str | None) -> str | None:
+    """Why `manifest`'s object, if it exists, is not the pool's to apply; None when it is.
+
+    The pool's own: controlled by an InferencePool of the pool's name (this one, or a deleted
+    one of the same name whose objects garbage collection has not removed yet), or with no
+    controller and the pool's label (orphaned by `kubectl delete --cascade=orphan`). Anything
+    else belongs to someone else: server-side apply with force would take it over, and deleting
+    the pool would then garbage-collect it.
+    """
+    kind, meta = manifest["kind"], manifest["metadata"]
+    existing = cluster.metadata(kind, meta["namespace"], meta["name"])
+    if existing is None:
+        return None
+    pool = meta["name"]
+    controllers = [r for r in existing.get("ownerReferences") or [] if r.get("controller")]
+    if not controllers:
+        if (existing.get("labels") or {}).get(POOL_LABEL) == pool:
+            return None
+        whose = "it has no controller"
+    else:
+        ref = controllers[0]
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            if ref.get("name") == pool or ref.get("uid") == uid:
+                return None
+        whose = f"it is controlled by {ref.get('kind')} {ref.get('name')}"
+    return (
+        f"{kind} {meta['namespace']}/{pool} already exists and is not this pool's ({whose}): "
+        f"delete or rename it, or give the pool another name"
+    )
+
+
+def _not_rolled_out(reason: str, message: str) -> dict[Any, ConditionValue]:
+    """Ready, Progressing and Degraded of a pool whose spec cannot be rolled out (the
+    router does not route to it either): none of them may keep an earlier spec's word."""
+    return {
+        "Ready": ConditionValue("False", reason, message),
+        "Progressing": ConditionValue("False", reason, "not rolled out: " + message),
+        "Degraded": ConditionValue("Unknown", reason, "not rolled out: " + message),
+    }
+
+
+def _blocked(
+    body: Manifest,
+    spec: InferencePoolSpec,
+    assessment: Assessment,
+    reason: str,
+    message: str,
+    now: str,
+) -> Outcome:
+    """A pool that fits, whose objects the operator may not apply."""
+    envelope = assessment.envelope
+    fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
+    values = {
+        "Fits": ConditionValue("True", "ModelFits", fits),
+        **_not_rolled_out(reason, message),
+    }
+    status = _status(
+        body, values, now, envelope=envelope.model_dump(by_alias=True) if envelope else None
+    )
+    return _alerting(body, status, reason, message)
+
+
+def _alerting(body: Manifest, status: Manifest, reason: str, message: str) -> Outcome:
+    """A permanent failure to apply: alerted once, when the pool's status did not say it yet
+    (the resync timer finds it again every RESYNC_S, and applies once it is mended)."""
+    said = any(
+        c.get("type") == "Progressing" and c.get("reason") == reason
+        and c.get("message", "").endswith(message)
+        for c in (body.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict)
+    )  # fmt: skip
+    return Outcome(status, alerts=[] if said else [(reason, message)], permanent_error=message)
 
 
 def observe(
@@ -120,8 +219,10 @@ def observe(
     assessment: Assessment,
     cluster: Cluster,
     now: str,
+    blocked: tuple[str, str] | None = None,
 ) -> Manifest:
-    """The status of a runnable pool from its Deployment's status."""
+    """The status of a runnable pool from its Deployment's status. `blocked`: (reason,
+    message) why the spec is not rolled out, said by Progressing instead of the counts."""
     meta = body["metadata"]
     deployment = cluster.deployment_status(meta["namespace"], meta["name"]) or {}
     ready = int(deployment.get("readyReplicas") or 0)
@@ -134,6 +235,9 @@ def observe(
             assessment, spec.replicas, ready, updated, int(deployment.get("replicas") or 0)
         ),
     }
+    if blocked is not None:
+        reason, message = blocked
+        values["Progressing"] = ConditionValue("False", reason, "not rolled out: " + message)
     selector = label_selector(pool_selector_labels(meta["name"]))
     return _status(
         body,
@@ -148,5 +252,9 @@ def observe(
 
 def _invalid(body: Manifest, problem: str, now: str) -> Outcome:
     message = f"invalid spec: {problem}"
-    status = _status(body, {"Ready": ConditionValue("False", "InvalidSpec", message)}, now)
+    values = {
+        "Fits": ConditionValue("Unknown", "InvalidSpec", message),
+        **_not_rolled_out("InvalidSpec", message),
+    }
+    status = _status(body, values, now, envelope=None)
     return Outcome(status, warnings=[("InvalidSpec", message)], permanent_error=message)

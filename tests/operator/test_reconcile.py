@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tiergate.operator import handlers
+from tiergate.operator.kube import ApplyRejected
 from tiergate.operator.reconcile import reconcile
 from tiergate.sim_nodes.catalogs import default_catalog
 
@@ -23,16 +24,26 @@ IMAGE = "tiergate:0.1.0"
 
 
 class FakeCluster:
-    """Records applies; Deployment statuses are set by the test."""
+    """Records applies, and keeps what was applied as existing; Deployment statuses, objects
+    that exist already and the API server's refusals are set by the test."""
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []
         self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
         self.pools: dict[tuple[str, str], dict[str, Any]] = {}
         self.status_patches: list[tuple[str, dict[str, Any]]] = []
+        self.existing: dict[tuple[str, str, str], dict[str, Any]] = {}  # kind, ns, name
+        self.rejects: dict[str, str] = {}  # kind -> the API server's message
 
     def apply(self, manifest: dict[str, Any]) -> None:
+        meta = manifest["metadata"]
+        if manifest["kind"] in self.rejects:
+            raise ApplyRejected(self.rejects[manifest["kind"]])
         self.applied.append(copy.deepcopy(manifest))
+        self.existing[(manifest["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(meta)
+
+    def metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.existing.get((kind, namespace, name))
 
     def deployment_status(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.deployments.get((namespace, name))
@@ -152,6 +163,132 @@ def test_slo_the_envelope_misses_is_flagged_on_ready() -> None:
     assert ready["reason"] == "SloAtRisk" and "TPOT" in ready["message"]
 
 
+# -- objects the operator may not apply -------------------------------------------------------
+
+
+def _foreign(cluster: FakeCluster, kind: str, **meta: Any) -> None:
+    cluster.existing[(kind, "team-a", "frontier-premium")] = {
+        "name": "frontier-premium", "namespace": "team-a", **meta}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "meta", "whose"),
+    [
+        ("Service", {"labels": {"app": "billing"}}, "it has no controller"),
+        (
+            "Deployment",
+            {
+                "ownerReferences": [
+                    {
+                        "apiVersion": "argoproj.io/v1alpha1",
+                        "kind": "Rollout",
+                        "name": "billing",
+                        "uid": "u-9",
+                        "controller": True,
+                    }
+                ]
+            },
+            "it is controlled by Rollout billing",
+        ),  # fmt: skip
+    ],
+)
+def test_another_apps_object_with_the_pools_name_is_left_alone_and_said_once(
+    kind: str, meta: dict[str, Any], whose: str
+) -> None:
+    """Server-side apply with force would take it over, and deleting the pool would then
+    garbage-collect it: the pool says so instead, and applies once it is out of the way."""
+    cluster = FakeCluster()
+    _foreign(cluster, kind, **meta)
+    body = pool()
+    outcome = reconcile(body, cluster, CATALOG, IMAGE, clock())
+    assert cluster.applied == []  # not even the object that was free
+    c = conditions(outcome.status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "NameTaken")
+    assert f"{kind} team-a/frontier-premium already exists" in c["Ready"]["message"]
+    assert whose in c["Ready"]["message"]
+    assert (c["Fits"]["status"], c["Progressing"]["status"]) == ("True", "False")
+    assert outcome.alerts == [("NameTaken", c["Ready"]["message"])]
+    assert outcome.permanent_error == c["Ready"]["message"]
+    assert outcome.status["envelope"]["tokensPerSecondPerStream"] > 0
+
+    body["status"] = outcome.status  # the resync timer finds it again: no second event
+    again = reconcile(body, cluster, CATALOG, IMAGE, clock())
+    assert again.alerts == [] and cluster.applied == []
+
+    del cluster.existing[(kind, "team-a", "frontier-premium")]  # its owner removed it
+    reconcile(body, cluster, CATALOG, IMAGE, clock())
+    assert [m["kind"] for m in cluster.applied] == ["Deployment", "Service"]
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        # a deleted pool of the same name: garbage collection has not removed its objects yet
+        {"ownerReferences": [{"apiVersion": "tiergate.dev/v1alpha1", "kind": "InferencePool",
+                              "name": "frontier-premium", "uid": "uid-0", "controller": True}]},
+        # orphaned (`kubectl delete --cascade=orphan`): the pool's label, no controller
+        {"labels": {"tiergate.dev/pool": "frontier-premium"}},
+    ],
+)  # fmt: skip
+def test_the_pools_own_objects_from_before_are_taken_back(meta: dict[str, Any]) -> None:
+    cluster = FakeCluster()
+    _foreign(cluster, "Deployment", **meta)
+    outcome = reconcile(pool(), cluster, CATALOG, IMAGE, clock())
+    assert [m["kind"] for m in cluster.applied] == ["Deployment", "Service"]
+    assert outcome.alerts == [] and outcome.permanent_error is None
+
+
+def test_a_manifest_the_api_server_rejects_is_said_once_and_not_retried() -> None:
+    """E.g. a template resource quantity the schema let through: the running pods stay, and
+    the status says why the new spec is not rolled out."""
+    cluster = FakeCluster()
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    cluster.rejects["Deployment"] = (
+        "the API server rejected Deployment team-a/frontier-premium: quantities must match"
+    )
+    body = pool()
+    outcome = reconcile(body, cluster, CATALOG, IMAGE, clock())
+    c = conditions(outcome.status)
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "ApplyRejected")
+    assert "quantities must match" in c["Progressing"]["message"]
+    assert "previous objects" in c["Progressing"]["message"]
+    assert c["Ready"]["status"] == "True"  # what ran before still serves
+    assert [reason for reason, _ in outcome.alerts] == ["ApplyRejected"]
+    assert outcome.permanent_error is not None and "quantities" in outcome.permanent_error
+    body["status"] = outcome.status
+    assert reconcile(body, cluster, CATALOG, IMAGE, clock()).alerts == []
+    del cluster.rejects["Deployment"]  # the spec was mended
+    mended = reconcile(body, cluster, CATALOG, IMAGE, clock())
+    assert conditions(mended.status)["Progressing"]["reason"] == "Settled"
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason", "fits"),
+    [
+        ({"model": "gpt-17"}, "InvalidSpec", "Unknown"),
+        ({"chips": 1, "tensorParallel": 1}, "ModelDoesNotFit", "False"),
+    ],
+)
+def test_an_edit_that_cannot_run_leaves_no_condition_of_the_spec_before(
+    changes: dict[str, Any], reason: str, fits: str
+) -> None:
+    cluster = FakeCluster()
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    body = pool()
+    body["status"] = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert conditions(body["status"])["Ready"]["status"] == "True"
+    body["spec"].update(changes)
+    c = conditions(reconcile(body, cluster, CATALOG, IMAGE, clock()).status)
+    assert {k: (v["status"], v["reason"]) for k, v in c.items()} == {
+        "Ready": ("False", reason),
+        "Fits": (fits, reason if fits == "Unknown" else "ModelDoesNotFit"),
+        "Progressing": ("False", reason),
+        "Degraded": ("Unknown", reason),
+    }
+
+
 # -- the kopf handlers ---------------------------------------------------------------------
 
 
@@ -237,8 +374,31 @@ def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
     patch = kopf.Patch()
     handlers.inferencepool_resync(body=body, patch=patch, memo=memo)  # no raise, no event
     assert events == ["InvalidSpec"]
-    (ready,) = patch["status"]["conditions"]
-    assert (ready["type"], ready["reason"]) == ("Ready", "InvalidSpec")
+    ready = conditions(patch["status"])["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+
+
+def test_a_name_taken_is_an_event_from_the_resync_too_but_only_once() -> None:
+    """Another app's Service may appear after the pool was created: the timer finds it."""
+    events: list[str] = []
+    cluster = FakeCluster()
+    memo = handlers.OperatorMemo(
+        catalog=CATALOG,
+        image=IMAGE,
+        cluster=cluster,
+        warn=lambda body, reason, message: events.append(reason),
+    )
+    _foreign(cluster, "Service")
+    body = pool()
+    patch = kopf.Patch()
+    handlers.inferencepool_resync(body=kopf.Body(body), patch=patch, memo=memo)
+    assert events == ["NameTaken"]
+    body["status"] = dict(patch["status"])
+    handlers.inferencepool_resync(body=kopf.Body(body), patch=kopf.Patch(), memo=memo)
+    assert events == ["NameTaken"]
+    with pytest.raises(kopf.PermanentError, match="already exists"):  # a spec edit: no retries
+        handlers.inferencepool_reconcile(body=kopf.Body(body), patch=kopf.Patch(), memo=memo)
+    assert events == ["NameTaken"]
 
 
 # -- inline profiles -----------------------------------------------------------------------
