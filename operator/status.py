@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
-from tiergate.sim_nodes.perf import PerfConfigError, profile_label
+from tiergate.sim_nodes.engine import Background, Engine, EngineCapacityError
+from tiergate.sim_nodes.perf import Deployment, PerfConfigError, profile_label
 
 from .api import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
 
@@ -72,6 +73,9 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
         accelerator = profile_label(spec.accelerator, performance.accelerator_source)
         where = f"{model} on {d.chips} x {accelerator} ({spec.weight_dtype} weights)"
         return Assessment(None, misfit=f"{where}: {result.reason}")
+    background = _background_problem(spec, performance.deployment)
+    if background is not None:
+        return Assessment(None, problem=background)
     envelope = performance.envelope()
     misses: list[str] = []
     if spec.slo is not None:
@@ -86,6 +90,21 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
     return Assessment(envelope, performance.layout(), slo_misses=tuple(misses))
 
 
+def _background_problem(spec: InferencePoolSpec, deployment: Deployment) -> str | None:
+    """Why the node would refuse to start with the spec's background load (it must leave a
+    batch slot and KV cache for requests), asked of the node's own engine; None if it would
+    start. Otherwise the pods crash-loop with the reason in their log only."""
+    bg = spec.background
+    if bg is None or not bg.sequences:
+        return None
+    load = Background(bg.sequences, bg.context_tokens, bg.turn_input_tokens, bg.turn_output_tokens)
+    try:
+        Engine(deployment, spec.batching.to_batching(), background=load)
+    except EngineCapacityError as exc:
+        return f"background: {exc}"
+    return None
+
+
 def replica_conditions(
     assessment: Assessment, desired: int, ready: int, updated: int, total: int | None = None
 ) -> dict[ConditionType, ConditionValue]:
@@ -95,7 +114,9 @@ def replica_conditions(
     the current template's pods are all there and no old pod is left: while an old pod still
     serves beside a new one that never becomes ready, `ready` alone would call it done."""
     total = updated if total is None else total
-    if ready >= desired:
+    if desired == 0:  # nothing serves: the router has no endpoint of the pool
+        ready_value = ConditionValue("False", "ScaledToZero", "replicas is 0: no replica serves")
+    elif ready >= desired:
         if assessment.slo_misses:
             ready_value = ConditionValue(
                 "True", "SloAtRisk", "serving, but predicted to miss: "

@@ -12,7 +12,7 @@ Wire names are camelCase (Kubernetes style); Python names snake_case.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -109,7 +109,9 @@ class InferencePoolSpec(ServingSpec):
     served_model_name: str | None = Field(
         default=None, description="Model name clients ask for (default: the catalog name)."
     )
-    aliases: list[str] = Field(default_factory=list, description="More names clients may use.")
+    aliases: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="More names clients may use."
+    )
     replicas: int = Field(default=1, ge=0, description="Serving replicas (scale subresource).")
     workload: ReferenceWorkload = Field(
         default_factory=ReferenceWorkload,

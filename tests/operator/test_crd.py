@@ -137,6 +137,7 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         ({"replicas": -1}, "less than the minimum of 0"),
         ({"weightDtype": "fp16"}, "'fp16' is not one of"),
         ({"model": None}, "'model' is a required property"),
+        ({"aliases": ["fast", ""]}, "'' should be non-empty"),
     ],
 )
 def test_bad_pools_are_refused_with_a_readable_message(

@@ -345,6 +345,42 @@ def test_rolled_out_with_no_replica_ready_is_degraded() -> None:
     assert c["Progressing"]["status"] == "True" and c["Ready"]["status"] == "False"
 
 
+def test_a_pool_scaled_to_zero_is_not_ready_and_settles_when_its_pods_are_gone() -> None:
+    cluster = FakeCluster()
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 0}  # fmt: skip
+    c = conditions(reconcile(pool(replicas=0), cluster, CATALOG, IMAGE, clock()).status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ScaledToZero")
+    assert (c["Progressing"]["status"], c["Degraded"]["status"]) == ("True", "False")
+    cluster.deployments[("team-a", "frontier-premium")] = {}  # the last pod has gone
+    c = conditions(reconcile(pool(replicas=0), cluster, CATALOG, IMAGE, clock()).status)
+    assert c["Ready"]["reason"] == "ScaledToZero" and c["Progressing"]["reason"] == "Settled"
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        # the node would refuse to start: its pods would crash-loop, the reason in their log
+        ({"batching": {"maxNumSeqs": 4}, "background": {"sequences": 4, "contextTokens": 1000}},
+         "background: 4 resident sequences leave no batch slot"),
+        ({"background": {"sequences": 2, "contextTokens": 100_000_000}},
+         "tokens of KV cache but the replica holds"),
+        ({"speculativeDecoding": {"draftModel": "llama-3.1-405b", "tokens": 4,
+                                  "acceptanceRate": 0.7}},
+         "must be smaller than"),
+    ],
+)  # fmt: skip
+def test_specs_the_node_would_refuse_are_invalid_in_the_status(
+    changes: dict[str, Any], words: str
+) -> None:
+    cluster = FakeCluster()
+    outcome = reconcile(pool(**changes), cluster, CATALOG, IMAGE, clock())
+    assert cluster.applied == []
+    ready = conditions(outcome.status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert words in ready["message"], ready["message"]
+
+
 def test_a_rollout_whose_new_pod_never_gets_ready_is_not_settled() -> None:
     # The old pod still serves (ready 1) beside the new one that fails (updated 1, total 2).
     cluster = FakeCluster()
