@@ -3,7 +3,8 @@ and print, per tier served, latency, speed, throughput, cost, tool-call errors, 
 
 Exit status: 0 when the run completed (some requests may have failed: see the table), 1 when
 every request failed, 2 for a user error (bad flags, unreachable URL, --plot without
-matplotlib), each as one line on stderr.
+matplotlib), each as one line on stderr, 130 when Ctrl-C (or SIGTERM) stopped it: the report
+then covers the requests that finished, and is written to --json / --plot as usual.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from tiergate.sim_nodes.commands.common import positive_float, positive_int, unit_interval
@@ -18,13 +21,18 @@ from tiergate.sim_nodes.commands.common import positive_float, positive_int, uni
 from .errors import BenchError
 from .progress import make_progress
 from .report import render_table, require_matplotlib, write_json, write_plot
+from .results import RequestResult
 from .runner import BenchSettings, normalize_url, run_bench
+from .stats import BenchReport
 from .workload import DEFAULT_MIX, Workload, parse_mix
 
 __all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
 
 DEFAULT_ROUTER = "http://127.0.0.1:8080"
 API_KEY_ENV = "TIERGATE_API_KEY"
+#: The exit status of a run stopped by a signal (128 + SIGINT, as shells report Ctrl-C).
+INTERRUPTED = 130
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress = make_progress(settings.requests)
     try:
-        report = asyncio.run(run_bench(settings, on_result=progress.update))
+        report = asyncio.run(_run_until_interrupted(settings, progress.update))
     finally:
         progress.close()
     print(render_table(report))
@@ -115,7 +123,31 @@ def run(args: argparse.Namespace) -> int:
         write_json(report, args.json)
     if args.plot is not None:
         write_plot(report, args.plot)
+    if report.run.interrupted:
+        return INTERRUPTED
     return 1 if report.total.errors == report.total.requests else 0
+
+
+async def _run_until_interrupted(
+    settings: BenchSettings, on_result: Callable[[RequestResult], None]
+) -> BenchReport:
+    """The bench, stopped by the first SIGINT (Ctrl-C) or SIGTERM with a report of what
+    finished; a second one interrupts at once, as usual."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def first_signal() -> None:
+        stop.set()
+        for signum in SIGNALS:  # the next one is Python's own again
+            loop.remove_signal_handler(signum)
+
+    for signum in SIGNALS:
+        loop.add_signal_handler(signum, first_signal)
+    try:
+        return await run_bench(settings, on_result=on_result, stop=stop)
+    finally:
+        for signum in SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 def _check_writable(flag: str, path: Path) -> None:

@@ -38,9 +38,15 @@ def render_table(report: BenchReport) -> str:
     rows = [_row(s) for s in report.tiers]
     if len(report.tiers) > 1:
         rows.append(_row(report.total))
+    run = report.run
+    sent = (
+        f"{report.total.requests} of {run.requests} requests (interrupted)"
+        if run.interrupted
+        else f"{run.requests} requests"
+    )
     lines = [
-        f"{report.run.requests} requests to {report.run.url} in {report.wall_s:.2f}s "
-        f"(concurrency {report.run.concurrency}, max_tokens {report.run.max_tokens})",
+        f"{sent} to {run.url} in {report.wall_s:.2f}s "
+        f"(concurrency {run.concurrency}, max_tokens {run.max_tokens})",
         table(_HEADERS, rows),
     ]
     for s in report.tiers:

@@ -62,8 +62,13 @@ async def run_bench(
     on_result: Callable[[RequestResult], None] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    stop: asyncio.Event | None = None,
 ) -> BenchReport:
-    """Run the bench and summarize it. Raises BenchError if the server is unreachable."""
+    """Run the bench and summarize it. Raises BenchError if the server is unreachable.
+
+    `stop` set (Ctrl-C): no request is sent after it, those in flight are abandoned, and the
+    report covers the requests that finished, marked as interrupted.
+    """
     url = normalize_url(settings.url)
     headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     limits = httpx.Limits(
@@ -95,11 +100,16 @@ async def run_bench(
 
         start = clock()
         async with asyncio.TaskGroup() as group:
-            for _ in range(min(settings.concurrency, settings.requests)):
+            workers = [
                 group.create_task(worker())
+                for _ in range(min(settings.concurrency, settings.requests))
+            ]
+            if stop is not None:
+                group.create_task(_cancel_on(stop, workers))
         wall_s = clock() - start
 
     run = RunInfo(
+        interrupted=stop is not None and stop.is_set(),
         url=url,
         requests=settings.requests,
         concurrency=settings.concurrency,
@@ -112,3 +122,18 @@ async def run_bench(
     )
     results.sort(key=lambda r: r.index)
     return summarize(results, run, wall_s)
+
+
+async def _cancel_on(stop: asyncio.Event, workers: list[asyncio.Task[None]]) -> None:
+    """Cancel `workers` once `stop` is set; return when they are all done either way (a
+    cancelled child does not fail its TaskGroup)."""
+    finished = asyncio.ensure_future(asyncio.wait(workers))  # cancelling it leaves them be
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if stopped.done():
+            for worker in workers:
+                worker.cancel()
+    finally:
+        finished.cancel()
+        stopped.cancel()

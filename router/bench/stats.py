@@ -73,6 +73,10 @@ class RunInfo(BaseModel):
     max_tokens: int
     tools_fraction: float
     seed: int
+    interrupted: bool = Field(
+        default=False,
+        description="Stopped early (Ctrl-C): the figures are those of the requests finished.",
+    )
 
 
 class BenchReport(BaseModel):

@@ -9,7 +9,10 @@ is asserted.
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -23,6 +26,7 @@ from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
 MODEL = "llama-3.1-8b"
+REPO = Path(__file__).resolve().parents[3]
 
 
 def node_config(**overrides: Any) -> NodeConfig:
@@ -144,3 +148,33 @@ def test_a_refused_connection_is_one_line_naming_the_url(
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"tiergate bench: error: cannot connect to {url}")
+
+
+def test_ctrl_c_prints_and_writes_what_finished(node_url: str, tmp_path: Path) -> None:
+    """A long run stopped by SIGINT (Ctrl-C) once some requests are done: the report of those
+    is printed and written, marked as interrupted, and the exit status says so."""
+    report_path = tmp_path / "partial.json"
+    argv = [
+        sys.executable, "-P", "-m", "tiergate", "bench", "--router", node_url,
+        "--requests", "5000", "--concurrency", "2", "--max-tokens", "40", "--seed", "1",
+        "--json", str(report_path),
+    ]  # fmt: skip
+    bench = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert bench.stderr is not None
+        first = bench.stderr.readline()  # the first progress line: 500 requests done
+        assert first.startswith("bench: 500/5000 requests"), first
+        bench.send_signal(signal.SIGINT)
+        out, err = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+    assert bench.returncode == 130, err
+    assert "Traceback" not in err
+    data = json.loads(report_path.read_text())
+    finished = data["total"]["requests"]
+    assert data["run"]["interrupted"] is True and 500 <= finished < 5000
+    assert sum(t["requests"] for t in data["tiers"]) == finished
+    assert f"{finished} of 5000 requests (interrupted) to {node_url} in " in out
+    assert "batched" in out and "tool-call err" in out
