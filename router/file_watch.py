@@ -19,14 +19,20 @@ class WatchedFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._digest = _digest(path)
+        self._digest = _digest(path)  # the content applied
+        self._seen = self._digest  # the content at the previous look
         self.reloads = 0  # applied
         self.reload_errors = 0  # refused: the previous content kept
 
     def changed(self) -> bool:
-        """True once for each change of content (including the file going or coming back)."""
+        """True once for each change of content (including the file going or coming back),
+        at the first look that finds it as the previous look did: a file written in place
+        (`cat > file`, an editor that does not rename) may be read half-written, and a half
+        that parses (the first of two pools) would be applied. So a change waits one more
+        reload interval and is applied only if it held still."""
         digest = _digest(self.path)
-        if digest == self._digest:
+        seen, self._seen = self._seen, digest
+        if digest == self._digest or digest != seen:
             return False
         self._digest = digest
         return True

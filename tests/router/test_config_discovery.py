@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import yaml
+from polling_helpers import settled
 
 from tiergate.router.config import ConfigError, parse_config
 from tiergate.router.discovery import FileSource, build_pool, build_view
@@ -149,17 +150,17 @@ def test_hot_reload_keeps_endpoint_state_and_survives_a_bad_edit(tmp_path: Path)
 
     premium = "maxNumSeqs: 4}\n    endpoints: [http://127.0.0.1:9002]"
     path.write_text(POOLS.replace(premium, premium.replace("4}", "8}")))
-    assert source.reload_if_changed()
+    assert settled(source.reload_if_changed)
     assert source.view.candidates("coder", "batched")[0] is old  # state carried over
     assert source.view.pools["fr-premium"].spec.batching.max_num_seqs == 8
 
     before = source.view
     path.write_text("pools: [{name: x, tier: nope}]")
-    assert not source.reload_if_changed()
+    assert not settled(source.reload_if_changed)
     assert source.view is before and source.file.reload_errors == 1
 
     path.write_text(POOLS.replace("http://127.0.0.1:9001/", "http://127.0.0.1:9005"))
-    assert source.reload_if_changed()
+    assert settled(source.reload_if_changed)
     urls = [e.url for e in source.view.candidates("coder", "batched")]
     assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9005"]
     assert source.file.reloads == 2
@@ -220,13 +221,30 @@ def test_an_inferencepool_object_with_an_inline_model_becomes_a_routed_pool() ->
         pool_from_object({"metadata": {"name": "team"}, "spec": mismatched})
 
 
+def test_a_file_caught_half_written_is_not_applied(tmp_path: Path) -> None:
+    """`cat new.yaml > router.yaml` truncates, then writes: a look in between finds the first
+    pool alone, which parses. Applied, it would drop the other pools for a reload interval."""
+    path = tmp_path / "router.yaml"
+    path.write_text(POOLS)
+    source = FileSource(path, default_catalog())
+    edited = POOLS.replace("maxNumSeqs: 64", "maxNumSeqs: 32")
+    path.write_text(edited[: edited.index("  - name: fr-premium")])  # the first pool only
+    assert not source.reload_if_changed()
+    path.write_text(edited)  # the writer finishes before the next look
+    assert not source.reload_if_changed()
+    assert source.reload_if_changed()  # held still for one look: applied, whole
+    assert set(source.view.pools) == {"fr-batched", "fr-premium", "spark"}
+    assert source.view.pools["fr-batched"].spec.batching.max_num_seqs == 32
+    assert source.file.reloads == 1 and source.file.reload_errors == 0
+
+
 def test_the_file_is_polled_at_its_own_reload_interval(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_text("router: {reloadIntervalS: 30}\n" + POOLS)
     source = FileSource(path, default_catalog())
     assert source.poll_interval_s() == 30
     path.write_text("router: {reloadIntervalS: 0.25}\n" + POOLS)
-    assert source.reload_if_changed()
+    assert settled(source.reload_if_changed)
     assert source.poll_interval_s() == 0.25
     assert FileSource(path, default_catalog(), interval_s=0.05).poll_interval_s() == 0.05
 
@@ -238,12 +256,12 @@ def test_an_edit_to_a_pool_s_names_or_tier_keeps_its_endpoints_state(tmp_path: P
     spark = source.view.candidates("spark", "wafer-scale")[0]
     spark.inflight, spark.ejected_until_s, spark.waiting = 2, 1e12, 5.0
     path.write_text(POOLS.replace("aliases: [spark]", "aliases: [spark, fast]"))
-    assert source.reload_if_changed()
+    assert settled(source.reload_if_changed)
     assert source.view.candidates("fast", "wafer-scale")[0] is spark
     assert (spark.inflight, spark.ejected_until_s, spark.waiting) == (2, 1e12, 5.0)
     assert spark.served_names == ("coder-spark", "spark", "fast")
     path.write_text(POOLS.replace("tier: wafer-scale", "tier: premium"))
-    assert source.reload_if_changed()
+    assert settled(source.reload_if_changed)
     assert source.view.candidates("spark", "premium")[0] is spark and spark.tier == "premium"
     assert source.view.candidates("spark", "wafer-scale") == ()
 

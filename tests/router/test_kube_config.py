@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from polling_helpers import settled
 
 from tiergate.cli import main
 from tiergate.router.build import router_source
@@ -130,7 +131,7 @@ def test_a_hot_reload_cannot_switch_to_kubernetes(tmp_path: Path) -> None:
     _, source = router_source(path)
     assert isinstance(source, FileSource)
     path.write_text(KUBE)
-    assert not source.reload_if_changed()
+    assert not settled(source.reload_if_changed)
     assert source.file.reload_errors == 1 and list(source.view.pools) == ["a"]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from polling_helpers import until
+from polling_helpers import settled, until
 from tenant_router_helpers import KEY, tenant_router
 
 from tiergate.router.discovery import FileSource
@@ -33,14 +33,14 @@ def test_a_changed_file_is_swapped_in_and_a_bad_one_keeps_the_tenants(
     reloader = TenantsReloader(tmp_path if secret else file, swapped.append, interval_s=lambda: 1)
     assert not reloader.reload_if_changed()  # unchanged
     file.write_text(CAROL)
-    assert reloader.reload_if_changed()
+    assert settled(reloader.reload_if_changed)
     (registry,) = swapped
     assert registry.authenticate("Bearer carol-key-0123456789").name == "carol"
     with caplog.at_level(logging.ERROR, logger="tiergate.router"):
         file.write_text("tenants:\n  - {name: dave, apiKeys: [dave-key-0123456789], colour: 1}\n")
-        assert not reloader.reload_if_changed()
+        assert not settled(reloader.reload_if_changed)
         file.unlink()
-        assert not reloader.reload_if_changed()
+        assert not settled(reloader.reload_if_changed)
     assert len(swapped) == 1 and reloader.file.reload_errors == 2
     assert "dave-key" not in caplog.text  # a rejected file's keys are never logged
     assert caplog.text.count("event=tenants_reload_failed") == 2
@@ -69,7 +69,7 @@ def test_router_settings_changed_in_a_reload_are_named_as_needing_a_restart(
     source = FileSource(path, default_catalog())
     with caplog.at_level(logging.WARNING, logger="tiergate.router"):
         path.write_text("router: {reloadIntervalS: 2, forwardFaultHeader: true}\n" + pools)
-        assert source.reload_if_changed()
+        assert settled(source.reload_if_changed)
     assert "fields=router.forwardFaultHeader applied=pools" in caplog.text
     assert source.poll_interval_s() == 2  # read live: not named
 
