@@ -40,6 +40,24 @@ WATCH_SERVER_TIMEOUT_S = 270
 WATCH_CLIENT_TIMEOUT_S = 300
 
 
+#: kopf logs each successful run of a handler at INFO. For these that is every resync of every
+#: pool (every RESYNC_S) and every change of every Deployment (its pods' readiness): routine,
+#: so shown only when the operator logs at DEBUG. Failures are always shown.
+ROUTINE_SUCCESSES = frozenset(
+    {"Timer 'inferencepool_resync' succeeded.", "Handler 'deployment_changed' succeeded."}
+)
+
+
+class _QuietRoutine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.getMessage() in ROUTINE_SUCCESSES:
+            return log.isEnabledFor(logging.DEBUG)
+        return True
+
+
+_QUIET_ROUTINE = _QuietRoutine()
+
+
 @dataclass
 class OperatorMemo:
     """What every handler needs, passed as kopf's `memo`."""
@@ -78,6 +96,7 @@ def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> N
     settings.posting.level = logging.INFO
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]  # transient API errors back off
     settings.scanning.disabled = namespaced
+    logging.getLogger("kopf.objects").addFilter(_QUIET_ROUTINE)  # once: the same filter
 
 
 @kopf.on.startup()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +309,27 @@ def test_settings_recover_stalled_watches_and_keep_progress_out_of_status() -> N
     assert settings.watching.client_timeout > settings.watching.server_timeout
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert not settings.scanning.disabled  # cluster-wide: namespaces and CRDs are observed
+
+
+def test_routine_successes_are_debug_only_and_failures_always_show(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kopf says "succeeded" at INFO for each resync of each pool and each Deployment change."""
+    handlers.configure(kopf.OperatorSettings())
+    objects = logging.getLogger("kopf.objects")
+    with caplog.at_level(logging.INFO):
+        for line in sorted(handlers.ROUTINE_SUCCESSES):
+            objects.info(line)
+        objects.info("Handler 'inferencepool_reconcile' succeeded.")  # a spec change: shown
+        objects.error("Timer 'inferencepool_resync' failed with an exception.")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Handler 'inferencepool_reconcile' succeeded.",
+        "Timer 'inferencepool_resync' failed with an exception.",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        objects.info("Timer 'inferencepool_resync' succeeded.")
+    assert len(caplog.records) == 1
 
 
 def test_a_namespaced_operator_does_not_scan_what_it_may_not_list() -> None:
