@@ -125,13 +125,18 @@ def reconcile(
         if taken is not None:
             return _blocked(body, spec, assessment, "NameTaken", taken, now())
     owner = owner_reference(body)
+    applied: list[str] = []
     try:
         for manifest in manifests:
             manifest["metadata"]["ownerReferences"] = [owner]
             cluster.apply(manifest)
+            applied.append(f"{manifest['kind']} {namespace}/{name}")
     except ApplyRejected as exc:
-        # What is already running stays, and says how it does; the new spec is not rolled out.
-        rejected = f"{exc}; the pool's previous objects, if any, are left as they were"
+        # What is already running stays, and says how it does.
+        if applied:
+            rejected = f"{exc} (applied before it: {', '.join(applied)})"
+        else:
+            rejected = f"not rolled out: {exc}; what ran before runs on"
         status = observe(
             body, spec, assessment, cluster, now(), blocked=("ApplyRejected", rejected)
         )
@@ -222,7 +227,8 @@ def observe(
     blocked: tuple[str, str] | None = None,
 ) -> Manifest:
     """The status of a runnable pool from its Deployment's status. `blocked`: (reason,
-    message) why the spec is not rolled out, said by Progressing instead of the counts."""
+    message) why the spec is not (wholly) rolled out, said by Progressing instead of the
+    counts, and by Ready too when there is no Deployment."""
     meta = body["metadata"]
     deployment = cluster.deployment_status(meta["namespace"], meta["name"]) or {}
     ready = int(deployment.get("readyReplicas") or 0)
@@ -237,7 +243,9 @@ def observe(
     }
     if blocked is not None:
         reason, message = blocked
-        values["Progressing"] = ConditionValue("False", reason, "not rolled out: " + message)
+        values["Progressing"] = ConditionValue("False", reason, message)
+        if not deployment:
+            values["Ready"] = ConditionValue("False", reason, message)
     selector = label_selector(pool_selector_labels(meta["name"]))
     return _status(
         body,

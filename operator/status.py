@@ -97,8 +97,10 @@ def _background_problem(spec: InferencePoolSpec, deployment: Deployment) -> str 
     bg = spec.background
     if bg is None or not bg.sequences:
         return None
-    load = Background(bg.sequences, bg.context_tokens, bg.turn_input_tokens, bg.turn_output_tokens)
     try:
+        load = Background(
+            bg.sequences, bg.context_tokens, bg.turn_input_tokens, bg.turn_output_tokens
+        )
         Engine(deployment, spec.batching.to_batching(), background=load)
     except EngineCapacityError as exc:
         return f"background: {exc}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from tiergate.sim_nodes.perf import ProfileSource, ServingSpec
@@ -112,6 +112,16 @@ class InferencePoolSpec(ServingSpec):
     aliases: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list, description="More names clients may use."
     )
+
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _without_empty_aliases(cls, value: object) -> object:
+        # The CRD refuses an empty alias (minLength), but pools stored before it said so may
+        # hold one: it is no name a client can use, and reading such a pool must not fail.
+        if isinstance(value, list):
+            return [v for v in value if v != ""]
+        return value
+
     replicas: int = Field(default=1, ge=0, description="Serving replicas (scale subresource).")
     workload: ReferenceWorkload = Field(
         default_factory=ReferenceWorkload,

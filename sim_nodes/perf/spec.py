@@ -179,14 +179,7 @@ def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0)
     speculative = None
     if spec.speculative_decoding is not None:
         sd = spec.speculative_decoding
-        draft = catalog.model(sd.draft_model)
-        if draft.active_params_b >= model.active_params_b:
-            # Every step would run a model at least as large as the target, then the target.
-            raise PerfConfigError(
-                f"draft model {draft.name} ({draft.active_params_b:g}B active parameters) "
-                f"must be smaller than {model.name} ({model.active_params_b:g}B)"
-            )
-        speculative = Speculative(sd.tokens, sd.acceptance_rate, draft)
+        speculative = Speculative(sd.tokens, sd.acceptance_rate, catalog.model(sd.draft_model))
     if spec.chips == "auto":
         chips = chips_to_hold(
             model,

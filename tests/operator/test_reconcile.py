@@ -252,8 +252,10 @@ def test_a_manifest_the_api_server_rejects_is_said_once_and_not_retried() -> Non
     outcome = reconcile(body, cluster, CATALOG, IMAGE, clock())
     c = conditions(outcome.status)
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "ApplyRejected")
-    assert "quantities must match" in c["Progressing"]["message"]
-    assert "previous objects" in c["Progressing"]["message"]
+    assert c["Progressing"]["message"] == (
+        "not rolled out: the API server rejected Deployment team-a/frontier-premium: "
+        "quantities must match; what ran before runs on"
+    )
     assert c["Ready"]["status"] == "True"  # what ran before still serves
     assert [reason for reason, _ in outcome.alerts] == ["ApplyRejected"]
     assert outcome.permanent_error is not None and "quantities" in outcome.permanent_error
@@ -262,6 +264,20 @@ def test_a_manifest_the_api_server_rejects_is_said_once_and_not_retried() -> Non
     del cluster.rejects["Deployment"]  # the spec was mended
     mended = reconcile(body, cluster, CATALOG, IMAGE, clock())
     assert conditions(mended.status)["Progressing"]["reason"] == "Settled"
+
+
+def test_a_service_rejected_after_the_deployment_says_what_was_applied() -> None:
+    cluster = FakeCluster()
+    cluster.rejects["Service"] = "the API server rejected Service team-a/frontier-premium: no"
+    outcome = reconcile(pool(), cluster, CATALOG, IMAGE, clock())
+    assert [m["kind"] for m in cluster.applied] == ["Deployment"]
+    c = conditions(outcome.status)
+    assert c["Progressing"]["message"] == (
+        "the API server rejected Service team-a/frontier-premium: no "
+        "(applied before it: Deployment team-a/frontier-premium)"
+    )
+    # no Deployment status yet (it was just created): Ready says why too, not "0/1 ready"
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ApplyRejected")
 
 
 @pytest.mark.parametrize(
@@ -387,9 +403,11 @@ def test_a_pool_scaled_to_zero_is_not_ready_and_settles_when_its_pods_are_gone()
          "background: 4 resident sequences leave no batch slot"),
         ({"background": {"sequences": 2, "contextTokens": 100_000_000}},
          "tokens of KV cache but the replica holds"),
-        ({"speculativeDecoding": {"draftModel": "llama-3.1-405b", "tokens": 4,
-                                  "acceptanceRate": 0.7}},
-         "must be smaller than"),
+        ({"background": {"sequences": 2, "contextTokens": 10, "turnInputTokens": 50,
+                         "turnOutputTokens": 10}},
+         "background: a background turn (50 tokens) cannot exceed the background context"),
+        ({"background": {"sequences": 2, "contextTokens": 100, "turnInputTokens": 50}},
+         "background turns need turn_output_tokens of at least 1"),
     ],
 )  # fmt: skip
 def test_specs_the_node_would_refuse_are_invalid_in_the_status(

@@ -60,6 +60,13 @@ def test_the_object_name_and_urls_win_over_the_spec() -> None:
     assert spec.name == "p" and spec.endpoints == ["http://10.0.0.1:8000"]
 
 
+def test_an_empty_alias_stored_before_the_crd_refused_it_is_ignored() -> None:
+    """The API server refuses `aliases: [""]` now (minLength); a pool it stored earlier must
+    still be read, not left out of the router over a name no client can use."""
+    spec = pool_from_object(pool_object(aliases=["", "c"]))
+    assert spec.names == (spec.model, "c")
+
+
 @pytest.mark.parametrize(
     ("obj", "message"),
     [
