@@ -13,12 +13,13 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from tiergate.sim_nodes.commands.common import positive_float, positive_int, unit_interval
 
-from .errors import BenchError
+from .errors import BenchError, BenchInterrupted
 from .progress import make_progress
 from .report import render_table, require_matplotlib, write_json, write_plot
 from .results import RequestResult
@@ -116,13 +117,21 @@ def run(args: argparse.Namespace) -> int:
     progress = make_progress(settings.requests)
     try:
         report = asyncio.run(_run_until_interrupted(settings, progress.update))
+    except BenchInterrupted as exc:
+        print(f"tiergate bench: {exc}", file=sys.stderr)
+        return INTERRUPTED
     finally:
         progress.close()
     print(render_table(report))
     if args.json is not None:
         write_json(report, args.json)
     if args.plot is not None:
-        write_plot(report, args.plot)
+        try:
+            write_plot(report, args.plot)
+        except BenchError as exc:
+            if not report.run.interrupted:
+                raise
+            print(f"tiergate bench: {exc}", file=sys.stderr)  # a short run may have no point
     if report.run.interrupted:
         return INTERRUPTED
     return 1 if report.total.errors == report.total.requests else 0

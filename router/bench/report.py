@@ -107,9 +107,9 @@ def write_plot(report: BenchReport, path: Path) -> None:
     ]
     plotted = [(t, x, y) for t, x, y in points if x is not None and y is not None]
     if not plotted:
-        raise BenchError(
-            "--plot: no tier has both a speed and a cost (the server reported no cost)"
-        )
+        measured = any(x is not None for _, x, _ in points)
+        why = "the server reported no cost" if measured else "no request was answered"
+        raise BenchError(f"--plot: no tier has both a speed and a cost ({why})")
     figure: Any = Figure(figsize=(6.4, 4.8))
     axes = figure.add_subplot()
     for tier, x, y in plotted:

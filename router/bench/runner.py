@@ -7,19 +7,23 @@ pass a `transport` to drive it in-process, or point it at a real socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
 from .client import send_request
 from .discovery import choose_models, discover_models
-from .errors import BenchError
+from .errors import BenchError, BenchInterrupted
 from .results import RequestResult
 from .stats import BenchReport, RunInfo, summarize
 from .workload import Workload
+
+T = TypeVar("T")
 
 __all__ = ["BenchSettings", "normalize_url", "run_bench"]
 
@@ -79,7 +83,7 @@ async def run_bench(
     async with httpx.AsyncClient(
         base_url=url, headers=headers, limits=limits, timeout=timeout, transport=transport
     ) as client:
-        served = await discover_models(client, url)
+        served = await _unless_stopped(discover_models(client, url), stop)
         models = choose_models(workload.mix, settings.model, served, url)
         planned = iter(workload.plan(settings.requests))
         results: list[RequestResult] = []
@@ -137,3 +141,21 @@ async def _cancel_on(stop: asyncio.Event, workers: list[asyncio.Task[None]]) -> 
     finally:
         finished.cancel()
         stopped.cancel()
+
+
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event | None) -> T:
+    """`work`'s result; BenchInterrupted (and `work` cancelled) if `stop` is set first."""
+    task = asyncio.ensure_future(work)
+    if stop is None:
+        return await task
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise BenchInterrupted("interrupted before any request was sent")
+    return task.result()

@@ -97,8 +97,13 @@ async def test_a_plot_without_cost_data_is_an_error(tmp_path: Path) -> None:
     rows = [
         row.model_copy(update={"cost_per_million_output_tokens_usd": None}) for row in report.tiers
     ]
-    with pytest.raises(BenchError, match="no tier has both a speed and a cost"):
+    with pytest.raises(BenchError, match=r"a cost \(the server reported no cost\)"):
         write_plot(report.model_copy(update={"tiers": rows}), tmp_path / "x.png")
+    # every request failed: it is not about cost
+    unanswered = [row.model_copy(update={"output_tokens_per_s_per_stream_p50": None})
+                  for row in report.tiers]  # fmt: skip
+    with pytest.raises(BenchError, match=r"a cost \(no request was answered\)"):
+        write_plot(report.model_copy(update={"tiers": unanswered}), tmp_path / "x.png")
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -178,3 +178,27 @@ def test_ctrl_c_prints_and_writes_what_finished(node_url: str, tmp_path: Path) -
     assert sum(t["requests"] for t in data["tiers"]) == finished
     assert f"{finished} of 5000 requests (interrupted) to {node_url} in " in out
     assert "batched" in out and "tool-call err" in out
+
+
+def test_ctrl_c_while_it_asks_for_the_models_stops_at_once(tmp_path: Path) -> None:
+    """A server that accepts and never answers: Ctrl-C must not wait out --timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        listener.settimeout(60)  # a bench that never connects fails the test, not hangs it
+        argv = [sys.executable, "-P", "-m", "tiergate", "bench", "--router", url,
+                "--timeout", "600", "--json", str(tmp_path / "r.json")]  # fmt: skip
+        bench = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+        )
+        try:
+            conn, _ = listener.accept()  # GET /v1/models has been sent
+            bench.send_signal(signal.SIGINT)
+            out, err = bench.communicate(timeout=120)  # not 600 s
+            conn.close()
+        finally:
+            bench.kill()
+    assert bench.returncode == 130 and out == ""
+    assert err == "tiergate bench: interrupted before any request was sent\n"
+    assert not (tmp_path / "r.json").exists()  # no report of nothing
