@@ -14,12 +14,14 @@ import httpx
 import pytest
 
 from tiergate.router.build import build_app
-from tiergate.router.cascade import as_event_stream, parse_cascade
+from tiergate.router.cascade import CASCADE_HEADER, as_event_stream, cascade_plan, parse_cascade
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
 from tiergate.router.handler import _the_request_s_fault
 from tiergate.router.ledger import LedgerError, UsageRecord
+from tiergate.router.request import parse_completion
+from tiergate.router.tenants import ANONYMOUS
 from tiergate.router.tool_calls import tool_call_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
@@ -108,6 +110,26 @@ def test_a_text_answer_or_no_tools_has_nothing_to_escalate() -> None:
     text = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
     assert tool_call_problem(text, REQUEST) is None
     assert tool_call_problem(reply("{bad"), {"model": "m", "messages": []}) is None
+
+
+def test_the_plan_names_a_model_an_endpoint_answers_to() -> None:
+    """Mid-rollout, the wafer pool's one ready pod is of the previous spec: it answers to the
+    old name (now an alias), not to the new primary name, which would get a 404 from it."""
+    text = """
+pools:
+  - {name: full, tier: premium, model: frontier, accelerator: b200, chips: 8,
+     weightDtype: fp8, kvDtype: fp8, batching: {maxNumSeqs: 4}, endpoints: [http://10.0.0.1:1]}
+  - {name: spark, tier: wafer-scale, model: frontier-spark, servedModelName: spark-2,
+     aliases: [spark], accelerator: wse-3, chips: 2, endpoints: [http://10.0.0.2:1]}
+"""
+    specs = parse_config(text).pools
+    view = build_view(specs, default_catalog(), answers_to=lambda s: (
+        {"http://10.0.0.2:1": frozenset({"spark"})} if s.name == "spark" else {}))  # fmt: skip
+    body = json.dumps({**REQUEST, "model": "frontier"}).encode()
+    plan = cascade_plan(
+        {CASCADE_HEADER: "wafer-scale>premium"}, parse_completion(body, chat=True), view, ANONYMOUS
+    )
+    assert plan is not None and (plan.first_model, plan.then_model) == ("spark", "frontier")
 
 
 def test_as_event_stream_replays_a_whole_reply() -> None:
