@@ -107,8 +107,9 @@ def cascade_plan(
             family |= {model.name, *([model.distilled_from] if model.distilled_from else [])}
     models = []
     for tier in (cascade.first, cascade.then):
-        # The first name of a related pool that an endpoint answers to: during a rollout that
-        # renames the model, the pods of the previous spec answer to the previous names only.
+        # The first name of a related pool that an endpoint of the tier answers to (the view's
+        # index): during a rollout that renames the model, the pods of the previous spec
+        # answer to the previous names only.
         match = next(
             (
                 name
@@ -118,7 +119,7 @@ def cascade_plan(
                     p.deployment.model.name in family or p.deployment.model.distilled_from in family
                 )
                 for name in p.spec.names
-                if any(name in e.served_names for e in p.endpoints)
+                if view.candidates(name, tier)
             ),
             None,
         )
