@@ -6,9 +6,10 @@ a few dict lookups are all the routing it needs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+
+import orjson
 
 from .errors import RouterError
 
@@ -72,7 +73,7 @@ async def send_bytes(
 async def send_json(
     send: Send, status: int, data: Any, headers: dict[str, str] | None = None
 ) -> None:
-    body = json.dumps(data, separators=(",", ":")).encode()
+    body = orjson.dumps(data)
     await send_bytes(send, status, body, encode_headers(headers or {}))
 
 

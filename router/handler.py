@@ -14,7 +14,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -54,6 +53,7 @@ from .proxy import Opened, Upstream, UpstreamError
 from .ratelimit import RateLimiter
 from .relay import bad_reply, bill, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
+from .request_ids import new_request_id
 from .state import EndpointState, RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
 from .tiers import TIERS, Tier, TierChoice, resolve_tier
@@ -141,7 +141,7 @@ class Router:
 
     async def completion(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
         started = self.clock()
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         headers = header_map(scope)
         done = Progress()
         tenant: Tenant | None = None

@@ -9,10 +9,11 @@ moment. A stream cut short has no such moment; it is accounted for once it ends.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from .asgi import Receive, Send, encode_headers, send_bytes
 from .disconnect import DisconnectGuard
@@ -64,7 +65,7 @@ async def relay_whole(
         await send_bytes(send, opened.status, body, encode_headers(headers))
         return
     try:
-        data: dict[str, Any] = json.loads(body)
+        data: dict[str, Any] = orjson.loads(body)
         bill(done, pool, data)
     except (ValueError, TypeError, AttributeError):
         raise bad_reply("the serving node returned a malformed reply") from None
@@ -72,8 +73,7 @@ async def relay_whole(
     headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
     done.outcome = "ok"
     settle()
-    await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode(),
-                     encode_headers(headers))  # fmt: skip
+    await send_bytes(send, 200, orjson.dumps(data), encode_headers(headers))
 
 
 def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_estimate: int) -> None:
@@ -167,7 +167,7 @@ async def relay_stream(
         if not gone:
             error = RouterError(502, "the serving node failed mid-stream",
                                 type="server_error", code="upstream_failed")  # fmt: skip
-            event = b"data: " + json.dumps(error.envelope()).encode() + b"\n\n"
+            event = b"data: " + orjson.dumps(error.envelope()) + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         watcher.cancel()

@@ -51,6 +51,9 @@ async def serve(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
             log_level=log_level,
             lifespan="on",
             http="httptools",
+            # The router reads no client address, and logs none: the X-Forwarded-* rewrite
+            # would cost every request ~2% for nothing.
+            proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )

@@ -47,3 +47,32 @@ def test_prompts_that_are_neither_text_nor_token_ids_are_refused(prompt: Any) ->
     with pytest.raises(RouterError) as caught:
         parse_completion(json.dumps({"model": "m", "prompt": prompt}).encode(), chat=False)
     assert caught.value.status == 400 and caught.value.param == "prompt"
+
+
+CHAT = b'{"model": "m", "messages": [{"role": "user", "content": %s}]%s}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (CHAT % (b'"\xff\xfe"', b""), "the request body is not valid UTF-8"),
+        (CHAT % (b'"hi"', b', "temperature": NaN'), "the request body is not valid JSON"),
+        (CHAT % (b'"hi"', b', "top_p": Infinity'), "the request body is not valid JSON"),
+        (CHAT % (b'"\\ud800"', b""), "the request body is not valid JSON"),
+        (CHAT % (b'"hi"', b', "x": 1e400'), "the request body is not valid JSON"),
+        (b'{"model": "m", "messages": ' + b"[" * 2000, "nests arrays or objects too deeply"),
+        (b'{"model": "m",', "the request body is not valid JSON"),
+        (b"", "the request body is not valid JSON"),
+    ],
+)
+def test_bodies_that_are_not_json_get_a_400_saying_why(raw: bytes, says: str) -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_completion(raw, chat=True)
+    assert caught.value.status == 400 and says in caught.value.message
+
+
+def test_json_that_python_reads_and_orjson_reads_alike_is_accepted() -> None:
+    emoji = parse_completion(CHAT % (b'"\\ud83d\\ude00 and \\u00e9"', b""), chat=True)
+    assert emoji.body["messages"][0]["content"] == "\U0001f600 and \u00e9"
+    big = parse_completion(CHAT % (b'"hi"', b', "seed": 123456789012345678901234567890'), chat=True)
+    assert upstream_body(big) == big.raw  # the node gets the client's own digits
