@@ -1,4 +1,4 @@
-"""Benchmark: the cost of one `Ledger.record` (one committed transaction), and the WAL's size.
+"""Benchmark: the cost of a ledger record (committed alone, or in a group), and the WAL's size.
 
 Writes `--records` usage rows after 1,000 warm-up ones, paced like a busy router (bursts of
 `--burst` records, then 10 ms: ~2,700 records/s here), with the ledger's checkpoint thread
@@ -6,20 +6,25 @@ running, into:
 - a new ledger file (the router's page size, `PAGE_SIZE`);
 - a ledger file created with SQLite's default 4096-byte pages (as ledgers made before the
   change were), to show what the page size changes;
-- an in-memory ledger (no file, no checkpoints).
+- an in-memory ledger (no file, no checkpoints);
+- new files written as the router writes (group commit, router/ledger.py): `Ledger.add` for
+  `--groups` records at a time, then `await committed()`, as one event-loop round does.
 
 For each: CPU per record (the whole process, so the checkpoint thread's share is in it), wall
-time per record p50 / p99 / max, and the largest WAL file seen. Then, on the new file, what
+time per record p50 / p99 / max (for groups: per group, which is what each of its requests
+waits), and the largest WAL file seen. Then, on the new file, what
 retention costs (router/ledger_retention.py): the rows are pruned in its batches of
 `BATCH_ROWS`, oldest first, and each batch is timed: that is how long it holds the event loop.
 Not a test: the figures go into the README and the two modules' docstrings.
 
-    .venv/bin/python -P benchmarks/ledger_record.py [--records 19000] [--rounds 3] [--dir /tmp]
+    .venv/bin/python -P benchmarks/ledger_record.py [--records 19000] [--rounds 3]
+        [--groups 4,16] [--dir /tmp]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import sqlite3
 import statistics
@@ -88,6 +93,43 @@ def measure(path: str, records: int, burst: int) -> Run:
     )
 
 
+async def _grouped(ledger: Ledger, rows: list[UsageRecord], burst: int, group: int) -> Run:
+    """`rows` added `group` at a time, each group awaiting its commit, as one loop round of a
+    busy router does; times are per group (what each of its requests waits)."""
+    each_s = []
+    wal_max = 0
+    since_pause = 0
+    cpu0 = time.process_time()
+    for n in range(0, len(rows), group):
+        start = time.perf_counter()
+        for row in rows[n : n + group]:
+            ledger.add(row)
+        await ledger.committed()
+        each_s.append(time.perf_counter() - start)
+        since_pause += group
+        if since_pause >= burst:  # the same pace as `measure`'s
+            since_pause -= burst
+            wal_max = max(wal_max, ledger.wal_bytes())
+            time.sleep(0.01)
+    cpu_s = time.process_time() - cpu0
+    each_s.sort()
+    return Run(
+        cpu_us=cpu_s / len(rows) * 1e6,
+        p50_us=each_s[len(each_s) // 2] * 1e6,
+        p99_us=each_s[int(len(each_s) * 0.99)] * 1e6,
+        max_ms=each_s[-1] * 1e3,
+        wal_max_mb=wal_max / 1e6,
+    )
+
+
+def measure_grouped(path: str, records: int, burst: int, group: int) -> Run:
+    rows = [_record(index) for index in range(WARM_UP + records)]
+    with Ledger(path) as ledger:
+        for row in rows[:WARM_UP]:
+            ledger.record(row)
+        return asyncio.run(_grouped(ledger, rows[WARM_UP:], burst, group))
+
+
 @dataclass
 class Prune:
     batch_p50_ms: float  # one batch of BATCH_ROWS: the event loop is held this long
@@ -129,8 +171,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--burst", type=int, default=30, help="records between 10 ms pauses")
     parser.add_argument("--dir", default=None, help="where the file databases go (a temp dir)")
+    parser.add_argument(
+        "--groups", default="4,16", help="records per group commit (comma-separated)"
+    )
     args = parser.parse_args()
-    kinds = ("new file", "4096-byte pages", "in memory")
+    groups = [int(g) for g in args.groups.split(",") if g]
+    kinds = (
+        "new file",
+        "4096-byte pages",
+        "in memory",
+        *(f"new file, groups of {g}" for g in groups),
+    )
     runs: dict[str, list[Run]] = {kind: [] for kind in kinds}
     prunes: list[Prune] = []
     for round_ in range(args.rounds):
@@ -140,8 +191,15 @@ def main() -> None:
                 "4096-byte pages": old_ledger_file(Path(directory) / "old.db"),
                 "in memory": ":memory:",
             }
+            for g in groups:
+                paths[f"new file, groups of {g}"] = str(Path(directory) / f"group-{g}.db")
             for kind in kinds:  # interleaved, round by round
-                run = measure(paths[kind], args.records, args.burst)
+                group = int(kind.rsplit(" ", 1)[1]) if "groups of" in kind else 0
+                run = (
+                    measure_grouped(paths[kind], args.records, args.burst, group)
+                    if group
+                    else measure(paths[kind], args.records, args.burst)
+                )
                 runs[kind].append(run)
                 print(
                     f"round {round_ + 1}/{args.rounds} {kind}: cpu {run.cpu_us:.1f} us/record, "

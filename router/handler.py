@@ -14,7 +14,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -150,15 +150,21 @@ class Router:
         guard: DisconnectGuard | None = None
         hold_usd: float | None = None  # held against the tenant's budget while in flight
 
-        def settle() -> None:
-            """Account for the request, once: called before the reply's last bytes go out (so
-            a reply the client has whole is in the ledger, even if the router is killed right
-            after), or at the end for requests that ended otherwise."""
+        def account() -> None:
+            """Account for the request, once (by `settle`, or at the end for requests that
+            ended otherwise)."""
             nonlocal settled
             if settled:
                 return
             settled = True
             self._account(done, tenant, choice, request_id, started)
+
+        async def settle() -> None:
+            """Account for the request and wait for its ledger record to be committed: awaited
+            before the reply's last bytes go out, so a reply the client has whole is in the
+            ledger, even if the router is killed right after."""
+            account()
+            await self.ledger.committed()
 
         try:
             tenant = self.tenants.authenticate(headers.get("authorization"))
@@ -206,14 +212,14 @@ class Router:
                 done.outcome = "upstream_error"
             else:
                 done.outcome = "rejected"
-            settle()  # recorded before the client has the refusal, as a reply is
+            await settle()  # recorded before the client has the refusal, as a reply is
             await self._refuse(send, error, request_id)
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499
         finally:
             if guard is not None:
                 guard.stop()
-            settle()
+            account()
             if hold_usd is not None and tenant is not None:
                 self.budgets.release(tenant, hold_usd)  # its actual cost is counted now
 
@@ -251,7 +257,7 @@ class Router:
         request_id: str,
         started: float,
         done: Progress,
-        settle: Callable[[], None],
+        settle: Callable[[], Awaitable[None]],
         guard: DisconnectGuard,
     ) -> tuple[CompletionRequest, TierChoice]:
         """Serve on the cascade's first tier, whole. A usable reply goes to the client and
@@ -312,7 +318,7 @@ class Router:
             # attempt billed for nothing.
             one.outcome = "rejected"
             done.__dict__.update(one.__dict__)
-            settle()
+            await settle()
             await send_bytes(send, one.status, refusal, encode_headers(headers))
             return request, choice
         if problem is None and reply is not None:
@@ -329,7 +335,7 @@ class Router:
                 payload = json.dumps(reply, separators=(",", ":")).encode()
                 kind = (b"content-type", b"application/json")
             done.__dict__.update(one.__dict__)
-            settle()
+            await settle()
             await send_bytes(send, 200, payload, encode_headers(headers), content_type=kind)
             return request, choice
         # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
@@ -469,7 +475,7 @@ class Router:
         tier: Tier,
         request_id: str,
         done: Progress,
-        settle: Callable[[], None],
+        settle: Callable[[], Awaitable[None]],
         guard: DisconnectGuard,
     ) -> None:
         extra = {h: headers[h] for h in FORWARDED if h in headers}
@@ -583,7 +589,7 @@ class Router:
             actual = done.prompt_tokens + done.completion_tokens
             self.limiter.settle(tenant, now, actual - done.estimated_tokens)
             try:
-                self.ledger.record(
+                self.ledger.add(
                     UsageRecord(
                         request_id=request_id,
                         time_s=self.wall(),

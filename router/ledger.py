@@ -4,14 +4,18 @@ Every request the router answers is recorded with its tenant, the tier asked for
 that served it, pool, endpoint, tokens, latency and cost at the *served* tier's price. A cascade
 bills both attempts: two rows share a `request_id`, with `attempt` 1 and 2.
 
-Durability. The database runs in WAL mode with `synchronous=NORMAL` and each record is its own
-committed transaction. A commit appends to the WAL file with write(2) before `record` returns,
-so the record lives in the operating system's page cache: a router killed with SIGKILL (or OOM-
-killed, or crashing) and restarted has lost no recorded request; and the router records a
-request before the reply's end goes out (router/relay.py), so no reply a client has whole is
-missing. Only an OS crash or power loss can lose the last few commits, because NORMAL does not
-fsync the WAL on every commit; that is the trade for a write path that costs microseconds
-instead of an fsync (milliseconds).
+Durability. The database runs in WAL mode with `synchronous=NORMAL`. A commit appends to the WAL
+file with write(2), so a committed record lives in the operating system's page cache: a router
+killed with SIGKILL (or OOM-killed, or crashing) and restarted has lost no committed record.
+The router commits in groups: `add` puts a record into the open transaction, and a callback the
+event loop runs next commits every record added in that round at once; the request that added
+one awaits `committed()` before its reply's end goes out (router/relay.py), so no reply a
+client has whole is missing. A request waits one loop round at most, and a busy router writes
+the WAL pages it touches once per round instead of once per record (`benchmarks/
+ledger_record.py`'s group rows). `record` commits one record before it returns. Only an OS
+crash or power loss can lose the last few commits, because NORMAL does not fsync the WAL on
+every commit; that is the trade for a write path that costs microseconds instead of an fsync
+(milliseconds).
 
 Checkpoints (folding the WAL back into the main file) do not run inside `record`, where SQLite
 would run them by default every ~1000 pages, stalling the event loop for 3-7 ms each time. A
@@ -56,6 +60,7 @@ thread has its own connection and only ever checkpoints.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -255,6 +260,9 @@ class Ledger:
             else _Checkpointer(self.path, checkpoint_interval_s, restart_frames)
         )
         self._backlog: deque[UsageRecord] = deque()
+        self._batch: list[UsageRecord] = []  # added, in the open transaction, not committed
+        self._batches_opened = 0
+        self._batches_closed = 0  # committed, or refused and held
         self.max_backlog = MAX_BACKLOG
         self.dropped = 0  # records lost: over `max_backlog`, or that the database refused
 
@@ -302,7 +310,9 @@ class Ledger:
         db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
     def close(self) -> None:
-        """Close the database, after a last try at writing the backlog."""
+        """Close the database, after committing the open batch and a last try at writing the
+        backlog."""
+        self.commit_batch()
         while self._backlog and self.flush_backlog(1000):
             pass
         if self._backlog:
@@ -321,6 +331,7 @@ class Ledger:
         """Durably record one attempt (see the module docstring for what durable means), or
         hold it in the backlog while the database refuses writes. Raises LedgerError only for
         a record the database can never take (a bug), which is counted as dropped."""
+        self.commit_batch()  # in order
         if self._backlog:
             self._hold(usage)  # in order, and without another wait for the lock
             return
@@ -335,6 +346,77 @@ class Ledger:
             self.dropped += 1
             raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
 
+    def add(self, usage: UsageRecord) -> None:
+        """Record one attempt in the open batch, which the event loop commits as one
+        transaction once the callbacks already due have run (group commit); `await committed()`
+        before the client learns of the attempt. Outside an event loop, this is `record`.
+
+        Held in the backlog like `record`'s while the database refuses writes; a batch whose
+        commit fails is held whole. Raises LedgerError for a record the database can never take
+        (a bug): it is counted as dropped, and the rest of the batch stands."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.record(usage)
+            return
+        if self._backlog:
+            self._hold(usage)
+            return
+        db = self._db
+        if not self._batch:
+            try:
+                db.execute("BEGIN")
+            except sqlite3.OperationalError as exc:
+                self._refused(exc, [usage])
+                return
+            self._batches_opened += 1
+            loop.call_soon(self.commit_batch)
+        try:
+            self._insert(usage)
+        except sqlite3.OperationalError as exc:
+            self._refused(exc, [*self._batch, usage])
+            return
+        except sqlite3.Error as exc:
+            # Only that statement is undone; the batch's transaction stands.
+            self.dropped += 1
+            if not self._batch:  # nothing else in the transaction it opened
+                self._rollback()
+                self._batch_closed()
+            raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
+        self._batch.append(usage)
+
+    async def committed(self) -> None:
+        """Return once every record added so far is committed (or held in the backlog)."""
+        opened = self._batches_opened
+        while self._batches_closed < opened:
+            await asyncio.sleep(0)  # call_soon callbacks run in order: the commit runs first
+
+    def commit_batch(self) -> None:
+        """Commit the open batch now, if there is one (also scheduled by `add`)."""
+        if not self._batch:
+            return
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._refused(exc, self._batch)
+            return
+        self._batch_closed()
+
+    def _batch_closed(self) -> None:
+        self._batch = []
+        self._batches_closed = self._batches_opened
+
+    def _refused(self, exc: sqlite3.Error, records: list[UsageRecord]) -> None:
+        """The database refused a batch: it is rolled back and its records held, in order."""
+        self._rollback()
+        self._batch_closed()
+        log.warning(
+            "event=ledger_write_failed path=%s error=%s holding=in_memory records=%d",
+            self.path, exc, len(records),
+        )  # fmt: skip
+        for usage in records:
+            self._hold(usage)
+
     @property
     def backlog(self) -> int:
         """Records held in memory, not yet written."""
@@ -343,6 +425,7 @@ class Ledger:
     def flush_backlog(self, limit: int) -> int:
         """Write up to `limit` held records, oldest first, without waiting for the write lock.
         Returns how many left the backlog (0 while the database still refuses)."""
+        self.commit_batch()
         done = 0
         db = self._db
         db.execute("PRAGMA busy_timeout=0")  # retried next round: never hold the loop waiting
@@ -373,47 +456,51 @@ class Ledger:
 
     def _write(self, usage: UsageRecord) -> None:
         """One attempt's row and its daily totals, in one committed transaction."""
-        served = usage.tier_served or ""
         db = self._db
         try:
             db.execute("BEGIN")
-            db.execute(
-                _INSERT,
-                (
-                    usage.request_id,
-                    usage.attempt,
-                    usage.time_s,
-                    usage.tenant,
-                    usage.tier_requested,
-                    usage.tier_served,
-                    usage.pool,
-                    usage.endpoint,
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                    usage.latency_s,
-                    usage.ttft_s,
-                    usage.cost_usd,
-                    usage.http_status,
-                    usage.outcome,
-                    int(usage.escalated),
-                ),
-            )
-            db.execute(
-                _ADD_TOTALS,
-                (
-                    usage.tenant,
-                    utc_day(usage.time_s),
-                    served,
-                    int(usage.attempt == 1),
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                    usage.cost_usd,
-                ),
-            )
+            self._insert(usage)
             db.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
+
+    def _insert(self, usage: UsageRecord) -> None:
+        """One attempt's row and its daily totals, in the open transaction."""
+        db = self._db
+        db.execute(
+            _INSERT,
+            (
+                usage.request_id,
+                usage.attempt,
+                usage.time_s,
+                usage.tenant,
+                usage.tier_requested,
+                usage.tier_served,
+                usage.pool,
+                usage.endpoint,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.latency_s,
+                usage.ttft_s,
+                usage.cost_usd,
+                usage.http_status,
+                usage.outcome,
+                int(usage.escalated),
+            ),
+        )
+        db.execute(
+            _ADD_TOTALS,
+            (
+                usage.tenant,
+                utc_day(usage.time_s),
+                usage.tier_served or "",
+                int(usage.attempt == 1),
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.cost_usd,
+            ),
+        )
 
     def _rollback(self) -> None:
         # SQLite has already rolled back after some errors (e.g. a full disk), and a connection
@@ -501,6 +588,7 @@ class Ledger:
         `/v1/usage` are unchanged. The work is bounded by `limit` whatever the ledger's size:
         rows are read in insertion order, which is the order they finished in.
         """
+        self.commit_batch()
         where = "" if before_s is None else " WHERE time_s < ?"
         params: tuple[float, ...] = (limit,) if before_s is None else (limit, before_s)
         try:

@@ -1,16 +1,17 @@
 """Relaying an upstream reply to the client, whole or as a stream, and billing it.
 
-`settle()` (the handler's accounting: metrics, rate limits, the ledger) runs before the reply's
-end goes out: before a whole reply's body, and before a stream's `data: [DONE]`. A client that
-has the whole reply therefore finds it in the ledger even if the router is SIGKILLed the next
-moment. A stream cut short has no such moment; it is accounted for once it ends.
+`await settle()` (the handler's accounting: metrics, rate limits, the ledger, and the wait for
+the ledger's commit) runs before the reply's end goes out: before a whole reply's body, and
+before a stream's `data: [DONE]`. A client that has the whole reply therefore finds it in the
+ledger even if the router is SIGKILLed the next moment. A stream cut short has no such
+moment; it is accounted for once it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -49,7 +50,7 @@ async def relay_whole(
     headers: dict[str, str],
     done: Progress,
     *,
-    settle: Callable[[], None],
+    settle: Callable[[], Awaitable[None]],
     guard: DisconnectGuard,
 ) -> None:
     try:
@@ -61,7 +62,7 @@ async def relay_whole(
     if opened.status != 200:
         # The node refused the request itself (4xx): its envelope goes back as it is.
         done.outcome = "rejected"
-        settle()
+        await settle()
         await send_bytes(send, opened.status, body, encode_headers(headers))
         return
     try:
@@ -72,7 +73,7 @@ async def relay_whole(
     data["service_tier"] = pool.spec.tier
     headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
     done.outcome = "ok"
-    settle()
+    await settle()
     await send_bytes(send, 200, orjson.dumps(data), encode_headers(headers))
 
 
@@ -102,7 +103,7 @@ async def relay_stream(
     headers: dict[str, str],
     done: Progress,
     *,
-    settle: Callable[[], None],
+    settle: Callable[[], Awaitable[None]],
     clock: Callable[[], float],
     metrics: RouterMetrics,
 ) -> None:
@@ -146,8 +147,8 @@ async def relay_stream(
                     await send({"type": "http.response.body", "body": head, "more_body": True})
                 tally(done, rewriter, pool, request.prompt_tokens_estimate)
                 done.outcome = "error" if rewriter.error else "ok"
-                settle()
                 settled = True
+                await settle()
                 out = end + tail
                 if not out:
                     continue

@@ -304,15 +304,15 @@ def test_a_ledger_failure_on_the_first_attempt_still_serves_the_second(
     """Billing attempt 1 of an escalation fails (disk full): loud (metric, log), and the
     client still gets attempt 2's reply, not a 500."""
     ledger = router["app"].router.ledger
-    real, failed = ledger.record, []
+    real, failed = ledger.add, []
 
-    def record(usage: UsageRecord) -> None:
+    def add(usage: UsageRecord) -> None:
         if usage.attempt == 1 and usage.escalated and not failed:
             failed.append(usage.request_id)
             raise LedgerError("cannot record usage: database or disk is full")
         real(usage)
 
-    monkeypatch.setattr(ledger, "record", record)
+    monkeypatch.setattr(ledger, "add", add)
     accounting = metric(router["url"], "tiergate_accounting_errors_total")
     internal = metric(router["url"], "tiergate_internal_errors_total")
     for seed in range(40):
