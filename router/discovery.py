@@ -74,7 +74,14 @@ class PoolView:
                 )
             for endpoint in pool.endpoints:  # not every pod answers to every name (a rollout)
                 for name in endpoint.served_names:
-                    members[(name, pool.spec.tier)].append(endpoint)
+                    key = (name, pool.spec.tier)
+                    members.setdefault(key, []).append(endpoint)
+                    tiers.setdefault(name, set()).add(pool.spec.tier)
+                    if key not in self._prices:  # a name only previous pods answer to
+                        self._prices[key] = (
+                            pool.input_price_per_token_usd,
+                            pool.output_price_per_token_usd,
+                        )
         self._candidates = {
             (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
         }
@@ -118,8 +125,10 @@ def build_pool(
 
     `answers_to`: URL -> the model names that endpoint answers to, where it says (a pod made
     from another version of the spec: a rollout that changes the model or the aliases, or one
-    that failed). Such an endpoint is sent only the pool's names it answers to, and is left out
-    when it answers to none of them: it would reply 404. Other endpoints take every name.
+    that failed). Such an endpoint is sent only the names it answers to: a name the spec no
+    longer has stays routed to the pods that still answer to it until they are gone (a rename
+    rolls out without a 404), and the spec's new names go only to the pods made for them.
+    Other endpoints take the spec's names.
     """
     try:
         performance = predict(spec, spec.workload, catalog)
@@ -136,7 +145,10 @@ def build_pool(
     endpoints = []
     for url in dict.fromkeys(urls):
         known = answers_to.get(url)
-        names = spec.names if known is None else tuple(n for n in spec.names if n in known)
+        names = spec.names
+        if known is not None:
+            names = tuple(n for n in spec.names if n in known)
+            names += tuple(sorted(set(known).difference(spec.names)))
         if names:
             endpoints.append(_endpoint(previous.get((spec.name, url)), spec, url, names))
     return RoutedPool(

@@ -202,8 +202,9 @@ async def test_a_rollout_sends_each_name_only_to_pods_that_answer_to_it(
     api: ReplayApi, source: KubeSource
 ) -> None:
     """A spec edit rolls the pods over one by one; the pods of the previous spec keep its
-    names until they go, and one that failed to roll over keeps them for good. Sending a
-    request for a name a pod does not answer to gets a 404 from it."""
+    names until they go, even names the new spec dropped (a rename without 404s), and one that
+    failed to roll over keeps them for good. Sending a request for a name a pod does not answer
+    to gets a 404 from it."""
     await listed(api, source)
     old, new, unsaid = "2xk4l", "r7t9v", "8pq2m"  # 8pq2m has no annotation (an older operator)
     pool = recorded("inferencepools_list")["items"][0]
@@ -227,13 +228,29 @@ async def test_a_rollout_sends_each_name_only_to_pods_that_answer_to_it(
     assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
     assert sorted(_candidates(source, "coder")) == sorted(ip.values())
 
-    # the alias goes: the old pod answers to none of the pool's names and leaves the pool
+    # the alias goes: "coder" stays routed to the pods that still answer to it, until they go
     del pool["spec"]["aliases"]
     api.give_watch(POOLS, watch_event("MODIFIED", pool, "48293"))
+    await eventually(lambda: _candidates(source, "coder") == [ip[old], ip[new]])
+    assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
+    assert source.view.tiers_serving("coder") == ("batched", "premium")
+    assert source.view.price_ceiling_usd("coder", "batched", 0, 10**6) > 0
+
+    # the rollout ends: no pod answers to "coder" any more, and the name leaves this pool
+    gone = _serving(f"coder-batched-6d8f9c7b5-{old}", "coder")
+    api.give_watch(
+        PODS,
+        watch_event("DELETED", gone, "48294"),
+        watch_event(
+            "MODIFIED",
+            set_ready(_serving(f"coder-batched-6d8f9c7b5-{new}", "coder-2"), "True"),
+            "48295",
+        ),
+    )
     await eventually(lambda: ip[old] not in urls(source, "coder-batched"))
+    await eventually(lambda: _candidates(source, "coder") == [])
     assert urls(source, "coder-batched") == [ip[unsaid], ip[new]]
     assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
-    assert _candidates(source, "coder") == []
     assert source.view.tiers_serving("coder") == ("premium",)
 
 
