@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-import orjson
-
 from .errors import RouterError
+from .jsonbytes import dumps
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -73,7 +72,7 @@ async def send_bytes(
 async def send_json(
     send: Send, status: int, data: Any, headers: dict[str, str] | None = None
 ) -> None:
-    body = orjson.dumps(data)
+    body = dumps(data)
     await send_bytes(send, status, body, encode_headers(headers or {}))
 
 

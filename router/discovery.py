@@ -67,25 +67,25 @@ class PoolView:
                 key = (name, pool.spec.tier)
                 members.setdefault(key, [])
                 tiers.setdefault(name, set()).add(pool.spec.tier)
-                held = self._prices.get(key, (0.0, 0.0))
-                self._prices[key] = (
-                    max(held[0], pool.input_price_per_token_usd),
-                    max(held[1], pool.output_price_per_token_usd),
-                )
+                self._raise_price(key, pool)
             for endpoint in pool.endpoints:  # not every pod answers to every name (a rollout)
                 for name in endpoint.served_names:
                     key = (name, pool.spec.tier)
                     members.setdefault(key, []).append(endpoint)
                     tiers.setdefault(name, set()).add(pool.spec.tier)
-                    if key not in self._prices:  # a name only previous pods answer to
-                        self._prices[key] = (
-                            pool.input_price_per_token_usd,
-                            pool.output_price_per_token_usd,
-                        )
+                    self._raise_price(key, pool)  # a name only previous pods may answer to
         self._candidates = {
             (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
         }
         self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
+
+    def _raise_price(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
+        """The dearest prices of any pool serving `key`: a budget holds the most it may cost."""
+        held = self._prices.get(key, (0.0, 0.0))
+        self._prices[key] = (
+            max(held[0], pool.input_price_per_token_usd),
+            max(held[1], pool.output_price_per_token_usd),
+        )
 
     def candidates(self, model: str, tier: Tier) -> CandidateSet:
         """Endpoints of pools of `tier` serving `model`, built with the view (one lookup)."""

@@ -216,6 +216,9 @@ class Router:
             await self._refuse(send, error, request_id)
         except ClientGone:
             done.outcome, done.status = "client_disconnect", 499
+        except Exception:
+            await settle()  # the 500 the app sends next goes out after the record, as a reply's
+            raise
         finally:
             if guard is not None:
                 guard.stop()

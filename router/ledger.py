@@ -42,9 +42,11 @@ kept an index on (tenant, time): its pages made the WAL ~16 MB. The SQL text is 
 `sqlite3`'s statement cache prepares each statement once.
 
 Per-tenant totals per UTC day and tier served live in a second table, updated in the same
-transaction: a tenant's totals and its spend in a budget period read a few rows per day of
-history, never its requests. So request rows can be pruned (`prune`, run by
-router/ledger_retention.py under a retention setting) without changing any bill.
+transaction (in a group, under a savepoint per record: a record the database can never take is
+dropped whole, its row and its totals, and the rest of the group stands): a tenant's totals and
+its spend in a budget period read a few rows per day of history, never its requests. So request
+rows can be pruned (`prune`, run by router/ledger_retention.py under a retention setting)
+without changing any bill.
 
 When the database refuses a write (another process holds its write lock, the disk is full or
 read-only), the record is held in memory, in order, and written once the database takes writes
@@ -342,7 +344,7 @@ class Ledger:
                 "event=ledger_write_failed path=%s error=%s holding=in_memory", self.path, exc
             )
             self._hold(usage)
-        except sqlite3.Error as exc:
+        except Exception as exc:  # sqlite3's, or a value it cannot bind (an int of 2**63)
             self.dropped += 1
             raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
 
@@ -363,7 +365,7 @@ class Ledger:
             self._hold(usage)
             return
         db = self._db
-        if not self._batch:
+        if not self._open:
             try:
                 db.execute("BEGIN")
             except sqlite3.OperationalError as exc:
@@ -372,18 +374,27 @@ class Ledger:
             self._batches_opened += 1
             loop.call_soon(self.commit_batch)
         try:
+            # A savepoint per record: its row and its totals go in together, or neither does.
+            db.execute("SAVEPOINT record")
             self._insert(usage)
-        except sqlite3.OperationalError as exc:
+            db.execute("RELEASE record")
+        except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
             self._refused(exc, [*self._batch, usage])
             return
-        except sqlite3.Error as exc:
-            # Only that statement is undone; the batch's transaction stands.
+        except Exception as exc:  # a record the database can never take (a bug): it alone goes
             self.dropped += 1
-            if not self._batch:  # nothing else in the transaction it opened
-                self._rollback()
-                self._batch_closed()
+            try:
+                db.execute("ROLLBACK TO record")
+                db.execute("RELEASE record")
+            except sqlite3.Error as undo:
+                self._refused(undo, self._batch)
             raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
         self._batch.append(usage)
+
+    @property
+    def _open(self) -> bool:
+        """Whether a batch's transaction is open (possibly with no record left in it)."""
+        return self._batches_closed < self._batches_opened
 
     async def committed(self) -> None:
         """Return once every record added so far is committed (or held in the backlog)."""
@@ -393,7 +404,7 @@ class Ledger:
 
     def commit_batch(self) -> None:
         """Commit the open batch now, if there is one (also scheduled by `add`)."""
-        if not self._batch:
+        if not self._open:
             return
         try:
             self._db.execute("COMMIT")
@@ -435,7 +446,7 @@ class Ledger:
                     self._write(self._backlog[0])
                 except sqlite3.OperationalError:
                     break
-                except sqlite3.Error as exc:
+                except Exception as exc:  # never takeable: it would block the backlog for ever
                     self.dropped += 1
                     log.error("event=ledger_record_dropped path=%s error=%s", self.path, exc)
                 self._backlog.popleft()

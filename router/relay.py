@@ -14,17 +14,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
 from .asgi import Receive, Send, encode_headers, send_bytes
 from .disconnect import DisconnectGuard
 from .discovery import RoutedPool
 from .errors import RouterError
+from .jsonbytes import dumps as json_bytes
+from .jsonbytes import loads_reply
 from .metrics import RouterMetrics
 from .progress import Progress
 from .proxy import Opened, UpstreamError
 from .request import CompletionRequest
-from .sse import DONE, StreamRewriter
+from .sse import DONE, StreamRewriter, usage_tokens
 
 log = logging.getLogger("tiergate.router")
 
@@ -34,10 +34,10 @@ def bad_reply(message: str) -> RouterError:
 
 
 def bill(done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
-    """Count the reply's usage and cost into `done`, and add the cost to the reply."""
+    """Count the reply's usage and cost into `done`, and add the cost to the reply. ValueError
+    for usage counts that are not token counts (router/sse.py `usage_tokens`)."""
     usage = reply.get("usage") or {}
-    done.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    done.completion_tokens = int(usage.get("completion_tokens") or 0)
+    done.prompt_tokens, done.completion_tokens = usage_tokens(usage)
     done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
     if isinstance(reply.get("usage"), dict):
         reply["usage"]["cost_usd"] = round(done.cost_usd, 10)
@@ -66,15 +66,16 @@ async def relay_whole(
         await send_bytes(send, opened.status, body, encode_headers(headers))
         return
     try:
-        data: dict[str, Any] = orjson.loads(body)
+        data, dumps = loads_reply(body)
         bill(done, pool, data)
+        data["service_tier"] = pool.spec.tier
+        payload = dumps(data)
     except (ValueError, TypeError, AttributeError):
         raise bad_reply("the serving node returned a malformed reply") from None
-    data["service_tier"] = pool.spec.tier
     headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
     done.outcome = "ok"
     await settle()
-    await send_bytes(send, 200, orjson.dumps(data), encode_headers(headers))
+    await send_bytes(send, 200, payload, encode_headers(headers))
 
 
 def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_estimate: int) -> None:
@@ -85,9 +86,8 @@ def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_est
     came out (so the node had read the whole prompt), the prompt at the router's own estimate
     (`prompt_estimate`, ~4 characters a token). For a long agentic prompt that is most of the
     request's cost; billing it as 0 gave every cut-short stream its prefill for free."""
-    if rewriter.usage is not None:
-        done.prompt_tokens = int(rewriter.usage.get("prompt_tokens") or 0)
-        done.completion_tokens = int(rewriter.usage.get("completion_tokens") or 0)
+    if rewriter.usage is not None:  # its counts were checked (`usage_tokens`)
+        done.prompt_tokens, done.completion_tokens = usage_tokens(rewriter.usage)
     else:
         done.completion_tokens = rewriter.content_chunks
         done.prompt_tokens = prompt_estimate if rewriter.content_chunks else 0
@@ -168,7 +168,7 @@ async def relay_stream(
         if not gone:
             error = RouterError(502, "the serving node failed mid-stream",
                                 type="server_error", code="upstream_failed")  # fmt: skip
-            event = b"data: " + orjson.dumps(error.envelope()) + b"\n\n"
+            event = b"data: " + json_bytes(error.envelope()) + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         watcher.cancel()

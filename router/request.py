@@ -4,10 +4,13 @@ The router checks what it needs to route and bill (the model, the stream flag, t
 that the body is a JSON object with messages or a prompt). Everything else is the serving
 node's to validate; unknown fields are passed through, as OpenAI ignores them.
 
-Bodies are read with orjson, ~5x the standard library's speed on the request path
-(benchmarks/router_parts.py). It is strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an
-unpaired surrogate escape are refused with a 400, which Python's `json` would let through.
-Integers beyond 64 bits are read as floats (the node receives the client's own bytes).
+Bodies are read with orjson, ~5x the standard library's speed (router/jsonbytes.py). It is
+strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an unpaired surrogate escape are refused
+with a 400, which Python's `json` would let through (a UTF-8 byte-order mark is skipped, as
+`json` does). Integers beyond 64 bits are read as floats. The node receives the client's own
+bytes, with `stream_options` appended to a stream's when the router asks for usage; only a
+body the router must rewrite (a stream that set other `stream_options`, a cascade's second
+model) is written anew, such integers as floats.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from typing import Any
 import orjson
 
 from .errors import RouterError
+from .jsonbytes import dumps
 
 #: A rough prompt size before the node counts it: ~4 characters per token, as for English.
 CHARS_PER_TOKEN = 4
 #: Output budget assumed when a request sets none (for rate limits and latency prediction).
 DEFAULT_MAX_TOKENS = 256
+UTF8_BOM = b"\xef\xbb\xbf"
 #: How much of the prompt the prefix-affinity hash looks at.
 PREFIX_CHARS = 2048
 #: The largest `max_tokens` accepted: far beyond any model's context (the node refuses what its
@@ -70,7 +75,7 @@ def parse_slo(headers: dict[str, str]) -> tuple[float | None, float | None] | No
 
 def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw[3:] if raw.startswith(UTF8_BOM) else raw)
     except orjson.JSONDecodeError as exc:
         if exc.msg.startswith("str is not valid UTF-8"):
             raise _bad("the request body is not valid UTF-8") from None
@@ -115,11 +120,15 @@ def upstream_body(request: CompletionRequest) -> bytes:
     if request.raw is not None and not needs_usage:
         return request.raw
     if needs_usage:
+        if request.raw is not None and "stream_options" not in body:
+            # Appended to the client's bytes (no key is repeated): nothing else is rewritten.
+            head = request.raw.rstrip(b" \t\r\n")
+            return head[:-1] + b',"stream_options":{"include_usage":true}}'
         body = {
             **body,
             "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
         }
-    return orjson.dumps(body)
+    return dumps(body)
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

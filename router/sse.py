@@ -14,6 +14,28 @@ from collections.abc import Callable
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
+#: More tokens than any one request has: a count beyond it is a node's bug, not a bill.
+MAX_TOKEN_COUNT = 2**40
+
+
+def usage_tokens(usage: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, completion) tokens of a node's `usage` object (an absent or null count is 0).
+    ValueError unless each is a whole number in [0, MAX_TOKEN_COUNT): a negative count would
+    credit the tenant, and an absurd one would overflow the ledger."""
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: object) -> int:
+    if value is None:
+        return 0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value < MAX_TOKEN_COUNT
+        or value != int(value)
+    ):
+        raise ValueError(f"not a token count: {value!r}")
+    return int(value)
 
 
 class StreamRewriter:
@@ -66,10 +88,11 @@ class StreamRewriter:
             return event + b"\n\n"
         usage = data.get("usage")
         if isinstance(usage, dict):
-            self.usage = usage
-            self.cost_usd = self._cost_of(
-                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-            )
+            try:
+                self.cost_usd = self._cost_of(*usage_tokens(usage))
+                self.usage = usage
+            except ValueError:
+                usage = None  # billed as a stream without usage is (router/relay.py `tally`)
         has_choices = bool(data.get("choices"))
         if not self._include_usage:
             if not has_choices:

@@ -285,3 +285,31 @@ def test_a_profile_beyond_the_model_leaves_out_its_pool_only(sizes: dict[str, An
     assert list(view.pools) == ["fine"]
     (message,) = left_out
     assert message.startswith("pool absurd: ") and "outside what the performance model" in message
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_a_name_only_previous_pods_answer_to_is_held_at_its_dearest_price(order: int) -> None:
+    """Pool `b-dear` was renamed coder -> coder-v2; its old pod still answers to `coder`, which
+    the cheap pool serves too. A budget holds the dearest price, whatever the pools' order."""
+    config = parse_config(
+        "pools:\n"
+        "  - {name: a-cheap, tier: batched, model: llama-3.1-8b, accelerator: wse-3,"
+        " servedModelName: coder, endpoints: ['http://a:1'],"
+        " billing: {outputPerMillionUsd: 1, inputPerMillionUsd: 1}}\n"
+        "  - {name: b-dear, tier: batched, model: llama-3.1-8b, accelerator: wse-3,"
+        " servedModelName: coder-v2, endpoints: ['http://b-old:1', 'http://b-new:1'],"
+        " billing: {outputPerMillionUsd: 100, inputPerMillionUsd: 100}}\n"
+    )
+    answers = {"b-dear": {"http://b-old:1": frozenset({"coder"})}}
+    view = build_view(
+        config.pools[::order], default_catalog(), answers_to=lambda s: answers.get(s.name, {})
+    )
+    assert sorted(e.url for e in view.candidates("coder", "batched")) == [
+        "http://a:1",
+        "http://b-old:1",
+    ]
+    assert [e.url for e in view.candidates("coder-v2", "batched")] == ["http://b-new:1"]
+    assert view.price_ceiling_usd("coder", "batched", 1000, 1000) == pytest.approx(
+        view.pools["b-dear"].cost_usd(1000, 1000)
+    )
+    assert view.served_models["coder"] == ("batched",)

@@ -16,7 +16,7 @@ import pytest
 from tenant_router_helpers import KEY, tenant_router
 from test_ledger_backlog import rows, usage, write_locked
 
-from tiergate.router.ledger import Ledger, LedgerError
+from tiergate.router.ledger import Ledger, LedgerError, UsageRecord
 
 
 @pytest.fixture
@@ -110,19 +110,32 @@ async def test_a_locked_database_holds_the_batch_and_later_records(path: Path) -
         assert [r for r, _ in rows(path)] == ["req-0", "req-1", "req-2"]
 
 
-async def test_a_record_the_database_can_never_take_leaves_the_batch_standing(path: Path) -> None:
-    bad = usage(2, latency_s=float("nan"))  # binds as NULL, which the schema refuses
+@pytest.mark.parametrize(
+    "bad",
+    [
+        usage(2, latency_s=float("nan")),  # binds as NULL, which the schema refuses
+        usage(2, prompt_tokens=10**19),  # no SQLite integer holds it (OverflowError, not sqlite3's)
+        usage(2, time_s=1e30),  # its row binds; its day for the totals does not
+    ],
+)
+async def test_a_record_the_database_can_never_take_leaves_the_batch_standing(
+    path: Path, bad: UsageRecord
+) -> None:
     with Ledger(path) as ledger:
         ledger.add(usage(1))
         with pytest.raises(LedgerError):
             ledger.add(bad)
         ledger.add(usage(3))
-        await ledger.committed()
-        with pytest.raises(LedgerError):
-            ledger.add(bad)  # alone in its batch: the transaction it opened is closed
-        assert not ledger._db.in_transaction
         await asyncio.wait_for(ledger.committed(), 5)
-        assert [r for r, _ in rows(path)] == ["req-1", "req-3"]
+        with pytest.raises(LedgerError):
+            ledger.add(bad)  # alone in its batch
+        await asyncio.wait_for(ledger.committed(), 5)
+        assert not ledger._db.in_transaction
+        ledger.add(usage(4))  # the next batch opens as usual
+        await asyncio.wait_for(ledger.committed(), 5)
+        assert [r for r, _ in rows(path)] == ["req-1", "req-3", "req-4"]
+        # Neither its row nor its totals went in: each record's two statements go together.
+        assert ledger.tenant_totals("alice").requests == 3
         assert (ledger.dropped, ledger.backlog) == (2, 0)
 
 
@@ -144,6 +157,29 @@ def test_outside_an_event_loop_add_commits_at_once(path: Path) -> None:
         assert [r for r, _ in rows(path)] == ["req-1"]
 
 
+def defer_the_first_commit(ledger: Ledger) -> list[bool]:
+    """Make the loop's first scheduled commit land 0.3 s late; the list is true once it did."""
+    real = ledger.commit_batch
+    held: list[bool] = []
+
+    def late_commit() -> None:
+        if ledger._batch and not held:
+            held.append(True)
+            asyncio.get_running_loop().call_later(0.3, real)
+            return
+        real()
+
+    ledger.commit_batch = late_commit  # type: ignore[method-assign]
+    return held
+
+
+CHAT_BODY: dict[str, Any] = {
+    "model": "coder",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 2,
+}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_reply_goes_out_only_once_its_record_is_committed(
     tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]], stream: bool
@@ -155,24 +191,8 @@ def test_a_reply_goes_out_only_once_its_record_is_committed(
         app,
         url,
     ):
-        ledger = app.router.ledger
-        real = ledger.commit_batch
-        held: list[bool] = []
-
-        def late_commit() -> None:
-            if ledger._batch and not held:  # the loop's scheduled commit: land 0.3 s later
-                held.append(True)
-                asyncio.get_running_loop().call_later(0.3, real)
-                return
-            real()
-
-        ledger.commit_batch = late_commit  # type: ignore[method-assign]
-        body: dict[str, Any] = {
-            "model": "coder",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2,
-            "stream": stream,
-        }
+        held = defer_the_first_commit(app.router.ledger)
+        body = {**CHAT_BODY, "stream": stream}
         with httpx.stream(
             "POST", url + "/v1/chat/completions", json=body, headers=KEY, timeout=30
         ) as reply:
@@ -181,3 +201,22 @@ def test_a_reply_goes_out_only_once_its_record_is_committed(
         assert held, "the commit was not deferred"
         assert ("data: [DONE]" in text) == stream
         assert len(rows(path)) == 1  # on disk by the time the client had its reply
+
+
+def test_an_internal_error_goes_out_only_once_its_record_is_committed(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with tenant_router(served, path, tmp_path, budget="budgetUsd: 100, budgetPeriod: day") as (
+        app,
+        url,
+    ):
+        held = defer_the_first_commit(app.router.ledger)
+
+        async def broken(*_: object, **__: object) -> None:
+            raise RuntimeError("a bug")
+
+        app.router.upstream.open = broken  # type: ignore[method-assign]
+        reply = httpx.post(url + "/v1/chat/completions", json=CHAT_BODY, headers=KEY, timeout=30)
+        assert reply.status_code == 500 and reply.json()["error"]["type"] == "server_error"
+        assert held and len(rows(path)) == 1

@@ -76,3 +76,28 @@ def test_json_that_python_reads_and_orjson_reads_alike_is_accepted() -> None:
     assert emoji.body["messages"][0]["content"] == "\U0001f600 and \u00e9"
     big = parse_completion(CHAT % (b'"hi"', b', "seed": 123456789012345678901234567890'), chat=True)
     assert upstream_body(big) == big.raw  # the node gets the client's own digits
+
+
+def test_a_stream_asked_for_usage_keeps_the_clients_bytes_and_numbers() -> None:
+    raw = b'{"model": "m", "stream": true, "seed": 18446744073709551616, "messages": []} \n'
+    raw = raw.replace(b"[]", b'[{"role": "user", "content": "hi"}]')
+    sent = upstream_body(parse_completion(raw, chat=True))
+    assert sent.startswith(raw.rstrip()[:-1])  # nothing before the appended field changes
+    assert json.loads(sent)["seed"] == 18446744073709551616
+    assert json.loads(sent)["stream_options"] == {"include_usage": True}
+
+
+def test_bodies_nested_deeper_than_orjson_writes_are_forwarded() -> None:
+    deep: Any = {}
+    for _ in range(300):
+        deep = {"d": deep}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    raw = json.dumps({**body, "stream_options": {"continuous_usage_stats": False}, "x": deep})
+    sent = json.loads(upstream_body(parse_completion(raw.encode(), chat=True)))
+    assert sent["x"] == deep and sent["stream_options"]["include_usage"] is True
+
+
+def test_a_utf8_byte_order_mark_is_skipped_as_json_skips_it() -> None:
+    raw = b"\xef\xbb\xbf" + CHAT % (b'"hi"', b"")
+    assert parse_completion(raw, chat=True).model == "m"
+    assert upstream_body(parse_completion(raw, chat=True)) == raw
