@@ -22,7 +22,7 @@ import orjson
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON."""
+    """Compact JSON. ValueError for a value nested deeper than Python's recursion limit."""
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
@@ -31,12 +31,18 @@ def dumps(value: Any) -> bytes:
 
 def loads_reply(raw: bytes) -> tuple[Any, Callable[[Any], bytes]]:
     """A node's JSON reply, and the `dumps` that writes it back as the node wrote it.
-    ValueError if it is not JSON, even by Python's measure."""
+    ValueError if it is not JSON, even by Python's measure, or nests too deeply to read."""
     try:
         return orjson.loads(raw), dumps
     except orjson.JSONDecodeError:
-        return json.loads(raw), _json_dumps
+        try:
+            return json.loads(raw), _json_dumps
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
 
 
 def _json_dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    try:
+        return json.dumps(value, separators=(",", ":")).encode()
+    except RecursionError:
+        raise ValueError("nested too deeply") from None

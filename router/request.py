@@ -6,11 +6,11 @@ node's to validate; unknown fields are passed through, as OpenAI ignores them.
 
 Bodies are read with orjson, ~5x the standard library's speed (router/jsonbytes.py). It is
 strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an unpaired surrogate escape are refused
-with a 400, which Python's `json` would let through (a UTF-8 byte-order mark is skipped, as
-`json` does). Integers beyond 64 bits are read as floats. The node receives the client's own
-bytes, with `stream_options` appended to a stream's when the router asks for usage; only a
-body the router must rewrite (a stream that set other `stream_options`, a cascade's second
-model) is written anew, such integers as floats.
+with a 400, which Python's `json` would let through (a UTF-8 byte-order mark is dropped, as
+`json.loads(bytes)` skips it). Integers beyond 64 bits are read as floats. The node receives
+the client's own bytes, with `stream_options` appended to a stream's when the router asks for
+usage; only a body the router must rewrite (a stream that set other `stream_options`, a
+cascade's second model) is written anew, such integers as floats.
 """
 
 from __future__ import annotations
@@ -74,8 +74,10 @@ def parse_slo(headers: dict[str, str]) -> tuple[float | None, float | None] | No
 
 
 def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
+    if raw.startswith(UTF8_BOM):
+        raw = raw[3:]  # the node is sent the body without it (Python's json.loads(str) refuses it)
     try:
-        body = orjson.loads(raw[3:] if raw.startswith(UTF8_BOM) else raw)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         if exc.msg.startswith("str is not valid UTF-8"):
             raise _bad("the request body is not valid UTF-8") from None
@@ -128,7 +130,10 @@ def upstream_body(request: CompletionRequest) -> bytes:
             **body,
             "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
         }
-    return dumps(body)
+    try:
+        return dumps(body)
+    except ValueError:  # orjson read it (1,024 levels); neither orjson nor json writes it
+        raise _bad("the request body nests arrays or objects too deeply") from None
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

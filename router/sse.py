@@ -75,7 +75,7 @@ class StreamRewriter:
         if event.startswith(b'data: {"error"'):
             try:
                 self.error = json.loads(event[6:]).get("error")
-            except ValueError:
+            except (ValueError, RecursionError):
                 self.error = {"message": "malformed error event"}
             return event + b"\n\n"
         self.content_chunks += 1
@@ -84,7 +84,7 @@ class StreamRewriter:
     def _usage(self, event: bytes) -> bytes:
         try:
             data = json.loads(event[6:])
-        except ValueError:
+        except (ValueError, RecursionError):
             return event + b"\n\n"
         usage = data.get("usage")
         if isinstance(usage, dict):
@@ -103,4 +103,7 @@ class StreamRewriter:
         if has_choices:
             self.content_chunks += 1
         data["service_tier"] = self._tier
-        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+        try:
+            return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+        except RecursionError:  # read, but too deep to write back
+            return event + b"\n\n"

@@ -32,3 +32,13 @@ def test_a_plain_reply_is_read_and_written_by_orjson() -> None:
 def test_what_is_not_json_by_any_measure_is_a_value_error(raw: bytes) -> None:
     with pytest.raises(ValueError):
         loads_reply(raw)
+
+
+def test_replies_nested_past_what_either_library_reads_or_writes_are_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        loads_reply(b"[" * 1100 + b"]" * 1100)  # orjson: 1,024 levels; json: recursion limit
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ValueError):
+        dumps(deep)

@@ -97,7 +97,19 @@ def test_bodies_nested_deeper_than_orjson_writes_are_forwarded() -> None:
     assert sent["x"] == deep and sent["stream_options"]["include_usage"] is True
 
 
-def test_a_utf8_byte_order_mark_is_skipped_as_json_skips_it() -> None:
-    raw = b"\xef\xbb\xbf" + CHAT % (b'"hi"', b"")
-    assert parse_completion(raw, chat=True).model == "m"
-    assert upstream_body(parse_completion(raw, chat=True)) == raw
+def test_a_utf8_byte_order_mark_is_dropped_as_json_skips_it() -> None:
+    raw = CHAT % (b'"hi"', b"")
+    request = parse_completion(b"\xef\xbb\xbf" + raw, chat=True)
+    assert request.model == "m"
+    assert upstream_body(request) == raw  # a node reading a str with json.loads refuses a BOM
+
+
+def test_a_body_orjson_reads_but_nothing_writes_back_is_a_400() -> None:
+    deep = b'{"d":' * 1000 + b"{}" + b"}" * 1000  # orjson reads 1,024 levels
+    raw = (
+        b'{"model": "m", "prompt": "hi", "stream": true, "stream_options": {}, "x": ' + deep + b"}"
+    )
+    request = parse_completion(raw, chat=False)
+    with pytest.raises(RouterError) as caught:
+        upstream_body(request)  # it must be rewritten (usage), and json's recursion limit stops it
+    assert caught.value.status == 400 and "too deeply" in caught.value.message

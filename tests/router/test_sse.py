@@ -57,3 +57,10 @@ def test_a_good_usage_chunk_is_billed() -> None:
     out = r.feed(b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":2}}\n\n')
     assert r.usage == {"prompt_tokens": 100, "completion_tokens": 2, "cost_usd": 0.12}
     assert b'"cost_usd":0.12' in out
+
+
+def test_a_usage_chunk_too_deep_to_read_passes_through_unbilled() -> None:
+    r = rewriter(include_usage=True)
+    deep = b"[" * 1100 + b"]" * 1100
+    event = b'data: {"choices":[],"usage":{"prompt_tokens":1},"x":' + deep + b"}\n\n"
+    assert r.feed(event) == event and r.usage is None
