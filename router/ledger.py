@@ -42,8 +42,8 @@ kept an index on (tenant, time): its pages made the WAL ~16 MB. The SQL text is 
 `sqlite3`'s statement cache prepares each statement once.
 
 Per-tenant totals per UTC day and tier served live in a second table, updated in the same
-transaction (in a group, under a savepoint per record: a record the database can never take is
-dropped whole, its row and its totals, and the rest of the group stands): a tenant's totals and
+transaction (a record the database can never take is dropped whole, its row and its totals,
+and the rest of its group stands): a tenant's totals and
 its spend in a budget period read a few rows per day of history, never its requests. So request
 rows can be pruned (`prune`, run by router/ledger_retention.py under a retention setting)
 without changing any bill.
@@ -374,20 +374,12 @@ class Ledger:
             self._batches_opened += 1
             loop.call_soon(self.commit_batch)
         try:
-            # A savepoint per record: its row and its totals go in together, or neither does.
-            db.execute("SAVEPOINT record")
             self._insert(usage)
-            db.execute("RELEASE record")
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
             self._refused(exc, [*self._batch, usage])
             return
         except Exception as exc:  # a record the database can never take (a bug): it alone goes
             self.dropped += 1
-            try:
-                db.execute("ROLLBACK TO record")
-                db.execute("RELEASE record")
-            except sqlite3.Error as undo:
-                self._refused(undo, self._batch)
             raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
         self._batch.append(usage)
 
@@ -477,9 +469,11 @@ class Ledger:
             raise
 
     def _insert(self, usage: UsageRecord) -> None:
-        """One attempt's row and its daily totals, in the open transaction."""
+        """One attempt's row and its daily totals, in the open transaction: both or neither
+        (each statement is atomic; a row whose totals fail is deleted again, which costs
+        nothing when they do not, unlike a savepoint per record)."""
         db = self._db
-        db.execute(
+        row = db.execute(
             _INSERT,
             (
                 usage.request_id,
@@ -500,18 +494,22 @@ class Ledger:
                 int(usage.escalated),
             ),
         )
-        db.execute(
-            _ADD_TOTALS,
-            (
-                usage.tenant,
-                utc_day(usage.time_s),
-                usage.tier_served or "",
-                int(usage.attempt == 1),
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                usage.cost_usd,
-            ),
-        )
+        try:
+            db.execute(
+                _ADD_TOTALS,
+                (
+                    usage.tenant,
+                    utc_day(usage.time_s),
+                    usage.tier_served or "",
+                    int(usage.attempt == 1),
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.cost_usd,
+                ),
+            )
+        except BaseException:
+            db.execute("DELETE FROM usage WHERE id = ?", (row.lastrowid,))
+            raise
 
     def _rollback(self) -> None:
         # SQLite has already rolled back after some errors (e.g. a full disk), and a connection
