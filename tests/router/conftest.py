@@ -4,6 +4,7 @@ a free localhost port, in a thread of its own, for tests that need real sockets.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,3 +42,15 @@ def serve_app(app: Any) -> Iterator[str]:
 def served() -> Callable[[Any], AbstractContextManager[str]]:
     """`with served(app) as url:` serves `app` on a real socket for the block."""
     return serve_app
+
+
+@pytest.fixture
+def router_recursion_limit() -> Iterator[None]:
+    """Python's default recursion limit, which the router runs with: a test-only dependency
+    (celpy) raises it on import, and the JSON nesting tests depend on it."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)

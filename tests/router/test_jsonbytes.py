@@ -34,6 +34,7 @@ def test_what_is_not_json_by_any_measure_is_a_value_error(raw: bytes) -> None:
         loads_reply(raw)
 
 
+@pytest.mark.usefixtures("router_recursion_limit")
 def test_replies_nested_past_what_either_library_reads_or_writes_are_a_value_error() -> None:
     with pytest.raises(ValueError):
         loads_reply(b"[" * 1100 + b"]" * 1100)  # orjson: 1,024 levels; json: recursion limit

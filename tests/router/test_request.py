@@ -104,6 +104,7 @@ def test_a_utf8_byte_order_mark_is_dropped_as_json_skips_it() -> None:
     assert upstream_body(request) == raw  # a node reading a str with json.loads refuses a BOM
 
 
+@pytest.mark.usefixtures("router_recursion_limit")
 def test_a_body_orjson_reads_but_nothing_writes_back_is_a_400() -> None:
     deep = b'{"d":' * 1000 + b"{}" + b"}" * 1000  # orjson reads 1,024 levels
     raw = (

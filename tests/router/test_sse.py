@@ -59,6 +59,7 @@ def test_a_good_usage_chunk_is_billed() -> None:
     assert b'"cost_usd":0.12' in out
 
 
+@pytest.mark.usefixtures("router_recursion_limit")
 def test_a_usage_chunk_too_deep_to_read_passes_through_unbilled() -> None:
     r = rewriter(include_usage=True)
     deep = b"[" * 1100 + b"]" * 1100
