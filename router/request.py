@@ -4,13 +4,13 @@ The router checks what it needs to route and bill (the model, the stream flag, t
 that the body is a JSON object with messages or a prompt). Everything else is the serving
 node's to validate; unknown fields are passed through, as OpenAI ignores them.
 
-Bodies are read with orjson, ~5x the standard library's speed (router/jsonbytes.py). It is
-strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an unpaired surrogate escape are refused
-with a 400, which Python's `json` would let through (a UTF-8 byte-order mark is dropped, as
-`json.loads(bytes)` skips it). Integers beyond 64 bits are read as floats. The node receives
-the client's own bytes, with `stream_options` appended to a stream's when the router asks for
-usage; only a body the router must rewrite (a stream that set other `stream_options`, a
-cascade's second model) is written anew, such integers as floats.
+Bodies are read with orjson, faster than the standard library's json (router/jsonbytes.py). It
+is strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an unpaired surrogate escape are
+refused with a 400, which Python's `json` would let through (a UTF-8 byte-order mark is
+dropped, as `json.loads(bytes)` skips it). Integers beyond 64 bits are read as floats. The node
+receives the client's own bytes, with `stream_options` appended to a stream's when the router
+asks for usage; only a body the router must rewrite (a stream that set other `stream_options`,
+a cascade's second model) is written anew, such integers as floats.
 """
 
 from __future__ import annotations
