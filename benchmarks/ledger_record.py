@@ -67,47 +67,34 @@ class Run:
     wal_max_mb: float
 
 
-def measure(path: str, records: int, burst: int) -> Run:
+def measure(path: str, records: int, burst: int, group: int = 0) -> Run:
+    """`records` rows after the warm-up: each committed alone (`record`) when `group` is 0,
+    else `group` at a time (`add`, then `await committed()`, as one loop round of a busy router
+    does). Times are per record, or per group: what each of its requests waits."""
     rows = [_record(index) for index in range(WARM_UP + records)]
     with Ledger(path) as ledger:
         for row in rows[:WARM_UP]:
             ledger.record(row)
-        each_s = []
-        wal_max = 0
-        cpu0 = time.process_time()
-        for n, row in enumerate(rows[WARM_UP:]):
-            start = time.perf_counter()
-            ledger.record(row)
-            each_s.append(time.perf_counter() - start)
-            if n % burst == burst - 1:
-                wal_max = max(wal_max, ledger.wal_bytes())
-                time.sleep(0.01)
-        cpu_s = time.process_time() - cpu0
-    each_s.sort()
-    return Run(
-        cpu_us=cpu_s / records * 1e6,
-        p50_us=each_s[len(each_s) // 2] * 1e6,
-        p99_us=each_s[int(len(each_s) * 0.99)] * 1e6,
-        max_ms=each_s[-1] * 1e3,
-        wal_max_mb=wal_max / 1e6,
-    )
+        return asyncio.run(_timed(ledger, rows[WARM_UP:], burst, group))
 
 
-async def _grouped(ledger: Ledger, rows: list[UsageRecord], burst: int, group: int) -> Run:
-    """`rows` added `group` at a time, each group awaiting its commit, as one loop round of a
-    busy router does; times are per group (what each of its requests waits)."""
+async def _timed(ledger: Ledger, rows: list[UsageRecord], burst: int, group: int) -> Run:
+    step = group or 1
     each_s = []
     wal_max = 0
     since_pause = 0
     cpu0 = time.process_time()
-    for n in range(0, len(rows), group):
+    for n in range(0, len(rows), step):
         start = time.perf_counter()
-        for row in rows[n : n + group]:
-            ledger.add(row)
-        await ledger.committed()
+        if group:
+            for row in rows[n : n + group]:
+                ledger.add(row)
+            await ledger.committed()
+        else:
+            ledger.record(rows[n])
         each_s.append(time.perf_counter() - start)
-        since_pause += group
-        if since_pause >= burst:  # the same pace as `measure`'s
+        since_pause += step
+        if since_pause >= burst:  # bursts of `burst` records, then 10 ms
             since_pause -= burst
             wal_max = max(wal_max, ledger.wal_bytes())
             time.sleep(0.01)
@@ -120,14 +107,6 @@ async def _grouped(ledger: Ledger, rows: list[UsageRecord], burst: int, group: i
         max_ms=each_s[-1] * 1e3,
         wal_max_mb=wal_max / 1e6,
     )
-
-
-def measure_grouped(path: str, records: int, burst: int, group: int) -> Run:
-    rows = [_record(index) for index in range(WARM_UP + records)]
-    with Ledger(path) as ledger:
-        for row in rows[:WARM_UP]:
-            ledger.record(row)
-        return asyncio.run(_grouped(ledger, rows[WARM_UP:], burst, group))
 
 
 @dataclass
@@ -195,11 +174,7 @@ def main() -> None:
                 paths[f"new file, groups of {g}"] = str(Path(directory) / f"group-{g}.db")
             for kind in kinds:  # interleaved, round by round
                 group = int(kind.rsplit(" ", 1)[1]) if "groups of" in kind else 0
-                run = (
-                    measure_grouped(paths[kind], args.records, args.burst, group)
-                    if group
-                    else measure(paths[kind], args.records, args.burst)
-                )
+                run = measure(paths[kind], args.records, args.burst, group)
                 runs[kind].append(run)
                 print(
                     f"round {round_ + 1}/{args.rounds} {kind}: cpu {run.cpu_us:.1f} us/record, "

@@ -42,11 +42,10 @@ kept an index on (tenant, time): its pages made the WAL ~16 MB. The SQL text is 
 `sqlite3`'s statement cache prepares each statement once.
 
 Per-tenant totals per UTC day and tier served live in a second table, updated in the same
-transaction (a record the database can never take is dropped whole, its row and its totals,
-and the rest of its group stands): a tenant's totals and
-its spend in a budget period read a few rows per day of history, never its requests. So request
-rows can be pruned (`prune`, run by router/ledger_retention.py under a retention setting)
-without changing any bill.
+transaction (a record the database can never take is dropped whole, its row and its totals, and
+the rest of its group stands): a tenant's totals and its spend in a budget period read a few
+rows per day of history, never its requests. So request rows can be pruned (`prune`, run by
+router/ledger_retention.py under a retention setting) without changing any bill.
 
 When the database refuses a write (another process holds its write lock, the disk is full or
 read-only), the record is held in memory, in order, and written once the database takes writes

@@ -26,7 +26,7 @@ def test_a_forked_child_draws_its_own_prefix():
     assert new_request_id()[:16] == parent[:16]
 
 
-def test_a_new_process_prefix_differs(monkeypatch):
+def test_a_new_process_prefix_differs():
     before = new_request_id()
     request_ids._draw()  # what a restart does
     after = new_request_id()
