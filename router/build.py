@@ -21,7 +21,7 @@ from .ledger_backlog import LedgerBacklogWriter
 from .ledger_retention import LedgerRetention
 from .metrics import RouterMetrics
 from .outliers import OutlierDetector
-from .policy import default_policy
+from .policy import PolicyConfig
 from .proxy import Upstream
 from .ratelimit import RateLimiter
 from .scraper import MetricsFetcher, Scraper
@@ -65,6 +65,12 @@ def build_app(
     def view() -> PoolView:
         return source.view
 
+    def policy() -> PolicyConfig:
+        # A file's policy is applied when the file is reloaded; other sources keep the first.
+        return source.config.router.policy if isinstance(source, FileSource) else settings.policy
+
+    log.info("event=routing_policy %s", settings.policy.summary())
+
     def pool_members(pool: str) -> list[EndpointState]:
         routed = source.view.pools.get(pool)
         return list(routed.endpoints) if routed is not None else []
@@ -102,7 +108,7 @@ def build_app(
         upstream=upstream,
         metrics=metrics,
         settings=settings,
-        policy=default_policy(),
+        policy=policy,
         clock=clock,
         saturation=saturation,
         tool_checker=tool_checker,

@@ -34,6 +34,8 @@ from pydantic_core import PydanticCustomError
 from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
 from tiergate.sim_nodes.validation import first_problem, yaml_position
 
+from .policy.config import PolicyConfig, default_policy
+
 __all__ = [
     "BackgroundLoad",
     "Billing",
@@ -140,6 +142,24 @@ class RouterSettings(_Model):
     upstream_attempts: int = Field(default=3, ge=1, le=10)
     scrape_interval_s: float = Field(default=0.5, gt=0)
     reload_interval_s: float = Field(default=1.0, gt=0)
+    policy: PolicyConfig = Field(
+        default_factory=default_policy,
+        description=(
+            "How an endpoint is picked: filters, weighted scorers and a picker, each a plugin "
+            "named by its kebab-case type (router/policy). A part left out (`filters`, "
+            "`scorers`, `picker`) is the default's. A reloaded file's policy is applied."
+        ),
+    )
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _default_parts(cls, value: Any) -> Any:
+        """`policy: {picker: ...}` changes the picker only: the other parts stay the default's
+        (`scorers: []` says none)."""
+        if isinstance(value, dict):
+            return {**default_policy().model_dump(), **value}
+        return value
+
     forward_fault_header: bool = Field(
         default=False,
         description=(

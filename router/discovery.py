@@ -298,7 +298,7 @@ class FileSource:
         unapplied = _restart_only_changes(self.config, config)
         if unapplied:
             log.warning(
-                "event=config_settings_need_restart path=%s fields=%s applied=pools",
+                "event=config_settings_need_restart path=%s fields=%s applied=pools,policy",
                 self.path, ",".join(unapplied),
             )  # fmt: skip
         self.config, self.view = config, view
@@ -311,7 +311,7 @@ class FileSource:
 
 
 #: Router settings a reload applies: the rest are read once, when the router starts.
-_LIVE_SETTINGS = frozenset({"reload_interval_s"})
+_LIVE_SETTINGS = frozenset({"reload_interval_s", "policy"})
 
 
 def _restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:

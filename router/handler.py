@@ -81,7 +81,8 @@ class Router:
     upstream: Upstream
     metrics: RouterMetrics
     settings: RouterSettings
-    policy: PolicyConfig
+    #: The routing policy now (a reloaded file's is applied with its view).
+    policy: Callable[[], PolicyConfig]
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     #: Refreshed by the scraper after each round (see build.py); read per request.
@@ -90,6 +91,7 @@ class Router:
     tool_checker: ToolCallChecker = field(default_factory=ToolCallChecker)
     _pipeline: Pipeline | None = None
     _pipeline_view: PoolView | None = None
+    _pipeline_policy: PolicyConfig | None = None
     _deployments: dict[str, Deployment] = field(default_factory=dict)
     _batch_caps: dict[str, int] = field(default_factory=dict)
     _queues: dict[Tier, TierQueue] = field(default_factory=dict)
@@ -105,24 +107,32 @@ class Router:
         return self._predictor
 
     def pipeline(self, view: PoolView) -> Pipeline:
-        """The routing pipeline, built once: a new view only refreshes the pools it reads, so
-        prefix affinity and the pickers' seeded randomness survive hot reloads."""
-        if self._pipeline is None:
+        """The routing pipeline for `view`.
+
+        Built once, and again only when the policy changed, which is looked at when the view
+        changes (a reloaded file brings both). A new view with the same policy only refreshes
+        the pools the pipeline reads, so prefix affinity and the pickers' seeded randomness
+        survive hot reloads of the pools; a new policy starts them afresh.
+        """
+        if self._pipeline_view is view and self._pipeline is not None:
+            return self._pipeline
+        policy = self.policy()
+        if self._pipeline is None or policy != self._pipeline_policy:
+            if self._pipeline is not None:
+                log.info("event=routing_policy_changed %s", policy.summary())
             self._pipeline = Pipeline.from_config(
-                self.policy,
+                policy,
                 deployments=self._deployments,
                 batch_caps=self._batch_caps,
                 rng=random.Random(0),
             )
-        if self._pipeline_view is not view:
-            self._deployments.clear()
-            self._deployments.update({n: p.deployment for n, p in view.pools.items()})
-            self._batch_caps.clear()
-            self._batch_caps.update(
-                {n: p.spec.batching.max_num_seqs for n, p in view.pools.items()}
-            )
-            self._resize_queues(view)
-            self._pipeline_view = view
+            self._pipeline_policy = policy
+        self._deployments.clear()
+        self._deployments.update({n: p.deployment for n, p in view.pools.items()})
+        self._batch_caps.clear()
+        self._batch_caps.update({n: p.spec.batching.max_num_seqs for n, p in view.pools.items()})
+        self._resize_queues(view)
+        self._pipeline_view = view
         return self._pipeline
 
     def _resize_queues(self, view: PoolView) -> None:

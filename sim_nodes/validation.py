@@ -26,10 +26,12 @@ def field_path(loc: Sequence[int | str]) -> list[int | str]:
 
 
 def first_problem(exc: ValidationError, *, default_field: str = "") -> str:
-    """``field.path: message`` of the first error in `exc`."""
+    """``field.path: message`` of the first error in `exc` (without pydantic's "Value error, "
+    before a validator's own words)."""
     first = exc.errors()[0]
     where = ".".join(str(p) for p in field_path(first["loc"])) or default_field
-    return f"{where}: {first['msg']}" if where else str(first["msg"])
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
 
 
 def yaml_position(exc: yaml.YAMLError) -> str:

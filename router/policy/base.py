@@ -47,7 +47,11 @@ class Parameters(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        allow_inf_nan=False,
     )
 
 

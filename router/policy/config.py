@@ -32,7 +32,7 @@ S = TypeVar("S", bound="PluginSpec")
 class PluginSpec(BaseModel):
     """One plugin: `{name, type, parameters}`; the name defaults to the type."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(default="", description="Unique within the policy (default: the type).")
     type: str = Field(description="Registered kebab-case plugin type, e.g. model-filter.")
@@ -55,7 +55,9 @@ class PluginSpec(BaseModel):
 class ScorerSpec(PluginSpec):
     """A scorer and its weight in the sum the picker orders by."""
 
-    weight: float = Field(default=1.0, gt=0, description="Relative weight of this score.")
+    weight: float = Field(
+        default=1.0, gt=0, le=1e6, description="Relative weight of this score (0 < w <= 1e6)."
+    )
 
 
 class PolicyConfig(BaseModel):
@@ -63,7 +65,11 @@ class PolicyConfig(BaseModel):
 
     # camelCase keys like the rest of the YAML configuration.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        allow_inf_nan=False,
     )
 
     filters: list[PluginSpec] = Field(
@@ -87,6 +93,12 @@ class PolicyConfig(BaseModel):
     @classmethod
     def _picker(cls, spec: PluginSpec) -> PluginSpec:
         return _checked([spec], "picker")[0]
+
+    def summary(self) -> str:
+        """One log line's worth: `filters=a,b scorers=c*2,d picker=e` (plugin names)."""
+        filters = ",".join(f.name for f in self.filters) or "-"
+        scorers = ",".join(f"{s.name}*{s.weight:g}" for s in self.scorers) or "-"
+        return f"filters={filters} scorers={scorers} picker={self.picker.name}"
 
     @model_validator(mode="after")
     def _unique_names(self) -> PolicyConfig:

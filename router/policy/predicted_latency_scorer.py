@@ -21,6 +21,7 @@ class PredictedLatencyParameters(Parameters):
     other_context_tokens: int | None = Field(
         default=None,
         ge=1,
+        le=10_000_000,
         description="Context assumed for the other sequences in a batch "
         "(default: this request's prompt plus half its output).",
     )

@@ -24,10 +24,16 @@ __all__ = ["PrefixAffinityParameters", "PrefixAffinityScorer"]
 
 class PrefixAffinityParameters(Parameters):
     capacity: int = Field(
-        default=65536, ge=1, description="Block hashes remembered (least recently used go)."
+        default=65536,
+        ge=1,
+        le=1_048_576,
+        description="Block hashes remembered (least recently used go).",
     )
     endpoints_per_block: int = Field(
-        default=4, ge=1, description="Endpoints remembered per block hash (most recent kept)."
+        default=4,
+        ge=1,
+        le=64,
+        description="Endpoints remembered per block hash (most recent kept).",
     )
 
 

@@ -35,6 +35,7 @@ class RandomSampleParameters(Parameters):
     size: int = Field(
         default=8,
         ge=1,
+        le=4096,
         description="Endpoints drawn at random per request (favoured endpoints come on top).",
     )
 

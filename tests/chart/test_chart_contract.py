@@ -120,6 +120,18 @@ def test_router_config_with_tenants_and_a_discovery_namespace(
     assert str(validate_with_router(config).router.tenants_file) == "/etc/tiergate/tenants"
 
 
+def test_router_policy_values_become_the_router_s_policy(
+    default_manifests: list[Manifest], variant_manifests: list[Manifest]
+) -> None:
+    assert "policy" not in router_config(default_manifests)["router"]  # the router's default
+    policy = validate_with_router(router_config(variant_manifests)).router.policy
+    assert policy.summary() == (
+        "filters=random-sample,ejected-filter scorers=load*2,predicted-latency-scorer*1 "
+        "picker=weighted-random-picker"
+    )
+    assert policy.scorers[1].parameters == {"otherContextTokens": 30000}
+
+
 def config_volume(manifests: list[Manifest]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the /etc/tiergate mount, its volume) of the router."""
     pod = one(manifests, "Deployment", ROUTER)["spec"]["template"]["spec"]

@@ -8,6 +8,8 @@ import json
 import pytest
 from chart_helpers import CHART, Helm, HelmFailed
 
+from tiergate.router.policy.schema import policy_json_schema
+
 TENANT = "router.tenants.inline[0]"
 A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
 
@@ -36,6 +38,22 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         ([*A_TENANT, f"{TENANT}.budgetPeriod=year"], "/budgetPeriod"),
         ([*A_TENANT, f"{TENANT}.apiKeySha256[0]=not-a-digest"], "/apiKeySha256/0"),
         ([f"{TENANT}.name=team-a"], "/router/tenants/inline/0"),  # no key at all
+        (["router.policy.picker.type=fastest"], "/router/policy/picker"),
+        (
+            [
+                "router.policy.filters[0].type=random-sample",
+                "router.policy.filters[0].parameters.size=0",
+            ],
+            "/router/policy/filters/0",
+        ),
+        (
+            [
+                "router.policy.scorers[0].type=queue-depth-scorer",
+                "router.policy.scorers[0].weight=0",
+            ],
+            "/router/policy/scorers/0",
+        ),
+        (["router.policy.scorer=x"], "scorer"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(
@@ -84,6 +102,16 @@ def test_good_values_of_each_kind_are_accepted(helm: Helm) -> None:
         "router.resources.limits.cpu=1500m",
     ]
     assert helm.template(sets=sets)
+
+
+def test_the_chart_s_policy_schema_is_the_router_s_plugins() -> None:
+    """values.schema.json's router.policy is generated from the plugin registry: a plugin type
+    or parameter added without regenerating it would be refused by helm."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    wanted = policy_json_schema()
+    assert schema["properties"]["router"]["properties"]["policy"] == wanted, (
+        "run: python -P tools/policy_schema.py"
+    )
 
 
 def test_schema_refuses_unknown_keys_at_every_level() -> None:

@@ -70,7 +70,7 @@ def test_router_settings_changed_in_a_reload_are_named_as_needing_a_restart(
     with caplog.at_level(logging.WARNING, logger="tiergate.router"):
         path.write_text("router: {reloadIntervalS: 2, forwardFaultHeader: true}\n" + pools)
         assert settled(source.reload_if_changed)
-    assert "fields=router.forwardFaultHeader applied=pools" in caplog.text
+    assert "fields=router.forwardFaultHeader applied=pools,policy" in caplog.text
     assert source.poll_interval_s() == 2  # read live: not named
 
 
