@@ -154,10 +154,13 @@ class RouterSettings(_Model):
     @field_validator("policy", mode="before")
     @classmethod
     def _default_parts(cls, value: Any) -> Any:
-        """`policy: {picker: ...}` changes the picker only: the other parts stay the default's
-        (`scorers: []` says none)."""
+        """`policy: {picker: ...}` changes the picker only: the other parts (and a part given
+        as null) stay the default's; `scorers: []` says none."""
+        if value is None:  # `policy:` with everything under it commented out
+            return default_policy()
         if isinstance(value, dict):
-            return {**default_policy().model_dump(), **value}
+            given = {k: v for k, v in value.items() if v is not None}
+            return {**default_policy().model_dump(), **given}
         return value
 
     forward_fault_header: bool = Field(

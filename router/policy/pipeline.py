@@ -86,8 +86,11 @@ class Pipeline:
     ) -> list[EndpointState]:
         """The candidates that may serve `ctx`, best first (the rest are the retry order).
 
-        Empty when the filters leave none; only a sampler's sample when there is one.
+        Empty when there are none or the filters leave none; only a sampler's sample when
+        there is one (which then is also all the retries can try).
         """
+        if not candidates:  # a pool with no endpoints (scaled to zero), whatever the filters
+            return []
         remaining = candidates
         for f in self.filters:
             if isinstance(f, Sampler):

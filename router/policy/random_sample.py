@@ -36,7 +36,10 @@ class RandomSampleParameters(Parameters):
         default=8,
         ge=1,
         le=4096,
-        description="Endpoints drawn at random per request (favoured endpoints come on top).",
+        description=(
+            "Endpoints drawn at random per request (favoured endpoints come on top); also all "
+            "that a request's retries can try."
+        ),
     )
 
 

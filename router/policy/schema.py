@@ -31,7 +31,7 @@ def _plugins(kind: PluginKind) -> dict[str, Any]:
     checked under an if/then on the type, so an error names the parameter, not every type."""
     types = registry.known_types(kind)
     properties: dict[str, Any] = {
-        "name": {"type": "string", "minLength": 1, "description": "Default: the type."},
+        "name": {"type": "string", "description": "Default: the type."},
         "type": {"enum": types},
         "parameters": {"type": "object"},
     }

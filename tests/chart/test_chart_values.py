@@ -53,7 +53,7 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
             ],
             "/router/policy/scorers/0",
         ),
-        (["router.policy.scorer=x"], "scorer"),
+        (["router.policy.scorer=x"], "additional properties 'scorer' not allowed"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(

@@ -59,7 +59,7 @@ def test_a_policy_is_read_with_its_plugins_parameters_and_weights() -> None:
     )
 
 
-def test_a_part_left_out_is_the_default_s() -> None:
+def test_a_part_left_out_or_null_is_the_default_s() -> None:
     text = "router: {policy: {picker: {type: weighted-random-picker}}}\n" + POOL
     policy = parse_config(text).router.policy
     default = default_policy()
@@ -68,6 +68,9 @@ def test_a_part_left_out_is_the_default_s() -> None:
     text = "router: {policy: {scorers: []}}\n" + POOL  # none, said so
     policy = parse_config(text).router.policy
     assert (policy.scorers, policy.picker) == ([], default.picker)
+    # `policy:` or a part with all under it commented out
+    assert parse_config("router: {policy: null}\n" + POOL).router.policy == default
+    assert parse_config("router: {policy: {scorers: null}}\n" + POOL).router.policy == default
 
 
 @pytest.mark.parametrize(
@@ -143,7 +146,7 @@ def test_a_reloaded_policy_is_applied_and_a_bad_one_is_not(
                 f"batching: {{maxNumSeqs: 4}}, endpoints: [{nodes[0]}, {nodes[1]}]}}]\n"
             )
 
-        write(STICKY)
+        write(SPREAD)
         config, source = file_source(path, default_catalog())
         url = stack.enter_context(served(build_app(config, source)))
         body = {
@@ -160,21 +163,37 @@ def test_a_reloaded_policy_is_applied_and_a_bad_one_is_not(
                 assert r.status_code == 200, r.text
             return [node_requests(node) - b for node, b in zip(nodes, before, strict=True)]
 
+        spread = send(24)  # the file's policy from the start: the default would stick
+        assert sum(spread) == 24 and min(spread) > 0, spread
+
+        def reloads(result: str, n: int) -> bool:
+            counted = f'tiergate_config_reloads_total{{config="pools",result="{result}"}} {n}.0'
+            return counted in httpx.get(url + "/metrics").text
+
+        write(STICKY)
+        until(lambda: reloads("applied", 1), "no reload")
         assert sorted(send(8)) == [0, 8]  # affinity: all where the first went
 
-        def reloads(result: str) -> str:
-            return f'tiergate_config_reloads_total{{config="pools",result="{result}"}} 1.0'
+        write("{picker: {type: sticky-picker}}")  # refused: the last good policy stays
+        until(lambda: reloads("failed", 1), "no failed reload")
+        assert sorted(send(8)) == [0, 8]
 
         write(SPREAD)
-        until(lambda: reloads("applied") in httpx.get(url + "/metrics").text, "no reload")
-        spread = send(24)
-        assert sum(spread) == 24 and min(spread) > 0, spread  # both nodes serve now
-
-        write("{picker: {type: sticky-picker}}")  # refused: the last good policy stays
-        until(lambda: reloads("failed") in httpx.get(url + "/metrics").text, "no failed reload")
+        until(lambda: reloads("applied", 2), "no reload")
         spread = send(24)
         assert sum(spread) == 24 and min(spread) > 0, spread
 
-        write(STICKY)  # a policy starts afresh: affinity again, from its first request on
-        until(lambda: 'result="applied"} 2.0' in httpx.get(url + "/metrics").text, "no reload")
-        assert sorted(send(8)) == [0, 8]
+
+def test_a_policy_without_filters_over_a_pool_with_no_endpoints_is_a_503(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        f"router: {{ledgerPath: {tmp_path / 'ledger.sqlite'}, policy: {{filters: []}}}}\n" + POOL
+    )
+    config, source = file_source(path, default_catalog())
+    with served(build_app(config, source)) as url:
+        body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "no_capacity"

@@ -76,6 +76,17 @@ def test_filters_run_before_scorers_and_can_empty_the_list() -> None:
     assert len(scorer.seen) == 1
 
 
+def test_no_candidates_and_no_filters_is_no_pick_for_every_scorer() -> None:
+    """A pool scaled to zero under a policy without filters: no scorer is asked (min() of no
+    loads raised in the queue-depth scorer: a 500 where a 503 no_capacity belongs)."""
+    scorers = default_policy().model_dump()["scorers"]
+    for picker in ("max-score-picker", "weighted-random-picker"):
+        policy = PolicyConfig.model_validate({"scorers": scorers, "picker": {"type": picker}})
+        pipeline = Pipeline.from_config(policy, deployments={"p0": DEPLOYMENT})
+        assert pipeline.pick(request(), [], 0.0) == []
+        assert pipeline.pick(request(), CandidateSet([], MODEL, "batched"), 0.0) == []
+
+
 def test_default_policy_routes_to_the_idle_endpoint_of_the_right_tier() -> None:
     pipeline = Pipeline.from_config(default_policy(), deployments={"p0": DEPLOYMENT})
     busy = endpoint("http://busy", running=40.0, waiting=5.0, kv_usage=0.8)
