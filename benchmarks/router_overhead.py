@@ -22,10 +22,12 @@ command that produced them) and stops everything on any exit:
    a100-80gb, ~5 tok/s per stream at 512; `x-tiergate-timing: 1` makes it stamp chunks): there
    the engine's own schedule also moves the figures, and a wse-3 node would schedule ~560,000
    tok/s for 512 streams, more than any Python process on this machine can write.
-4. Endpoint count: the router with 3, 30 and 300 endpoints in its pool (3 fixed-reply
-   processes listening on 0.0.0.0; 300 distinct URLs through 127.0.0.1..127.0.0.100, all
-   loopback): the router's own CPU per request and req/s at 64 connections, p50 at 1, and the
-   idle router's CPU (metrics scraping), user and system CPU apart.
+4. Endpoint count: the router with 3, 30 and 300 endpoints in one pool, and the 300 as 100
+   pools of 3 (3 fixed-reply processes listening on 0.0.0.0; 300 distinct URLs through
+   127.0.0.1..127.0.0.100, all loopback): the router's own CPU per request and req/s at 64
+   connections, p50 at 1, and the idle router's CPU (metrics scraping, off the request path),
+   which is also taken out of the CPU per request to give the request path's share. Each
+   round starts every router afresh, in an order rotated every round.
 5. Idle gaps: the router in front of the fixed upstream replying at once and after 20 ms
    (`--reply-delay-ms`), p50/p99 at 1 connection: what a request that waits upstream, as an
    LLM request does, finds.
@@ -380,9 +382,16 @@ def start_litellm(procs: Processes, name: str, upstream: Server) -> Server:
 
 
 def start_router(
-    procs: Processes, name: str, endpoints: Sequence[str], max_num_seqs: int
+    procs: Processes,
+    name: str,
+    endpoints: Sequence[str],
+    max_num_seqs: int,
+    pools: int = 1,
 ) -> Server:
+    """The router over `endpoints`, split evenly over `pools` pools serving the same model at
+    the same tier (so every endpoint is a candidate for every request)."""
     port = free_port()
+    size = -(-len(endpoints) // pools)
     config = {
         "router": {
             "host": "127.0.0.1",
@@ -391,14 +400,15 @@ def start_router(
         },
         "pools": [
             {
-                "name": "bench",
+                "name": "bench" if i == 0 else f"bench-{i}",
                 "tier": "batched",
                 "model": "llama-3.1-8b",
                 "accelerator": "wse-3",
                 "servedModelName": MODEL,
                 "batching": {"maxNumSeqs": max_num_seqs},
-                "endpoints": list(endpoints),
+                "endpoints": list(endpoints[i * size : (i + 1) * size]),
             }
+            for i in range(pools)
         ],
     }
     path = procs.workdir / f"{name}.yaml"
@@ -495,21 +505,28 @@ def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> Non
         run_wrk(row.server.url, args.connections, 1)
     for i in range(args.rounds):
         for row in live:
-            one = run_wrk(row.server.url, 1, args.duration)
-            pid = row.server.proc.pid if row.server.proc is not None else None
-            user0, sys0 = cpu_times(pid) if pid is not None else (float("nan"), float("nan"))
-            many = run_wrk(row.server.url, args.connections, args.duration)
-            if pid is not None:
-                user1, sys1 = cpu_times(pid)
-                many.cpu_s, many.cpu_user_s = user1 + sys1 - user0 - sys0, user1 - user0
-            row.one.append(one)
-            row.many.append(many)
-            log(
-                f"[{section}] round {i + 1}/{args.rounds} {row.label}: 1 conn p50 "
-                f"{one.p50_ms:.3f} ms p99 {one.p99_ms:.3f} ms; {args.connections} conns "
-                f"{many.rps:,.0f} req/s" + (f"; {one.errors + many.errors} errors" if
-                                            one.errors + many.errors else "")
-            )  # fmt: skip
+            measure_round(row, args, f"[{section}] round {i + 1}/{args.rounds}")
+
+
+def measure_round(row: Row, args: argparse.Namespace, prefix: str) -> None:
+    """One wrk run at 1 connection and one at `args.connections`, the server's CPU read
+    around the second; appended to `row`."""
+    one = run_wrk(row.server.url, 1, args.duration)
+    pid = row.server.proc.pid if row.server.proc is not None else None
+    user0, sys0 = cpu_times(pid) if pid is not None else (float("nan"), float("nan"))
+    many = run_wrk(row.server.url, args.connections, args.duration)
+    if pid is not None:
+        user1, sys1 = cpu_times(pid)
+        many.cpu_s, many.cpu_user_s = user1 + sys1 - user0 - sys0, user1 - user0
+    row.one.append(one)
+    row.many.append(many)
+    errors = one.errors + many.errors
+    cpu = f", {1e6 * many.cpu_s / max(many.requests, 1):.0f} us CPU/req" if pid else ""
+    log(
+        f"{prefix} {row.label}: 1 conn p50 {one.p50_ms:.3f} ms p99 {one.p99_ms:.3f} ms; "
+        f"{args.connections} conns {many.rps:,.0f} req/s{cpu}"
+        + (f"; {errors} errors" if errors else "")
+    )
 
 
 # -- streaming -------------------------------------------------------------------------------
@@ -1131,6 +1148,40 @@ def router_gc_pauses(router: Server) -> str:
     )
 
 
+#: The router's metrics scraper's cap (`max_scrapes_per_s`, router/scraper.py).
+SCRAPES_PER_S = 50
+
+
+@dataclass
+class Layout:
+    """One router of the endpoint-count section: its endpoints, over how many pools."""
+
+    urls: list[str]
+    pools: int
+    row: Row | None = None
+    idle: list[float] = field(default_factory=list)  # the idle router's CPU, cores, per round
+
+    @property
+    def label(self) -> str:
+        return f"{len(self.urls)}" + (f" in {self.pools} pools" if self.pools > 1 else "")
+
+    def background_us(self) -> list[float]:
+        """Per round: the idle router's CPU rate (metrics scraping, timers) spread over that
+        round's requests, us per request. It runs under load too, off the request path."""
+        assert self.row is not None
+        return [
+            1e6 * idle / max(m.rps, 1e-9) for m, idle in zip(self.row.many, self.idle, strict=True)
+        ]
+
+    def request_path_us(self) -> float:
+        """Median over rounds of the CPU per request less the background."""
+        assert self.row is not None
+        return statistics.median(
+            1e6 * m.cpu_s / max(m.requests, 1) - bg
+            for m, bg in zip(self.row.many, self.background_us(), strict=True)
+        )
+
+
 def endpoints_section(
     args: argparse.Namespace,
     procs: Processes,
@@ -1138,85 +1189,121 @@ def endpoints_section(
     raw: dict[str, Any],
     targets: list[tuple[str, bool]],
 ) -> None:
+    """Routers over 3, 30 and `--endpoints` endpoints in one pool, and over the large count in
+    pools of 3. One router runs at a time (an idle one still scrapes its endpoints), each
+    round starts each afresh, in an order rotated every round, so the machine's drift over
+    the section falls on every layout alike."""
     log("[endpoints] starting 3 fixed-reply upstreams ...")
     upstreams = [start_fixed(procs, f"fixed-ep{i}") for i in range(3)]
     ports = [u.url.rsplit(":", 1)[1] for u in upstreams]
-    # 3 (fewer than the router's sample of 8), a tenth of the large pool, the large pool.
+
+    def urls(count: int) -> list[str]:
+        return [f"http://127.0.0.{host}:{p}" for host in range(1, count // 3 + 1) for p in ports]
+
+    # 3 (fewer than the router's sample of 8), a tenth of the large pool, the large pool, and
+    # the large count as pools of 3 (the pool count on the request path).
     counts = sorted({3, max(3, args.endpoints // 30 * 3), args.endpoints})
-    sizes = {
-        count: [f"http://127.0.0.{host}:{p}" for host in range(1, count // 3 + 1) for p in ports]
-        for count in counts
-    }
-    rows: list[tuple[int, Row, float]] = []
+    layouts = [Layout(urls(count), 1) for count in counts]
+    if args.endpoints > 3:
+        layouts.append(Layout(urls(args.endpoints), args.endpoints // 3))
     profiles: list[str] = []
-    for count, urls in sizes.items():
-        # One router at a time: an idle router still scrapes its endpoints' metrics.
-        router = start_router(procs, f"router-ep{count}", urls, 256)
-        assert router.proc is not None
-        time.sleep(1.0)
-        before, t0 = cpu_seconds(router.proc.pid), time.monotonic()
-        time.sleep(3.0 if not args.quick else 1.5)
-        idle = (cpu_seconds(router.proc.pid) - before) / (time.monotonic() - t0)
-        row = Row(f"tiergate router, {count} endpoints", router)
-        measure_rows([row], args, f"endpoints {count}")
-        rows.append((count, row, idle))
-        if args.profile:
-            log(f"[endpoints] profiling the router with {count} endpoints ...")
-            summary = profile_router(procs, router, args, f"{count} endpoints, fixed upstream")
-            if summary:
-                profiles += [summary, ""]
-        procs.stop(router.proc)
+    for i in range(args.rounds):
+        shift = i % len(layouts)
+        for layout in layouts[shift:] + layouts[:shift]:
+            name = f"router-ep{len(layout.urls)}-p{layout.pools}"
+            router = start_router(procs, name, layout.urls, 256, pools=layout.pools)
+            assert router.proc is not None
+            # Until the scraper (50 endpoints a second) has opened a connection to every
+            # endpoint, as it has in a router that has been up for a while.
+            time.sleep(1.0 + len(layout.urls) / SCRAPES_PER_S)
+            before, t0 = cpu_seconds(router.proc.pid), time.monotonic()
+            time.sleep(2.0 if not args.quick else 1.0)
+            layout.idle.append((cpu_seconds(router.proc.pid) - before) / (time.monotonic() - t0))
+            if layout.row is None:
+                layout.row = Row(f"tiergate router, {layout.label} endpoints", router)
+            layout.row.server = router
+            run_wrk(router.url, args.connections, 1)  # warm up
+            measure_round(layout.row, args, f"[endpoints] round {i + 1}/{args.rounds}")
+            if args.profile and i == 0:
+                log(f"[endpoints] profiling the router with {layout.label} endpoints ...")
+                summary = profile_router(procs, router, args, f"{layout.label} endpoints")
+                if summary:
+                    profiles += [summary, ""]
+            procs.stop(router.proc)
     for u in upstreams:
         if u.proc is not None:
             procs.stop(u.proc)
+    out += endpoints_report(layouts, args, targets, profiles)
+    raw["endpoints"] = {
+        layout.label: {"one": layout.row.one, "many": layout.row.many, "idle_cpu": layout.idle}
+        for layout in layouts
+        if layout.row is not None
+    }
+
+
+def endpoints_report(
+    layouts: list[Layout],
+    args: argparse.Namespace,
+    targets: list[tuple[str, bool]],
+    profiles: list[str],
+) -> list[str]:
     c = args.connections
-    out += [
-        "### Endpoint count: one pool of 3 vs "
-        f"{args.endpoints} endpoints (3 fixed-reply processes)",
+    out = [
+        f"### Endpoint count: one pool of 3 vs {args.endpoints} endpoints, and "
+        f"{args.endpoints} in pools of 3 (3 fixed-reply processes; medians of {args.rounds} "
+        "rounds, each router started afresh)",
         "",
-        f"| endpoints | router CPU per request @{c} conns (us) | of which user (us) "
-        f"| req/s @{c} conns | p50 @{c} conns (ms) | p50 @1 conn (ms) | p99 @1 conn (ms) "
-        "| idle router CPU | errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| endpoints | router CPU per request @{c} conns (us) | of which background (us) "
+        f"| request path (us) | user (us) | req/s @{c} conns | p50 @{c} conns (ms) "
+        "| p50 @1 conn (ms) | p99 @1 conn (ms) | idle router CPU | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for count, row, idle in rows:
+    for layout in layouts:
+        row = layout.row
+        assert row is not None
         out.append(
-            f"| {count} | {row.cpu_us_per_request():.0f} | {row.cpu_user_us_per_request():.0f} "
-            f"| {row.rps():,.0f} "
-            f"| {row.p50_many():.2f} | {row.p50():.3f} | {row.p99():.3f} "
-            f"| {100 * idle:.0f}% of a core | {row.errors()} |".replace(
-                "nan", "n/a (no reply in the run)"
-            )
+            f"| {layout.label} | {row.cpu_us_per_request():.0f} "
+            f"| {statistics.median(layout.background_us()):.0f} "
+            f"| {layout.request_path_us():.0f} | {row.cpu_user_us_per_request():.0f} "
+            f"| {row.rps():,.0f} | {row.p50_many():.2f} | {row.p50():.3f} | {row.p99():.3f} "
+            f"| {100 * statistics.median(layout.idle):.0f}% of a core "
+            f"| {row.errors()} |".replace("nan", "n/a (no reply in the run)")
         )
-    large = rows[-1]
+    one_pool = [layout for layout in layouts if layout.pools == 1]
+    large = one_pool[-1]
     lines: list[str] = []
-    flat = False
-    for count, small, _ in rows[:-1]:
-        cpu_change = large[1].cpu_us_per_request() / small.cpu_us_per_request() - 1
-        rps_change = large[1].rps() / small.rps() - 1
-        p50_change = large[1].p50() - small.p50()
-        ok = cpu_change <= 0.10 and p50_change <= 0.1  # False when nan (no reply at all)
-        flat = ok if count == 3 else flat
+    flat = True
+    comparisons = [(large, small) for small in one_pool[:-1]]
+    comparisons += [(layout, large) for layout in layouts if layout.pools > 1]
+    for big, small in comparisons:
+        assert big.row is not None and small.row is not None
+        path_change = big.request_path_us() / small.request_path_us() - 1
+        cpu_change = big.row.cpu_us_per_request() / small.row.cpu_us_per_request() - 1
+        p50_change = big.row.p50() - small.row.p50()
+        ok = path_change <= 0.10 and p50_change <= 0.1  # False when nan (no reply at all)
+        if small.pools == 1 and len(small.urls) == 3 or big.pools > 1:
+            flat = flat and ok
         lines.append(
-            f"{large[0]} vs {count} endpoints: the router's CPU per request "
-            f"{100 * cpu_change:+.0f}%, p50 at 1 connection {p50_change:+.3f} ms ".replace(
-                "+nan", "n/a: no reply"
-            )
-            + f"({verdict(ok)}: flat means within 10% and 0.1 ms); req/s at {c} connections "
-            f"{100 * rps_change:+.0f}%."
+            f"{big.label} vs {small.label} endpoints: the router's CPU per request on the "
+            f"request path {100 * path_change:+.0f}% (all of it {100 * cpu_change:+.0f}%), p50 "
+            f"at 1 connection {p50_change:+.3f} ms ({verdict(ok)}: flat means the request "
+            "path within 10% and p50 within 0.1 ms).".replace("+nan", "n/a: no reply")
         )
-    out += [
+    targets.append(
+        (f"router cost on the request path flat from 3 to {args.endpoints} endpoints, and "
+         "from 1 pool to many", flat)
+    )  # fmt: skip
+    return [
+        *out,
         "",
         *lines,
-        "(req/s is the whole machine's: wrk, the router and the upstreams share its 2 cores; "
-        "the router's CPU per request includes its background metrics scraping, capped at 50 "
-        "endpoints a second.)",
+        "(Background: the idle router's CPU rate, mostly metrics scraping, capped at 50 "
+        "endpoints a second, spread over the run's requests; it runs under load as well, off "
+        "the request path. req/s is the whole machine's: wrk, the router and the upstreams "
+        "share its 2 cores.)",
         "",
         *profiles,
     ]
-    targets.append((f"router cost flat from 3 to {args.endpoints} endpoints", flat))
-    raw["endpoints"] = {count: {"one": row.one, "many": row.many, "idle_cpu": idle}
-                        for count, row, idle in rows}  # fmt: skip
 
 
 if __name__ == "__main__":
