@@ -1281,7 +1281,7 @@ def endpoints_report(
         cpu_change = big.row.cpu_us_per_request() / small.row.cpu_us_per_request() - 1
         p50_change = big.row.p50() - small.row.p50()
         ok = path_change <= 0.10 and p50_change <= 0.1  # False when nan (no reply at all)
-        if small.pools == 1 and len(small.urls) == 3 or big.pools > 1:
+        if (small.pools == 1 and len(small.urls) == 3) or big.pools > 1:
             flat = flat and ok
         lines.append(
             f"{big.label} vs {small.label} endpoints: the router's CPU per request on the "
