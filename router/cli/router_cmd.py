@@ -7,6 +7,7 @@ InferencePools and their pods.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from tiergate.sim_nodes.commands.common import (
@@ -21,6 +22,10 @@ from ..config import ConfigError
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
 from .serve import run_router
+
+log = logging.getLogger("tiergate.router")
+#: uvicorn's own default.
+LISTEN_BACKLOG = 2048
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
             app = build_app(config, source)
         except (ConfigError, TenantConfigError, LedgerError) as exc:
             raise CliError(str(exc)) from None
+        # Listening from here (uvicorn accepts what queued once it starts), so the line is true
+        # and says the port chosen for `--port 0`.
+        sock.listen(LISTEN_BACKLOG)
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        log.info("event=listening url=http://%s:%d", shown, bound_port)
         ok = run_router(app, sock, args.log_level)
     finally:
         sock.close()

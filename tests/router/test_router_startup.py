@@ -1,0 +1,103 @@
+"""`tiergate router` starts with every combination of its configuration's sources: pools from
+the file or from Kubernetes, tenants open, from a file or from a mounted Secret's folder, the
+ledger in memory or on disk. Each serves /metrics with one reload counter per reloaded file."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from kube_helpers import ReplayApi, eventually, kube_source
+from test_kube_router import running
+
+from tiergate.router.build import build_app
+from tiergate.router.config import parse_config
+from tiergate.router.kube_state import INFERENCE_POOLS, PODS
+
+TENANTS = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
+POOLS = """pools:
+  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3,
+     batching: {maxNumSeqs: 4}, endpoints: ['http://127.0.0.1:9']}
+"""
+RELOADS = re.compile(r'^tiergate_config_reloads_total\{config="(\w+)",result="applied"\}', re.M)
+
+
+def tenants_setting(tmp_path: Path, tenants: str) -> str:
+    """The `tenantsFile` line for `tenants`: none, a file, or a Secret's folder."""
+    if tenants == "open":
+        return ""
+    folder = tmp_path / "secret"
+    folder.mkdir()
+    (folder / "tenants.yaml").write_text(TENANTS)
+    return f", tenantsFile: {folder if tenants == 'secret-folder' else folder / 'tenants.yaml'}"
+
+
+def ledger_setting(tmp_path: Path, ledger: str) -> str:
+    return "':memory:'" if ledger == "memory" else str(tmp_path / "state" / "ledger.sqlite")
+
+
+@pytest.mark.parametrize("ledger", ["memory", "file"])
+@pytest.mark.parametrize("tenants", ["open", "file", "secret-folder"])
+def test_tiergate_router_starts_with_pools_from_its_file(
+    tmp_path: Path, tenants: str, ledger: str
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        f"router: {{ledgerPath: {ledger_setting(tmp_path, ledger)}"
+        f"{tenants_setting(tmp_path, tenants)}}}\n{POOLS}"
+    )
+    argv = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(path), "--port", "0"]
+    router = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = _listening_url(router)
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        expected = ["pools"] if tenants == "open" else ["pools", "tenants"]
+        assert sorted(RELOADS.findall(metrics)) == expected
+        assert httpx.get(url + "/healthz", timeout=10).status_code == 200
+    finally:
+        router.send_signal(signal.SIGTERM)
+        _, stderr = router.communicate(timeout=30)
+    # uvicorn re-raises SIGTERM with the default handler once it has shut down cleanly.
+    assert router.returncode in (0, -signal.SIGTERM), stderr
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("tenants", ["open", "file", "secret-folder"])
+async def test_the_router_starts_with_pools_from_kubernetes(tmp_path: Path, tenants: str) -> None:
+    config = parse_config(
+        f"router: {{ledgerPath: ':memory:'{tenants_setting(tmp_path, tenants)}}}\n"
+        "discovery: {kubernetes: {}}"
+    )
+    api = ReplayApi()
+    app = build_app(config, kube_source(api))
+    empty = {"kind": "List", "metadata": {"resourceVersion": "1"}, "items": []}
+    async with running(app) as client:
+        api.give_list(INFERENCE_POOLS, empty)
+        api.give_list(PODS, empty)
+        await eventually(lambda: app.synced())
+        assert (await client.get("/readyz")).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    assert RELOADS.findall(metrics) == ([] if tenants == "open" else ["tenants"])
+
+
+def _listening_url(router: subprocess.Popen[str]) -> str:
+    """The router's URL, from the address it logs once it listens (it was given port 0)."""
+    assert router.stderr is not None
+    deadline = time.monotonic() + 60
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = router.stderr.readline()
+        if not line:
+            break  # exited
+        seen.append(line)
+        found = re.search(r"event=listening url=(http://\S+)", line)
+        if found:
+            return found.group(1)
+    router.kill()
+    raise AssertionError("tiergate router did not start:\n" + "".join(seen))
