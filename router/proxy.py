@@ -73,6 +73,20 @@ KEEPALIVE_S = 4.0
 CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
+class UpstreamUnavailable(RouterError):
+    """Every attempt failed: the client's 503. `attempts` says how many endpoints were tried."""
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(
+            503,
+            message,
+            type="server_error",
+            code="upstream_unavailable",
+            headers={"Retry-After": "1"},
+        )
+        self.attempts = attempts
+
+
 class UpstreamError(Exception):
     """The upstream connection failed after the response started (reset, timeout, bad framing)."""
 
@@ -166,8 +180,8 @@ class Upstream:
         """POST `body` to `path` on the first endpoint that answers well enough.
 
         Returns the first non-retryable response (2xx, or a 4xx that is the request's fault,
-        passed through to the client). Raises RouterError(503) when every attempt failed; its
-        message names no endpoint (the log line `upstream_unavailable` does).
+        passed through to the client). Raises UpstreamUnavailable (a 503) when every attempt
+        failed; its message names no endpoint (the log line `upstream_unavailable` does).
         """
         session = self._client()
         failures: list[tuple[EndpointState, str]] = []
@@ -210,7 +224,7 @@ class Upstream:
         endpoints: Sequence[EndpointState],
         failures: list[tuple[EndpointState, str]],
         headers: dict[str, str],
-    ) -> RouterError:
+    ) -> UpstreamUnavailable:
         """The client's 503 (tier, attempts, the last failure: never an endpoint's address)
         and the operator's log line (every endpoint tried, and how it failed)."""
         tier = endpoints[0].tier if endpoints else "requested"
@@ -223,13 +237,10 @@ class Upstream:
             ",".join(e.url for e, _ in failures) or "-",
             "; ".join(why for _, why in failures),
         )
-        return RouterError(
-            503,
+        return UpstreamUnavailable(
             f"no endpoint of the {tier} tier could serve the request after "
             f"{len(failures)} attempt(s); last: {last}",
-            type="server_error",
-            code="upstream_unavailable",
-            headers={"Retry-After": "1"},
+            len(failures),
         )
 
     def _url(self, text: str) -> URL:

@@ -164,3 +164,30 @@ def test_an_endpoint_that_fails_what_others_serve_is_still_ejected(
                 if ejected(app):
                     break
         assert ejected(app) == [bad]
+
+
+def retries_total(url: str) -> float:
+    line = next(
+        line
+        for line in httpx.get(url + "/metrics").text.splitlines()
+        if line.startswith("tiergate_upstream_retries_total")
+    )
+    return float(line.split()[-1])
+
+
+def test_the_retries_of_a_request_that_failed_are_counted(served: Served, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        nodes = [stack.enter_context(served(node())) for _ in range(2)]
+        _, url = stack.enter_context(router(served, tmp_path, nodes))
+        for i in range(3):
+            r = httpx.post(
+                url + "/v1/chat/completions",
+                json=chat(i, max_tokens=2),
+                headers={**KEY, "x-tiergate-fault": "500"},
+                timeout=30,
+            )
+            assert r.status_code == 503
+        assert retries_total(url) == 3  # each tried both endpoints
+        r = httpx.post(url + "/v1/chat/completions", json=chat(9, max_tokens=2), headers=KEY)
+        assert r.status_code == 200
+        assert retries_total(url) == 3
