@@ -49,7 +49,7 @@ from .policy import (
     prefix_hashes,
 )
 from .progress import Progress
-from .proxy import Opened, Upstream, UpstreamError
+from .proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from .ratelimit import RateLimiter
 from .relay import bad_reply, bill, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
@@ -561,9 +561,12 @@ class Router:
             **(extra_headers or {}),
         }
         path = "/v1/chat/completions" if request.chat else "/v1/completions"
-        retries_before = self.upstream.retries
-        opened = await self.upstream.open(order, path, upstream_body(request), headers)
-        self.metrics.retries.inc(self.upstream.retries - retries_before)
+        try:
+            opened = await self.upstream.open(order, path, upstream_body(request), headers)
+        except UpstreamUnavailable as exc:
+            self.metrics.retries.inc(max(exc.attempts - 1, 0))
+            raise
+        self.metrics.retries.inc(opened.attempts - 1)
         pipeline.observe(ctx, opened.endpoint)
         pool = view.pools[opened.endpoint.pool]
         done.tier_served, done.pool, done.endpoint = tier, pool, opened.endpoint.url

@@ -4,7 +4,9 @@ After `consecutive_failures` failures in a row an endpoint is ejected (the `ejec
 skips it) for `base_ejection_s * 2**k`, capped at `max_ejection_s`, where k counts its recent
 ejections. An ejection counts as recent while the previous one ended less than
 `max_ejection_s` ago, so an endpoint that flaps keeps getting longer ejections, and one that
-has been healthy for a while starts again from the base duration.
+has been healthy for a while starts again from the base duration. What counts as a failure
+is the proxy's call (router/proxy.py): an HTTP 500 only once another endpoint has served the
+same request, so a request that fails everywhere ejects nothing.
 
 The last endpoint of a pool that is not ejected is never ejected. With every endpoint of a pool
 failing, ejecting them all would turn "some requests fail" into "every request gets a 503"

@@ -18,14 +18,27 @@ of CPU). The metrics scraper uses aiohttp too (router/scraper.py);
 the upstream response with its headers read and its body not yet (streaming). A connection
 error, a timeout before the response starts, or a 5xx/429 status is retried on the next
 endpoint, with a short backoff, at most `attempts` times; nothing has reached the client yet,
-so a retry is invisible to it. Failures and successes feed outlier detection through the
-`on_failure` / `on_success` callbacks. Once the body starts flowing the caller owns the
-response: a failure then is mid-stream (`UpstreamError`) and is the caller's to report.
+so a retry is invisible to it. Once the body starts flowing the caller owns the response: a
+failure then is mid-stream (`UpstreamError`) and is the caller's to report.
+
+Failures and successes feed outlier detection (`on_failure` / `on_success`), and whose fault
+a failure is decides which. A connection error, a timeout, 429, 502, 503 or 504 says the
+endpoint is down, unreachable or overloaded: it counts against the endpoint at once. A 500 is
+an answer from a live endpoint, and the request itself may be what broke it (input the
+server cannot handle fails the same way everywhere). So a 500 counts against its endpoint
+only once another endpoint has served the same request (2xx): the request was fine, the
+endpoint was not. A request that gets 500s wherever it goes, or a refusal (4xx) elsewhere,
+counts against none of them, so one tenant's poison requests cannot eject healthy
+endpoints; a broken endpoint is still found by the next request that it fails and another
+serves. (Without a second attempt, a 500 never counts.)
+
+The client's 503 names the tier and the last failure, never an endpoint's address.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,8 +48,13 @@ from yarl import URL
 from .errors import RouterError
 from .state import EndpointState
 
-#: Statuses worth another endpoint: the endpoint is broken or overloaded, not the request.
+log = logging.getLogger("tiergate.router")
+
+#: Statuses worth another endpoint: the endpoint is broken or overloaded, or (500) maybe the
+#: request is the cause, which another endpoint's answer tells (module docstring).
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The request id the handler sends upstream, named in the log line of a request that failed.
+REQUEST_ID_HEADER = "x-tiergate-request-id"
 #: Backoff before the 2nd, 3rd, ... attempt (seconds); the last value repeats.
 BACKOFF_S = (0.0, 0.02, 0.1)
 
@@ -53,6 +71,20 @@ KEEPALIVE_S = 4.0
 
 #: The failures of a connection, as aiohttp raises them (timeouts are TimeoutError).
 CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+class UpstreamUnavailable(RouterError):
+    """Every attempt failed: the client's 503. `attempts` says how many endpoints were tried."""
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(
+            503,
+            message,
+            type="server_error",
+            code="upstream_unavailable",
+            headers={"Retry-After": "1"},
+        )
+        self.attempts = attempts
 
 
 class UpstreamError(Exception):
@@ -148,16 +180,16 @@ class Upstream:
         """POST `body` to `path` on the first endpoint that answers well enough.
 
         Returns the first non-retryable response (2xx, or a 4xx that is the request's fault,
-        passed through to the client). Raises RouterError(503) when every attempt failed.
+        passed through to the client). Raises UpstreamUnavailable (a 503) when every attempt
+        failed; its message names no endpoint (the log line `upstream_unavailable` does).
         """
         session = self._client()
-        last: str = "no endpoint to try"
-        tried = 0
+        failures: list[tuple[EndpointState, str]] = []
+        answered_500: list[EndpointState] = []  # not held against them unless another serves
         for endpoint in endpoints[: self.attempts]:
-            if tried:
+            if failures:
                 self.retries += 1
-                await asyncio.sleep(BACKOFF_S[min(tried, len(BACKOFF_S) - 1)])
-            tried += 1
+                await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
             endpoint.inflight += 1
             try:
                 response = await session.post(
@@ -166,7 +198,7 @@ class Upstream:
             except (*CONNECTION_ERRORS, ValueError) as exc:  # ValueError: a URL it cannot use
                 endpoint.inflight -= 1
                 self._on_failure(endpoint)
-                last = f"{endpoint.url}: {type(exc).__name__}"
+                failures.append((endpoint, _failure(exc)))
                 continue
             except BaseException:
                 endpoint.inflight -= 1
@@ -174,17 +206,41 @@ class Upstream:
             if response.status in RETRYABLE_STATUSES:
                 endpoint.inflight -= 1
                 response.close()
-                self._on_failure(endpoint)
-                last = f"{endpoint.url}: HTTP {response.status}"
+                if response.status == 500:
+                    answered_500.append(endpoint)
+                else:
+                    self._on_failure(endpoint)
+                failures.append((endpoint, f"HTTP {response.status}"))
                 continue
+            if response.status < 300:
+                for failed in answered_500:  # the request was fine: those endpoints were not
+                    self._on_failure(failed)
             self._on_success(endpoint)
-            return Opened(endpoint, response, tried)
-        raise RouterError(
-            503,
-            f"no endpoint could serve the request after {tried} attempt(s); last: {last}",
-            type="server_error",
-            code="upstream_unavailable",
-            headers={"Retry-After": "1"},
+            return Opened(endpoint, response, len(failures) + 1)
+        raise self._unavailable(endpoints, failures, headers)
+
+    @staticmethod
+    def _unavailable(
+        endpoints: Sequence[EndpointState],
+        failures: list[tuple[EndpointState, str]],
+        headers: dict[str, str],
+    ) -> UpstreamUnavailable:
+        """The client's 503 (tier, attempts, the last failure: never an endpoint's address)
+        and the operator's log line (every endpoint tried, and how it failed)."""
+        tier = endpoints[0].tier if endpoints else "requested"
+        last = failures[-1][1] if failures else "no endpoint to try"
+        log.warning(
+            'event=upstream_unavailable request_id=%s tier=%s attempts=%d endpoints=%s errors="%s"',
+            headers.get(REQUEST_ID_HEADER, "-"),
+            tier,
+            len(failures),
+            ",".join(e.url for e, _ in failures) or "-",
+            "; ".join(why for _, why in failures),
+        )
+        return UpstreamUnavailable(
+            f"no endpoint of the {tier} tier could serve the request after "
+            f"{len(failures)} attempt(s); last: {last}",
+            len(failures),
         )
 
     def _url(self, text: str) -> URL:
@@ -199,3 +255,12 @@ class Upstream:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _failure(exc: BaseException) -> str:
+    """How a connection failed, in words a client may read (no address)."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.InvalidURL) or not isinstance(exc, aiohttp.ClientError):
+        return "unusable endpoint address"  # yarl's ValueError, or aiohttp's
+    return f"connection failed ({type(exc).__name__})"

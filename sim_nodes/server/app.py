@@ -3,7 +3,8 @@
 Routes only wire things together: read and validate the body (`body`), plan the reply
 (`generation`), submit it to the engine, and stream or collect it (`replies`). Every error
 becomes the OpenAI envelope in one place (`errors.error_response`); nothing a client sends
-produces a traceback or an unhandled 500.
+produces a traceback or an unhandled 500, and no error closes a kept-alive connection behind a
+whole reply (`internal_errors`).
 
 Request headers the node understands: ``x-tiergate-fault`` (see `faults`) and
 ``x-tiergate-timing: 1`` (stream chunks carry ``tiergate: {"t": <engine time>}``, the
@@ -17,10 +18,10 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -33,6 +34,7 @@ from .config import NodeConfig
 from .errors import ApiError, error_response, model_not_found
 from .faults import FAULT_HEADER, MIDSTREAM_AFTER_TOKENS
 from .generation import Outcome, PlanContext, pieces, plan_chat, plan_completion
+from .internal_errors import InternalErrors
 from .logs import log_event
 from .metrics import CONTENT_TYPE
 from .node import Node
@@ -86,7 +88,8 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        exception_handlers={HTTPException: _http_exception},
+        middleware=[Middleware(InternalErrors)],
     )
     app.state.node = node
     return app
@@ -264,19 +267,3 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
     return error_response(ApiError(exc.status_code, message, code=code), exc.headers)
-
-
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    log_event(
-        "internal_error", level=logging.ERROR, path=request.url.path, error=type(exc).__name__
-    )
-    logging.getLogger("tiergate.sim_node").debug("internal error", exc_info=exc)
-    body: dict[str, Any] = {
-        "error": {
-            "message": "Internal error.",
-            "type": "server_error",
-            "code": "internal_error",
-            "param": None,
-        }
-    }
-    return JSONResponse(body, status_code=500)

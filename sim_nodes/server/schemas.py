@@ -20,6 +20,8 @@ from pydantic import (
     model_serializer,
 )
 
+from .nesting import JsonObject
+
 __all__ = [
     "ChatChoice",
     "ChatChunkChoice",
@@ -70,7 +72,7 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[JsonObject] | None = None
     tool_call_id: str | None = None
 
     def text_pieces(self) -> list[str]:
@@ -90,7 +92,7 @@ class ChatMessage(_Request):
 class FunctionDefinition(_Request):
     name: str = Field(min_length=1, max_length=256)
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
 
 
 class Tool(_Request):

@@ -3,6 +3,8 @@
 `EventStreamResponse` sends each chunk as soon as its iterator yields it and watches the
 connection at the same time; when the client goes away it stops iterating, closes the
 iterator and calls `on_close` (the engine request is cancelled there, freeing its KV cache).
+An exception from the iterator ends the stream with an error event (and no ``[DONE]``), as
+an aborted generation does: the client is told, and its connection stays usable.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from .errors import error_body
+from .internal_errors import INTERNAL_ERROR, log_internal_error
 
 __all__ = ["DONE", "EventStreamResponse", "sse_data", "sse_json"]
 
@@ -29,6 +34,9 @@ def sse_data(model: BaseModel) -> bytes:
 def sse_json(data: dict[str, Any]) -> bytes:
     """One SSE event carrying a plain JSON object (error events)."""
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+_ERROR_EVENT = sse_json(error_body(INTERNAL_ERROR))
 
 
 class EventStreamResponse(Response):
@@ -62,7 +70,7 @@ class EventStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
         try:
-            await self._stream(send)
+            await self._stream(send, scope["path"])
         except OSError:
             pass  # the client went away while we were sending; nothing left to tell it
         finally:
@@ -80,13 +88,20 @@ class EventStreamResponse(Response):
         if self._on_disconnect is not None:
             self._on_disconnect()
 
-    async def _stream(self, send: Send) -> None:
+    async def _stream(self, send: Send, path: str) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        async for event in self._events:
-            if self._gone:
-                return
+        events = aiter(self._events)
+        while not self._gone:
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:  # a bug while replying: say so, and end the reply cleanly
+                log_internal_error(path, exc, when="during_stream")
+                await send({"type": "http.response.body", "body": _ERROR_EVENT, "more_body": True})
+                break
             await send({"type": "http.response.body", "body": event, "more_body": True})
         if not self._gone:
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import pytest
 
 from tiergate.router.errors import RouterError
+from tiergate.router.proxy import REQUEST_ID_HEADER as REQUEST_ID
 from tiergate.router.proxy import Upstream
 from tiergate.router.state import EndpointState
 
@@ -78,15 +79,91 @@ async def test_a_refused_connection_is_retried_on_the_next_endpoint(
         await upstream.aclose()
 
 
-async def test_every_endpoint_failing_is_a_503_naming_the_last_failure() -> None:
+async def test_every_endpoint_failing_is_a_503_naming_no_endpoint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     upstream = Upstream(attempts=2)
     try:
         dead = [endpoint(refused_url()) for _ in range(3)]
         with pytest.raises(RouterError) as caught:
-            await upstream.open(dead, "/v1/chat/completions", b"{}", {})
+            await upstream.open(dead, "/v1/chat/completions", b"{}", {REQUEST_ID: "r-1"})
         assert caught.value.status == 503
-        assert "after 2 attempt(s)" in str(caught.value) and dead[1].url in str(caught.value)
+        message = str(caught.value)
+        assert message == (
+            "no endpoint of the batched tier could serve the request after 2 attempt(s); "
+            "last: connection failed (ClientConnectorError)"
+        )
         assert all(e.inflight == 0 for e in dead)
+    finally:
+        await upstream.aclose()
+    # The operator's log has what the client is not told: which endpoints, and how.
+    (line,) = [r.getMessage() for r in caplog.records if "upstream_unavailable" in r.getMessage()]
+    assert "request_id=r-1 tier=batched attempts=2" in line
+    assert f"endpoints={dead[0].url},{dead[1].url} " in line
+
+
+def answers(status: int) -> Callable[..., Awaitable[None]]:
+    """An upstream that answers every request with `status` and an error envelope."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        body = json.dumps({"error": {"message": "x", "type": "x", "code": None}}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("statuses", "counted", "opened_status"),
+    [
+        # Every endpoint answers 500: the request is the likely cause, nobody's failure.
+        ((500, 500), [], None),
+        ((500, 500, 500), [], None),
+        # Another endpoint served it: the request was fine, the endpoints that failed it not.
+        ((500, 200), [0], 200),
+        ((500, 500, 200), [0, 1], 200),
+        # Another endpoint refused it: the request is bad, the 500 not held against anyone.
+        ((500, 400), [], 400),
+        # Down, overloaded or unreachable: the endpoint's failure at once.
+        ((503, 503), [0, 1], None),
+        ((502, 500), [0], None),
+        ((429, 504, 200), [0, 1], 200),
+    ],
+)
+async def test_whose_fault_a_failure_is(
+    served: Callable[[Any], AbstractContextManager[str]],
+    statuses: tuple[int, ...],
+    counted: list[int],
+    opened_status: int | None,
+) -> None:
+    failed: list[str] = []
+    succeeded: list[str] = []
+    upstream = Upstream(on_failure=lambda e: failed.append(e.url),
+                        on_success=lambda e: succeeded.append(e.url))  # fmt: skip
+    try:
+        with ExitStack() as stack:
+            urls = [stack.enter_context(served(answers(status))) for status in statuses]
+            eps = [endpoint(url) for url in urls]
+            if opened_status is None:
+                with pytest.raises(RouterError) as caught:
+                    await upstream.open(eps, "/v1/chat/completions", b"{}", {})
+                last = statuses[-1]
+                assert str(caught.value).endswith(f"after {len(statuses)} attempt(s); "
+                                                  f"last: HTTP {last}")  # fmt: skip
+                assert not any(url in str(caught.value) for url in urls)
+                assert succeeded == []
+            else:
+                opened = await upstream.open(eps, "/v1/chat/completions", b"{}", {})
+                assert opened.status == opened_status and opened.endpoint is eps[-1]
+                await opened.close()
+                assert succeeded == [urls[-1]]
+        assert failed == [urls[i] for i in counted]
+        assert all(e.inflight == 0 for e in eps)
     finally:
         await upstream.aclose()
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import uvicorn
 from starlette.applications import Starlette
 
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
@@ -51,6 +56,44 @@ def node_config(**overrides: Any) -> NodeConfig:
         batching=BatchingSpec(max_num_seqs=8),
     )
     return NodeConfig(serving=serving, **overrides)
+
+
+def nested(levels: int, *, arrays: bool = False) -> dict[str, Any]:
+    """A JSON schema (an object) nesting `levels` objects and arrays deep in all: mostly
+    objects, or (`arrays`) one object holding nested arrays."""
+    if arrays:
+        inner: Any = "string"
+        for _ in range(levels - 1):
+            inner = [inner]
+        return {"enum": inner}
+    schema: dict[str, Any] = {"type": "string"}
+    depth = 1
+    while depth + 2 <= levels:
+        schema, depth = {"type": "object", "properties": {"x": schema}}, depth + 2
+    return {"type": "array", "items": schema} if depth < levels else schema
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[tuple[str, int]]:
+    """Serve `app` with uvicorn (as `tiergate sim-node` does) on a free localhost port in a
+    thread of its own; yield (host, port). For tests about real connections."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        yield "127.0.0.1", sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
 
 
 def app_of(client: httpx.AsyncClient) -> Starlette:

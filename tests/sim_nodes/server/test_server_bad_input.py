@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sim_server_helpers import MODEL, ClientFactory, chat
+from sim_server_helpers import MODEL, ClientFactory, chat, nested
+
+from tiergate.sim_nodes.server.nesting import MAX_NESTING
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 LONG_PROMPT = "word " * 140_000  # > 131072 tokens: longer than llama-3.1-8b's context
@@ -16,6 +18,15 @@ LONG_PROMPT = "word " * 140_000  # > 131072 tokens: longer than llama-3.1-8b's c
 
 def _body(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
+
+
+def _tool(parameters: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+
+def _tool_call(arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return [{"role": "assistant", "tool_calls": [call]}, *MESSAGES]
 
 
 CHAT_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
@@ -117,6 +128,34 @@ CHAT_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
     ),
     ("unknown model", _body(model="gpt-17", messages=MESSAGES), 404, "model_not_found", "model"),
     (
+        "tool schema of objects nested 300 deep",
+        _body(model=MODEL, messages=MESSAGES, tools=_tool(nested(300))),
+        400,
+        "invalid_value",
+        "tools.0.function.parameters",
+    ),
+    (
+        "tool schema of arrays nested 300 deep",
+        _body(model=MODEL, messages=MESSAGES, tools=_tool(nested(300, arrays=True))),
+        400,
+        "invalid_value",
+        "tools.0.function.parameters",
+    ),
+    (
+        "tool schema one level too deep",
+        _body(model=MODEL, messages=MESSAGES, tools=_tool(nested(MAX_NESTING + 1))),
+        400,
+        "invalid_value",
+        "tools.0.function.parameters",
+    ),
+    (
+        "earlier tool call nested 300 deep",
+        _body(model=MODEL, messages=_tool_call(nested(300))),
+        400,
+        "invalid_value",
+        "messages.0.tool_calls.0",
+    ),
+    (
         "stream_options without stream (vLLM refuses them)",
         _body(model=MODEL, messages=MESSAGES, stream_options={"include_usage": True}),
         400,
@@ -213,6 +252,21 @@ async def test_unknown_fields_are_ignored(served: httpx.AsyncClient) -> None:
         service_tier="priority",
     )
     assert (await served.post("/v1/chat/completions", json=body)).status_code == 200
+
+
+@pytest.mark.parametrize("arrays", [False, True])
+async def test_a_tool_schema_as_deep_as_allowed_is_served(
+    served: httpx.AsyncClient, arrays: bool
+) -> None:
+    body = chat(max_tokens=2, tools=_tool(nested(MAX_NESTING, arrays=arrays)))
+    r = await served.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+
+
+async def test_a_too_deep_schema_is_named_in_the_message(served: httpx.AsyncClient) -> None:
+    r = await served.post("/v1/chat/completions", json=chat(tools=_tool(nested(300))))
+    message = r.json()["error"]["message"]
+    assert "tools.0.function.parameters" in message and str(MAX_NESTING) in message
 
 
 async def test_body_too_large_by_content_length(make_client: ClientFactory) -> None:
