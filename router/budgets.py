@@ -11,12 +11,13 @@ Contract with the caller: record an attempt in the ledger first, then call `add`
 and a figure rebuilt from it never counts an attempt twice (`add` only updates a tenant the
 guard already tracks; one it does not yet track is read from the ledger at its next `check`).
 
-Requests in flight count too: `check` takes a hold of the request's most it may cost (its
-prompt estimate and `max_tokens` at the dearest price it may be served at), admits while the
-spend so far plus the holds of requests in flight is under the budget, and the caller releases
-the hold when the request ends (its actual cost is `add`ed). So a burst of concurrent requests
-cannot overspend by more than the holds underestimate; a request admitted still completes and
-is billed. A refusal only because of holds is temporary: its Retry-After is 1 s.
+Requests in flight count too: `check` takes a hold of the most the request may cost (what the
+node can produce, at the dearest price it may be served at: `PoolView.most_cost_usd`), admits
+while the spend so far plus the holds of requests in flight is under the budget, and the caller
+releases the hold when the request ends (its actual cost is `add`ed). A hold is never less than
+the cost, so a period's spend stays under the budget plus the hold of the last request admitted;
+a request admitted still completes and is billed. A refusal only because of holds is
+temporary: its Retry-After is 1 s.
 Time is Unix time (`time.time` by default) because periods are calendar periods.
 """
 

@@ -61,30 +61,33 @@ class PoolView:
         self.pools: dict[str, RoutedPool] = {p.spec.name: p for p in pools}
         members: dict[tuple[str, Tier], list[EndpointState]] = {}
         tiers: dict[str, set[Tier]] = {}
-        self._prices: dict[tuple[str, Tier], tuple[float, float]] = {}
+        #: (model, tier) -> the dearest input and output prices and the longest context.
+        self._ceilings: dict[tuple[str, Tier], tuple[float, float, int]] = {}
         for pool in self.pools.values():
             for name in pool.spec.names:
                 key = (name, pool.spec.tier)
                 members.setdefault(key, [])
                 tiers.setdefault(name, set()).add(pool.spec.tier)
-                self._raise_price(key, pool)
+                self._raise_ceiling(key, pool)
             for endpoint in pool.endpoints:  # not every pod answers to every name (a rollout)
                 for name in endpoint.served_names:
                     key = (name, pool.spec.tier)
                     members.setdefault(key, []).append(endpoint)
                     tiers.setdefault(name, set()).add(pool.spec.tier)
-                    self._raise_price(key, pool)  # a name only previous pods may answer to
+                    self._raise_ceiling(key, pool)  # a name only previous pods may answer to
         self._candidates = {
             (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
         }
         self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
 
-    def _raise_price(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
-        """The dearest prices of any pool serving `key`: a budget holds the most it may cost."""
-        held = self._prices.get(key, (0.0, 0.0))
-        self._prices[key] = (
+    def _raise_ceiling(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
+        """The dearest prices and longest context of any pool serving `key`: a budget holds
+        the most a request may cost."""
+        held = self._ceilings.get(key, (0.0, 0.0, 0))
+        self._ceilings[key] = (
             max(held[0], pool.input_price_per_token_usd),
             max(held[1], pool.output_price_per_token_usd),
+            max(held[2], pool.deployment.model.max_context_tokens),
         )
 
     def candidates(self, model: str, tier: Tier) -> CandidateSet:
@@ -96,11 +99,21 @@ class PoolView:
         """Every non-empty (model, tier) set of `candidates`."""
         return self._candidates.values()
 
-    def price_ceiling_usd(self, model: str, tier: Tier, prompt: int, completion: int) -> float:
-        """What a request of these token counts costs on the dearest pool of `tier` serving
-        `model` (0 when none does)."""
-        per_in, per_out = self._prices.get((model, tier), (0.0, 0.0))
-        return prompt * per_in + completion * per_out
+    def most_cost_usd(
+        self,
+        model: str,
+        tier: Tier,
+        prompt_tokens_most: int,
+        max_tokens: int | None,
+        sequences: int = 1,
+    ) -> float:
+        """The most a request may cost on the dearest pool of `tier` serving `model` (0 when
+        none does): a prompt of at most `prompt_tokens_most` tokens and at most the model's
+        context, and `sequences` outputs of `max_tokens` each, or, when it sets none, of as
+        much of the context as the node may fill (a vLLM backend's default)."""
+        per_in, per_out, context = self._ceilings.get((model, tier), (0.0, 0.0, 0))
+        output = context if max_tokens is None else min(max_tokens, context)
+        return min(prompt_tokens_most, context) * per_in + sequences * output * per_out
 
     def tiers_serving(self, model: str) -> tuple[Tier, ...]:
         return self._tiers.get(model, ())

@@ -193,7 +193,7 @@ class Router:
             hold_usd = self.budgets.check(
                 tenant, self.wall(), self._most_it_may_cost(view, request, plan, choice, tenant)
             )
-            estimate = request.prompt_tokens_estimate + request.max_tokens
+            estimate = request.tokens_expected
             self.limiter.check(tenant, started, estimate)
             done.estimated_tokens = estimate
             if plan is not None:
@@ -244,19 +244,19 @@ class Router:
         choice: TierChoice,
         tenant: Tenant,
     ) -> float:
-        """The budget hold of a request: its prompt estimate and `max_tokens` at the dearest
-        pool that may serve it (both tiers of a cascade, which may bill both)."""
+        """The budget hold of a request: the most it may cost at the dearest pool that may
+        serve it (both tiers of a cascade, which may bill both); see `PoolView.most_cost_usd`."""
         if tenant.budget_usd is None:
             return 0.0
-        prompt, most = request.prompt_tokens_estimate, request.max_tokens
+        bounds = (request.prompt_tokens_most, request.max_tokens, request.sequences)
         if plan is None:
             return max(
-                view.price_ceiling_usd(request.model, tier, prompt, most)
+                view.most_cost_usd(request.model, tier, *bounds)
                 for tier in self._tiers_to_try(view, request, choice, choice.tier, tenant)
             )
         first, then = plan.cascade.first, plan.cascade.then
-        return view.price_ceiling_usd(plan.first_model, first, prompt, most) + (
-            view.price_ceiling_usd(plan.then_model, then, prompt, most)
+        return view.most_cost_usd(plan.first_model, first, *bounds) + (
+            view.most_cost_usd(plan.then_model, then, *bounds)
         )
 
     async def _first_attempt(
@@ -381,7 +381,7 @@ class Router:
                 endpoint.pool,
                 endpoint_load(endpoint),
                 request.prompt_tokens_estimate,
-                request.max_tokens,
+                request.output_tokens_expected,
             )
             if estimate is None:
                 kept.append(endpoint)  # unknown to the model: give it the benefit of the doubt
@@ -541,7 +541,7 @@ class Router:
             request.model,
             tier,
             request.prompt_tokens_estimate,
-            request.max_tokens,
+            request.output_tokens_expected,
             prefix_hashes(request.prefix_text),
         )
         order = pipeline.pick(ctx, view.candidates(request.model, tier), self.clock())

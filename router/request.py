@@ -11,6 +11,13 @@ dropped, as `json.loads(bytes)` skips it). Integers beyond 64 bits are read as f
 receives the client's own bytes, with `stream_options` appended to a stream's when the router
 asks for usage; only a body the router must rewrite (a stream that set other `stream_options`,
 a cascade's second model) is written anew, such integers as floats.
+
+The router decides a request's output cap, and the node is sent exactly that: when a body
+spells the cap twice (`max_completion_tokens` and `max_tokens`) or in a spelling the endpoint
+does not read (`max_completion_tokens` on `/v1/completions`), it is rewritten so that every
+spelling the node may read says the cap (`max_completion_tokens` wins, as in OpenAI's API).
+What a budget holds is then bounded by what the node can produce (`CompletionRequest`'s
+`prompt_tokens_most`, `max_tokens` or the model's context, and `sequences`).
 """
 
 from __future__ import annotations
@@ -25,14 +32,22 @@ from .jsonbytes import dumps
 
 #: A rough prompt size before the node counts it: ~4 characters per token, as for English.
 CHARS_PER_TOKEN = 4
-#: Output budget assumed when a request sets none (for rate limits and latency prediction).
+#: Output assumed when a request sets no cap, for rate limits and latency predictions (budgets
+#: hold what the node may really produce: the rest of the model's context).
 DEFAULT_MAX_TOKENS = 256
+#: Prompt tokens a chat template may add beyond the body's bytes (system preamble, tool
+#: instructions): every other token is at least one byte of the body.
+TEMPLATE_TOKENS = 256
+#: The most sequences one request may ask for (`n`, `best_of`, times the prompts of a batch).
+MAX_SEQUENCES = 128
 UTF8_BOM = b"\xef\xbb\xbf"
 #: How much of the prompt the prefix-affinity hash looks at.
 PREFIX_CHARS = 2048
 #: The largest `max_tokens` accepted: far beyond any model's context (the node refuses what its
 #: model cannot do), and small enough for the router's limits and predictions to compute with.
 MAX_TOKENS_LIMIT = 2**31 - 1
+#: The output cap's spellings, in the order of precedence.
+CAP_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 @dataclass(slots=True)
@@ -44,11 +59,26 @@ class CompletionRequest:
     model: str
     stream: bool
     include_usage: bool  # what the client asked for; the router always asks upstream
-    max_tokens: int
+    max_tokens: int | None  # the output cap sent to the node; None: the node's (its context)
     prompt_tokens_estimate: int
     prefix_text: str  # the start of the prompt, for prefix affinity (never logged)
     slo: tuple[float | None, float | None] | None = None  # (TTFT s, TPOT s) the client asks for
     raw: bytes | None = None  # the client's bytes, forwarded as they are while `body` is unchanged
+    #: Sequences generated: `n` (or `best_of`) for each prompt of a batch.
+    sequences: int = 1
+    #: The most prompt tokens the node may count: a token is at least one byte of the body.
+    prompt_tokens_most: int = 0
+
+    @property
+    def output_tokens_expected(self) -> int:
+        """Output tokens expected of one sequence, for latency predictions and (times
+        `sequences`) rate limits; budgets hold what the node may produce instead."""
+        return self.max_tokens or DEFAULT_MAX_TOKENS
+
+    @property
+    def tokens_expected(self) -> int:
+        """The whole request's tokens as the rate limiter estimates them before the reply."""
+        return self.prompt_tokens_estimate + self.output_tokens_expected * self.sequences
 
 
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
@@ -95,19 +125,23 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("`stream_options` must be an object", param="stream_options")
-    include_usage = bool(options and options.get("include_usage") is True)
-    max_tokens = _max_tokens(body)
-    text, tokens = _prompt(body, chat)
+    include_usage = options.get("include_usage") if options else None
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _bad("`stream_options.include_usage` must be a boolean", param="stream_options")
+    max_tokens, capped = _output_cap(body, chat)
+    text, tokens, prompts = _prompt(body, chat)
     return CompletionRequest(
-        body=body,
+        body=body if capped is None else capped,
         chat=chat,
         model=model,
         stream=stream,
-        include_usage=include_usage,
-        max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
+        include_usage=include_usage is True,
+        max_tokens=max_tokens,
         prompt_tokens_estimate=max(1, tokens),
         prefix_text=text[:PREFIX_CHARS],
-        raw=raw,
+        raw=raw if capped is None else None,
+        sequences=_sequences(body, prompts),
+        prompt_tokens_most=len(raw) + TEMPLATE_TOKENS,
     )
 
 
@@ -136,24 +170,57 @@ def upstream_body(request: CompletionRequest) -> bytes:
         raise _bad("the request body nests arrays or objects too deeply") from None
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
+def _output_cap(body: dict[str, Any], chat: bool) -> tuple[int | None, dict[str, Any] | None]:
+    """The request's output cap, and the body rewritten to say it in every spelling the node
+    may read (None when the body already does)."""
+    given = {key: _token_count(body, key) for key in CAP_FIELDS if body.get(key) is not None}
+    if not given:
+        return None, None
+    cap = given.get("max_completion_tokens", given.get("max_tokens"))
+    assert cap is not None
+    # Chat endpoints read either spelling (max_completion_tokens first); completions read
+    # max_tokens only.
+    said = {"max_tokens": cap, "max_completion_tokens": cap} if chat else {"max_tokens": cap}
+    if given == said or (chat and len(given) == 1):
+        return cap, None
+    rewritten = {k: v for k, v in body.items() if k not in CAP_FIELDS}
+    return cap, {**rewritten, **said}
+
+
+def _token_count(body: dict[str, Any], key: str) -> int:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"`{key}` must be an integer", param=key)
+    if value < 1:
+        raise _bad(f"`{key}` must be at least 1 (got {value})", param=key)
+    if value > MAX_TOKENS_LIMIT:
+        raise _bad(f"`{key}` must be at most {MAX_TOKENS_LIMIT}", param=key)
+    return value
+
+
+def _sequences(body: dict[str, Any], prompts: int) -> int:
+    """Sequences the node generates: `n` (or `best_of`, which vLLM generates and then picks
+    from) for each of the request's prompts."""
+    per_prompt = 1
+    for key in ("n", "best_of"):
         value = body.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _bad(f"`{key}` must be an integer", param=key)
-        if value < 1:
-            raise _bad(f"`{key}` must be at least 1 (got {value})", param=key)
-        if value > MAX_TOKENS_LIMIT:
-            raise _bad(f"`{key}` must be at most {MAX_TOKENS_LIMIT}", param=key)
-        return value
-    return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(f"`{key}` must be a positive integer", param=key)
+        per_prompt = max(per_prompt, value)
+    if per_prompt * prompts > MAX_SEQUENCES:
+        raise _bad(
+            f"a request may ask for at most {MAX_SEQUENCES} sequences (`n` or `best_of` for "
+            f"each prompt); this one asks for {per_prompt * prompts}",
+            param="n",
+        )
+    return per_prompt * prompts
 
 
-def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int]:
-    """The prompt's text (what prefix affinity hashes) and its size in tokens (estimated for
-    text, counted for token ids)."""
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
+    """The prompt's text (what prefix affinity hashes), its size in tokens (estimated for
+    text, counted for token ids) and how many prompts it is (a completions batch)."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -164,18 +231,18 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int]:
                 raise _bad(f"`messages[{i}]` must be an object", param="messages")
             parts.append(_content_text(message.get("content"), i))
         text = "\n".join(parts)
-        return text, len(text) // CHARS_PER_TOKEN
+        return text, len(text) // CHARS_PER_TOKEN, 1
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return prompt, len(prompt) // CHARS_PER_TOKEN
+        return prompt, len(prompt) // CHARS_PER_TOKEN, 1
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             text = "\n".join(prompt)
-            return text, len(text) // CHARS_PER_TOKEN
+            return text, len(text) // CHARS_PER_TOKEN, len(prompt)
         if _token_ids(prompt):  # OpenAI's and vLLM's pre-tokenised prompt
-            return _ids_text(prompt), len(prompt)
+            return _ids_text(prompt), len(prompt), 1
         if all(isinstance(p, list) and p and _token_ids(p) for p in prompt):
-            return _ids_text(prompt[0]), sum(len(p) for p in prompt)
+            return _ids_text(prompt[0]), sum(len(p) for p in prompt), len(prompt)
     raise _bad(
         "`prompt` must be a string, a non-empty array of strings, an array of token ids "
         "(non-negative integers) or a non-empty array of such arrays",

@@ -231,3 +231,59 @@ def test_an_auto_request_holds_the_price_of_the_dearest_tier_it_may_move_to(
             next(lines)
             second = httpx.post(url + "/v1/chat/completions", json=plain, headers=KEY, timeout=60)
         assert second.status_code == 200, second.text
+
+
+def test_a_second_spelling_of_the_output_cap_cannot_spend_past_the_budget(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    """A completions body that says `max_completion_tokens: 1` and `max_tokens: 2000`: the
+    router holds (and the node is sent) one cap, so ten at once spend at most the budget and
+    one request's most."""
+    with tenant_router(
+        served,
+        tmp_path / "ledger.sqlite",
+        tmp_path,
+        budget="budgetUsd: 5, budgetPeriod: day",
+        pool="billing: {outputPerMillionUsd: 1000000}",  # $1 an output token; prompts are free
+        max_num_seqs=32,
+    ) as (_, url):
+        body = {"model": "coder", "prompt": "hi", "max_completion_tokens": 1, "max_tokens": 2000,
+                "ignore_eos": True}  # fmt: skip
+
+        def ask(_: int) -> httpx.Response:
+            return httpx.post(url + "/v1/completions", json=body, headers=KEY, timeout=60)
+
+        with ThreadPoolExecutor(10) as pool:
+            replies = list(pool.map(ask, range(10)))
+        spent = httpx.get(url + "/v1/usage", headers=KEY).json()["budget"]["spent_usd"]
+    served_ok = [r for r in replies if r.status_code == 200]
+    assert served_ok and all(r.status_code in (200, 429) for r in replies)
+    assert all(r.json()["usage"]["completion_tokens"] == 1 for r in served_ok)
+    assert spent <= 5 + 1  # the budget, and one request's hold ($1)
+
+
+def test_a_request_without_an_output_cap_holds_the_rest_of_the_models_context(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    """A backend may fill the whole context when a request sets no cap (vLLM does): at $10 per
+    million output tokens, a 131,072-token context is a $1.31 hold, over the $1 budget, so a
+    second request waits for the first instead of being served on credit."""
+    with tenant_router(
+        served,
+        tmp_path / "ledger.sqlite",
+        tmp_path,
+        budget="budgetUsd: 1, budgetPeriod: day",
+        pool="billing: {outputPerMillionUsd: 10}",
+    ) as (_, url):
+        body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True},
+                          headers=KEY, timeout=60) as first:  # fmt: skip
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # in flight, holding
+            second = httpx.post(url + "/v1/chat/completions", json=body, headers=KEY, timeout=60)
+        assert second.status_code == 429, second.text
+        assert "in flight" in second.json()["error"]["message"]
+        capped = httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 50},
+                            headers=KEY, timeout=60)  # fmt: skip
+        assert capped.status_code == 200, capped.text

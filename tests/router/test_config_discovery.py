@@ -309,7 +309,7 @@ def test_a_name_only_previous_pods_answer_to_is_held_at_its_dearest_price(order:
         "http://b-old:1",
     ]
     assert [e.url for e in view.candidates("coder-v2", "batched")] == ["http://b-new:1"]
-    assert view.price_ceiling_usd("coder", "batched", 1000, 1000) == pytest.approx(
+    assert view.most_cost_usd("coder", "batched", 1000, 1000) == pytest.approx(
         view.pools["b-dear"].cost_usd(1000, 1000)
     )
     assert view.served_models["coder"] == ("batched",)

@@ -234,7 +234,7 @@ async def test_a_rollout_sends_each_name_only_to_pods_that_answer_to_it(
     await eventually(lambda: _candidates(source, "coder") == [ip[old], ip[new]])
     assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
     assert source.view.tiers_serving("coder") == ("batched", "premium")
-    assert source.view.price_ceiling_usd("coder", "batched", 0, 10**6) > 0
+    assert source.view.most_cost_usd("coder", "batched", 0, 10**6) > 0
 
     # the rollout ends: no pod answers to "coder" any more, and the name leaves this pool
     gone = _serving(f"coder-batched-6d8f9c7b5-{old}", "coder")

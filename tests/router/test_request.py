@@ -114,3 +114,99 @@ def test_a_body_orjson_reads_but_nothing_writes_back_is_a_400() -> None:
     with pytest.raises(RouterError) as caught:
         upstream_body(request)  # it must be rewritten (usage), and json's recursion limit stops it
     assert caught.value.status == 400 and "too deeply" in caught.value.message
+
+
+def sent(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """The body the node is sent for `body`."""
+    return dict(json.loads(upstream_body(parse_completion(json.dumps(body).encode(), chat=chat))))
+
+
+CHAT_ = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+TEXT_ = {"model": "m", "prompt": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "cap", "caps_sent"),
+    [
+        # Both spellings: max_completion_tokens wins, and the node is told it in both.
+        ({**CHAT_, "max_completion_tokens": 1, "max_tokens": 2000}, True, 1,
+         {"max_completion_tokens": 1, "max_tokens": 1}),
+        ({**CHAT_, "max_completion_tokens": 2000, "max_tokens": 1}, True, 2000,
+         {"max_completion_tokens": 2000, "max_tokens": 2000}),
+        # A completions endpoint reads max_tokens only: the cap goes there.
+        ({**TEXT_, "max_completion_tokens": 1, "max_tokens": 2000}, False, 1, {"max_tokens": 1}),
+        ({**TEXT_, "max_completion_tokens": 7}, False, 7, {"max_tokens": 7}),
+        ({**TEXT_, "max_completion_tokens": 7, "max_tokens": None}, False, 7, {"max_tokens": 7}),
+        ({**TEXT_, "max_tokens": 7}, False, 7, {"max_tokens": 7}),
+        # One spelling a chat endpoint reads: sent as it came.
+        ({**CHAT_, "max_completion_tokens": 9}, True, 9, {"max_completion_tokens": 9}),
+        ({**CHAT_, "max_tokens": 9}, True, 9, {"max_tokens": 9}),
+        # None: the node's own cap, the rest of the model's context (budgets hold that).
+        (CHAT_, True, None, {}),
+        (TEXT_, False, None, {}),
+    ],
+)  # fmt: skip
+def test_the_router_decides_the_output_cap_and_the_node_is_sent_exactly_it(
+    body: dict[str, Any], chat: bool, cap: int | None, caps_sent: dict[str, int]
+) -> None:
+    assert parse_completion(json.dumps(body).encode(), chat=chat).max_tokens == cap
+    upstream = sent(body, chat=chat)
+    assert {k: upstream[k] for k in ("max_completion_tokens", "max_tokens") if k in upstream} == (
+        caps_sent
+    )
+    assert {k: v for k, v in upstream.items() if not k.startswith("max_")} == {
+        k: v for k, v in body.items() if not k.startswith("max_")
+    }
+
+
+def test_a_body_that_needs_no_new_cap_is_forwarded_byte_for_byte() -> None:
+    raw = b'{"model": "m",  "prompt": "hi", "max_tokens": 5}'
+    assert upstream_body(parse_completion(raw, chat=False)) == raw
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "sequences"),
+    [
+        (CHAT_, True, 1),
+        ({**CHAT_, "n": 3}, True, 3),
+        ({**TEXT_, "n": 2, "best_of": 5}, False, 5),
+        ({**TEXT_, "prompt": ["a", "b", "c"], "n": 2}, False, 6),
+        ({**TEXT_, "prompt": [[1, 2], [3]]}, False, 2),
+    ],
+)
+def test_a_request_counts_every_sequence_the_node_generates(
+    body: dict[str, Any], chat: bool, sequences: int
+) -> None:
+    request = parse_completion(json.dumps({**body, "max_tokens": 10}).encode(), chat=chat)
+    assert request.sequences == sequences
+    assert request.tokens_expected == request.prompt_tokens_estimate + 10 * sequences
+
+
+def test_the_prompt_bound_is_the_bodys_bytes_whatever_the_text_tokenises_to() -> None:
+    # Punctuation is a token a character for most tokenizers: 4x the estimate.
+    raw = json.dumps({**CHAT_, "messages": [{"role": "user", "content": "!" * 4000}]}).encode()
+    request = parse_completion(raw, chat=True)
+    assert request.prompt_tokens_estimate == 1000
+    assert request.prompt_tokens_most >= 4000 + 3 + 3  # every character, and the template's
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"n": 0}, "`n` must be a positive integer"),
+        ({"n": "2"}, "`n` must be a positive integer"),
+        ({"n": True}, "`n` must be a positive integer"),
+        ({"best_of": -1}, "`best_of` must be a positive integer"),
+        ({"n": 129}, "at most 128 sequences"),
+        ({"max_completion_tokens": 0, "max_tokens": 5}, "`max_completion_tokens` must be at least"),
+        ({"max_completion_tokens": 5, "max_tokens": "5"}, "`max_tokens` must be an integer"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}},
+         "`stream_options.include_usage` must be a boolean"),
+    ],
+)  # fmt: skip
+def test_bad_sequence_counts_caps_and_usage_flags_are_400s(
+    extra: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_completion(json.dumps({**TEXT_, **extra}).encode(), chat=False)
+    assert caught.value.status == 400 and says in caught.value.message
