@@ -1,7 +1,9 @@
 """`GET /openapi.json`: the router's API, described from pydantic models of what it reads.
 
-The request schemas list the fields the router itself reads (routing, billing); everything
-else OpenAI defines is passed to the serving node, so the schemas allow additional fields.
+The request schemas list the fields the router itself reads (routing, billing) with the
+constraints `router/request.py` enforces (its limits are imported from there, and a test
+generates bodies from this document that the router must accept); everything else OpenAI
+defines is passed to the serving node, so the schemas allow additional fields.
 """
 
 from __future__ import annotations
@@ -14,14 +16,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from tiergate import __version__
 
 from .cascade import CASCADE_HEADER
-from .request import MAX_TOKENS_LIMIT, SLO_TPOT_HEADER, SLO_TTFT_HEADER
+from .request import (
+    MAX_SEQUENCES,
+    MAX_SLO_MS,
+    MAX_TOKENS_LIMIT,
+    SLO_TPOT_HEADER,
+    SLO_TTFT_HEADER,
+)
 from .tiers import TIER_HEADER, TIERS
 
 Tier = Literal["batched", "premium", "wafer-scale"]
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Strict: the router takes JSON's own types only (no "yes" for true, no "5" for 5).
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Open):
@@ -29,14 +38,20 @@ class StreamOptions(_Open):
 
 
 class _Common(_Open):
-    model: str = Field(description="A served model name (see GET /v1/models).")
+    model: str = Field(min_length=1, description="A served model name (see GET /v1/models).")
     stream: bool = Field(default=False, description="Stream server-sent events.")
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(
         default=None, ge=1, le=MAX_TOKENS_LIMIT, description="Output token limit."
     )
     max_completion_tokens: int | None = Field(
-        default=None, ge=1, le=MAX_TOKENS_LIMIT, description="Same, newer name."
+        default=None,
+        ge=1,
+        le=MAX_TOKENS_LIMIT,
+        description="Same, newer name; wins over max_tokens when both are set.",
+    )
+    n: int | None = Field(
+        default=None, ge=1, le=MAX_SEQUENCES, description="Choices to generate per prompt."
     )
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
         default=None,
@@ -54,6 +69,9 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
+    best_of: int | None = Field(
+        default=None, ge=1, le=MAX_SEQUENCES, description="Sequences generated per prompt."
+    )
     prompt: (
         str
         | Annotated[list[str], Field(min_length=1)]
@@ -122,10 +140,10 @@ _REQUEST_HEADERS: list[tuple[str, dict[str, Any], str]] = [
     (CASCADE_HEADER, {"type": "string", "pattern": "^[a-z-]+>[a-z-]+$"},
      "Serve on the first tier, and on the second when the first's tool call is malformed, "
      "e.g. wafer-scale>premium."),
-    (SLO_TTFT_HEADER, {"type": "number", "exclusiveMinimum": 0},
+    (SLO_TTFT_HEADER, {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": MAX_SLO_MS},
      "Time to first token the client needs (ms): refused early with 503 when no candidate "
      "is predicted to meet it."),
-    (SLO_TPOT_HEADER, {"type": "number", "exclusiveMinimum": 0},
+    (SLO_TPOT_HEADER, {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": MAX_SLO_MS},
      "Time per output token the client needs (ms), likewise."),
 ]  # fmt: skip
 

@@ -38,7 +38,7 @@ DEFAULT_MAX_TOKENS = 256
 #: Prompt tokens a chat template may add beyond the body's bytes (system preamble, tool
 #: instructions): every other token is at least one byte of the body.
 TEMPLATE_TOKENS = 256
-#: The most sequences one request may ask for (`n`, `best_of`, times the prompts of a batch).
+#: The most sequences one request may ask for of each prompt (`n`, `best_of`).
 MAX_SEQUENCES = 128
 UTF8_BOM = b"\xef\xbb\xbf"
 #: How much of the prompt the prefix-affinity hash looks at.
@@ -82,6 +82,8 @@ class CompletionRequest:
 
 
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
+#: SLO headers are below this many milliseconds (a figure the router can compute with).
+MAX_SLO_MS = 1e9
 SLO_TPOT_HEADER = "x-slo-tpot-ms"
 
 
@@ -97,7 +99,7 @@ def parse_slo(headers: dict[str, str]) -> tuple[float | None, float | None] | No
             ms = float(text)
         except ValueError:
             ms = -1.0
-        if not (ms > 0 and ms < 1e9):
+        if not (ms > 0 and ms < MAX_SLO_MS):
             raise _bad(f"`{name}` must be a positive number of milliseconds", param=name)
         values.append(ms / 1000.0)
     return None if values == [None, None] else (values[0], values[1])
@@ -181,15 +183,26 @@ def _output_cap(body: dict[str, Any], chat: bool) -> tuple[int | None, dict[str,
     # Chat endpoints read either spelling (max_completion_tokens first); completions read
     # max_tokens only.
     said = {"max_tokens": cap, "max_completion_tokens": cap} if chat else {"max_tokens": cap}
-    if given == said or (chat and len(given) == 1):
+    as_sent = {key: body[key] for key in given}
+    exact = all(type(value) is int for value in as_sent.values())  # not 5.0: the node reads ints
+    if exact and (given == said or (chat and len(given) == 1)):
         return cap, None
     rewritten = {k: v for k, v in body.items() if k not in CAP_FIELDS}
     return cap, {**rewritten, **said}
 
 
+def _whole(value: Any) -> int | None:
+    """`value` as an integer if JSON calls it one (5 or 5.0, as JSON Schema does), else None."""
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
+
+
 def _token_count(body: dict[str, Any], key: str) -> int:
-    value = body[key]
-    if isinstance(value, bool) or not isinstance(value, int):
+    value = _whole(body[key])
+    if value is None:
         raise _bad(f"`{key}` must be an integer", param=key)
     if value < 1:
         raise _bad(f"`{key}` must be at least 1 (got {value})", param=key)
@@ -203,18 +216,12 @@ def _sequences(body: dict[str, Any], prompts: int) -> int:
     from) for each of the request's prompts."""
     per_prompt = 1
     for key in ("n", "best_of"):
-        value = body.get(key)
-        if value is None:
+        if body.get(key) is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise _bad(f"`{key}` must be a positive integer", param=key)
+        value = _whole(body[key])
+        if value is None or not 1 <= value <= MAX_SEQUENCES:
+            raise _bad(f"`{key}` must be an integer from 1 to {MAX_SEQUENCES}", param=key)
         per_prompt = max(per_prompt, value)
-    if per_prompt * prompts > MAX_SEQUENCES:
-        raise _bad(
-            f"a request may ask for at most {MAX_SEQUENCES} sequences (`n` or `best_of` for "
-            f"each prompt); this one asks for {per_prompt * prompts}",
-            param="n",
-        )
     return per_prompt * prompts
 
 
@@ -251,13 +258,16 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
 
 
 def _token_ids(values: list[Any]) -> bool:
-    return all(type(v) is int and v >= 0 for v in values)
+    """Whether `values` are token ids: whole numbers from 0 (5.0 too, as JSON Schema says)."""
+    return all(
+        (type(v) is int and v >= 0) or ((w := _whole(v)) is not None and w >= 0) for v in values
+    )
 
 
 def _ids_text(ids: list[int]) -> str:
     """Token ids as text for prefix affinity: the same leading ids give the same leading text.
     Only as many as the prefix hash can look at are written out."""
-    return " ".join(map(str, ids[: PREFIX_CHARS // 2]))
+    return " ".join(map(str, map(int, ids[: PREFIX_CHARS // 2])))  # 5.0 and 5 alike
 
 
 def _content_text(content: Any, i: int) -> str:

@@ -41,7 +41,7 @@ def test_token_id_prompts_are_accepted_and_counted_exactly() -> None:
 
 @pytest.mark.parametrize(
     "prompt",
-    [[], [1, -2], [1, True], [1, 2.0], [1, "a"], [[]], [[1], []], [[1], 2], ["a", 1], None, 5, {}],
+    [[], [1, -2], [1, True], [1, 2.5], [1, "a"], [[]], [[1], []], [[1], 2], ["a", 1], None, 5, {}],
 )
 def test_prompts_that_are_neither_text_nor_token_ids_are_refused(prompt: Any) -> None:
     with pytest.raises(RouterError) as caught:
@@ -193,11 +193,12 @@ def test_the_prompt_bound_is_the_bodys_bytes_whatever_the_text_tokenises_to() ->
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        ({"n": 0}, "`n` must be a positive integer"),
-        ({"n": "2"}, "`n` must be a positive integer"),
-        ({"n": True}, "`n` must be a positive integer"),
-        ({"best_of": -1}, "`best_of` must be a positive integer"),
-        ({"n": 129}, "at most 128 sequences"),
+        ({"n": 0}, "`n` must be an integer from 1 to 128"),
+        ({"n": "2"}, "`n` must be an integer from 1 to 128"),
+        ({"n": True}, "`n` must be an integer from 1 to 128"),
+        ({"n": 2.5}, "`n` must be an integer from 1 to 128"),
+        ({"best_of": -1}, "`best_of` must be an integer from 1 to 128"),
+        ({"n": 129}, "`n` must be an integer from 1 to 128"),
         ({"max_completion_tokens": 0, "max_tokens": 5}, "`max_completion_tokens` must be at least"),
         ({"max_completion_tokens": 5, "max_tokens": "5"}, "`max_tokens` must be an integer"),
         ({"stream": True, "stream_options": {"include_usage": "yes"}},
