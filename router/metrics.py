@@ -95,6 +95,8 @@ class RouterMetrics:
         )
         r.register(_LiveCollector(view, now))
         r.register(_LedgerCollector(ledger, retention))
+        self._reloads = _ReloadCollector()
+        r.register(self._reloads)
         # Timed from the app's start to its stop (RouterApp installs and removes it).
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
@@ -104,12 +106,14 @@ class RouterMetrics:
 
     def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
         """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`."""
-        self.registry.register(_ReloadCollector(config, reloads))
+        self._reloads.sources[config] = reloads
 
 
 class _ReloadCollector(Collector):
-    def __init__(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
-        self.config, self.reloads = config, reloads
+    """One family for every reloadable file (a registry takes each name once)."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Callable[[], tuple[int, int]]] = {}
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
@@ -118,9 +122,10 @@ class _ReloadCollector(Collector):
             "configuration kept; the log says why).",
             labels=["config", "result"],
         )
-        applied, failed = self.reloads()
-        family.add_metric([self.config, "applied"], applied)
-        family.add_metric([self.config, "failed"], failed)
+        for config, reloads in self.sources.items():
+            applied, failed = reloads()
+            family.add_metric([config, "applied"], applied)
+            family.add_metric([config, "failed"], failed)
         yield family
 
 
