@@ -123,9 +123,13 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         default=limits.idle_timeout_s,
         help="close a connection idle this long (default %(default)g s)",
     )
-    g.add_argument("--max-connections", type=positive_int, default=None,
-                   help=f"connections open at once (default {limits.max_connections}, or what "
-                   "the open-file limit allows)")  # fmt: skip
+    g.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=None,
+        help=f"connections open at once (default {limits.max_connections}, or fewer if the "
+        "open-file limit has no room for them)",
+    )
 
 
 def connection_gate(args: argparse.Namespace) -> ConnectionGate:
