@@ -11,6 +11,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
+
 from .asgi import Message, Receive, Scope, Send, header_map, send_bytes, send_error, send_json
 from .errors import RouterError
 from .handler import Router
@@ -41,8 +43,11 @@ class RouterApp:
         *,
         synced: Callable[[], bool] = lambda: True,
         ready_needs_endpoints: bool = True,
+        connections: ConnectionGate | None = None,
     ) -> None:
         self.router = router
+        # Its clients' connections, as the server that serves the app limits and counts them.
+        self.connections = connections or ConnectionGate(ConnectionLimits(), log)
         self.ready_needs_endpoints = ready_needs_endpoints
         self.services = services or []
         self.ready = False

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
+from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
 
 from .admission import Saturation
 from .app import RouterApp, Service
@@ -39,8 +40,10 @@ def build_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     extra_services: list[Service] | None = None,
+    max_connections: int | None = None,
 ) -> RouterApp:
-    """The router app for `config`, reading pools from `source`.
+    """The router app for `config`, reading pools from `source`. `max_connections`: the
+    connection cap the open-file limit allows (router/cli/serve.py), if known.
 
     Raises TenantConfigError / LedgerError when the tenants file or the ledger is unusable.
     """
@@ -96,6 +99,8 @@ def build_app(
         on_round=lambda _: saturation.refresh(source.view),
     )
     metrics = RouterMetrics(view, clock, ledger, retention)
+    connections = ConnectionGate(settings.connections.limits(max_connections), log)
+    metrics.count_connections(connections)
     tool_checker = ToolCallChecker(
         on_unchecked=lambda reason: metrics.cascade_unchecked.labels(reason).inc()
     )
@@ -143,6 +148,7 @@ def build_app(
         services,
         synced=lambda: source.synced,
         ready_needs_endpoints=source.ready_needs_endpoints,
+        connections=connections,
     )
 
 

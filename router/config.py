@@ -32,6 +32,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
+from tiergate.sim_nodes.commands.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from tiergate.sim_nodes.validation import first_problem, yaml_position
 
 from .policy.config import PolicyConfig, default_policy
@@ -40,6 +41,7 @@ __all__ = [
     "BackgroundLoad",
     "Billing",
     "ConfigError",
+    "ConnectionSettings",
     "LocalSettings",
     "PoolSpec",
     "ReferenceWorkload",
@@ -113,6 +115,57 @@ def _quantity_units(value: Any) -> Any:
 Size = Annotated[ByteSize, BeforeValidator(_quantity_units)]
 
 
+class ConnectionSettings(_Model):
+    """Limits on clients' connections: slow or idle ones are closed, and past the cap new ones
+    are refused (sim_nodes/commands/connection_limits.py). Read when the router starts."""
+
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "A request's headers must arrive within this many seconds of its first byte; "
+            "else 408 and the connection is closed."
+        ),
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "A request's body must arrive within this many seconds of its headers; else 408 "
+            "(or, once a reply has begun, no reply) and the connection is closed."
+        ),
+    )
+    idle_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "A connection with no request in progress (new, or kept alive after a reply) is "
+            "closed after this many seconds."
+        ),
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            f"Client connections open at once; past it a new one is answered 503 and closed. "
+            f"None: {DEFAULT_MAX_CONNECTIONS}, or fewer if the open-file limit (RLIMIT_NOFILE) "
+            "has no room for them beside their upstream connections; a number that does not "
+            "fit stops the router at start."
+        ),
+    )
+
+    def limits(self, max_connections: int | None = None) -> ConnectionLimits:
+        """These limits, with `max_connections` (what the open-file limit allows, worked out
+        where the router is served) in place of the configured cap."""
+        cap = max_connections or self.max_connections or DEFAULT_MAX_CONNECTIONS
+        return ConnectionLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            max_connections=cap,
+        )
+
+
 class RouterSettings(_Model):
     """How the router itself runs."""
 
@@ -139,6 +192,10 @@ class RouterSettings(_Model):
         ),
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    connections: ConnectionSettings = Field(
+        default_factory=ConnectionSettings,
+        description="Timeouts for slow and idle client connections, and their cap.",
+    )
     upstream_attempts: int = Field(default=3, ge=1, le=10)
     scrape_interval_s: float = Field(default=0.5, gt=0)
     reload_interval_s: float = Field(default=1.0, gt=0)

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
+
 from .discovery import PoolView
 from .gc_pauses import GcPauses
 from .ledger import Ledger, LedgerError
@@ -104,6 +106,10 @@ class RouterMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def count_connections(self, gate: ConnectionGate) -> None:
+        """Export the client connections `gate` counts: open, the cap, refused, timed out."""
+        self.registry.register(_ConnectionCollector(gate))
+
     def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
         """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`;
         one call per reloaded file (pools, tenants), all in the one metric family."""
@@ -111,6 +117,8 @@ class RouterMetrics:
 
 
 class _ReloadCollector(Collector):
+    """One family for every reloadable file (a registry takes each name once)."""
+
     def __init__(self) -> None:
         self.sources: dict[str, Callable[[], tuple[int, int]]] = {}
 
@@ -126,6 +134,35 @@ class _ReloadCollector(Collector):
             family.add_metric([config, "applied"], applied)
             family.add_metric([config, "failed"], failed)
         yield family
+
+
+class _ConnectionCollector(Collector):
+    def __init__(self, gate: ConnectionGate) -> None:
+        self.gate = gate
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gate = self.gate
+        yield GaugeMetricFamily(
+            "tiergate_connections_open", "Client connections open.", value=gate.open
+        )
+        yield GaugeMetricFamily(
+            "tiergate_connections_max",
+            "Client connections the router keeps open at most (router.connections).",
+            value=gate.limits.max_connections,
+        )
+        yield CounterMetricFamily(
+            "tiergate_connections_refused",
+            "New client connections answered 503 and closed: the cap was reached.",
+            value=gate.refused,
+        )
+        timeouts = CounterMetricFamily(
+            "tiergate_connection_timeouts",
+            "Client connections closed because a request's headers or body took too long.",
+            labels=["phase"],
+        )
+        for phase, count in gate.timeouts.items():
+            timeouts.add_metric([phase], count)
+        yield timeouts
 
 
 class _LiveCollector(Collector):

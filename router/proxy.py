@@ -69,6 +69,9 @@ UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=2
 #: endpoint's failure).
 KEEPALIVE_S = 4.0
 
+#: Upstream connections in use at once, at most (each proxied request holds one).
+MAX_CONNECTIONS = 1024
+
 #: The failures of a connection, as aiohttp raises them (timeouts are TimeoutError).
 CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
 
@@ -141,7 +144,7 @@ class Upstream:
     def __init__(
         self,
         *,
-        max_connections: int = 1024,
+        max_connections: int = MAX_CONNECTIONS,
         timeout: aiohttp.ClientTimeout = UPSTREAM_TIMEOUT,
         attempts: int = 3,
         on_success: Callable[[EndpointState], object] = lambda e: None,

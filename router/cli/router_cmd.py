@@ -21,7 +21,7 @@ from ..build import build_app, router_source
 from ..config import ConfigError
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
-from .serve import run_router
+from .serve import connection_cap, run_router
 
 log = logging.getLogger("tiergate.router")
 #: uvicorn's own default.
@@ -45,10 +45,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     host = args.host or config.router.host
     port = args.port if args.port is not None else config.router.port
+    cap = connection_cap(config.router.connections)
     sock = listen_socket(host, port)  # a port in use is one line, before anything starts
     try:
         try:
-            app = build_app(config, source)
+            app = build_app(config, source, max_connections=cap)
         except (ConfigError, TenantConfigError, LedgerError) as exc:
             raise CliError(str(exc)) from None
         # Listening from here (uvicorn accepts what queued once it starts), so the line is true

@@ -1,13 +1,43 @@
-"""Serving a router app with uvicorn on uvloop."""
+"""Serving a router app with uvicorn on uvloop, within its connection limits."""
 
 from __future__ import annotations
 
+import logging
 import socket
 
+from tiergate.sim_nodes.commands.common import CliError
+from tiergate.sim_nodes.commands.fd_budget import FdBudgetError, max_connections
+
+from .. import proxy
 from ..app import RouterApp
+from ..config import ConnectionSettings
+
+log = logging.getLogger("tiergate.router")
 
 #: Open streams get this long to finish when the router is told to stop.
 GRACEFUL_SHUTDOWN_S = 10
+
+#: File descriptors kept beside client connections and their upstream ones: the scraper's
+#: idle connection to each endpoint (a few hundred), the Kubernetes watches, the ledger's
+#: files, a reloaded file while it is read, the event loop's and the standard streams.
+RESERVED_FDS = 256
+
+
+def connection_cap(settings: ConnectionSettings) -> int:
+    """The most client connections the router may hold (sim_nodes/commands/fd_budget.py);
+    CliError when `router.connections.maxConnections` does not fit the open-file limit."""
+    try:
+        cap, open_files = max_connections(
+            settings.max_connections,
+            setting="router.connections.maxConnections",
+            reserve=RESERVED_FDS,
+            upstream_pool=proxy.MAX_CONNECTIONS,
+        )
+    except FdBudgetError as exc:
+        raise CliError(str(exc)) from None
+    log.info("event=connection_limits %s open_file_limit=%d",
+             settings.limits(cap).summary(), open_files)  # fmt: skip
+    return cap
 
 
 def run_router(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
@@ -43,6 +73,8 @@ async def serve(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
     """Run until SIGINT/SIGTERM; False if the server could not start."""
     import uvicorn
 
+    from tiergate.sim_nodes.commands.limited_protocol import server_options
+
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -50,7 +82,8 @@ async def serve(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
             log_config=None,
             log_level=log_level,
             lifespan="on",
-            http="httptools",
+            # httptools, with the timeouts and the connection cap uvicorn lacks.
+            **server_options(app.connections),
             # The router reads no client address, and logs none: the X-Forwarded-* rewrite
             # would cost every request ~2% for nothing.
             proxy_headers=False,

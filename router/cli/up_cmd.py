@@ -28,7 +28,7 @@ from ..discovery import PoolView, StaticSource, build_view
 from ..ledger import LedgerError
 from ..tenants import TenantConfigError
 from .nodes import NodeStartError, NodeSupervisor, node_ports, start_nodes, stop_nodes
-from .serve import run_router
+from .serve import connection_cap, run_router
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         planned = build_view(config.pools, default_catalog())
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    cap = connection_cap(config.router.connections)
     host = config.router.host
     sock = listen_socket(host, config.router.port)
     try:
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                 config.pools, default_catalog(), urls_of=lambda s: urls.get(s.name, [])
             )
             try:
-                app = build_app(config, StaticSource(view))
+                app = build_app(config, StaticSource(view), max_connections=cap)
             except (TenantConfigError, LedgerError) as exc:
                 raise CliError(str(exc)) from None
             supervisor.start()

@@ -9,6 +9,7 @@ server, access log off; SIGTERM/SIGINT shut down gracefully (open streams get a 
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,18 @@ from .common import (
     listen_socket,
     non_negative_int,
     port_number,
+    positive_float,
     positive_int,
     spec_overrides,
     unit_interval,
 )
+from .connection_limits import ConnectionGate, ConnectionLimits
+from .fd_budget import FdBudgetError, max_connections
 
 GRACEFUL_SHUTDOWN_S = 5
+
+#: File descriptors kept beside client connections: the event loop's, the standard streams.
+RESERVED_FDS = 64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,12 +92,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body (default 4 MiB)",
     )
+    add_connection_arguments(parser)
     node.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
         help="log level (default info)",
     )
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Limits on clients' connections (sim_nodes/commands/connection_limits.py)."""
+    limits = ConnectionLimits()
+    g = parser.add_argument_group("connections")
+    g.add_argument(
+        "--header-timeout-s",
+        type=positive_float,
+        default=limits.header_timeout_s,
+        help="a request's headers must arrive within this (default %(default)g s)",
+    )
+    g.add_argument(
+        "--body-timeout-s",
+        type=positive_float,
+        default=limits.body_timeout_s,
+        help="its body within this after them (default %(default)g s)",
+    )
+    g.add_argument(
+        "--idle-timeout-s",
+        type=positive_float,
+        default=limits.idle_timeout_s,
+        help="close a connection idle this long (default %(default)g s)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=None,
+        help=f"connections open at once (default {limits.max_connections}, or fewer if the "
+        "open-file limit has no room for them)",
+    )
+
+
+def connection_gate(args: argparse.Namespace) -> ConnectionGate:
+    """The limits the flags ask for, the cap fitted in the open-file limit (CliError if the
+    one asked for does not fit)."""
+    try:
+        cap, _ = max_connections(
+            args.max_connections, setting="--max-connections", reserve=RESERVED_FDS
+        )
+    except FdBudgetError as exc:
+        raise CliError(str(exc)) from None
+    limits = ConnectionLimits(
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        idle_timeout_s=args.idle_timeout_s,
+        max_connections=cap,
+    )
+    return ConnectionGate(limits, logging.getLogger("tiergate.sim_node"))
 
 
 def serving_spec(args: argparse.Namespace) -> tuple[ServingSpec, list[str]]:
@@ -118,19 +175,25 @@ def run(args: argparse.Namespace) -> int:
     spec, names = serving_spec(args)
     if args.background_sequences and not args.background_context_tokens:
         raise CliError("--background-sequences needs --background-context-tokens")
+    gate = connection_gate(args)
     sock = listen_socket(args.host, args.port)
     try:
-        return _serve(args, spec, names, sock)
+        return _serve(args, spec, names, sock, gate)
     finally:
         sock.close()
 
 
 def _serve(
-    args: argparse.Namespace, spec: ServingSpec, names: list[str], sock: socket.socket
+    args: argparse.Namespace,
+    spec: ServingSpec,
+    names: list[str],
+    sock: socket.socket,
+    gate: ConnectionGate,
 ) -> int:
     import uvicorn
 
     from ..server.app import create_app
+    from .limited_protocol import server_options
 
     port = sock.getsockname()[1]
     config = NodeConfig(
@@ -159,6 +222,7 @@ def _serve(
             log_level=args.log_level,
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            **server_options(gate),
         )
     )
     server.run(sockets=[sock])

@@ -132,6 +132,16 @@ def test_router_policy_values_become_the_router_s_policy(
     assert policy.scorers[1].parameters == {"otherContextTokens": 30000}
 
 
+def test_router_connection_values_become_the_router_s_limits(
+    default_manifests: list[Manifest], variant_manifests: list[Manifest]
+) -> None:
+    assert "connections" not in router_config(default_manifests)["router"]  # the router's own
+    connections = validate_with_router(router_config(variant_manifests)).router.connections
+    limits = connections.limits()
+    assert (limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) == (10, 60, 5)
+    assert connections.max_connections == 4000
+
+
 def config_volume(manifests: list[Manifest]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the /etc/tiergate mount, its volume) of the router."""
     pod = one(manifests, "Deployment", ROUTER)["spec"]["template"]["spec"]

@@ -54,6 +54,9 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
             "/router/policy/scorers/0",
         ),
         (["router.policy.scorer=x"], "additional properties 'scorer' not allowed"),
+        (["router.connections.headerTimeoutS=0"], "/router/connections/headerTimeoutS"),
+        (["router.connections.maxConnections=0"], "/router/connections/maxConnections"),
+        (["router.connections.idleTimeout=5"], "additional properties 'idleTimeout' not allowed"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(

@@ -14,15 +14,21 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
+from tiergate.sim_nodes.commands.limited_protocol import server_options
+
 
 @contextmanager
 def serve_app(app: Any) -> Iterator[str]:
-    """Yield the base URL of `app` served on 127.0.0.1; stop it on exit."""
+    """Yield the base URL of `app` served on 127.0.0.1; stop it on exit. An app that carries
+    its connections' gate (the router's) is served within its limits, as its CLI serves it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    gate = getattr(app, "connections", None)
+    options = server_options(gate) if isinstance(gate, ConnectionGate) else {}
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", **options)
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -14,6 +14,7 @@ import pytest
 from polling_helpers import settled, until
 from tenant_router_helpers import KEY, tenant_router
 
+from tiergate.router.build import build_app, file_source
 from tiergate.router.discovery import FileSource
 from tiergate.router.tenants import TenantRegistry
 from tiergate.router.tenants_reload import TenantsReloader
@@ -85,3 +86,20 @@ def test_reloads_are_counted_in_the_metrics(
         until(lambda: failed in httpx.get(url + "/metrics").text, "no failed reload counted")
         applied = 'tiergate_config_reloads_total{config="tenants",result="applied"} 0.0'
         assert applied in httpx.get(url + "/metrics").text
+
+
+def test_a_router_with_a_pools_file_and_a_tenants_file_counts_the_reloads_of_both(
+    tmp_path: Path,
+) -> None:
+    """`tiergate router --config` with both files: one metric family for the two (a second
+    one of the same name made the app fail to build)."""
+    tenants, path = tmp_path / "tenants.yaml", tmp_path / "router.yaml"
+    tenants.write_text(ALICE)
+    path.write_text(
+        f"router: {{tenantsFile: {tenants}, ledgerPath: {tmp_path / 'ledger.sqlite'}}}\n"
+        "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]\n"
+    )
+    config, source = file_source(path, default_catalog())
+    text = build_app(config, source).router.metrics.exposition().decode()
+    for name in ("pools", "tenants"):
+        assert f'tiergate_config_reloads_total{{config="{name}",result="applied"}} 0.0' in text
