@@ -5,7 +5,7 @@ Routes only wire things together: read and validate the body (`body`), plan the 
 becomes the OpenAI envelope in one place (`errors.error_response`); nothing a client sends
 produces a traceback or an unhandled 500.
 
-Request headers the node understands: ``x-tiergate-fault`` (see `faults`) and
+Request headers the node understands: ``x-tiergate-fault`` (see `faults`; only when enabled) and
 ``x-tiergate-timing: 1`` (stream chunks carry ``tiergate: {"t": <engine time>}``, the
 moment the engine released their tokens, in the node clock: `time.monotonic` by default).
 """
