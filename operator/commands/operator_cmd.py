@@ -1,7 +1,8 @@
 """`tiergate operator`: run the kopf operator, in a cluster or locally against a kubeconfig.
 
 Watches InferencePools in the given namespaces (or all), renders sim-node Deployments with
-`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image).
+`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image); a
+pool's `spec.template.image` may name only that image or one given with `--allowed-image`.
 Replicas of the operator elect one writer through kopf peering: each starts with a random
 priority, the highest one runs, the others stand by and take over when its peering record
 expires. `--standalone` turns peering off (local development).
@@ -18,6 +19,8 @@ from typing import Any
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 from tiergate.sim_nodes.commands.common import CliError, configure_logging
 
+from ..images import ImagePolicy
+
 PEERING_NAME = "tiergate"
 
 
@@ -27,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--image", default=os.environ.get("TIERGATE_IMAGE"),
                    help="image of the sim-node pods (default: $TIERGATE_IMAGE)")  # fmt: skip
+    p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
+                   help="another image a pool's spec.template.image may name (repeatable; "
+                        "whole references; default: only --image)")  # fmt: skip
     p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
     p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
@@ -51,6 +57,11 @@ def operator_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def image_policy(args: argparse.Namespace) -> ImagePolicy:
+    """The images pools may run: --image and every --allowed-image."""
+    return ImagePolicy(args.image, frozenset(args.allowed_image))
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.image:
         raise CliError("no sim-node image: pass --image or set TIERGATE_IMAGE")
@@ -71,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no Kubernetes credentials: {exc}") from None
     # Not kopf.configure(): it adds a second root handler, and every line would print twice in
     # two formats. kopf's loggers go through configure_logging's handler like everything else.
-    memo = handlers.OperatorMemo(catalog=catalog, image=args.image, namespaced=bool(args.namespace))
+    memo = handlers.OperatorMemo(
+        catalog=catalog, images=image_policy(args), namespaced=bool(args.namespace)
+    )
     asyncio.run(kopf.operator(memo=memo, **operator_options(args)))
     return 0
