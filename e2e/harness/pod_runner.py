@@ -19,7 +19,9 @@ the pod goes away, and restarts it when it dies, as a kubelet would:
 - status: the pod is Ready only while its readinessProbe (httpGet) passes, as the kubelet
   reports it (kwok alone would call it Ready before the process listens); a pod with
   restartPolicy Never/OnFailure (a `helm test` pod) gets phase Succeeded or Failed from its
-  exit code.
+  exit code;
+- `kubectl logs` and `kubectl port-forward`: through kwok, from the per-pod objects and the
+  CRI-format log file `pod_debugging` makes.
 
 Mount namespaces need root. Test infrastructure only: it lives in e2e/, never in the product.
 
@@ -47,6 +49,10 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+# Run as a script with -P: its own folder is not on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pod_debugging import apply_debugging, pump  # noqa: E402
+
 log = logging.getLogger("pod-runner")
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -61,6 +67,7 @@ class Runner:
     """Settings shared by every pod."""
 
     api: client.CoreV1Api
+    custom: client.CustomObjectsApi
     state: Path
     tiergate: Path
     shim: Path
@@ -88,6 +95,7 @@ class Proc:
     exited: float | None = None  # when the process was seen to have exited
     failures: int = 0  # consecutive readiness probe failures
     next_probe: float = 0.0
+    output: threading.Thread | None = None  # copies its output to the log files
 
 
 def ours(pod: client.V1Pod, image: str) -> bool:
@@ -156,6 +164,7 @@ class PodProcesses:
         self.done: set[str] = set()  # run-to-completion pods whose process has finished
         self.removed: set[str] = set()  # terminated pods whose object the runner deleted
         self.retry_at: dict[str, float] = {}  # pods whose start failed: try again then
+        self.debuggable: set[str] = set()  # pods whose Logs and PortForward objects exist
         self.lock = threading.Lock()
 
     # -- desired state, from the watch ----------------------------------------------------
@@ -203,6 +212,7 @@ class PodProcesses:
             return
         code = proc.popen.poll()
         if code is None:
+            self._debuggable(pod)
             self._probe(pod, proc)
             return
         if proc.exited is None:
@@ -304,11 +314,10 @@ class PodProcesses:
         where = f"{meta.namespace}/{meta.name}"
         try:
             argv, env, log_file = self._prepare(pod)
-            with log_file.open("ab") as out:
-                popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet's
-                    argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
+            popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet's
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a missing secret may appear: retry
             self.retry_at[meta.uid] = time.monotonic() + RESTART_BACKOFF_S[-1]
             log.error("pod %s cannot be started (retrying in %.0f s): %s", where,
@@ -317,6 +326,8 @@ class PodProcesses:
             return False
         self.retry_at.pop(meta.uid, None)
         proc = Proc(meta.uid, meta.namespace, meta.name, popen, log_file, pod.status.pod_ip)
+        assert popen.stdout is not None
+        proc.output = pump(popen.stdout, log_file, self._cri_log(pod))
         self.procs[meta.uid] = proc
         # kwok marked the pod Ready when it made it Running; the process only now starts.
         self._report_ready(pod, proc, False)
@@ -324,6 +335,26 @@ class PodProcesses:
             "pod %s: started pid %d on %s (log %s)", where, popen.pid, pod.status.pod_ip, log_file
         )
         return True
+
+    def _cri_log(self, pod: client.V1Pod) -> Path:
+        """The pod's log in the CRI format, which `kubectl logs` reads through kwok."""
+        meta = pod.metadata
+        path = self.r.state / "cri-logs" / f"{meta.namespace}_{meta.name}_{meta.uid}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _debuggable(self, pod: client.V1Pod) -> None:
+        """Make the pod's Logs and PortForward objects once (retried on the next pass)."""
+        uid = pod.metadata.uid
+        if uid in self.debuggable:
+            return
+        try:
+            apply_debugging(self.r.custom, pod, self._cri_log(pod))
+        except client.ApiException as exc:
+            log.warning("pod %s/%s: no logs or port-forward yet: %s",
+                        pod.metadata.namespace, pod.metadata.name, exc.reason)  # fmt: skip
+            return
+        self.debuggable.add(uid)
 
     def _waiting(self, pod: client.V1Pod, reason: str, message: str) -> None:
         """Say in the pod's status why its container is not running (kubectl describe)."""
@@ -381,6 +412,8 @@ class PodProcesses:
     def _finish(self, pod: client.V1Pod, proc: Proc, code: int) -> None:
         """A run-to-completion pod's process ended: report it the way the kubelet does."""
         phase = "Succeeded" if code == 0 else "Failed"
+        if proc.output is not None:
+            proc.output.join(timeout=5)  # the last lines reach the file first
         tail = proc.log_file.read_text(errors="replace")[-2000:]
         container = pod.spec.containers[0].name
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -785,6 +818,7 @@ def make_runner(args: argparse.Namespace) -> Runner:
     tiergate = args.tiergate.resolve()
     return Runner(
         api=client.CoreV1Api(api_client),
+        custom=client.CustomObjectsApi(api_client),
         state=state,
         tiergate=tiergate,
         shim=shim,
