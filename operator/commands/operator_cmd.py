@@ -1,6 +1,7 @@
 """`tiergate operator`: run the kopf operator, in a cluster or locally against a kubeconfig.
 
-Watches InferencePools in the given namespaces (or all), renders sim-node Deployments with
+Watches InferencePools in the given namespaces (default: its own; every namespace only with
+--all-namespaces, which needs cluster-wide permissions), renders sim-node Deployments with
 `--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image); a
 pool's `spec.template.image` may name only that image or one given with `--allowed-image`.
 Replicas of the operator elect one writer through kopf peering: each starts with a random
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
@@ -26,8 +28,14 @@ PEERING_NAME = "tiergate"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--namespace", action="append", default=[], help="watch this (repeatable)")
-    where.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    where.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this (repeatable; default: the operator's own namespace)",
+    )
+    where.add_argument("--all-namespaces", action="store_true",
+                       help="watch every namespace (needs cluster-wide permissions)")  # fmt: skip
     p.add_argument("--image", default=os.environ.get("TIERGATE_IMAGE"),
                    help="image of the sim-node pods (default: $TIERGATE_IMAGE)")  # fmt: skip
     p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
@@ -39,15 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
-def operator_options(args: argparse.Namespace) -> dict[str, Any]:
+def operator_options(
+    args: argparse.Namespace, own_namespace: Callable[[], str] = lambda: "default"
+) -> dict[str, Any]:
     """kopf.operator's keyword arguments for these flags.
 
-    Peering is named only when it is wanted: a peering name makes kopf's peering mandatory,
-    and mandatory peering in standalone mode watches no peering object and stays paused.
+    Every namespace only with --all-namespaces; with no --namespace either, `own_namespace()`
+    (the operator's own: `current_namespace`). Peering is named only when it is wanted: a
+    peering name makes kopf's peering mandatory, and mandatory peering in standalone mode
+    watches no peering object and stays paused.
     """
+    namespaces = [] if args.all_namespaces else (args.namespace or [own_namespace()])
     options: dict[str, Any] = {
-        "clusterwide": not args.namespace,
-        "namespaces": args.namespace,
+        "clusterwide": bool(args.all_namespaces),
+        "namespaces": namespaces,
         "standalone": args.standalone,
         "liveness_endpoint": f"http://0.0.0.0:{args.health_port}/healthz",
     }
@@ -74,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes.config import ConfigException
 
     from .. import handlers
-    from ..kube import load_kube_config
+    from ..kube import current_namespace, load_kube_config
 
     try:
         load_kube_config(args.kubeconfig)
@@ -82,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no Kubernetes credentials: {exc}") from None
     # Not kopf.configure(): it adds a second root handler, and every line would print twice in
     # two formats. kopf's loggers go through configure_logging's handler like everything else.
+    options = operator_options(args, lambda: current_namespace(args.kubeconfig))
     memo = handlers.OperatorMemo(
-        catalog=catalog, images=image_policy(args), namespaced=bool(args.namespace)
+        catalog=catalog, images=image_policy(args), namespaced=not options["clusterwide"]
     )
-    asyncio.run(kopf.operator(memo=memo, **operator_options(args)))
+    asyncio.run(kopf.operator(memo=memo, **options))
     return 0
