@@ -83,7 +83,8 @@ def test_a_node_deleted_under_load_leaves_no_request_unanswered(release: Release
 
 RELEASE_KINDS = (
     "deployments,services,configmaps,secrets,serviceaccounts,roles,rolebindings,"
-    "poddisruptionbudgets,horizontalpodautoscalers,kopfpeerings,clusterroles,clusterrolebindings"
+    "poddisruptionbudgets,horizontalpodautoscalers,kopfpeerings,clusterroles,clusterrolebindings,"
+    "networkpolicies"
 )
 
 

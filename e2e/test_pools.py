@@ -236,6 +236,36 @@ def test_the_operator_takes_no_other_apps_object_and_says_what_it_could_not_appl
     release.kubectl("delete", "inferencepool", "bad-label", "--wait=true")
 
 
+def test_a_refused_edit_leaves_the_previous_pods_serving_and_says_so(release: Release) -> None:
+    """A batch cap below the pool's background load, then an image the operator does not
+    allow: neither is rolled out, the previous pods keep serving through the router, and the
+    conditions say both (Ready=True about the previous generation, Progressing why not)."""
+    release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
+    release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
+    pool = POOLS["wafer-scale"]
+    before = release.get("deployment", pool)
+    served_generation = release.get("inferencepool", pool)["metadata"]["generation"]
+    for patch, reason, words in (
+        ('{"spec": {"batching": {"maxNumSeqs": 4}}}', "InvalidSpec", "no batch slot"),
+        ('{"spec": {"batching": {"maxNumSeqs": 8}, "template": {"image": "evil/miner:1"}}}',
+         "ImageNotAllowed", "evil/miner:1 is not allowed"),
+    ):  # fmt: skip
+        release.kubectl("patch", "inferencepool", pool, "--type=merge", "-p", patch)
+        release.wait(
+            lambda r=reason: (release.condition(pool, "Progressing") or {}).get("reason") == r,
+            f"{pool} Progressing=False {reason}",
+        )
+        ready = release.condition(pool, "Ready") or {}
+        assert (ready.get("status"), ready.get("reason")) == ("True", "ServingPreviousSpec"), ready
+        assert ready.get("observedGeneration") == served_generation, ready
+        assert words in (release.condition(pool, "Progressing") or {})["message"]
+        release.wait(lambda r=reason: r in warning_reasons(release, pool), f"a {reason} event")
+        assert chat(release, "wafer-scale").status_code == 200  # still routed, still served
+    after = release.get("deployment", pool)
+    assert after["spec"]["template"] == before["spec"]["template"]  # nothing rolled out
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+
+
 def test_an_invalid_pool_is_refused_with_a_readable_message(release: Release) -> None:
     done = subprocess.run(
         [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],

@@ -24,6 +24,7 @@ import kopf
 from tiergate.sim_nodes.catalogs import Catalog
 
 from .api import GROUP, PLURAL, VERSION
+from .images import ImagePolicy
 from .kube import Cluster, KubeCluster
 from .reconcile import Outcome, reconcile
 from .render import FIELD_MANAGER
@@ -63,7 +64,7 @@ class OperatorMemo:
     """What every handler needs, passed as kopf's `memo`."""
 
     catalog: Catalog
-    image: str
+    images: ImagePolicy
     cluster: Cluster | None = None  # built on first use (needs the kube config loaded)
     warn: Callable[..., None] = kopf.warn  # posts a Warning event on the pool (tests: a list)
     namespaced: bool = False  # watching named namespaces only (no cluster-wide permissions)
@@ -108,7 +109,7 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
     """Reconcile and write the status; with `report`, post Warning events and raise
     PermanentError for a spec that cannot work (the timer re-checks silently: one event per
     change, not one per resync)."""
-    outcome = reconcile(dict(body), memo.api(), memo.catalog, memo.image, _now)
+    outcome = reconcile(dict(body), memo.api(), memo.catalog, memo.images, _now)
     patch.status.update(outcome.status)
     _alert(body, outcome, memo)
     if not report:
@@ -162,7 +163,7 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
     obj = cluster.pool(namespace, pool)
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
         return  # the pool is gone: garbage collection removes its objects
-    outcome = reconcile(obj, cluster, memo.catalog, memo.image, _now)
+    outcome = reconcile(obj, cluster, memo.catalog, memo.images, _now)
     cluster.patch_pool_status(namespace, pool, outcome.status)
     _alert(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))

@@ -11,6 +11,7 @@ so kopf retries with backoff; a manifest the API server refuses as invalid raise
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Protocol
 
 import kopf
@@ -20,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from .api import GROUP, PLURAL, VERSION
 from .render import FIELD_MANAGER
 
-__all__ = ["ApplyRejected", "Cluster", "KubeCluster", "load_kube_config"]
+__all__ = ["ApplyRejected", "Cluster", "KubeCluster", "current_namespace", "load_kube_config"]
 
 Manifest = dict[str, Any]
 
@@ -52,6 +53,27 @@ def load_kube_config(kubeconfig: str | None = None) -> None:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+
+
+#: Where Kubernetes mounts a pod's own namespace.
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def current_namespace(kubeconfig: str | None = None, namespace_file: Path = NAMESPACE_FILE) -> str:
+    """The operator's own namespace: its pod's, else the kubeconfig's current context's, else
+    `default` (where kubectl would put a pool given no namespace)."""
+    try:
+        own = namespace_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        own = ""
+    if own:
+        return own
+    try:
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError):
+        return "default"
+    namespace = ((active or {}).get("context") or {}).get("namespace")
+    return str(namespace) if namespace else "default"
 
 
 def _message(exc: ApiException) -> str:

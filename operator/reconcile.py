@@ -3,6 +3,12 @@
 Level-based: `reconcile` looks only at the pool as it is now and the cluster as it is now, so
 running it again (a timer does, and kopf does after a restart) converges to the same objects
 and the same status. The handlers are thin wrappers around it.
+
+A spec the performance model cannot evaluate (or whose model does not fit) is one the router
+drops too: the pool serves nothing. A spec it can evaluate but the operator refuses (a
+background load the node would not start with, an image not allowed) changes nothing in the
+cluster: pods of the previous spec run on and the router keeps routing to them, so the status
+says both, that they serve and that the current spec is refused.
 """
 
 from __future__ import annotations
@@ -26,14 +32,16 @@ from .api import (
     label_selector,
     pool_selector_labels,
 )
+from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster
-from .render import deployment_manifest, service_manifest
+from .render import GENERATION_ANNOTATION, deployment_manifest, service_manifest
 from .status import (
     Assessment,
     ConditionValue,
     assess,
     conditions,
     fits_message,
+    previous_spec_conditions,
     replica_conditions,
 )
 
@@ -73,6 +81,7 @@ def _status(
     body: Manifest,
     values: dict[Any, ConditionValue],
     now: str,
+    generations: dict[Any, int | None] | None = None,
     **fields: Any,
 ) -> Manifest:
     old = body.get("status") or {}
@@ -83,7 +92,7 @@ def _status(
         except ValidationError:
             continue  # someone wrote garbage: replace it
     generation = body["metadata"].get("generation")
-    merged = conditions(previous, values, now=now, generation=generation)
+    merged = conditions(previous, values, now=now, generation=generation, generations=generations)
     return {
         "observedGeneration": generation,
         "conditions": [c.model_dump(by_alias=True, exclude_none=True) for c in merged],
@@ -95,7 +104,7 @@ def reconcile(
     body: Manifest,
     cluster: Cluster,
     catalog: Catalog,
-    image: str,
+    images: ImagePolicy,
     now: Callable[[], str],
 ) -> Outcome:
     """Apply the pool's Deployment and Service (when it can run) and compute its status."""
@@ -106,9 +115,9 @@ def reconcile(
     except ValidationError as exc:
         return _invalid(body, f"spec: {first_problem(exc)}", now())
     assessment = assess(spec, catalog)
-    if assessment.problem is not None:
-        return _invalid(body, assessment.problem, now())
     if assessment.envelope is None or assessment.layout is None:
+        if assessment.problem is not None:
+            return _invalid(body, assessment.problem, now())
         message = f"does not fit: {assessment.misfit}"
         values = {
             "Fits": ConditionValue("False", "ModelDoesNotFit", message),
@@ -116,8 +125,16 @@ def reconcile(
         }
         status = _status(body, values, now(), envelope=None)
         return Outcome(status, warnings=[("ModelDoesNotFit", message)])
+    if assessment.problem is not None:
+        problem = f"invalid spec: {assessment.problem}"
+        return _refused(body, spec, assessment, cluster, "InvalidSpec", problem, now())
+    refusal = images.refusal(spec)
+    if refusal is not None:
+        return _refused(body, spec, assessment, cluster, "ImageNotAllowed", refusal, now())
     manifests = (
-        deployment_manifest(name, namespace, spec, image, assessment.layout),
+        deployment_manifest(
+            name, namespace, spec, images.default, assessment.layout, meta.get("generation")
+        ),
         service_manifest(name, namespace, spec),
     )
     for manifest in manifests:  # all checked before any is applied
@@ -158,21 +175,27 @@ def _someone_elses(manifest: Manifest, cluster: Cluster, uid: str | None) -> str
     if existing is None:
         return None
     pool = meta["name"]
-    controllers = [r for r in existing.get("ownerReferences") or [] if r.get("controller")]
-    if not controllers:
-        if (existing.get("labels") or {}).get(POOL_LABEL) == pool:
-            return None
-        whose = "it has no controller"
-    else:
-        ref = controllers[0]
-        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
-            if ref.get("name") == pool or ref.get("uid") == uid:
-                return None
-        whose = f"it is controlled by {ref.get('kind')} {ref.get('name')}"
+    whose = _whose(existing, pool, uid)
+    if whose is None:
+        return None
     return (
         f"{kind} {meta['namespace']}/{pool} already exists and is not this pool's ({whose}): "
         f"delete or rename it, or give the pool another name"
     )
+
+
+def _whose(existing: Manifest, pool: str, uid: str | None) -> str | None:
+    """Whose an object of the pool's name is, by its metadata; None: the pool's own."""
+    controllers = [r for r in existing.get("ownerReferences") or [] if r.get("controller")]
+    if not controllers:
+        if (existing.get("labels") or {}).get(POOL_LABEL) == pool:
+            return None
+        return "it has no controller"
+    ref = controllers[0]
+    if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+        if ref.get("name") == pool or ref.get("uid") == uid:
+            return None
+    return f"it is controlled by {ref.get('kind')} {ref.get('name')}"
 
 
 def _not_rolled_out(reason: str, message: str) -> dict[Any, ConditionValue]:
@@ -204,6 +227,55 @@ def _blocked(
         body, values, now, envelope=envelope.model_dump(by_alias=True) if envelope else None
     )
     return _alerting(body, status, reason, message)
+
+
+def _refused(
+    body: Manifest,
+    spec: InferencePoolSpec,
+    assessment: Assessment,
+    cluster: Cluster,
+    reason: str,
+    message: str,
+    now: str,
+) -> Outcome:
+    """A spec the router routes (the performance model evaluates it) that the operator will not
+    roll out. Nothing is applied; pods of an earlier spec run on, and then Ready says how they
+    serve (about the generation they were made from) and Progressing why this one is refused."""
+    meta = body["metadata"]
+    envelope = assessment.envelope
+    fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
+    values: dict[Any, ConditionValue] = {"Fits": ConditionValue("True", "ModelFits", fits)}
+    generations: dict[Any, int | None] = {}
+    fields: dict[str, Any] = {
+        "envelope": envelope.model_dump(by_alias=True) if envelope else None,
+    }
+    serving = _serving_deployment(cluster, meta)
+    if serving is None:
+        values.update(_not_rolled_out(reason, message))
+    else:
+        ready, total, generation = serving
+        values.update(previous_spec_conditions(ready, total, reason, message))
+        generations["Ready"] = generation
+        selector = label_selector(pool_selector_labels(meta["name"]))
+        fields.update(replicas=total, readyReplicas=ready, selector=selector)
+    status = _status(body, values, now, generations, **fields)
+    return Outcome(status, warnings=[(reason, message)], permanent_error=message)
+
+
+def _serving_deployment(cluster: Cluster, meta: Manifest) -> tuple[int, int, int | None] | None:
+    """(ready, total, generation) of the pool's own Deployment while some of its pods are
+    ready; generation: the pool's, that it was last applied from (None: not recorded)."""
+    name, namespace = meta["name"], meta["namespace"]
+    existing = cluster.metadata("Deployment", namespace, name)
+    if existing is None or _whose(existing, name, meta.get("uid")) is not None:
+        return None
+    status = cluster.deployment_status(namespace, name) or {}
+    ready = int(status.get("readyReplicas") or 0)
+    if ready == 0:
+        return None
+    recorded = str((existing.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
+    generation = int(recorded) if recorded.isdigit() else None
+    return ready, max(ready, int(status.get("replicas") or 0)), generation
 
 
 def _alerting(body: Manifest, status: Manifest, reason: str, message: str) -> Outcome:

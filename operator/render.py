@@ -25,6 +25,7 @@ from .api import (
 __all__ = [
     "CONTAINER_PORT",
     "FIELD_MANAGER",
+    "GENERATION_ANNOTATION",
     "deployment_manifest",
     "pod_labels",
     "service_manifest",
@@ -43,6 +44,9 @@ DEFAULT_RESOURCES = {
     "limits": {"memory": "512Mi"},
 }
 UID = 10001
+#: On a pool's Deployment (not its pods: that would roll them): the pool's metadata.generation
+#: the Deployment was last applied from, so a status can say which spec its pods run.
+GENERATION_ANNOTATION = "tiergate.dev/pool-generation"
 
 
 def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
@@ -100,10 +104,19 @@ def _scheduling(spec: InferencePoolSpec) -> Manifest:
 
 
 def deployment_manifest(
-    pool: str, namespace: str, spec: InferencePoolSpec, image: str, layout: Layout
+    pool: str,
+    namespace: str,
+    spec: InferencePoolSpec,
+    image: str,
+    layout: Layout,
+    generation: int | None = None,
 ) -> Manifest:
-    """The pool's Deployment (owner reference added by the caller)."""
+    """The pool's Deployment (owner reference added by the caller); `generation`: the pool's
+    metadata.generation, recorded in `GENERATION_ANNOTATION`."""
     labels = pod_labels(pool, spec)
+    metadata: Manifest = {"name": pool, "namespace": namespace, "labels": labels}
+    if generation is not None:
+        metadata["annotations"] = {GENERATION_ANNOTATION: str(generation)}
     image = spec.template.image if spec.template and spec.template.image else image
     container = {
         "name": "sim-node",
@@ -130,7 +143,7 @@ def deployment_manifest(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": pool, "namespace": namespace, "labels": labels},
+        "metadata": metadata,
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": pool_selector_labels(pool)},

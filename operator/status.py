@@ -11,6 +11,7 @@ Messages name an inline profile as such, and say when it shadows a catalog entry
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,7 @@ __all__ = [
     "assess",
     "conditions",
     "fits_message",
+    "previous_spec_conditions",
     "replica_conditions",
 ]
 
@@ -43,15 +45,18 @@ class ConditionValue:
 class Assessment:
     """What the performance model says about a spec."""
 
-    envelope: Envelope | None  # None: the pool cannot run
-    layout: Layout | None = None  # the replica the envelope describes (set when runnable)
-    problem: str | None = None  # spec errors the schema cannot catch (unknown model...)
+    envelope: Envelope | None  # None: the performance model cannot evaluate the spec
+    layout: Layout | None = None  # the replica the envelope describes (set with it)
+    # Spec errors the schema cannot catch: without an envelope, the model cannot evaluate the
+    # spec (unknown model...); with one, the model can but the node would not start with it
+    # (its background load).
+    problem: str | None = None
     misfit: str | None = None  # the model does not fit: the numbers
     slo_misses: tuple[str, ...] = ()
 
     @property
     def runnable(self) -> bool:
-        return self.envelope is not None
+        return self.envelope is not None and self.problem is None
 
 
 def fits_message(spec: InferencePoolSpec, envelope: Envelope) -> str:
@@ -73,10 +78,10 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
         accelerator = profile_label(spec.accelerator, performance.accelerator_source)
         where = f"{model} on {d.chips} x {accelerator} ({spec.weight_dtype} weights)"
         return Assessment(None, misfit=f"{where}: {result.reason}")
+    envelope = performance.envelope()
     background = _background_problem(spec, performance.deployment)
     if background is not None:
-        return Assessment(None, problem=background)
-    envelope = performance.envelope()
+        return Assessment(envelope, performance.layout(), problem=background)
     misses: list[str] = []
     if spec.slo is not None:
         if spec.slo.ttft_ms is not None and envelope.ttft_seconds * 1e3 > spec.slo.ttft_ms:
@@ -151,16 +156,41 @@ def replica_conditions(
     }
 
 
+def previous_spec_conditions(
+    ready: int, total: int, reason: str, refusal: str
+) -> dict[ConditionType, ConditionValue]:
+    """Ready / Progressing / Degraded of a pool whose current spec is refused (`reason`,
+    `refusal`) while `ready` of `total` pods of an earlier spec run on. The router routes to
+    them still (it reads the pool's spec and pods, not its conditions), so Ready says how they
+    serve, and Progressing that the current spec is not rolled out, and why."""
+    counts = f"{ready}/{total} replicas of the previous spec ready"
+    serving = ready >= total
+    return {
+        "Ready": ConditionValue(
+            "True" if serving else "False",
+            "ServingPreviousSpec" if serving else "ReplicasNotReady",
+            f"{counts}; the current spec is not rolled out ({reason}): see Progressing",
+        ),
+        "Progressing": ConditionValue(
+            "False", reason, f"not rolled out: {refusal}; what ran before runs on"
+        ),
+        "Degraded": ConditionValue("False", "AsExpected", counts),
+    }
+
+
 def conditions(
     previous: list[Condition],
     values: dict[ConditionType, ConditionValue],
     *,
     now: str,
     generation: int | None,
+    generations: Mapping[ConditionType, int | None] | None = None,
 ) -> list[Condition]:
     """`previous` with `values` applied; a condition's transition time moves only when its
-    status does. Conditions not in `values` are kept as they are."""
+    status does. Conditions not in `values` are kept as they are. Each is about `generation`
+    unless `generations` names another for it (Ready, while pods of an earlier spec serve)."""
     by_type = {c.type: c for c in previous}
+    generations = generations or {}
     for kind, value in values.items():
         old = by_type.get(kind)
         changed = old is None or old.status != value.status
@@ -170,7 +200,7 @@ def conditions(
             reason=value.reason,
             message=value.message,
             last_transition_time=now if changed or old is None else old.last_transition_time,
-            observed_generation=generation,
+            observed_generation=generations.get(kind, generation),
         )
     order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded"]
     return [by_type[k] for k in order if k in by_type]

@@ -225,7 +225,8 @@ class RouterSettings(_Model):
         description=(
             "Pass clients' x-tiergate-fault header on to the sim nodes, for fault drills. Any "
             "client may then make a node fail, and the failures count against the endpoint's "
-            "health: leave it off where others share the router."
+            "health: leave it off where others share the router. Nodes honour the header only "
+            "when started with --enable-fault-injection (`tiergate up` does so when this is on)."
         ),
     )
 

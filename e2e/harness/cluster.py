@@ -5,9 +5,10 @@
     python -P e2e/harness/cluster.py env    # KUBECONFIG=... and the router's address
 
 kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok are the binaries
-e2e/tools/install.sh built; kwokctl is pointed at them and downloads nothing. Pod IPs come
-from a /16 inside 127.0.0.0/8 (one per cluster name), so the pod runner's processes are
-reachable on this machine only.
+e2e/tools/install.sh built; kwokctl is pointed at them and downloads nothing. Every one of
+them listens on 127.0.0.1 only, and pod IPs come from a /16 inside 127.0.0.0/8 (one per
+cluster name), so nothing of the cluster is reachable from another machine. `up` makes the
+chart's namespace kubectl's default in the kubeconfig it writes.
 Everything lives under the state folder (default ~/.cache/tiergate/e2e-cluster/<name>).
 """
 
@@ -33,6 +34,16 @@ DEFAULT_NAME = "tiergate"
 # its process has exited, as a kubelet does (kwok's pod-delete stage would remove it at once,
 # while the process still runs). Node stages stay kwok's.
 KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  # Every component on loopback: kwokctl's default, 0.0.0.0, would serve etcd's plain,
+  # unauthenticated HTTP and the control plane's ports to the whole network.
+  bindAddress: 127.0.0.1
+  # The pod runner makes a Logs and a PortForward object for each pod it runs, so that
+  # `kubectl logs` and `kubectl port-forward` reach the pod's process through kwok.
+  enableCRDs: [Logs, PortForward]
+---
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
@@ -306,6 +317,11 @@ class LocalCluster:
             "3m",
         )
 
+    def default_namespace(self, namespace: str) -> None:
+        """Make `namespace` kubectl's default in the kubeconfig: `kubectl apply -f examples/`
+        then lands where the operator watches, not in `default`, where it is ignored."""
+        self.kubectl("config", "set-context", "--current", "--namespace", namespace)
+
     def pods(self, namespace: str, selector: str) -> list[dict[str, object]]:
         out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
         items: list[dict[str, object]] = json.loads(out)["items"]
@@ -399,12 +415,15 @@ def main(argv: list[str] | None = None) -> int:
             cluster.create()
             cluster.start_runner(REPO / ".venv" / "bin" / "tiergate")
             cluster.install_chart(args.namespace)
+            cluster.default_namespace(args.namespace)
         url = cluster.router_url(args.namespace)
         if args.action == "up":
             wait_http_ok(f"{url}/healthz", 60)
         print(f"export KUBECONFIG={cluster.kubeconfig}")
         print(f"export PATH={cluster.bin}:$PATH")
-        print(f"# router: {url}   (pod logs: {state / 'runner' / 'logs'})")
+        print(f"# kubectl's default namespace: {args.namespace}, the one the operator watches")
+        print(f"# router: {url}   (or: kubectl port-forward svc/tiergate-router 8080:8080)")
+        print("# logs: kubectl logs deploy/tiergate-router (deploy/tiergate-operator, a pod...)")
         return 0
     except HarnessError as exc:
         print(f"cluster: {exc}", file=sys.stderr)

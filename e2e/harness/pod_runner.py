@@ -19,7 +19,12 @@ the pod goes away, and restarts it when it dies, as a kubelet would:
 - status: the pod is Ready only while its readinessProbe (httpGet) passes, as the kubelet
   reports it (kwok alone would call it Ready before the process listens); a pod with
   restartPolicy Never/OnFailure (a `helm test` pod) gets phase Succeeded or Failed from its
-  exit code.
+  exit code;
+- `kubectl logs` and `kubectl port-forward`: through kwok, from the per-pod objects and the
+  CRI-format log file `pod_debugging` makes.
+
+This module runs the processes; `pod_setup` prepares each one (command line, environment,
+mounts, /etc/hosts), `pod_debugging` serves logs and port-forwards.
 
 Mount namespaces need root. Test infrastructure only: it lives in e2e/, never in the product.
 
@@ -29,12 +34,10 @@ Mount namespaces need root. Test infrastructure only: it lives in e2e/, never in
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import logging
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -43,33 +46,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kubernetes import client, config, watch
 
+# Run as a script with -P: its own folder is not on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pod_debugging import apply_debugging, pump  # noqa: E402
+from pod_setup import API_TIMEOUT_S, PodSetup, Runner, runnable  # noqa: E402
+
 log = logging.getLogger("pod-runner")
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 POLL_S = 0.5
-API_TIMEOUT_S = 10  # every API call: a stalled call must not freeze the runner's loop
-_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
-
-
-@dataclass
-class Runner:
-    """Settings shared by every pod."""
-
-    api: client.CoreV1Api
-    state: Path
-    tiergate: Path
-    shim: Path
-    api_host: str
-    api_port: str
-    ca_file: Path
-    image: str = "tiergate"
-    # Host paths a pod may not hide with a mount (the runner's own files live there).
-    protected: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -88,6 +76,7 @@ class Proc:
     exited: float | None = None  # when the process was seen to have exited
     failures: int = 0  # consecutive readiness probe failures
     next_probe: float = 0.0
+    output: threading.Thread | None = None  # copies its output to the log files
 
 
 def ours(pod: client.V1Pod, image: str) -> bool:
@@ -102,60 +91,19 @@ def _repository(ref: str) -> str:
     return last.split(":", 1)[0]
 
 
-def runnable(pod: client.V1Pod) -> bool:
-    status = pod.status
-    return (
-        pod.metadata.deletion_timestamp is None
-        and status is not None
-        and status.phase == "Running"
-        and bool(status.pod_ip)
-    )
-
-
-def expand(value: str, env: dict[str, str]) -> str:
-    """Kubernetes' `$(VAR)` expansion: known names are replaced, `$$` is a literal `$`."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        name = m.group(1)
-        return env.get(name, m.group(0))
-
-    return _VAR.sub(sub, value)
-
-
-def field_ref(pod: client.V1Pod, path: str) -> str:
-    meta, spec, status = pod.metadata, pod.spec, pod.status
-    simple = {
-        "metadata.name": meta.name,
-        "metadata.namespace": meta.namespace,
-        "metadata.uid": meta.uid,
-        "spec.nodeName": spec.node_name,
-        "spec.serviceAccountName": spec.service_account_name,
-        "status.podIP": status.pod_ip,
-        "status.hostIP": status.host_ip,
-    }
-    if path in simple:
-        return simple[path] or ""
-    m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
-    if m:
-        return ((meta.labels if m.group(1) == "labels" else meta.annotations) or {}).get(
-            m.group(2), ""
-        )
-    raise ValueError(f"fieldRef {path!r} is not supported by the pod runner")
-
-
 class PodProcesses:
     """Starts, restarts and stops the processes of the pods the watch reports."""
 
     def __init__(self, runner: Runner) -> None:
         self.r = runner
+        self.setup = PodSetup(runner, lambda uid: uid in self.procs)
         self.pods: dict[str, client.V1Pod] = {}
         self.procs: dict[str, Proc] = {}
         self.stopping: list[tuple[Proc, float]] = []  # SIGTERM sent, with a SIGKILL deadline
         self.done: set[str] = set()  # run-to-completion pods whose process has finished
         self.removed: set[str] = set()  # terminated pods whose object the runner deleted
         self.retry_at: dict[str, float] = {}  # pods whose start failed: try again then
+        self.debuggable: set[str] = set()  # pods whose Logs and PortForward objects exist
         self.lock = threading.Lock()
 
     # -- desired state, from the watch ----------------------------------------------------
@@ -203,6 +151,7 @@ class PodProcesses:
             return
         code = proc.popen.poll()
         if code is None:
+            self._debuggable(pod)
             self._probe(pod, proc)
             return
         if proc.exited is None:
@@ -303,12 +252,11 @@ class PodProcesses:
         meta = pod.metadata
         where = f"{meta.namespace}/{meta.name}"
         try:
-            argv, env, log_file = self._prepare(pod)
-            with log_file.open("ab") as out:
-                popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet's
-                    argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
+            argv, env, log_file = self.setup.prepare(pod)
+            popen = subprocess.Popen(  # noqa: S603 - the pod's own command, as a kubelet's
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a missing secret may appear: retry
             self.retry_at[meta.uid] = time.monotonic() + RESTART_BACKOFF_S[-1]
             log.error("pod %s cannot be started (retrying in %.0f s): %s", where,
@@ -317,6 +265,8 @@ class PodProcesses:
             return False
         self.retry_at.pop(meta.uid, None)
         proc = Proc(meta.uid, meta.namespace, meta.name, popen, log_file, pod.status.pod_ip)
+        assert popen.stdout is not None
+        proc.output = pump(popen.stdout, log_file, self._cri_log(pod))
         self.procs[meta.uid] = proc
         # kwok marked the pod Ready when it made it Running; the process only now starts.
         self._report_ready(pod, proc, False)
@@ -324,6 +274,26 @@ class PodProcesses:
             "pod %s: started pid %d on %s (log %s)", where, popen.pid, pod.status.pod_ip, log_file
         )
         return True
+
+    def _cri_log(self, pod: client.V1Pod) -> Path:
+        """The pod's log in the CRI format, which `kubectl logs` reads through kwok."""
+        meta = pod.metadata
+        path = self.r.state / "cri-logs" / f"{meta.namespace}_{meta.name}_{meta.uid}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _debuggable(self, pod: client.V1Pod) -> None:
+        """Make the pod's Logs and PortForward objects once (retried on the next pass)."""
+        uid = pod.metadata.uid
+        if uid in self.debuggable:
+            return
+        try:
+            apply_debugging(self.r.custom, pod, self._cri_log(pod))
+        except client.ApiException as exc:
+            log.warning("pod %s/%s: no logs or port-forward yet: %s",
+                        pod.metadata.namespace, pod.metadata.name, exc.reason)  # fmt: skip
+            return
+        self.debuggable.add(uid)
 
     def _waiting(self, pod: client.V1Pod, reason: str, message: str) -> None:
         """Say in the pod's status why its container is not running (kubectl describe)."""
@@ -381,6 +351,8 @@ class PodProcesses:
     def _finish(self, pod: client.V1Pod, proc: Proc, code: int) -> None:
         """A run-to-completion pod's process ended: report it the way the kubelet does."""
         phase = "Succeeded" if code == 0 else "Failed"
+        if proc.output is not None:
+            proc.output.join(timeout=5)  # the last lines reach the file first
         tail = proc.log_file.read_text(errors="replace")[-2000:]
         container = pod.spec.containers[0].name
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -418,260 +390,6 @@ class PodProcesses:
         log.info("pod %s/%s: %s (exit %d)", proc.namespace, proc.name, phase, code)
         del self.procs[proc.uid]
         self.done.add(proc.uid)  # never start it again
-
-    # -- one pod's process ----------------------------------------------------------------
-    def _prepare(self, pod: client.V1Pod) -> tuple[list[str], dict[str, str], Path]:
-        meta = pod.metadata
-        if len(pod.spec.containers) != 1:
-            raise ValueError("only pods with one container are supported")
-        container = pod.spec.containers[0]
-        root = self.r.state / "pods" / meta.namespace / f"{meta.name}-{meta.uid[:8]}"
-        root.mkdir(parents=True, exist_ok=True)
-        env = self._env(pod, container)
-        command = [expand(a, env) for a in (container.command or ["tiergate"])]
-        args = [expand(a, env) for a in (container.args or [])]
-        if command[0] == "tiergate":
-            command[0] = str(self.r.tiergate)
-        mounts = self._mounts(pod, container, root)
-        script = ["set -e"]
-        for host, target, read_only in mounts:
-            if host.is_dir():
-                script.append(f"mkdir -p {shlex.quote(target)}")
-            else:
-                parent = shlex.quote(str(Path(target).parent))
-                script.append(f"mkdir -p {parent} && touch {shlex.quote(target)}")
-            script.append(f"mount --bind {shlex.quote(str(host))} {shlex.quote(target)}")
-            if read_only:
-                script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
-        script.append('exec "$@"')
-        # setpriv: the process gets SIGKILL if the runner dies (it must never outlive the
-        # runner, holding a pod IP). unshare: its own mount namespace, for the volumes.
-        argv = [
-            "setpriv", "--pdeathsig", "KILL", "--",
-            "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", "\n".join(script), "sh",
-            *command,
-            *args,
-        ]  # fmt: skip
-        run_env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOSTNAME": meta.name,
-            "KUBERNETES_SERVICE_HOST": self.r.api_host,
-            "KUBERNETES_SERVICE_PORT": self.r.api_port,
-            **env,
-            "LD_PRELOAD": str(self.r.shim),
-            "TIERGATE_POD_IP": pod.status.pod_ip,
-        }
-        log_file = self.r.state / "logs" / f"{meta.namespace}_{meta.name}.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        return argv, run_env, log_file
-
-    def _env(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
-        ns = pod.metadata.namespace
-        env: dict[str, str] = {}
-        for source in container.env_from or []:
-            prefix = source.prefix or ""
-            if source.config_map_ref is not None:
-                data = self._config_map(
-                    ns, source.config_map_ref.name, source.config_map_ref.optional
-                )
-            elif source.secret_ref is not None:
-                data = self._secret(ns, source.secret_ref.name, source.secret_ref.optional)
-            else:
-                continue
-            env.update({prefix + k: v for k, v in data.items()})
-        for var in container.env or []:
-            if var.value_from is None:
-                env[var.name] = expand(var.value or "", env)
-                continue
-            src = var.value_from
-            if src.field_ref is not None:
-                env[var.name] = field_ref(pod, src.field_ref.field_path)
-            else:
-                for ref, kind, read in (
-                    (src.secret_key_ref, "secret", self._secret),
-                    (src.config_map_key_ref, "configmap", self._config_map),
-                ):
-                    if ref is None:
-                        continue
-                    value = read(ns, ref.name, ref.optional).get(ref.key)
-                    if value is None and not ref.optional:
-                        raise ValueError(f"env {var.name}: key {ref.key} not in {kind} {ref.name}")
-                    if value is not None:
-                        env[var.name] = value
-        return env
-
-    def _config_map(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
-        return self._read("configmap", self.r.api.read_namespaced_config_map, ns, name, optional)
-
-    def _secret(self, ns: str, name: str, optional: bool | None) -> dict[str, str]:
-        data = self._read("secret", self.r.api.read_namespaced_secret, ns, name, optional)
-        return {k: base64.b64decode(v).decode() for k, v in data.items()}
-
-    @staticmethod
-    def _read(kind: str, read: Any, ns: str, name: str, optional: bool | None) -> dict[str, str]:
-        """A ConfigMap's or Secret's data; {} for a missing optional one."""
-        try:
-            return dict(read(name, ns, _request_timeout=API_TIMEOUT_S).data or {})
-        except client.ApiException as exc:
-            if exc.status == 404 and optional:
-                return {}
-            raise ValueError(f"{kind} {ns}/{name}: {exc.reason}") from None
-
-    def _mounts(
-        self, pod: client.V1Pod, container: client.V1Container, root: Path
-    ) -> list[tuple[Path, str, bool]]:
-        """(host folder or file, path in the pod, read-only), parents before children."""
-        volumes = {v.name: v for v in pod.spec.volumes or []}
-        out: list[tuple[Path, str, bool]] = []
-        for mount in container.volume_mounts or []:
-            if mount.mount_path == SA_DIR:
-                continue  # the runner mounts the service account itself, below
-            volume = volumes.get(mount.name)
-            if volume is None:
-                raise ValueError(f"volumeMount {mount.name}: no such volume")
-            host = self._volume(pod, volume, root / "volumes" / volume.name)
-            if mount.sub_path:
-                host = host / mount.sub_path
-            if self._hides_runner(mount.mount_path):
-                log.info(
-                    "pod %s: not mounting %s over %s (the runner's own files are there)",
-                    pod.metadata.name,
-                    mount.name,
-                    mount.mount_path,
-                )
-                continue
-            out.append((host, mount.mount_path, bool(mount.read_only)))
-        if pod.spec.automount_service_account_token is not False:
-            out.append((self._service_account(pod, root / "serviceaccount"), SA_DIR, True))
-        out.append((self._hosts(pod, root / "hosts"), "/etc/hosts", True))
-        return sorted(out, key=lambda m: m[1].count("/"))
-
-    def _hides_runner(self, mount_path: str) -> bool:
-        target = Path(mount_path)
-        return any(p == target or target in p.parents for p in self.r.protected)
-
-    def _volume(self, pod: client.V1Pod, volume: client.V1Volume, path: Path) -> Path:
-        ns = pod.metadata.namespace
-        path.mkdir(parents=True, exist_ok=True)
-        if volume.empty_dir is not None:
-            return path
-        if volume.persistent_volume_claim is not None:
-            kept = self.r.state / "pvc" / ns / volume.persistent_volume_claim.claim_name
-            kept.mkdir(parents=True, exist_ok=True)
-            return kept
-        if volume.config_map is not None:
-            cm = volume.config_map
-            _write_items(path, self._config_map(ns, cm.name, cm.optional), cm.items)
-            return path
-        if volume.secret is not None:
-            s = volume.secret
-            _write_items(path, self._secret(ns, s.secret_name, s.optional), s.items)
-            return path
-        if volume.projected is not None:
-            for source in volume.projected.sources or []:
-                if source.config_map is not None:
-                    cm = source.config_map
-                    _write_items(path, self._config_map(ns, cm.name, cm.optional), cm.items)
-                elif source.secret is not None:
-                    s = source.secret
-                    _write_items(path, self._secret(ns, s.name, s.optional), s.items)
-                elif source.service_account_token is not None:
-                    token = self._token(pod, source.service_account_token.expiration_seconds)
-                    _write(path / source.service_account_token.path, token)
-                elif source.downward_api is not None:
-                    for item in source.downward_api.items or []:
-                        if item.field_ref is not None:
-                            _write(path / item.path, field_ref(pod, item.field_ref.field_path))
-            return path
-        raise ValueError(
-            f"volume {volume.name}: only emptyDir, configMap, secret, projected "
-            "and persistentVolumeClaim volumes are supported"
-        )
-
-    def _token(self, pod: client.V1Pod, expiration: int | None = None) -> str:
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(
-                audiences=[],
-                expiration_seconds=max(expiration or 3600, 3600),
-                bound_object_ref=client.V1BoundObjectReference(
-                    kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
-                ),
-            )
-        )
-        sa = pod.spec.service_account_name or "default"
-        out = self.r.api.create_namespaced_service_account_token(
-            sa, pod.metadata.namespace, request, _request_timeout=API_TIMEOUT_S
-        )
-        return str(out.status.token)
-
-    def _service_account(self, pod: client.V1Pod, path: Path) -> Path:
-        path.mkdir(parents=True, exist_ok=True)
-        _write(path / "token", self._token(pod))
-        _write(path / "ca.crt", self.r.ca_file.read_text())
-        _write(path / "namespace", pod.metadata.namespace)
-        return path
-
-    def _hosts(self, pod: client.V1Pod, path: Path) -> Path:
-        """/etc/hosts: localhost, the pod itself, and every Service it can reach by name."""
-        lines = [
-            "127.0.0.1 localhost",
-            "::1 localhost ip6-localhost",
-            f"{pod.status.pod_ip} {pod.metadata.name}",
-        ]
-        ns = pod.metadata.namespace
-        for svc in self.r.api.list_service_for_all_namespaces(_request_timeout=API_TIMEOUT_S).items:
-            ip = self._service_backend(svc)
-            if ip is None:
-                continue
-            name, svc_ns = svc.metadata.name, svc.metadata.namespace
-            names = [f"{name}.{svc_ns}.svc", f"{name}.{svc_ns}.svc.cluster.local"]
-            if svc_ns == ns:
-                names.insert(0, name)
-            lines.append(f"{ip} {' '.join(names)}")
-        path.write_text("\n".join(lines) + "\n")
-        return path
-
-    def _service_backend(self, svc: client.V1Service) -> str | None:
-        """A ready pod behind `svc` when every port equals its target port, else None."""
-        selector = svc.spec.selector
-        if not selector:
-            return None
-        pods = self.r.api.list_namespaced_pod(
-            svc.metadata.namespace,
-            label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
-            _request_timeout=API_TIMEOUT_S,
-        ).items
-        ready = [p for p in pods if runnable(p) and p.metadata.uid in self.procs]
-        for pod in ready:
-            ports = {p.name: p.container_port for c in pod.spec.containers for p in c.ports or []}
-            if all(_target(port, ports) == port.port for port in svc.spec.ports or []):
-                return str(pod.status.pod_ip)
-        return None
-
-
-def _target(port: client.V1ServicePort, named: dict[str, int]) -> int | None:
-    target = port.target_port
-    if target is None:
-        return port.port
-    if isinstance(target, int) or str(target).isdigit():
-        return int(target)
-    return named.get(str(target))
-
-
-def _write_items(path: Path, data: dict[str, str], items: list[Any] | None) -> None:
-    if items:
-        for item in items:
-            if item.key in data:
-                _write(path / item.path, data[item.key])
-        return
-    for key, value in data.items():
-        _write(path / key, value)
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
@@ -785,6 +503,7 @@ def make_runner(args: argparse.Namespace) -> Runner:
     tiergate = args.tiergate.resolve()
     return Runner(
         api=client.CoreV1Api(api_client),
+        custom=client.CustomObjectsApi(api_client),
         state=state,
         tiergate=tiergate,
         shim=shim,

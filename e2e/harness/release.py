@@ -108,12 +108,14 @@ class Release:
         if BACKEND == "local":
             self._router_url = self.cluster.router_url(self.namespace, self.name)
         else:
-            self._router_url = self._port_forward()
+            self._router_url = self.port_forward()
         return self._router_url
 
-    def _port_forward(self) -> str:
-        """kubectl port-forward to the router's Service; its chatter goes to a file (a pipe
-        nobody reads would fill up and stall it)."""
+    def port_forward(self) -> str:
+        """kubectl port-forward to the router's Service (on both backends: on the local one
+        kwok forwards to the pod's process); its chatter goes to a file (a pipe nobody reads
+        would fill up and stall it). One per release: stopped by `close`."""
+        assert self._forward is None, "one port-forward per release"
         out = self.cluster.state / f"port-forward-{self.namespace}.log"
         with out.open("w") as sink:
             self._forward = subprocess.Popen(

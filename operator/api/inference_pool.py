@@ -92,7 +92,11 @@ class TemplateSpec(_Api):
     """Overrides of the pods the operator renders for the pool."""
 
     image: str | None = Field(
-        default=None, description="Container image (default: the operator's own image)."
+        default=None,
+        description=(
+            "Container image (default: the operator's own image). The operator runs only its "
+            "own image and those on its allow-list; others are refused (ImageNotAllowed)."
+        ),
     )
     resources: Resources | None = Field(default=None, description="Container resources.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")

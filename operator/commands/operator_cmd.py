@@ -1,7 +1,9 @@
 """`tiergate operator`: run the kopf operator, in a cluster or locally against a kubeconfig.
 
-Watches InferencePools in the given namespaces (or all), renders sim-node Deployments with
-`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image).
+Watches InferencePools in the given namespaces (default: its own; every namespace only with
+--all-namespaces, which needs cluster-wide permissions), renders sim-node Deployments with
+`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image); a
+pool's `spec.template.image` may name only that image or one given with `--allowed-image`.
 Replicas of the operator elect one writer through kopf peering: each starts with a random
 priority, the highest one runs, the others stand by and take over when its peering record
 expires. `--standalone` turns peering off (local development).
@@ -13,35 +15,52 @@ import argparse
 import asyncio
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 from tiergate.sim_nodes.commands.common import CliError, configure_logging
+
+from ..images import ImagePolicy
 
 PEERING_NAME = "tiergate"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--namespace", action="append", default=[], help="watch this (repeatable)")
-    where.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    where.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this (repeatable; default: the operator's own namespace)",
+    )
+    where.add_argument("--all-namespaces", action="store_true",
+                       help="watch every namespace (needs cluster-wide permissions)")  # fmt: skip
     p.add_argument("--image", default=os.environ.get("TIERGATE_IMAGE"),
                    help="image of the sim-node pods (default: $TIERGATE_IMAGE)")  # fmt: skip
+    p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
+                   help="another image a pool's spec.template.image may name (repeatable; "
+                        "whole references; default: only --image)")  # fmt: skip
     p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
     p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
-def operator_options(args: argparse.Namespace) -> dict[str, Any]:
+def operator_options(
+    args: argparse.Namespace, own_namespace: Callable[[], str] = lambda: "default"
+) -> dict[str, Any]:
     """kopf.operator's keyword arguments for these flags.
 
-    Peering is named only when it is wanted: a peering name makes kopf's peering mandatory,
-    and mandatory peering in standalone mode watches no peering object and stays paused.
+    Every namespace only with --all-namespaces; with no --namespace either, `own_namespace()`
+    (the operator's own: `current_namespace`). Peering is named only when it is wanted: a
+    peering name makes kopf's peering mandatory, and mandatory peering in standalone mode
+    watches no peering object and stays paused.
     """
+    namespaces = [] if args.all_namespaces else (args.namespace or [own_namespace()])
     options: dict[str, Any] = {
-        "clusterwide": not args.namespace,
-        "namespaces": args.namespace,
+        "clusterwide": bool(args.all_namespaces),
+        "namespaces": namespaces,
         "standalone": args.standalone,
         "liveness_endpoint": f"http://0.0.0.0:{args.health_port}/healthz",
     }
@@ -49,6 +68,11 @@ def operator_options(args: argparse.Namespace) -> dict[str, Any]:
         options["peering_name"] = PEERING_NAME
         options["priority"] = random.SystemRandom().randint(1, 1_000_000)
     return options
+
+
+def image_policy(args: argparse.Namespace) -> ImagePolicy:
+    """The images pools may run: --image and every --allowed-image."""
+    return ImagePolicy(args.image, frozenset(args.allowed_image))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes.config import ConfigException
 
     from .. import handlers
-    from ..kube import load_kube_config
+    from ..kube import current_namespace, load_kube_config
 
     try:
         load_kube_config(args.kubeconfig)
@@ -71,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no Kubernetes credentials: {exc}") from None
     # Not kopf.configure(): it adds a second root handler, and every line would print twice in
     # two formats. kopf's loggers go through configure_logging's handler like everything else.
-    memo = handlers.OperatorMemo(catalog=catalog, image=args.image, namespaced=bool(args.namespace))
-    asyncio.run(kopf.operator(memo=memo, **operator_options(args)))
+    options = operator_options(args, lambda: current_namespace(args.kubeconfig))
+    memo = handlers.OperatorMemo(
+        catalog=catalog, images=image_policy(args), namespaced=not options["clusterwide"]
+    )
+    asyncio.run(kopf.operator(memo=memo, **options))
     return 0

@@ -39,12 +39,21 @@ class LocalNode:
 
 
 def node_command(
-    pool: PoolSpec, chips: int, tensor_parallel: int, host: str, port: int, seed: int
+    pool: PoolSpec,
+    chips: int,
+    tensor_parallel: int,
+    host: str,
+    port: int,
+    seed: int,
+    *,
+    fault_injection: bool = False,
 ) -> list[str]:
     """The `tiergate sim-node` invocation for one replica of `pool`.
 
     Chips and layout are passed as the router resolved them (`chips: auto` included), so the
     node simulates exactly the hardware the router's envelope and prices assume.
+    `fault_injection`: the node honours the x-tiergate-fault header (when the router
+    forwards it: `router.forwardFaultHeader`).
     """
     return [
         sys.executable, "-P", "-m", "tiergate", "sim-node",
@@ -53,6 +62,7 @@ def node_command(
         "--seed", str(seed),
         "--node-name", f"{pool.name}-{seed}",
         "--log-level", "warning",
+        *(["--enable-fault-injection"] if fault_injection else []),
         *sim_node_flags(pool, chips=chips, tensor_parallel=tensor_parallel),
     ]  # fmt: skip
 
@@ -70,7 +80,10 @@ def start_nodes(
         for pool in config.pools:
             d = view.pools[pool.name].deployment
             for _ in range(pool.replicas):
-                cmd = node_command(pool, d.chips, d.tensor_parallel, host, port, seed=port)
+                cmd = node_command(
+                    pool, d.chips, d.tensor_parallel, host, port, seed=port,
+                    fault_injection=config.router.forward_fault_header,
+                )  # fmt: skip
                 stderr = tempfile.TemporaryFile()
                 url = f"http://{host}:{port}"
                 nodes.append(LocalNode(pool, url, cmd, _spawn(cmd, stderr), stderr))

@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fraction of completion requests failed with 500/503",
     )
     node.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="honour the x-tiergate-fault request header (default: ignored; for fault drills)",
+    )
+    node.add_argument(
         "--background-sequences",
         type=non_negative_int,
         default=0,
@@ -171,6 +176,25 @@ def serving_spec(args: argparse.Namespace) -> tuple[ServingSpec, list[str]]:
     return ServingSpec.model_validate(data), list(args.served_model_name or names)
 
 
+def node_config(
+    args: argparse.Namespace, spec: ServingSpec, names: list[str], port: int
+) -> NodeConfig:
+    """The node's configuration from its flags, once it listens on `port`."""
+    return NodeConfig(
+        serving=spec,
+        served_model_names=names,
+        node_name=args.node_name or f"{args.host}:{port}",
+        seed=args.seed,
+        failure_rate=args.failure_rate,
+        fault_header_enabled=args.enable_fault_injection,
+        background_sequences=args.background_sequences,
+        background_context_tokens=args.background_context_tokens,
+        background_turn_input_tokens=args.background_turn_input_tokens,
+        background_turn_output_tokens=args.background_turn_output_tokens,
+        max_body_bytes=args.max_body_bytes,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     spec, names = serving_spec(args)
     if args.background_sequences and not args.background_context_tokens:
@@ -196,18 +220,7 @@ def _serve(
     from .limited_protocol import server_options
 
     port = sock.getsockname()[1]
-    config = NodeConfig(
-        serving=spec,
-        served_model_names=names,
-        node_name=args.node_name or f"{args.host}:{port}",
-        seed=args.seed,
-        failure_rate=args.failure_rate,
-        background_sequences=args.background_sequences,
-        background_context_tokens=args.background_context_tokens,
-        background_turn_input_tokens=args.background_turn_input_tokens,
-        background_turn_output_tokens=args.background_turn_output_tokens,
-        max_body_bytes=args.max_body_bytes,
-    )
+    config = node_config(args, spec, names, port)
     try:
         app = create_app(config)
     except EngineError as exc:

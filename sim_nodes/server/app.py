@@ -6,7 +6,7 @@ becomes the OpenAI envelope in one place (`errors.error_response`); nothing a cl
 produces a traceback or an unhandled 500, and no error closes a kept-alive connection behind a
 whole reply (`internal_errors`).
 
-Request headers the node understands: ``x-tiergate-fault`` (see `faults`) and
+Request headers the node understands: ``x-tiergate-fault`` (see `faults`; only when enabled) and
 ``x-tiergate-timing: 1`` (stream chunks carry ``tiergate: {"t": <engine time>}``, the
 moment the engine released their tokens, in the node clock: `time.monotonic` by default).
 """

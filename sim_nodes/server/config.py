@@ -49,6 +49,10 @@ class NodeConfig(BaseModel):
     failure_rate: float = Field(
         default=0.0, ge=0, le=1, description="Fraction of completion requests failed with 5xx."
     )
+    fault_header_enabled: bool = Field(
+        default=False,
+        description="Honour the x-tiergate-fault request header (off: it is ignored).",
+    )
     background_sequences: int = Field(
         default=0, ge=0, description="Sequences that are always decoding (other tenants' load)."
     )

@@ -2,7 +2,9 @@
 
 Two sources, checked per completion request:
 
-* the request header ``x-tiergate-fault``: an HTTP status (400-599) forces that error reply
+* the request header ``x-tiergate-fault``, honoured only by a node started with it enabled
+  (`tiergate sim-node --enable-fault-injection`; otherwise it is ignored, so a client that
+  reaches a node cannot make it fail): an HTTP status (400-599) forces that error reply
   (429 carries ``Retry-After``); ``midstream`` lets a stream start and aborts it after
   `MIDSTREAM_AFTER_TOKENS` tokens (an SSE error event, no ``[DONE]``);
 * the node's `failure_rate`: that fraction of requests (seeded, so reproducible in request
@@ -50,13 +52,17 @@ class Fault:
 class FaultInjector:
     """Decides, per request, whether and how it fails."""
 
-    def __init__(self, failure_rate: float, rng: random.Random) -> None:
+    def __init__(
+        self, failure_rate: float, rng: random.Random, *, header_enabled: bool = False
+    ) -> None:
         self._failure_rate = failure_rate
         self._rng = rng
+        self._header_enabled = header_enabled
 
     def decide(self, header: str | None) -> Fault | None:
-        """The fault for a request carrying `header` (None: no fault header)."""
-        if header is not None:
+        """The fault for a request carrying `header` (None: no fault header); the header is
+        ignored unless this node honours it."""
+        if header is not None and self._header_enabled:
             return _parse(header.strip())
         if self._failure_rate > 0 and self._rng.random() < self._failure_rate:
             return Fault(self._rng.choice((500, 503)))

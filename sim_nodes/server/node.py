@@ -54,7 +54,11 @@ class Node:
         self.realtime = RealtimeEngine(self.engine, clock=self.clock)
         self.metrics = NodeMetrics(self.names[0])
         self.metrics.attach_engine(self.engine)
-        self.faults = FaultInjector(config.failure_rate, random.Random(f"{config.seed}:faults"))
+        self.faults = FaultInjector(
+            config.failure_rate,
+            random.Random(f"{config.seed}:faults"),
+            header_enabled=config.fault_header_enabled,
+        )
         self._requests = 0
         self.ready = False
         self.started = int(time.time())

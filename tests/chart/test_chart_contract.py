@@ -48,10 +48,12 @@ def validate_with_router(config: dict[str, Any]) -> RouterConfig:
     return RouterConfig.model_validate(config)
 
 
-def test_operator_watches_all_namespaces_by_default(default_manifests: list[Manifest]) -> None:
+def test_operator_watches_the_release_namespace_by_default(
+    default_manifests: list[Manifest],
+) -> None:
     operator = container(default_manifests, "Deployment", OPERATOR)
     assert operator["image"] == "tiergate:0.1.0"
-    assert operator["args"] == ["operator", "--health-port", "8081", "--all-namespaces"]
+    assert operator["args"] == ["operator", "--health-port", "8081", "--namespace", NAMESPACE]
     assert env_of(operator)["TIERGATE_IMAGE"] == operator["image"]
     assert env_of(operator)["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert operator["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
@@ -68,6 +70,31 @@ def test_operator_gets_one_namespace_flag_per_watched_namespace(
     # Sim nodes run the very image the operator runs, digest and all.
     assert operator["image"] == env_of(operator)["TIERGATE_IMAGE"] == VARIANT_IMAGE
     assert operator["imagePullPolicy"] == "Always"
+
+
+def test_operator_cluster_wide_and_allowed_images_become_its_flags(helm: Helm) -> None:
+    manifests = helm.template(
+        sets=[
+            "operator.clusterWide=true",
+            "operator.allowedImages={mirror.example.com/tiergate:0.1.0,lab/tiergate@sha256:ab}",
+        ]
+    )
+    args = container(manifests, "Deployment", OPERATOR)["args"]
+    assert args[3:] == [
+        "--all-namespaces",
+        "--allowed-image", "mirror.example.com/tiergate:0.1.0",
+        "--allowed-image", "lab/tiergate@sha256:ab",
+    ]  # fmt: skip
+    from tiergate.cli import build_parser
+    from tiergate.operator.commands.operator_cmd import image_policy
+    from tiergate.operator.images import ImagePolicy
+
+    parsed = build_parser("operator").parse_args(args)
+    parsed.image = env_of(container(manifests, "Deployment", OPERATOR))["TIERGATE_IMAGE"]
+    assert image_policy(parsed) == ImagePolicy(
+        "tiergate:0.1.0",
+        frozenset({"mirror.example.com/tiergate:0.1.0", "lab/tiergate@sha256:ab"}),
+    )
 
 
 def test_operator_is_never_two_at_once(default_manifests: list[Manifest]) -> None:
@@ -231,8 +258,8 @@ def test_helm_test_pod_sends_one_request_through_the_router(
 def test_the_real_cli_accepts_the_router_and_test_pod_arguments(
     default_manifests: list[Manifest],
 ) -> None:
-    """The chart's command lines parse with `tiergate router` and `tiergate bench` as they are.
-    (`tiergate operator` is not on this branch yet: its args are pinned by the test above.)"""
+    """The chart's command lines parse with `tiergate router` and `tiergate bench` as they are
+    (`tiergate operator`'s: test_chart_rbac, against what the chart grants it)."""
     from tiergate.cli import build_parser
 
     router_args = container(default_manifests, "Deployment", ROUTER)["args"]
@@ -258,6 +285,29 @@ def test_notes_show_a_first_request_and_warn_when_unauthenticated(helm: Helm) ->
     assert "/v1/chat/completions" in text and "x-tiergate-tier" in text
     assert "kubectl apply" in text and "examples/" in text
     assert "AUTHENTICATION IS OFF" in text
+
+
+def test_notes_say_which_namespaces_are_watched_and_that_others_are_ignored(
+    helm: Helm,
+) -> None:
+    text = notes(helm)
+    assert f"reconciles InferencePools in namespace {NAMESPACE} only" in text
+    assert "InferencePools in any other namespace are ignored" in text
+    assert f"kubectl apply -n {NAMESPACE} -f examples/" in text
+    assert "WARNING: the router discovers pools in" not in text
+    listed = notes(helm, "operator.watchNamespaces={team-a,team-b}")
+    assert "reconciles InferencePools in namespaces team-a, team-b only" in listed
+    # The router looks in the release namespace, which is not watched: pools there never run.
+    assert f"WARNING: the router discovers pools in {NAMESPACE}, which the operator" in listed
+    everywhere = notes(helm, "operator.clusterWide=true")
+    assert "reconciles InferencePools in all namespaces (operator.clusterWide)" in everywhere
+    assert "are ignored" not in everywhere
+
+
+def test_notes_show_where_the_logs_are(helm: Helm) -> None:
+    text = notes(helm)
+    assert f"kubectl logs -n {NAMESPACE} deploy/{OPERATOR}" in text
+    assert f"kubectl logs -n {NAMESPACE} deploy/{ROUTER}" in text
 
 
 def test_notes_with_tenants_ask_for_a_key_instead(helm: Helm) -> None:

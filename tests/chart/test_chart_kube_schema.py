@@ -40,10 +40,24 @@ def validate_all(manifests: list[Manifest]) -> set[str]:
         ([VARIANT], [], []),
         ([], ["router.ledger.persistence.enabled=true", "router.replicas=1"], []),
         ([], ["operator.watchNamespaces={a,b,c}", "router.discoveryNamespace=pools"], []),
+        ([], ["operator.clusterWide=true", "operator.allowedImages={a/b:1}"], []),
+        (
+            [],
+            ["networkPolicy.extraFrom[0].namespaceSelector.matchLabels.team=monitoring"],
+            [],
+        ),
         # Names YAML would read as numbers must still render as strings.
         ([], [], ["operator.watchNamespaces={123,4e5}", "router.discoveryNamespace=0"]),
     ],
-    ids=["default", "variant", "persistent-ledger", "namespaced-operator", "numeric-namespaces"],
+    ids=[
+        "default",
+        "variant",
+        "persistent-ledger",
+        "namespaced-operator",
+        "cluster-wide-operator",
+        "network-policy-extra-from",
+        "numeric-namespaces",
+    ],
 )
 def test_rendered_manifests_are_valid_kubernetes_1_33(
     helm: Helm, values: list[Path], sets: list[str], set_strings: list[str]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from chart_helpers import NAMESPACE, OPERATOR, ROUTER, Manifest, find, one
+import pytest
+from chart_helpers import NAMESPACE, OPERATOR, ROUTER, Helm, Manifest, find, one
+
+from tiergate.cli import build_parser
+from tiergate.operator.commands.operator_cmd import operator_options
 
 READ = {"get", "list", "watch"}
 WRITE_CHILDREN = {"get", "list", "watch", "create", "patch", "update", "delete"}
@@ -78,13 +82,60 @@ def test_router_role_lives_in_the_discovery_namespace(
         assert one(manifests, "RoleBinding", ROUTER)["metadata"]["namespace"] == namespace
 
 
-def test_operator_watching_all_namespaces_gets_one_cluster_role(
+def test_operator_watches_the_release_namespace_by_default_and_nothing_cluster_wide(
     default_manifests: list[Manifest],
 ) -> None:
-    assert not [r for r in find(default_manifests, "Role") if r["metadata"]["name"] == OPERATOR]
-    (binding,) = find(default_manifests, "ClusterRoleBinding")
+    """Writing Deployments and Services in every namespace is no default: an opt-in below."""
+    (binding,) = find(default_manifests, "RoleBinding", OPERATOR)
+    assert binding["metadata"]["namespace"] == NAMESPACE
     assert subjects(binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
-    assert grants(bound_role(default_manifests, binding)) == OPERATOR_CLUSTER_WIDE
+    assert grants(bound_role(default_manifests, binding)) == OPERATOR_PER_NAMESPACE
+    assert not find(default_manifests, "ClusterRoleBinding")
+    assert not find(default_manifests, "ClusterRole")
+
+
+def test_operator_cluster_wide_is_an_explicit_opt_in(helm: Helm) -> None:
+    manifests = helm.template(sets=["operator.clusterWide=true"])
+    assert not find(manifests, "Role", OPERATOR) and not find(manifests, "RoleBinding", OPERATOR)
+    (binding,) = find(manifests, "ClusterRoleBinding")
+    assert subjects(binding) == [("ServiceAccount", OPERATOR, NAMESPACE)]
+    assert grants(bound_role(manifests, binding)) == OPERATOR_CLUSTER_WIDE
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["operator.watchNamespaces={team-a,team-b}"],
+        ["operator.clusterWide=true"],
+        ["operator.watchNamespaces={team-a}", "router.discoveryNamespace=team-a"],
+    ],
+    ids=["default", "listed", "cluster-wide", "one-other"],
+)
+def test_the_operator_s_flags_match_what_the_chart_grants(helm: Helm, sets: list[str]) -> None:
+    """What `tiergate operator` makes of its args (kopf's namespaces) is exactly where it may
+    write: a namespace it watches without a Role would fail; a Role it does not use is too much."""
+    manifests = helm.template(sets=sets)
+    deployment = one(manifests, "Deployment", OPERATOR)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    options = operator_options(build_parser("operator").parse_args(args))
+    cluster_bound = [
+        b for b in find(manifests, "ClusterRoleBinding")
+        if ("ServiceAccount", OPERATOR, NAMESPACE) in subjects(b)
+    ]  # fmt: skip
+    role_namespaces = sorted(
+        b["metadata"]["namespace"] for b in find(manifests, "RoleBinding", OPERATOR)
+    )
+    if options["clusterwide"]:
+        assert len(cluster_bound) == 1 and role_namespaces == []
+    else:
+        assert cluster_bound == [] and role_namespaces == sorted(options["namespaces"])
+    peerings = {(m["kind"], m["metadata"].get("namespace"))
+                for m in manifests if m["kind"].endswith("KopfPeering")}  # fmt: skip
+    if options["clusterwide"]:
+        assert peerings == {("ClusterKopfPeering", None)}
+    else:
+        assert peerings == {("KopfPeering", ns) for ns in options["namespaces"]}
 
 
 def test_operator_watching_listed_namespaces_gets_a_role_in_each(

@@ -106,14 +106,13 @@ def test_default_render_is_the_minimal_install(default_manifests: list[Manifest]
     assert kinds(default_manifests) == {
         "ServiceAccount": 2,
         "ConfigMap": 1,
-        "ClusterRole": 1,
-        "ClusterRoleBinding": 1,
-        "Role": 1,
-        "RoleBinding": 1,
+        "Role": 2,  # the router's and the operator's, both in the release namespace
+        "RoleBinding": 2,
         "Service": 1,
         "Deployment": 2,
         "Pod": 1,  # the helm test hook
-        "ClusterKopfPeering": 1,  # operator replicas elect one writer through it
+        "KopfPeering": 1,  # operator replicas elect one writer through it
+        "NetworkPolicy": 1,  # only the router reaches the sim nodes
     }
     assert one(default_manifests, "Deployment", ROUTER)["spec"]["replicas"] == 1
     assert one(default_manifests, "Deployment", OPERATOR)["spec"]["replicas"] == 1
@@ -127,6 +126,10 @@ def test_the_operator_s_peering_object_matches_what_it_watches(helm: Helm) -> No
     assert {(m["kind"], m["metadata"]["name"], m["metadata"].get("namespace"))
             for m in peerings} == {("KopfPeering", "tiergate", "a"),
                                    ("KopfPeering", "tiergate", "b")}  # fmt: skip
+    everywhere = helm.template(sets=["operator.clusterWide=true"])
+    cluster_peerings = [(m["kind"], m["metadata"]["name"]) for m in everywhere
+                        if m["kind"].endswith("KopfPeering")]  # fmt: skip
+    assert cluster_peerings == [("ClusterKopfPeering", "tiergate")]
 
 
 def test_variant_render_adds_every_optional_part(variant_manifests: list[Manifest]) -> None:

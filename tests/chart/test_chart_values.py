@@ -22,6 +22,10 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         (["operator.watchNamespaces=x"], "/operator/watchNamespaces"),
         (["operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
         (["operator.watchNamespaces={a,a}"], "/operator/watchNamespaces"),
+        (["operator.clusterWide=yes"], "/operator/clusterWide"),
+        (["operator.allowedImages={a b}"], "/operator/allowedImages/0"),
+        (["networkPolicy.enabled=maybe"], "/networkPolicy/enabled"),
+        (["networkPolicy.extraFrom[0].pods=x"], "/networkPolicy/extraFrom/0"),
         (["notAValue=1"], "notAValue"),
         (["router.colour=blue"], "colour"),
         (["router.autoscaling.enabled=yes"], "/router/autoscaling/enabled"),
@@ -84,6 +88,7 @@ def test_schema_rejects_bad_values_naming_the_field(
             ["router.autoscaling.enabled=true", "router.autoscaling.minReplicas=7"],
             "router.autoscaling.minReplicas",
         ),
+        (["operator.clusterWide=true", "operator.watchNamespaces={a}"], "operator.clusterWide"),
     ],
 )
 def test_contradictory_values_fail_naming_the_fields(

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tiergate.cli import build_parser
 from tiergate.operator.commands.operator_cmd import PEERING_NAME, operator_options
+from tiergate.operator.kube import current_namespace
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: here
+  context:
+    cluster: c
+    user: u
+    namespace: pools
+current-context: here
+"""
 
 
 def options(*argv: str) -> dict[str, object]:
     return operator_options(
-        build_parser("operator").parse_args(["operator", "--image", "t:x", *argv])
+        build_parser("operator").parse_args(["operator", "--image", "t:x", *argv]),
+        own_namespace=lambda: "tiergate-system",
     )
 
 
@@ -24,8 +46,31 @@ def test_standalone_names_no_peering() -> None:
     opts = options("--standalone")
     assert opts["standalone"] is True
     assert "peering_name" not in opts and "priority" not in opts
-    assert opts["clusterwide"] is True
 
 
 def test_liveness_listens_on_the_health_port() -> None:
     assert options("--health-port", "9000")["liveness_endpoint"] == "http://0.0.0.0:9000/healthz"
+
+
+def test_every_namespace_is_an_explicit_opt_in() -> None:
+    """Without --namespace the operator watches its own namespace, as the chart's default
+    grants; only --all-namespaces (the chart's operator.clusterWide) watches every one."""
+    own = options()
+    assert (own["clusterwide"], own["namespaces"]) == (False, ["tiergate-system"])
+    everywhere = options("--all-namespaces")
+    assert (everywhere["clusterwide"], everywhere["namespaces"]) == (True, [])
+    listed = options("--namespace", "a", "--namespace", "b")
+    assert (listed["clusterwide"], listed["namespaces"]) == (False, ["a", "b"])
+
+
+def test_its_own_namespace_is_the_pod_s_else_the_kubeconfig_s(tmp_path: Path) -> None:
+    pod_file = tmp_path / "namespace"
+    pod_file.write_text("tiergate-system\n")
+    assert current_namespace(namespace_file=pod_file) == "tiergate-system"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    missing = tmp_path / "absent"
+    assert current_namespace(str(kubeconfig), namespace_file=missing) == "pools"
+    kubeconfig.write_text(KUBECONFIG.replace("    namespace: pools\n", ""))
+    assert current_namespace(str(kubeconfig), namespace_file=missing) == "default"
+    assert current_namespace(str(tmp_path / "none"), namespace_file=missing) == "default"

@@ -4,72 +4,15 @@ same result every time (level-based)."""
 
 from __future__ import annotations
 
-import copy
-import itertools
 import logging
-from pathlib import Path
 from typing import Any
 
 import kopf
 import pytest
-import yaml
+from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, pool
 
 from tiergate.operator import handlers
-from tiergate.operator.kube import ApplyRejected
 from tiergate.operator.reconcile import reconcile
-from tiergate.sim_nodes.catalogs import default_catalog
-
-ROOT = Path(__file__).resolve().parents[2]
-CATALOG = default_catalog()
-IMAGE = "tiergate:0.1.0"
-
-
-class FakeCluster:
-    """Records applies, and keeps what was applied as existing; Deployment statuses, objects
-    that exist already and the API server's refusals are set by the test."""
-
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
-        self.pools: dict[tuple[str, str], dict[str, Any]] = {}
-        self.status_patches: list[tuple[str, dict[str, Any]]] = []
-        self.existing: dict[tuple[str, str, str], dict[str, Any]] = {}  # kind, ns, name
-        self.rejects: dict[str, str] = {}  # kind -> the API server's message
-
-    def apply(self, manifest: dict[str, Any]) -> None:
-        meta = manifest["metadata"]
-        if manifest["kind"] in self.rejects:
-            raise ApplyRejected(self.rejects[manifest["kind"]])
-        self.applied.append(copy.deepcopy(manifest))
-        self.existing[(manifest["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(meta)
-
-    def metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.existing.get((kind, namespace, name))
-
-    def deployment_status(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.deployments.get((namespace, name))
-
-    def pool(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.pools.get((namespace, name))
-
-    def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.status_patches.append((name, status))
-
-
-def pool(name: str = "premium", **spec_changes: Any) -> dict[str, Any]:
-    obj = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text(encoding="utf-8"))
-    obj["spec"].update(spec_changes)
-    obj["metadata"].update(namespace="team-a", uid="uid-1", generation=3)
-    return obj
-
-
-def clock() -> Any:
-    ticks = (f"2026-11-21T00:00:{s:02d}Z" for s in itertools.count())
-    return lambda: next(ticks)
-
-
-def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in status["conditions"]}
 
 
 def test_a_fitting_pool_gets_its_objects_and_envelope() -> None:
@@ -300,6 +243,8 @@ def test_a_service_rejected_after_the_deployment_says_what_was_applied() -> None
 def test_an_edit_that_cannot_run_leaves_no_condition_of_the_spec_before(
     changes: dict[str, Any], reason: str, fits: str
 ) -> None:
+    """The performance model cannot evaluate the spec: the router drops the pool too, so the
+    earlier spec's pods serve nothing (test_refusals: the edits the router still routes)."""
     cluster = FakeCluster()
     cluster.deployments[("team-a", "frontier-premium")] = {
         "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
@@ -370,7 +315,7 @@ def test_a_deployment_event_reconciles_its_pool() -> None:
     cluster = FakeCluster()
     body = pool()
     cluster.pools[("team-a", "frontier-premium")] = body
-    memo = handlers.OperatorMemo(catalog=CATALOG, image=IMAGE, cluster=cluster)
+    memo = handlers.OperatorMemo(catalog=CATALOG, images=IMAGE, cluster=cluster)
     deployment = kopf.Body({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "frontier-premium", "namespace": "team-a", "ownerReferences": [
@@ -423,7 +368,7 @@ def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
     events: list[str] = []
     memo = handlers.OperatorMemo(
         catalog=CATALOG,
-        image=IMAGE,
+        images=IMAGE,
         cluster=FakeCluster(),
         warn=lambda body, reason, message: events.append(reason),
     )
@@ -444,7 +389,7 @@ def test_a_name_taken_is_an_event_from_the_resync_too_but_only_once() -> None:
     cluster = FakeCluster()
     memo = handlers.OperatorMemo(
         catalog=CATALOG,
-        image=IMAGE,
+        images=IMAGE,
         cluster=cluster,
         warn=lambda body, reason, message: events.append(reason),
     )

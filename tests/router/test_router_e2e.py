@@ -36,7 +36,9 @@ def node(names: list[str], **overrides: Any) -> NodeConfig:
     serving = ServingSpec(
         model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=16)
     )
-    return NodeConfig(serving=serving, served_model_names=names, **overrides)
+    return NodeConfig(
+        serving=serving, served_model_names=names, fault_header_enabled=True, **overrides
+    )
 
 
 def pools_yaml(urls: dict[str, list[str]], tenants: Path, ledger: Path) -> str:

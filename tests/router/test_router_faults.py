@@ -77,6 +77,7 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
             model="llama-3.1-8b", accelerator="h100-sxm", batching=BatchingSpec(max_num_seqs=8)
         ),
         served_model_names=["slow"],
+        fault_header_enabled=True,  # so that only the router's setting keeps the header out
     )
     with ExitStack() as stack:
         healthy = stack.enter_context(served(create_app(node)))

@@ -131,6 +131,30 @@ def test_a_router_killed_right_after_replying_has_billed_every_reply(tmp_path: P
             up.wait()
 
 
+def test_up_s_nodes_honour_the_fault_header_when_the_router_forwards_it(tmp_path: Path) -> None:
+    """Sim nodes ignore x-tiergate-fault unless started with --enable-fault-injection: `up`
+    starts them so when its router forwards the header (a local fault drill)."""
+    config = tmp_path / "up.yaml"
+    config.write_text(
+        CONFIG.format(ledger=tmp_path / "ledger.sqlite").replace(
+            "router: {", "router: {forwardFaultHeader: true, "
+        )
+    )
+    router_port, node_port = free_port(), free_port()
+    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2}  # fmt: skip
+    up = start_up(config, router_port, node_port)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{router_port}/v1/chat/completions", json=body,
+                       headers={"x-tiergate-fault": "418"}, timeout=30)  # fmt: skip
+        assert r.status_code == 418, r.text
+        assert r.json()["error"]["code"] == "injected_fault"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
 def run_up(config: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(config), *flags]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)

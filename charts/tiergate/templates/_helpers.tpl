@@ -57,6 +57,31 @@ helm.sh/chart: {{ include "tiergate.chart" .root }}
 {{ .Values.router.discoveryNamespace | default .Release.Namespace }}
 {{- end }}
 
+{{/*
+The namespaces the operator reconciles InferencePools in, as a JSON list (read it with
+fromJsonArray): operator.watchNamespaces, else the release namespace; [] with
+operator.clusterWide (every namespace), which must not be combined with a list.
+*/}}
+{{- define "tiergate.watchedNamespaces" -}}
+{{- if .Values.operator.clusterWide }}
+{{- if .Values.operator.watchNamespaces }}
+{{- fail "operator.clusterWide: true reconciles every namespace: leave operator.watchNamespaces empty, or set clusterWide: false to watch the listed namespaces only" }}
+{{- end }}
+{{- list | toJson }}
+{{- else }}
+{{- .Values.operator.watchNamespaces | default (list .Release.Namespace) | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces whose sim nodes the chart's NetworkPolicies guard, as a JSON list. */}}
+{{- define "tiergate.simNodeNamespaces" -}}
+{{- if .Values.operator.clusterWide }}
+{{- list (include "tiergate.discoveryNamespace" .) | toJson }}
+{{- else }}
+{{- include "tiergate.watchedNamespaces" . }}
+{{- end }}
+{{- end }}
+
 {{- define "tiergate.tenantsEnabled" -}}
 {{- if or .Values.router.tenants.existingSecret .Values.router.tenants.inline }}true{{ end }}
 {{- end }}

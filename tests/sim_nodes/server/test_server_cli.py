@@ -247,3 +247,13 @@ def test_a_bad_inline_profile_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert words in err, err
+
+
+def test_the_fault_header_is_honoured_only_with_enable_fault_injection() -> None:
+    flags = ("--model", "llama-3.1-8b", "--accelerator", "h100-sxm")
+    for extra, enabled in (((), False), (("--enable-fault-injection",), True)):
+        args = parse(*flags, *extra)
+        spec, names = sim_node_cmd.serving_spec(args)
+        config = sim_node_cmd.node_config(args, spec, names, 8000)
+        assert config.fault_header_enabled is enabled
+        assert (Node(config).faults.decide("503") is not None) is enabled

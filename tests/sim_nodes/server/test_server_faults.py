@@ -1,4 +1,5 @@
-"""Fault injection: the x-tiergate-fault header and the seeded failure rate."""
+"""Fault injection: the x-tiergate-fault header (only where enabled) and the seeded failure
+rate."""
 
 from __future__ import annotations
 
@@ -7,6 +8,26 @@ import pytest
 from sim_server_helpers import ClientFactory, chat, sse
 
 from tiergate.sim_nodes.server import FAULT_HEADER
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> httpx.AsyncClient:
+    """A node that honours the fault header (`--enable-fault-injection`)."""
+    return await make_client(fault_header_enabled=True)
+
+
+async def test_the_fault_header_is_ignored_unless_enabled(make_client: ClientFactory) -> None:
+    """Anyone who reaches a node must not be able to make it fail (or, through the router's
+    outlier ejection, take it out of service for every tenant)."""
+    node = await make_client()
+    for value in ("503", "midstream", "teapot"):
+        r = await node.post("/v1/chat/completions", json=chat(max_tokens=1),
+                            headers={FAULT_HEADER: value})  # fmt: skip
+        assert r.status_code == 200, r.text
+    _, events = await sse(
+        node, "/v1/chat/completions", chat(max_tokens=5, stream=True), {FAULT_HEADER: "midstream"}
+    )
+    assert events[-1] == "[DONE]"
 
 
 @pytest.mark.parametrize("status", [500, 503, 429, 400])

@@ -1,0 +1,67 @@
+"""Helpers of the operator tests: a fake cluster, the example pools, a ticking clock."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tiergate.operator.images import ImagePolicy
+from tiergate.operator.kube import ApplyRejected
+from tiergate.sim_nodes.catalogs import default_catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = default_catalog()
+IMAGE = ImagePolicy("tiergate:0.1.0")
+
+
+class FakeCluster:
+    """Records applies, and keeps what was applied as existing; Deployment statuses, objects
+    that exist already and the API server's refusals are set by the test."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pools: dict[tuple[str, str], dict[str, Any]] = {}
+        self.status_patches: list[tuple[str, dict[str, Any]]] = []
+        self.existing: dict[tuple[str, str, str], dict[str, Any]] = {}  # kind, ns, name
+        self.rejects: dict[str, str] = {}  # kind -> the API server's message
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        meta = manifest["metadata"]
+        if manifest["kind"] in self.rejects:
+            raise ApplyRejected(self.rejects[manifest["kind"]])
+        self.applied.append(copy.deepcopy(manifest))
+        self.existing[(manifest["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(meta)
+
+    def metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.existing.get((kind, namespace, name))
+
+    def deployment_status(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.deployments.get((namespace, name))
+
+    def pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pools.get((namespace, name))
+
+    def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status_patches.append((name, status))
+
+
+def pool(name: str = "premium", **spec_changes: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text(encoding="utf-8"))
+    obj["spec"].update(spec_changes)
+    obj["metadata"].update(namespace="team-a", uid="uid-1", generation=3)
+    return obj
+
+
+def clock() -> Callable[[], str]:
+    ticks = (f"2026-11-21T00:00:{s:02d}Z" for s in itertools.count())
+    return lambda: next(ticks)
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
