@@ -37,7 +37,9 @@ def node() -> Any:
     serving = ServingSpec(
         model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=16)
     )
-    return create_app(NodeConfig(serving=serving, served_model_names=["coder"]))
+    return create_app(
+        NodeConfig(serving=serving, served_model_names=["coder"], fault_header_enabled=True)
+    )
 
 
 def failing_every_request(app: Any) -> Any:
