@@ -14,7 +14,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,7 +51,7 @@ from .policy import (
 from .progress import Progress
 from .proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from .ratelimit import RateLimiter
-from .relay import bad_reply, bill, relay_stream, relay_whole
+from .relay import FirstToken, bad_reply, bill, first_token, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
 from .request_ids import new_request_id
 from .state import EndpointState, RequestContext
@@ -494,8 +494,11 @@ class Router:
         extra = {h: headers[h] for h in FORWARDED if h in headers}
         if self.settings.forward_fault_header and FAULT_HEADER in headers:
             extra[FAULT_HEADER] = headers[FAULT_HEADER]
+        start_s = self.clock()
         with guard.cancellable():
-            opened, pool = await self._open(view, pipeline, request, tier, request_id, done, extra)
+            opened, pool, first = await self._open_stream(
+                view, pipeline, request, tier, request_id, done, extra
+            )
         reply_headers = {
             "x-tiergate-tier": tier,
             "x-tiergate-tier-requested": choice.tier,
@@ -507,17 +510,11 @@ class Router:
         if done.escalated:
             reply_headers["x-tiergate-escalated"] = "true"
         try:
-            if (
-                request.stream
-                and opened.status == 200
-                and not opened.content_type.startswith("text/event-stream")
-            ):
-                raise bad_reply("the serving node answered a stream request without a stream")
-            if request.stream and opened.status == 200:
+            if first is not None:
                 guard.stop()  # the stream watches its client itself
                 await relay_stream(
-                    receive, send, opened, request, pool, reply_headers, done,
-                    settle=settle, clock=self.clock, metrics=self.metrics,
+                    receive, send, first, request, reply_headers, done, settle=settle,
+                    clock=self.clock, metrics=self.metrics, start_s=start_s,
                 )  # fmt: skip
             else:
                 await relay_whole(
@@ -525,6 +522,51 @@ class Router:
                 )
         finally:
             await opened.close()
+
+    async def _open_stream(
+        self,
+        view: PoolView,
+        pipeline: Pipeline,
+        request: CompletionRequest,
+        tier: Tier,
+        request_id: str,
+        done: Progress,
+        extra: dict[str, str],
+    ) -> tuple[Opened, RoutedPool, FirstToken | None]:
+        """`_open`, and for a stream, read up to its first token: a node that fails before it
+        (killed while the request waited or prefilled) is the endpoint's failure, and the
+        request goes to another endpoint, the client having seen nothing yet. Whole replies
+        and refusals come back with no first token read."""
+        failed: set[str] = set()
+        while True:
+            try:
+                opened, pool = await self._open(
+                    view, pipeline, request, tier, request_id, done, extra, skip=failed
+                )
+            except RouterError as error:  # no endpoint left to try, or none that answered
+                if not failed or error.status != 503:
+                    raise
+                raise _dropped_before_first_token(tier, len(failed)) from None
+            if not (request.stream and opened.status == 200):
+                return opened, pool, None
+            try:
+                if not opened.content_type.startswith("text/event-stream"):
+                    raise bad_reply("the serving node answered a stream request without a stream")
+                return opened, pool, await first_token(opened, pool, request, clock=self.clock)
+            except UpstreamError as exc:
+                await opened.close()
+                self.upstream.failed(opened.endpoint)
+                failed.add(opened.endpoint.url)
+                log.warning(
+                    "event=stream_failed_before_first_token request_id=%s pool=%s endpoint=%s "
+                    "error=%s", request_id, pool.spec.name, opened.endpoint.url, exc,
+                )  # fmt: skip
+                if len(failed) >= self.upstream.attempts:
+                    raise _dropped_before_first_token(tier, len(failed)) from None
+                self.metrics.retries.inc()
+            except BaseException:
+                await opened.close()
+                raise
 
     async def _open(
         self,
@@ -535,8 +577,10 @@ class Router:
         request_id: str,
         done: Progress,
         extra_headers: dict[str, str] | None = None,
+        skip: Collection[str] = (),
     ) -> tuple[Opened, RoutedPool]:
-        """Pick endpoints of `tier` and open the upstream request on the first that answers."""
+        """Pick endpoints of `tier` (but those whose URLs are in `skip`) and open the upstream
+        request on the first that answers."""
         ctx = RequestContext(
             request.model,
             tier,
@@ -545,6 +589,8 @@ class Router:
             prefix_hashes(request.prefix_text),
         )
         order = pipeline.pick(ctx, view.candidates(request.model, tier), self.clock())
+        if skip:
+            order = [endpoint for endpoint in order if endpoint.url not in skip]
         if not order:
             raise RouterError(
                 503,
@@ -647,3 +693,10 @@ def _the_request_s_fault(status: int, body: bytes) -> bool:
         code = None
     # The distilled model's context may be shorter than the full model's.
     return code != "context_length_exceeded"
+
+
+def _dropped_before_first_token(tier: Tier, attempts: int) -> RouterError:
+    return bad_reply(
+        f"the serving nodes of the {tier} tier failed before the first token "
+        f"({attempts} attempt(s))"
+    )

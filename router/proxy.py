@@ -246,6 +246,11 @@ class Upstream:
             len(failures),
         )
 
+    def failed(self, endpoint: EndpointState) -> None:
+        """An endpoint's response failed after it started (its stream broke before the first
+        token): the endpoint's failure, for outlier detection."""
+        self._on_failure(endpoint)
+
     def _url(self, text: str) -> URL:
         """Parsed once per endpoint and path (parsing is a measurable share of a request)."""
         url = self._urls.get(text)

@@ -5,13 +5,19 @@ the ledger's commit) runs before the reply's end goes out: before a whole reply'
 before a stream's `data: [DONE]`. A client that has the whole reply therefore finds it in the
 ledger even if the router is SIGKILLed the next moment. A stream cut short has no such
 moment; it is accounted for once it ends.
+
+A stream's response starts only with its first token (`first_token`): a node that fails before
+it (killed while the request waited or prefilled) has shown the client nothing, so the handler
+gives the request to another endpoint; once a token is out, a failure ends the stream with an
+error event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .asgi import Receive, Send, encode_headers, send_bytes
@@ -94,23 +100,56 @@ def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_est
     done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
 
 
+@dataclass(slots=True)
+class FirstToken:
+    """An upstream stream read up to its first token (or its end), nothing of it sent yet:
+    until then the router may still give the request to another endpoint."""
+
+    opened: Opened
+    pool: RoutedPool
+    rewriter: StreamRewriter
+    chunks: AsyncIterator[bytes]  # the rest of the upstream body
+    head: bytes  # the rewritten events read so far, sent right after the headers
+    at_s: float  # when the first token came (the clock's time), or the stream ended
+
+
+async def first_token(
+    opened: Opened,
+    pool: RoutedPool,
+    request: CompletionRequest,
+    *,
+    clock: Callable[[], float],
+) -> FirstToken:
+    """Read `opened`'s stream until its first token or its end. UpstreamError if it fails
+    before either: the client has seen nothing, so the caller may try another endpoint."""
+    rewriter = StreamRewriter(
+        pool.spec.tier, include_usage=request.include_usage, cost_of=pool.cost_usd
+    )
+    chunks = opened.chunks()
+    head: list[bytes] = []
+    async for raw in chunks:
+        head.append(rewriter.feed(raw))
+        if rewriter.content_chunks or rewriter.error or rewriter.done:
+            return FirstToken(opened, pool, rewriter, chunks, b"".join(head), clock())
+    raise UpstreamError("the stream ended before its first token")
+
+
 async def relay_stream(
     receive: Receive,
     send: Send,
-    opened: Opened,
+    first: FirstToken,
     request: CompletionRequest,
-    pool: RoutedPool,
     headers: dict[str, str],
     done: Progress,
     *,
     settle: Callable[[], Awaitable[None]],
     clock: Callable[[], float],
     metrics: RouterMetrics,
+    start_s: float,
 ) -> None:
-    start = clock()
-    rewriter = StreamRewriter(
-        pool.spec.tier, include_usage=request.include_usage, cost_of=pool.cost_usd
-    )
+    """Relay a stream from its first token on (`first_token`); `start_s` is when the router
+    started asking upstream, which time to first token counts from."""
+    opened, pool, rewriter = first.opened, first.pool, first.rewriter
     raw_headers = [
         (b"content-type", b"text/event-stream"),
         (b"cache-control", b"no-cache"),
@@ -129,17 +168,24 @@ async def relay_stream(
         if relay is not None:
             relay.cancel()  # stop reading upstream; closing it cancels the node's work
 
+    async def upstream() -> AsyncIterator[bytes]:
+        if first.head:
+            yield first.head
+        async for raw in first.chunks:
+            yield rewriter.feed(raw)
+
     watcher = asyncio.create_task(watch())
-    last_chunk_s = start
+    last_chunk_s = start_s
     settled = False
+    if rewriter.content_chunks:
+        done.ttft_s, last_chunk_s = first.at_s - start_s, first.at_s
     try:
-        async for raw in opened.chunks():
-            out = rewriter.feed(raw)
+        async for out in upstream():
             if not out:
                 continue
             now = clock()
             if done.ttft_s is None and rewriter.content_chunks:
-                done.ttft_s = now - start
+                done.ttft_s = now - start_s
             last_chunk_s = now
             if rewriter.done and not settled:
                 head, end, tail = out.partition(DONE)
@@ -174,7 +220,7 @@ async def relay_stream(
         watcher.cancel()
     tally(done, rewriter, pool, request.prompt_tokens_estimate)
     if done.ttft_s is not None and done.completion_tokens > 1:
-        tpot = (last_chunk_s - start - done.ttft_s) / (done.completion_tokens - 1)
+        tpot = (last_chunk_s - start_s - done.ttft_s) / (done.completion_tokens - 1)
         metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
     if not gone:
         await send({"type": "http.response.body", "body": b"", "more_body": False})

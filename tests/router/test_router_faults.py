@@ -40,6 +40,29 @@ async def dies_midstream(scope: dict[str, Any], receive: Any, send: Any) -> None
     raise RuntimeError("node crashed")
 
 
+#: Requests `dies_before_first_token` has taken.
+DIED_BEFORE_FIRST_TOKEN: list[int] = []
+
+
+async def dies_before_first_token(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Starts a stream, then the process 'dies' before its first token (it was killed while
+    the request waited for a batch slot or prefilled)."""
+    if scope["type"] != "http":
+        return
+    if scope["method"] != "POST":  # the router's scrapes of /metrics: an idle node's
+        metrics = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" + (
+            b"vllm:kv_cache_usage_perc 0\n"
+        )
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": metrics})
+        return
+    DIED_BEFORE_FIRST_TOKEN.append(1)
+    await receive()
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    raise RuntimeError("node crashed")
+
+
 async def dies_mid_body(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Promises a 1,000-byte JSON reply, sends 20 bytes of it, then the connection drops."""
     if scope["type"] != "http":
@@ -79,9 +102,12 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
         served_model_names=["slow"],
         fault_header_enabled=True,  # so that only the router's setting keeps the header out
     )
+    flaky_node = node.model_copy(update={"served_model_names": ["flaky"]})
     with ExitStack() as stack:
         healthy = stack.enter_context(served(create_app(node)))
         dying = stack.enter_context(served(dies_midstream))
+        early = [stack.enter_context(served(dies_before_first_token)) for _ in range(2)]
+        flaky_healthy = stack.enter_context(served(create_app(flaky_node)))
         garbage = stack.enter_context(served(talks_garbage))
         truncated = stack.enter_context(served(dies_mid_body))
         text = f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}}}\npools:\n" + "".join(
@@ -90,6 +116,8 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
                 pool("dying", "dying", [dying]),
                 pool("garbage", "garbage", [garbage]),
                 pool("truncated", "truncated", [truncated]),
+                pool("flaky", "flaky", [early[0], flaky_healthy]),
+                pool("hopeless", "hopeless", early),
             ]  # fmt: skip
         )
         config = parse_config(text)
@@ -160,6 +188,40 @@ def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(
     # and the router keeps serving
     ok = httpx.post(url, json=body("slow", max_tokens=2), timeout=30)
     assert ok.status_code == 200
+
+
+def test_a_stream_whose_node_dies_before_its_first_token_is_served_by_another(
+    system: dict[str, Any],
+) -> None:
+    """The client has seen nothing but headers the router has not sent yet: the request goes
+    to another endpoint, and the client gets one whole stream."""
+    url = system["url"] + "/v1/chat/completions"
+    DIED_BEFORE_FIRST_TOKEN.clear()
+    for i in range(40):
+        request = body("flaky", stream=True, max_tokens=3)
+        request["messages"][0]["content"] = f"{i} hi"  # no prefix affinity to one endpoint
+        with httpx.stream("POST", url, json=request) as r:
+            assert r.status_code == 200
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events
+        assert all("error" not in json.loads(e) for e in events[:-1]), events
+        assert any(json.loads(e)["choices"] for e in events[:-1]), events
+        if len(DIED_BEFORE_FIRST_TOKEN) >= 3:
+            break
+    assert len(DIED_BEFORE_FIRST_TOKEN) >= 3, "the dying endpoint was never picked"
+    metrics = httpx.get(system["url"] + "/metrics").text
+    retries = next(x for x in metrics.splitlines() if x.startswith("tiergate_upstream_retries_to"))
+    assert float(retries.split()[-1]) >= 3
+
+
+def test_a_stream_every_node_drops_before_its_first_token_is_a_502_envelope(
+    system: dict[str, Any],
+) -> None:
+    r = httpx.post(
+        system["url"] + "/v1/chat/completions", json=body("hopeless", stream=True), timeout=30
+    )
+    assert r.status_code == 502 and r.headers["content-type"] == "application/json"
+    assert "before the first token" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
