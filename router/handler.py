@@ -56,7 +56,7 @@ from .request import CompletionRequest, parse_completion, parse_slo, upstream_bo
 from .request_ids import new_request_id
 from .state import EndpointState, RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
-from .tiers import TIERS, Tier, TierChoice, resolve_tier
+from .tiers import TIERS, Tier, TierChoice, openai_service_tier, resolve_tier
 from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
@@ -339,7 +339,7 @@ class Router:
             problem = await self.tool_checker.problem(reply, request.body, tenant.name)
         if problem is None and reply is not None:
             one.outcome = "ok"
-            reply["service_tier"] = first
+            reply["service_tier"] = openai_service_tier(first, choice.priority)
             headers["x-tiergate-cost-usd"] = f"{one.cost_usd:.10f}"
             if request.stream:
                 payload = as_event_stream(reply, include_usage=request.include_usage)
@@ -495,9 +495,10 @@ class Router:
         if self.settings.forward_fault_header and FAULT_HEADER in headers:
             extra[FAULT_HEADER] = headers[FAULT_HEADER]
         start_s = self.clock()
+        service_tier = openai_service_tier(tier, choice.priority)
         with guard.cancellable():
             opened, pool, first = await self._open_stream(
-                view, pipeline, request, tier, request_id, done, extra
+                view, pipeline, request, tier, request_id, done, extra, service_tier
             )
         reply_headers = {
             "x-tiergate-tier": tier,
@@ -518,8 +519,9 @@ class Router:
                 )  # fmt: skip
             else:
                 await relay_whole(
-                    send, opened, pool, reply_headers, done, settle=settle, guard=guard
-                )
+                    send, opened, pool, reply_headers, done,
+                    service_tier=service_tier, settle=settle, guard=guard,
+                )  # fmt: skip
         finally:
             await opened.close()
 
@@ -532,6 +534,7 @@ class Router:
         request_id: str,
         done: Progress,
         extra: dict[str, str],
+        service_tier: str,
     ) -> tuple[Opened, RoutedPool, FirstToken | None]:
         """`_open`, and for a stream, read up to its first token: a node that fails before it
         (killed while the request waited or prefilled) is the endpoint's failure, and the
@@ -552,7 +555,10 @@ class Router:
             try:
                 if not opened.content_type.startswith("text/event-stream"):
                     raise bad_reply("the serving node answered a stream request without a stream")
-                return opened, pool, await first_token(opened, pool, request, clock=self.clock)
+                first = await first_token(
+                    opened, pool, request, service_tier=service_tier, clock=self.clock
+                )
+                return opened, pool, first
             except UpstreamError as exc:
                 await opened.close()
                 self.upstream.failed(opened.endpoint)

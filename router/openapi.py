@@ -168,7 +168,10 @@ def _completion_op(summary: str, schema: str) -> dict[str, Any]:
         },
         "responses": {
             "200": {
-                "description": "The completion (JSON), or server-sent events when stream is true.",
+                "description": "The completion (JSON), or server-sent events when stream is "
+                "true. Its service_tier field is OpenAI's word for the tier that served it "
+                "(premium: priority; batched: default, or flex when asked for; wafer-scale: "
+                "default); the x-tiergate-tier header names the tier itself.",
                 "headers": {
                     k: {"description": v, "schema": {"type": "string"}}
                     for k, v in _REPLY_HEADERS.items()

@@ -56,9 +56,12 @@ async def relay_whole(
     headers: dict[str, str],
     done: Progress,
     *,
+    service_tier: str,
     settle: Callable[[], Awaitable[None]],
     guard: DisconnectGuard,
 ) -> None:
+    """Relay a whole reply; `service_tier` is the value its body's field gets
+    (`tiers.openai_service_tier`)."""
     try:
         with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
             body = await opened.read()
@@ -74,7 +77,7 @@ async def relay_whole(
     try:
         data, dumps = loads_reply(body)
         bill(done, pool, data)
-        data["service_tier"] = pool.spec.tier
+        data["service_tier"] = service_tier
         payload = dumps(data)
     except (ValueError, TypeError, AttributeError):
         raise bad_reply("the serving node returned a malformed reply") from None
@@ -118,12 +121,14 @@ async def first_token(
     pool: RoutedPool,
     request: CompletionRequest,
     *,
+    service_tier: str,
     clock: Callable[[], float],
 ) -> FirstToken:
     """Read `opened`'s stream until its first token or its end. UpstreamError if it fails
-    before either: the client has seen nothing, so the caller may try another endpoint."""
+    before either: the client has seen nothing, so the caller may try another endpoint.
+    `service_tier` is what its chunks' field says (`tiers.openai_service_tier`)."""
     rewriter = StreamRewriter(
-        pool.spec.tier, include_usage=request.include_usage, cost_of=pool.cost_usd
+        service_tier, include_usage=request.include_usage, cost_of=pool.cost_usd
     )
     chunks = opened.chunks()
     head: list[bytes] = []

@@ -1,7 +1,8 @@
 """Rewriting an upstream SSE stream for the client, event by event, without buffering.
 
-Every `data: {...}` chunk gets the tier that served it (`service_tier`, as OpenAI's chunks
-carry it), inserted as bytes rather than by re-encoding the JSON: a busy router relays
+Every `data: {...}` chunk gets the `service_tier` that served it (in OpenAI's vocabulary:
+router/tiers.py `openai_service_tier`), inserted as bytes rather than by re-encoding the JSON:
+a busy router relays
 thousands of chunks a second. The usage chunk (which the router always asks for, to bill) is
 parsed: its counts feed the ledger, and the client gets it, with `cost_usd` added, only if it
 asked for usage. Upstream error events pass through and are remembered.
@@ -42,10 +43,10 @@ class StreamRewriter:
     """Feed upstream bytes in, get client bytes out."""
 
     def __init__(
-        self, tier: str, *, include_usage: bool, cost_of: Callable[[int, int], float]
+        self, service_tier: str, *, include_usage: bool, cost_of: Callable[[int, int], float]
     ) -> None:
-        self._tier = tier
-        self._tier_field = b'"service_tier":"' + tier.encode() + b'",'
+        self._service_tier = service_tier
+        self._tier_field = b'"service_tier":"' + service_tier.encode() + b'",'
         self._include_usage = include_usage
         self._cost_of = cost_of
         self._pending = b""
@@ -102,7 +103,7 @@ class StreamRewriter:
             usage["cost_usd"] = round(self.cost_usd or 0.0, 10)
         if has_choices:
             self.content_chunks += 1
-        data["service_tier"] = self._tier
+        data["service_tier"] = self._service_tier
         try:
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
         except RecursionError:  # read, but too deep to write back

@@ -9,6 +9,11 @@
 
 `service_tier: auto` additionally lets admission serve the request on another tier when its
 own is saturated; the resolution records that.
+
+A reply's `service_tier` field speaks OpenAI's vocabulary, which clients switch on
+(`openai_service_tier`): premium is `priority`; batched is `default`, or `flex` when asked for
+at flex priority; wafer-scale is `default` (OpenAI offers its wafer-served model as a model of
+its own, not as a service tier). The tier's own name is in the `x-tiergate-tier` header.
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from tiergate.operator.api import TIERS, Tier
 
 from .errors import RouterError
 
-__all__ = ["TIERS", "TIER_HEADER", "Priority", "Tier", "TierChoice", "resolve_tier"]
+__all__ = [
+    "TIERS",
+    "TIER_HEADER",
+    "Priority",
+    "Tier",
+    "TierChoice",
+    "openai_service_tier",
+    "resolve_tier",
+]
 TIER_HEADER = "x-tiergate-tier"
 
 #: Admission priority: lower is served first and shed last.
@@ -94,3 +107,10 @@ def _priority(tier: str, service_tier: object) -> Priority:
     if tier == "premium":
         return "premium"
     return "flex" if service_tier == "flex" else "standard"
+
+
+def openai_service_tier(tier: Tier, priority: Priority) -> str:
+    """The `service_tier` of a reply served in `tier` at `priority`, in OpenAI's words."""
+    if tier == "premium":
+        return "priority"
+    return "flex" if priority == "flex" else "default"

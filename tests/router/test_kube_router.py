@@ -104,7 +104,7 @@ async def test_a_request_reaches_the_pod_of_a_discovered_pool(node_url: str) -> 
         r = await client.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.headers["x-tiergate-pool"] == "coder-batched"
-        assert r.json()["service_tier"] == "batched"
+        assert r.json()["service_tier"] == "default"
 
         # the pod turns unready: the router stops sending to it
         unready = watch_event("MODIFIED", pods["items"][0], "48300")

@@ -181,7 +181,7 @@ def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert len(events) == 3  # two relayed chunks, then the router's error event
-    assert json.loads(events[0][6:])["service_tier"] == "batched"
+    assert json.loads(events[0][6:])["service_tier"] == "default"
     assert json.loads(events[-1][6:])["error"]["code"] == "upstream_failed"
     metrics = httpx.get(system["url"] + "/metrics").text
     assert 'tiergate_midstream_errors_total{tier="batched"} 1.0' in metrics

@@ -33,7 +33,7 @@ def test_token_counts_are_read_absent_ones_as_zero() -> None:
 
 def rewriter(include_usage: bool) -> StreamRewriter:
     return StreamRewriter(
-        "batched", include_usage=include_usage, cost_of=lambda p, c: p * 0.001 + c * 0.01
+        "default", include_usage=include_usage, cost_of=lambda p, c: p * 0.001 + c * 0.01
     )
 
 

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from tiergate.router.errors import RouterError
-from tiergate.router.tiers import resolve_tier
+from tiergate.router.tiers import Priority, Tier, openai_service_tier, resolve_tier
 
 BOTH = ("batched", "premium")
 
@@ -59,3 +59,18 @@ def test_unknown_tiers_are_400_naming_the_choices(
     err = caught.value
     assert err.status == 400 and err.param == param and "choose one of" in err.message
     assert err.envelope()["error"]["code"] == "unknown_tier"
+
+
+@pytest.mark.parametrize(
+    ("tier", "priority", "service_tier"),
+    [
+        ("premium", "premium", "priority"),
+        ("batched", "standard", "default"),
+        ("batched", "flex", "flex"),
+        ("wafer-scale", "standard", "default"),
+    ],
+)
+def test_a_reply_s_service_tier_is_openai_s_word_for_the_tier(
+    tier: Tier, priority: Priority, service_tier: str
+) -> None:
+    assert openai_service_tier(tier, priority) == service_tier
