@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
@@ -10,6 +11,7 @@ import httpx
 import pytest
 from kube_helpers import ReplayApi, eventually, kube_source, recorded, set_ready, watch_event
 
+from tiergate.operator.api import SERVES_ANNOTATION, serves_annotation
 from tiergate.router.app import RouterApp
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
@@ -117,3 +119,33 @@ async def test_a_request_reaches_the_pod_of_a_discovered_pool(node_url: str) -> 
         # place in its Service and answers each request with a clear error meanwhile.
         ready = await client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["endpoints"] == 0
+
+
+async def test_a_name_a_pool_is_rolling_out_to_is_a_503_with_retry_after(node_url: str) -> None:
+    """The pool's spec now says `coder-2`; its one pod still runs the previous spec and answers
+    to `coder` only, and the pod made for `coder-2` is not ready yet: `coder-2` is on its way
+    (503, retry), not a client's mistake, and `coder` is served until its pod goes."""
+    api = ReplayApi()
+    source = kube_source(api)
+    app = build_app(parse_config(CONFIG), source)
+    pools, pods = pool_on(node_url)
+    pod = pods["items"][0]
+    pod["metadata"]["annotations"] = {SERVES_ANNOTATION: serves_annotation(["coder"])}
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    async with running(app) as client:
+        api.give_list(INFERENCE_POOLS, pools)
+        api.give_list(PODS, pods)
+        await eventually(lambda: source.synced)
+        renamed = copy.deepcopy(pools["items"][0])
+        renamed["spec"]["servedModelName"] = "coder-2"
+        api.give_watch(INFERENCE_POOLS, watch_event("MODIFIED", renamed, "48301"))
+        await eventually(lambda: "coder-2" in source.view.served_models)
+        for headers in ({}, {"x-tiergate-tier": "batched"}):
+            r = await client.post(
+                "/v1/chat/completions", json={**body, "model": "coder-2"}, headers=headers
+            )
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "no_capacity"
+        r = await client.post("/v1/chat/completions", json={**body, "model": "coder"})
+        assert r.status_code == 200, r.text
