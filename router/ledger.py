@@ -29,6 +29,8 @@ PASSIVE passes alone never let a busy router's WAL start over: the WAL only rest
 commit finds every frame copied, and under steady load a commit always lands during the pass.
 The WAL then grew with every commit until the disk filled (tests/router/test_ledger.py shows
 it). With the RESTART pass it stays near one interval of commits (`tiergate_ledger_wal_bytes`).
+A WAL file that grew while checkpoints could not finish (a full disk) is cut to nothing once
+it is copied, when it is longer than `WAL_KEEP_BYTES` and twice what it holds.
 
 Cost, measured with `benchmarks/ledger_record.py` on the 2-core development machine (Python
 3.11, SQLite 3.40, ext4; 19,000 records after 1,000 warm-up ones, two statements and a commit
@@ -98,6 +100,10 @@ RESTART_FRAMES = 1000
 #: is an ftruncate in the writer: with the limit at 4 MiB, benchmarks/ledger_record.py's max
 #: record was 19 ms (4096-byte pages) and 6.5 ms (1 KiB), against 9.9 and 1.5 ms at 64 MiB.
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
+#: A WAL file longer than this, and than twice what the WAL holds now, is cut to nothing once
+#: all of it is copied: a file that grew in an episode (a disk full, a long reader) would
+#: otherwise keep its size below `WAL_SIZE_LIMIT` for good, filling a small volume.
+WAL_KEEP_BYTES = 4 * 1024 * 1024
 #: Page size of a new ledger file; an existing one keeps its own.
 PAGE_SIZE = 1024
 #: How long a record waits for the write lock (SQLite's busy handler, on the event loop). The
@@ -228,6 +234,7 @@ class Ledger:
         checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
         restart_frames: int = RESTART_FRAMES,
         wal_size_limit: int = WAL_SIZE_LIMIT,
+        wal_keep_bytes: int = WAL_KEEP_BYTES,
     ) -> None:
         self.path = str(path)
         try:
@@ -258,7 +265,7 @@ class Ledger:
         self._checkpointer = (
             None
             if self.path == ":memory:"
-            else _Checkpointer(self.path, checkpoint_interval_s, restart_frames)
+            else _Checkpointer(self.path, checkpoint_interval_s, restart_frames, wal_keep_bytes)
         )
         self._backlog: deque[UsageRecord] = deque()
         self._batch: list[UsageRecord] = []  # added, in the open transaction, not committed
@@ -628,12 +635,18 @@ class _Checkpointer:
     writer cannot be held back within the connection's timeout, SQLite degrades that pass to a
     passive one and the next round tries again; a failure is retried next round too (the WAL
     only grows meanwhile; nothing recorded is at risk).
+
+    A WAL file is reused, never shrunk, below `journal_size_limit`. So when the file is longer
+    than `keep_bytes` and than twice the frames it holds now (it grew while checkpoints could
+    not finish, and the load that needs it is gone), a TRUNCATE pass cuts it to nothing; the
+    writer grows it again as far as the load needs.
     """
 
-    def __init__(self, path: str, interval_s: float, restart_frames: int) -> None:
+    def __init__(self, path: str, interval_s: float, restart_frames: int, keep_bytes: int) -> None:
         self._path = path
         self._interval_s = interval_s
         self._restart_frames = restart_frames
+        self._keep_bytes = keep_bytes
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledger-checkpoint", daemon=True)
         self._thread.start()
@@ -660,7 +673,19 @@ class _Checkpointer:
         _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         if frames >= self._restart_frames:
             db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        try:
+            wal_bytes = os.stat(self._path + "-wal").st_size
+        except OSError:
+            return
+        (page_size,) = db.execute("PRAGMA page_size").fetchone()
+        held_bytes = max(frames, 0) * (_WAL_FRAME_HEADER + page_size)
+        if wal_bytes > max(self._keep_bytes, 2 * held_bytes):
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
 
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join()
+
+
+#: Bytes before each page in a WAL file (SQLite's file format).
+_WAL_FRAME_HEADER = 24

@@ -22,6 +22,7 @@ from tiergate.router.ledger import (
     Ledger,
     LedgerError,
     UsageRecord,
+    _Checkpointer,
     utc_day,
 )
 
@@ -189,6 +190,33 @@ def test_a_restart_pass_waits_for_a_transaction_in_progress(tmp_path: Path) -> N
         frames_now = ledger._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
         assert frames_now < 10 < before
         assert ledger.tenant_totals("team-a").requests == 501
+
+
+def test_a_wal_grown_while_checkpoints_could_not_run_is_cut_back(tmp_path: Path) -> None:
+    """While checkpoints cannot finish (a full disk, a long reader; here: none runs) the WAL
+    grows with every record. Once they run again the WAL is copied and restarted, and a file
+    longer than the ledger's keep size is cut to nothing: below the size limit SQLite reuses
+    a WAL file, never shrinks it, so a small volume stayed full after the episode."""
+    path = tmp_path / "ledger.db"
+    wal = tmp_path / "ledger.db-wal"
+    keep = 128 * 1024
+    with Ledger(path, checkpoint_interval_s=0.02, restart_frames=50, wal_keep_bytes=keep) as ledger:
+        assert ledger._checkpointer is not None
+        ledger._checkpointer.stop()
+        for n in range(1500):
+            ledger.record(usage(request_id=f"r{n}"))
+        grown = wal.stat().st_size
+        assert grown > 8 * keep, f"the WAL did not grow: {grown:,} bytes"
+        ledger._checkpointer = _Checkpointer(str(path), 0.02, 50, keep)  # checkpoints again
+        deadline = time.monotonic() + 30
+        n = 0
+        while wal.stat().st_size > keep and time.monotonic() < deadline:
+            ledger.record(usage(request_id=f"later-{n}"))  # a light load goes on
+            n += 1
+            time.sleep(0.01)
+        assert wal.stat().st_size <= keep, f"the WAL stayed at {wal.stat().st_size:,} bytes"
+        assert ledger.backlog == 0
+        assert ledger.tenant_totals("team-a").requests == 1500 + n
 
 
 def test_a_new_ledger_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
