@@ -8,7 +8,9 @@ running, into:
   change were), to show what the page size changes;
 - an in-memory ledger (no file, no checkpoints);
 - new files written as the router writes (group commit, router/ledger.py): `Ledger.add` for
-  `--groups` records at a time, then `await committed()`, as one event-loop round does.
+  `--groups` records at a time, then `await committed()`, as one event-loop round does;
+- the same for streams: a stream's row is added at its first token and amended at its end, so
+  each round adds the rows of a group of new streams and amends those of the group before.
 
 For each: CPU per record (the whole process, so the checkpoint thread's share is in it), wall
 time per record p50 / p99 / max (for groups: per group, which is what each of its requests
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import sqlite3
 import statistics
 import tempfile
@@ -33,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiergate.router.ledger import Ledger, UsageRecord
+from tiergate.router.ledger import Ledger, LedgerEntry, UsageRecord
 from tiergate.router.ledger_retention import BATCH_ROWS
 
 WARM_UP = 1_000
@@ -67,26 +70,42 @@ class Run:
     wal_max_mb: float
 
 
-def measure(path: str, records: int, burst: int, group: int = 0) -> Run:
+def measure(path: str, records: int, burst: int, group: int = 0, streams: bool = False) -> Run:
     """`records` rows after the warm-up: each committed alone (`record`) when `group` is 0,
     else `group` at a time (`add`, then `await committed()`, as one loop round of a busy router
-    does). Times are per record, or per group: what each of its requests waits."""
+    does); with `streams`, each row is added as `incomplete` and amended a round later. Times
+    are per record, or per group: what each of its requests waits."""
     rows = [_record(index) for index in range(WARM_UP + records)]
     with Ledger(path) as ledger:
         for row in rows[:WARM_UP]:
             ledger.record(row)
-        return asyncio.run(_timed(ledger, rows[WARM_UP:], burst, group))
+        return asyncio.run(_timed(ledger, rows[WARM_UP:], burst, group, streams))
 
 
-async def _timed(ledger: Ledger, rows: list[UsageRecord], burst: int, group: int) -> Run:
+async def _timed(
+    ledger: Ledger, rows: list[UsageRecord], burst: int, group: int, streams: bool
+) -> Run:
     step = group or 1
     each_s = []
     wal_max = 0
     since_pause = 0
+    started: list[
+        tuple[LedgerEntry, UsageRecord]
+    ] = []  # streams whose first token was billed last round
+    first_tokens = (
+        [dataclasses.replace(row, outcome="incomplete") for row in rows] if streams else []
+    )
     cpu0 = time.process_time()
     for n in range(0, len(rows), step):
         start = time.perf_counter()
-        if group:
+        if streams:
+            for entry, row in started:
+                ledger.amend(entry, row)
+            started = [
+                (ledger.add(first_tokens[i]), rows[i]) for i in range(n, min(n + group, len(rows)))
+            ]
+            await ledger.committed()
+        elif group:
             for row in rows[n : n + group]:
                 ledger.add(row)
             await ledger.committed()
@@ -160,6 +179,7 @@ def main() -> None:
         "4096-byte pages",
         "in memory",
         *(f"new file, groups of {g}" for g in groups),
+        *(f"new file, streams in groups of {g}" for g in groups),
     )
     runs: dict[str, list[Run]] = {kind: [] for kind in kinds}
     prunes: list[Prune] = []
@@ -172,9 +192,10 @@ def main() -> None:
             }
             for g in groups:
                 paths[f"new file, groups of {g}"] = str(Path(directory) / f"group-{g}.db")
+                paths[f"new file, streams in groups of {g}"] = str(Path(directory) / f"s-{g}.db")
             for kind in kinds:  # interleaved, round by round
                 group = int(kind.rsplit(" ", 1)[1]) if "groups of" in kind else 0
-                run = measure(paths[kind], args.records, args.burst, group)
+                run = measure(paths[kind], args.records, args.burst, group, "streams" in kind)
                 runs[kind].append(run)
                 print(
                     f"round {round_ + 1}/{args.rounds} {kind}: cpu {run.cpu_us:.1f} us/record, "

@@ -156,6 +156,13 @@ class BudgetGuard:
         if held[0] <= 0:
             del self._held[tenant.name]  # exactly zero again, whatever the rounding
 
+    def shrink_hold(self, tenant: Tenant, usd: float) -> None:
+        """Part of a request's hold was spent (and counted by `add`): the hold shrinks by it.
+        `release` then takes what is left of it."""
+        held = self._held.get(tenant.name)
+        if held is not None:
+            held[1] -= usd
+
     def add(self, tenant: Tenant, cost_usd: float, now_s: float | None = None) -> None:
         """Count an attempt's cost, after it was recorded in the ledger (see the module doc)."""
         spend = self._spend.get(tenant.name)

@@ -38,7 +38,7 @@ from .config import RouterSettings
 from .disconnect import DisconnectGuard
 from .discovery import PoolView, RoutedPool
 from .errors import RouterError
-from .ledger import Ledger, UsageRecord
+from .ledger import Ledger, Outcome, UsageRecord
 from .metrics import RouterMetrics
 from .policy import (
     LatencyEstimate,
@@ -169,6 +169,24 @@ class Router:
             settled = True
             self._account(done, tenant, choice, request_id, started)
 
+        def bill_so_far() -> None:
+            """A stream's row as it stands: written at its first token and amended as it goes,
+            so a router killed mid-stream has billed what it relayed. What it bills moves
+            from the request's budget hold to the tenant's spend."""
+            nonlocal hold_usd
+            if tenant is None or choice is None:
+                return
+            grew_usd = done.cost_usd - done.billed_usd
+            try:
+                self._bill(done, tenant, choice, request_id, started, "incomplete")
+            except Exception:
+                self.metrics.accounting_errors.inc()
+                log.exception("event=accounting_failed request_id=%s", request_id)
+            if hold_usd:
+                moved_usd = min(grew_usd, hold_usd)
+                self.budgets.shrink_hold(tenant, moved_usd)
+                hold_usd -= moved_usd
+
         async def settle() -> None:
             """Account for the request and wait for its ledger record to be committed: awaited
             before the reply's last bytes go out, so a reply the client has whole is in the
@@ -210,7 +228,7 @@ class Router:
             try:
                 await self._serve(
                     headers, receive, send, view, pipeline, request, choice, tier, request_id,
-                    done, settle, guard,
+                    done, settle, guard, bill_so_far,
                 )  # fmt: skip
             finally:
                 self._queues[tier].release()
@@ -490,6 +508,7 @@ class Router:
         done: Progress,
         settle: Callable[[], Awaitable[None]],
         guard: DisconnectGuard,
+        bill_so_far: Callable[[], None],
     ) -> None:
         extra = {h: headers[h] for h in FORWARDED if h in headers}
         if self.settings.forward_fault_header and FAULT_HEADER in headers:
@@ -515,7 +534,8 @@ class Router:
                 guard.stop()  # the stream watches its client itself
                 await relay_stream(
                     receive, send, first, request, reply_headers, done, settle=settle,
-                    clock=self.clock, metrics=self.metrics, start_s=start_s,
+                    bill_so_far=bill_so_far, clock=self.clock, metrics=self.metrics,
+                    start_s=start_s,
                 )  # fmt: skip
             else:
                 await relay_whole(
@@ -653,38 +673,56 @@ class Router:
                 self.metrics.tokens.labels(tier, "completion").inc(done.completion_tokens)
             if tenant is None or choice is None:
                 return  # unauthenticated or unparsable: no tenant to bill
-            now = self.clock()
             actual = done.prompt_tokens + done.completion_tokens
-            self.limiter.settle(tenant, now, actual - done.estimated_tokens)
-            try:
-                self.ledger.add(
-                    UsageRecord(
-                        request_id=request_id,
-                        time_s=self.wall(),
-                        tenant=tenant.name,
-                        tier_requested=choice.tier,
-                        tier_served=done.tier_served,
-                        pool=done.pool.spec.name if done.pool else None,
-                        endpoint=done.endpoint,
-                        prompt_tokens=done.prompt_tokens,
-                        completion_tokens=done.completion_tokens,
-                        latency_s=now - started,
-                        ttft_s=done.ttft_s,
-                        cost_usd=done.cost_usd,
-                        http_status=done.status,
-                        outcome=done.outcome,
-                        escalated=done.escalated,
-                        attempt=done.attempt,
-                    )
-                )
-            finally:
-                # After the ledger (with no await between: the guard may re-read it), and
-                # even when it refused the record: a ledger failure must not lift a budget.
-                if done.cost_usd:
-                    self.budgets.add(tenant, done.cost_usd, self.wall())
+            self.limiter.settle(tenant, self.clock(), actual - done.estimated_tokens)
+            self._bill(done, tenant, choice, request_id, started, done.outcome)
         except Exception:
             self.metrics.accounting_errors.inc()
             log.exception("event=accounting_failed request_id=%s", request_id)
+
+    def _bill(
+        self,
+        done: Progress,
+        tenant: Tenant,
+        choice: TierChoice,
+        request_id: str,
+        started: float,
+        outcome: Outcome,
+    ) -> float:
+        """Write the attempt's row as `done` says now (its first write adds it, later ones
+        amend it), then count what its cost grew by against the tenant's budget; returns that.
+        LedgerError for a record the ledger can never take."""
+        usage = UsageRecord(
+            request_id=request_id,
+            time_s=self.wall(),
+            tenant=tenant.name,
+            tier_requested=choice.tier,
+            tier_served=done.tier_served,
+            pool=done.pool.spec.name if done.pool else None,
+            endpoint=done.endpoint,
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens,
+            latency_s=self.clock() - started,
+            ttft_s=done.ttft_s,
+            cost_usd=done.cost_usd,
+            http_status=done.status,
+            outcome=outcome,
+            escalated=done.escalated,
+            attempt=done.attempt,
+        )
+        grew_usd = done.cost_usd - done.billed_usd
+        try:
+            if done.entry is None:
+                done.entry = self.ledger.add(usage)
+            else:
+                self.ledger.amend(done.entry, usage)
+        finally:
+            # After the ledger (with no await between: the guard may re-read it), and
+            # even when it refused the record: a ledger failure must not lift a budget.
+            if grew_usd:
+                self.budgets.add(tenant, grew_usd, usage.time_s)
+            done.billed_usd = done.cost_usd
+        return grew_usd
 
 
 def _the_request_s_fault(status: int, body: bytes) -> bool:

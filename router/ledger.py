@@ -78,6 +78,7 @@ from .tiers import Tier
 __all__ = [
     "SCHEMA_VERSION",
     "Ledger",
+    "LedgerEntry",
     "LedgerError",
     "Outcome",
     "TierTotals",
@@ -117,8 +118,13 @@ OPEN_TIMEOUT_S = 5.0
 MAX_BACKLOG = 100_000
 
 #: How a request attempt ended. `shed`: refused by admission; `rejected`: refused before
-#: routing (limits, budget); `client_disconnect`: the client went away mid-request.
-Outcome = Literal["ok", "error", "upstream_error", "shed", "rejected", "client_disconnect"]
+#: routing (limits, budget); `client_disconnect`: the client went away mid-request;
+#: `incomplete`: a stream in flight (its row is written from its first token on, and amended
+#: as it goes); a row that stays so is a stream whose router stopped before it ended, billed
+#: for what it had relayed by then.
+Outcome = Literal[
+    "ok", "error", "upstream_error", "shed", "rejected", "client_disconnect", "incomplete"
+]
 
 
 class LedgerError(Exception):
@@ -213,15 +219,78 @@ INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_ser
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
+_UPDATE = """
+UPDATE usage SET request_id = ?, attempt = ?, time_s = ?, tenant = ?, tier_requested = ?,
+    tier_served = ?, pool = ?, endpoint = ?, prompt_tokens = ?, completion_tokens = ?,
+    latency_s = ?, ttft_s = ?, cost_usd = ?, http_status = ?, outcome = ?, escalated = ?
+WHERE id = ?
+"""
+_DELETE = "DELETE FROM usage WHERE id = ?"
+
 _ADD_TOTALS = """
-INSERT INTO tenant_daily VALUES (?, ?, ?, ?, 1, ?, ?, ?)
+INSERT INTO tenant_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
     requests = requests + excluded.requests,
-    attempts = attempts + 1,
+    attempts = attempts + excluded.attempts,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens,
     cost_usd = cost_usd + excluded.cost_usd
 """
+
+
+def _row(usage: UsageRecord) -> tuple[object, ...]:
+    """A record's values, in `_INSERT`'s and `_UPDATE`'s order."""
+    return (
+        usage.request_id,
+        usage.attempt,
+        usage.time_s,
+        usage.tenant,
+        usage.tier_requested,
+        usage.tier_served,
+        usage.pool,
+        usage.endpoint,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.latency_s,
+        usage.ttft_s,
+        usage.cost_usd,
+        usage.http_status,
+        usage.outcome,
+        int(usage.escalated),
+    )
+
+
+def _totals(usage: UsageRecord, written: UsageRecord | None) -> tuple[object, ...]:
+    """What writing `usage` over `written` (None: no row yet) adds to the daily totals, in
+    `_ADD_TOTALS`' order: a new row counts its attempt (and its request, for a first
+    attempt); an amended one adds the difference, on the day it now says."""
+    new = written is None
+    return (
+        usage.tenant,
+        utc_day(usage.time_s),
+        usage.tier_served or "",
+        int(new and usage.attempt == 1),
+        int(new),
+        usage.prompt_tokens - (0 if written is None else written.prompt_tokens),
+        usage.completion_tokens - (0 if written is None else written.completion_tokens),
+        usage.cost_usd - (0.0 if written is None else written.cost_usd),
+    )
+
+
+@dataclass(slots=True, eq=False)
+class LedgerEntry:
+    """One attempt's row as the ledger writes it: `record` is what the row is to say, `rowid`
+    and `written` what the database holds (None: no row yet)."""
+
+    record: UsageRecord
+    rowid: int | None = None
+    written: UsageRecord | None = None
+    held: bool = False  # in the backlog, to be written as `record` says then
+
+
+#: An entry written in the open batch, with its `rowid` and `written` from before (restored
+#: when the batch is rolled back).
+_Write = tuple[LedgerEntry, int | None, UsageRecord | None]
 
 
 class Ledger:
@@ -267,8 +336,8 @@ class Ledger:
             if self.path == ":memory:"
             else _Checkpointer(self.path, checkpoint_interval_s, restart_frames, wal_keep_bytes)
         )
-        self._backlog: deque[UsageRecord] = deque()
-        self._batch: list[UsageRecord] = []  # added, in the open transaction, not committed
+        self._backlog: deque[LedgerEntry] = deque()
+        self._batch: list[_Write] = []  # written in the open transaction, not committed
         self._batches_opened = 0
         self._batches_closed = 0  # committed, or refused and held
         self.max_backlog = MAX_BACKLOG
@@ -335,59 +404,81 @@ class Ledger:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def record(self, usage: UsageRecord) -> None:
+    def record(self, usage: UsageRecord) -> LedgerEntry:
         """Durably record one attempt (see the module docstring for what durable means), or
         hold it in the backlog while the database refuses writes. Raises LedgerError only for
         a record the database can never take (a bug), which is counted as dropped."""
+        entry = LedgerEntry(usage)
+        self._record(entry)
+        return entry
+
+    def _record(self, entry: LedgerEntry) -> None:
         self.commit_batch()  # in order
         if self._backlog:
-            self._hold(usage)  # in order, and without another wait for the lock
+            self._hold(entry)  # in order, and without another wait for the lock
             return
         try:
-            self._write(usage)
+            self._write(entry)
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
             log.warning(
                 "event=ledger_write_failed path=%s error=%s holding=in_memory", self.path, exc
             )
-            self._hold(usage)
+            self._hold(entry)
         except Exception as exc:  # sqlite3's, or a value it cannot bind (an int of 2**63)
             self.dropped += 1
             raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
 
-    def add(self, usage: UsageRecord) -> None:
+    def add(self, usage: UsageRecord) -> LedgerEntry:
         """Record one attempt in the open batch, which the event loop commits as one
         transaction once the callbacks already due have run (group commit); `await committed()`
         before the client learns of the attempt. Outside an event loop, this is `record`.
 
         Held in the backlog like `record`'s while the database refuses writes; a batch whose
         commit fails is held whole. Raises LedgerError for a record the database can never take
-        (a bug): it is counted as dropped, and the rest of the batch stands."""
+        (a bug): it is counted as dropped, and the rest of the batch stands. The entry returned
+        is the attempt's row, for `amend`."""
+        entry = LedgerEntry(usage)
+        self._add(entry)
+        return entry
+
+    def amend(self, entry: LedgerEntry, usage: UsageRecord) -> None:
+        """Make an attempt's row (from `add` or `record`) say `usage` instead, in the open batch
+        as `add` does: its daily totals move by the difference. A stream's row is written at its
+        first token and amended as it goes, so a router killed mid-stream has billed what it
+        relayed until its last amendment."""
+        entry.record = usage
+        if entry.held:
+            return  # the backlog writes what the entry says when it writes it
+        self._add(entry)
+
+    def _add(self, entry: LedgerEntry) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.record(usage)
+            self._record(entry)
             return
         if self._backlog:
-            self._hold(usage)
+            self._hold(entry)
             return
         db = self._db
         if not self._open:
             try:
                 db.execute("BEGIN")
             except sqlite3.OperationalError as exc:
-                self._refused(exc, [usage])
+                self._refused(exc, [(entry, entry.rowid, entry.written)])
                 return
             self._batches_opened += 1
             loop.call_soon(self.commit_batch)
+        before = (entry, entry.rowid, entry.written)
         try:
-            self._insert(usage)
+            self._insert(entry)
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
-            self._refused(exc, [*self._batch, usage])
+            self._refused(exc, [*self._batch, before])
             return
         except Exception as exc:  # a record the database can never take (a bug): it alone goes
             self.dropped += 1
             raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
-        self._batch.append(usage)
+        self._batch.append(before)
 
     @property
     def _open(self) -> bool:
@@ -415,16 +506,20 @@ class Ledger:
         self._batch = []
         self._batches_closed = self._batches_opened
 
-    def _refused(self, exc: sqlite3.Error, records: list[UsageRecord]) -> None:
-        """The database refused a batch: it is rolled back and its records held, in order."""
+    def _refused(self, exc: sqlite3.Error, writes: list[_Write]) -> None:
+        """The database refused a batch: it is rolled back, its entries say again what the
+        database holds, and they are held, in order."""
         self._rollback()
         self._batch_closed()
+        for entry, rowid, written in reversed(writes):
+            entry.rowid, entry.written = rowid, written
+        entries = list(dict.fromkeys(entry for entry, _, _ in writes))
         log.warning(
             "event=ledger_write_failed path=%s error=%s holding=in_memory records=%d",
-            self.path, exc, len(records),
+            self.path, exc, len(entries),
         )  # fmt: skip
-        for usage in records:
-            self._hold(usage)
+        for entry in entries:
+            self._hold(entry)
 
     @property
     def backlog(self) -> int:
@@ -440,14 +535,16 @@ class Ledger:
         db.execute("PRAGMA busy_timeout=0")  # retried next round: never hold the loop waiting
         try:
             while self._backlog and done < limit:
+                entry = self._backlog[0]
                 try:
-                    self._write(self._backlog[0])
+                    self._write(entry)
                 except sqlite3.OperationalError:
                     break
                 except Exception as exc:  # never takeable: it would block the backlog for ever
                     self.dropped += 1
                     log.error("event=ledger_record_dropped path=%s error=%s", self.path, exc)
                 self._backlog.popleft()
+                entry.held = False
                 done += 1
         finally:
             db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
@@ -455,67 +552,53 @@ class Ledger:
             log.warning("event=ledger_backlog_written path=%s", self.path)
         return done
 
-    def _hold(self, usage: UsageRecord) -> None:
+    def _hold(self, entry: LedgerEntry) -> None:
+        if entry.held:
+            return  # held already: written as it says then
         if len(self._backlog) >= self.max_backlog:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 log.error("event=ledger_backlog_full path=%s dropped=%d", self.path, self.dropped)
             return
-        self._backlog.append(usage)
+        entry.held = True
+        self._backlog.append(entry)
 
-    def _write(self, usage: UsageRecord) -> None:
-        """One attempt's row and its daily totals, in one committed transaction."""
+    def _write(self, entry: LedgerEntry) -> None:
+        """One entry's row and its daily totals, in one committed transaction."""
         db = self._db
+        rowid, written = entry.rowid, entry.written
         try:
             db.execute("BEGIN")
-            self._insert(usage)
+            self._insert(entry)
             db.execute("COMMIT")
         except BaseException:
             self._rollback()
+            entry.rowid, entry.written = rowid, written
             raise
 
-    def _insert(self, usage: UsageRecord) -> None:
-        """One attempt's row and its daily totals, in the open transaction: both or neither
-        (each statement is atomic; a row whose totals fail is deleted again, which costs
-        nothing when they do not, unlike a savepoint per record)."""
+    def _insert(self, entry: LedgerEntry) -> None:
+        """An entry's row (inserted, or updated to what it says now) and the difference to its
+        daily totals, in the open transaction: both or neither (each statement is atomic; a row
+        whose totals fail is put back as it was, which costs nothing when they do not, unlike a
+        savepoint per record)."""
         db = self._db
-        row = db.execute(
-            _INSERT,
-            (
-                usage.request_id,
-                usage.attempt,
-                usage.time_s,
-                usage.tenant,
-                usage.tier_requested,
-                usage.tier_served,
-                usage.pool,
-                usage.endpoint,
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                usage.latency_s,
-                usage.ttft_s,
-                usage.cost_usd,
-                usage.http_status,
-                usage.outcome,
-                int(usage.escalated),
-            ),
-        )
+        usage, written = entry.record, entry.written
+        if entry.rowid is None:
+            rowid = db.execute(_INSERT, _row(usage)).lastrowid
+            undo: tuple[str, tuple[object, ...]] = (_DELETE, (rowid,))
+            totals = _totals(usage, None)
+        else:
+            rowid = entry.rowid
+            db.execute(_UPDATE, (*_row(usage), rowid))
+            assert written is not None
+            undo = (_UPDATE, (*_row(written), rowid))
+            totals = _totals(usage, written)
         try:
-            db.execute(
-                _ADD_TOTALS,
-                (
-                    usage.tenant,
-                    utc_day(usage.time_s),
-                    usage.tier_served or "",
-                    int(usage.attempt == 1),
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                    usage.cost_usd,
-                ),
-            )
+            db.execute(_ADD_TOTALS, totals)
         except BaseException:
-            db.execute("DELETE FROM usage WHERE id = ?", (row.lastrowid,))
+            db.execute(*undo)
             raise
+        entry.rowid, entry.written = rowid, usage
 
     def _rollback(self) -> None:
         # SQLite has already rolled back after some errors (e.g. a full disk), and a connection
@@ -546,10 +629,9 @@ class Ledger:
         ).fetchall()
         sums = {row[0]: list(row[1:]) for row in rows}
         for held in self._backlog:
-            if held.tenant == tenant:
-                add = (held.attempt == 1, 1, held.prompt_tokens, held.completion_tokens,
-                       held.cost_usd)  # fmt: skip
-                total = sums.setdefault(held.tier_served or "", [0, 0, 0, 0, 0.0])
+            if held.record.tenant == tenant:
+                _, _, tier, *add = _totals(held.record, held.written)
+                total = sums.setdefault(tier, [0, 0, 0, 0, 0.0])
                 for i, value in enumerate(add):
                     total[i] += value
         rows = sorted((tier, *total) for tier, total in sums.items())
@@ -577,9 +659,9 @@ class Ledger:
             (tenant, first_day, end),
         ).fetchone()
         held = sum(
-            r.cost_usd
-            for r in self._backlog
-            if r.tenant == tenant and first_day <= utc_day(r.time_s) < end
+            e.record.cost_usd - (e.written.cost_usd if e.written is not None else 0.0)
+            for e in self._backlog
+            if e.record.tenant == tenant and first_day <= utc_day(e.record.time_s) < end
         )
         return float(spent) + held
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .discovery import RoutedPool
-from .ledger import Outcome
+from .ledger import LedgerEntry, Outcome
 from .tiers import Tier
 
 
@@ -25,3 +25,5 @@ class Progress:
     estimated_tokens: int = 0  # what the rate limiter charged up front
     attempt: int = 1  # 2 for the second attempt of an escalated cascade
     escalated: bool = False
+    entry: LedgerEntry | None = None  # its row in the ledger, once written
+    billed_usd: float = 0.0  # its cost counted against the tenant's budget so far

@@ -3,8 +3,9 @@
 `await settle()` (the handler's accounting: metrics, rate limits, the ledger, and the wait for
 the ledger's commit) runs before the reply's end goes out: before a whole reply's body, and
 before a stream's `data: [DONE]`. A client that has the whole reply therefore finds it in the
-ledger even if the router is SIGKILLed the next moment. A stream cut short has no such
-moment; it is accounted for once it ends.
+ledger even if the router is SIGKILLed the next moment. A stream's row is written at its first
+token and amended every `BILL_INTERVAL_S` while it runs (`bill_so_far`), so a router killed
+mid-stream has billed what it relayed up to then.
 
 A stream's response starts only with its first token (`first_token`): a node that fails before
 it (killed while the request waited or prefilled) has shown the client nothing, so the handler
@@ -33,6 +34,10 @@ from .request import CompletionRequest
 from .sse import DONE, StreamRewriter, usage_tokens
 
 log = logging.getLogger("tiergate.router")
+
+#: How often a stream's ledger row is brought up to date (from its first token on): a router
+#: killed mid-stream has billed all it relayed but the last interval's tokens.
+BILL_INTERVAL_S = 1.0
 
 
 def bad_reply(message: str) -> RouterError:
@@ -148,12 +153,15 @@ async def relay_stream(
     done: Progress,
     *,
     settle: Callable[[], Awaitable[None]],
+    bill_so_far: Callable[[], None],
     clock: Callable[[], float],
     metrics: RouterMetrics,
     start_s: float,
 ) -> None:
     """Relay a stream from its first token on (`first_token`); `start_s` is when the router
-    started asking upstream, which time to first token counts from."""
+    started asking upstream, which time to first token counts from. `bill_so_far` writes the
+    stream's ledger row as `done` says: called once its first token is out, then every
+    `BILL_INTERVAL_S` while tokens come."""
     opened, pool, rewriter = first.opened, first.pool, first.rewriter
     raw_headers = [
         (b"content-type", b"text/event-stream"),
@@ -181,6 +189,7 @@ async def relay_stream(
 
     watcher = asyncio.create_task(watch())
     last_chunk_s = start_s
+    billed_s: float | None = None  # when bill_so_far last ran
     settled = False
     if rewriter.content_chunks:
         done.ttft_s, last_chunk_s = first.at_s - start_s, first.at_s
@@ -204,6 +213,11 @@ async def relay_stream(
                 if not out:
                     continue
             await send({"type": "http.response.body", "body": out, "more_body": True})
+            if rewriter.content_chunks and not settled:
+                if billed_s is None or now - billed_s >= BILL_INTERVAL_S:
+                    tally(done, rewriter, pool, request.prompt_tokens_estimate)
+                    bill_so_far()
+                    billed_s = now
         done.outcome = "error" if rewriter.error else "ok"
     except asyncio.CancelledError:
         if not gone:

@@ -170,6 +170,24 @@ def test_requests_in_flight_hold_their_most_against_the_budget(ledger: Ledger) -
     assert guard.status(MONTHLY, NOW).spent_usd == 1.0  # holds are not spend
 
 
+def test_what_a_stream_bills_as_it_goes_moves_from_its_hold_to_the_spend(ledger: Ledger) -> None:
+    """A stream's row is billed from its first token on: the part billed is spend, and its
+    hold keeps only the rest, so the two together never count it twice."""
+    guard = BudgetGuard(ledger, clock=lambda: NOW)
+    hold = guard.check(MONTHLY, NOW, 6.0)
+    spend(ledger, "monthly", NOW, 2.5)  # billed so far
+    guard.add(MONTHLY, 2.5, NOW)
+    guard.shrink_hold(MONTHLY, 2.5)
+    guard.check(MONTHLY, NOW, 6.0)  # $2.5 spent + $3.5 held < $10: admitted
+    error = _refused(guard, MONTHLY, NOW)
+    assert "$2.5000 spent" in error.message and "$9.5000 held" in error.message
+    guard.release(MONTHLY, hold - 2.5)  # the stream ends having cost what it billed
+    guard.release(MONTHLY, 6.0)
+    guard.check(MONTHLY, NOW, 7.5)
+    assert "$7.5000 held" in _refused(guard, MONTHLY, NOW).message  # the others' holds: gone
+    assert guard.status(MONTHLY, NOW).spent_usd == 2.5
+
+
 def test_a_burst_of_concurrent_requests_cannot_overspend_the_budget(
     tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
 ) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -224,3 +227,57 @@ def test_a_node_that_dies_while_up_runs_is_restarted(tmp_path: Path) -> None:
         assert replies[-1] == 200, replies
     finally:
         stop(up, node_port, signal.SIGTERM)
+
+
+def test_a_router_killed_mid_stream_has_billed_what_it_relayed(tmp_path: Path) -> None:
+    """SIGKILL while streams are relaying tokens: each stream's row was written at its first
+    token and amended as it went, so the ledger bills every stream for its prompt and for all
+    the tokens its client had received up to about one bill interval before the kill."""
+    config = tmp_path / "up.yaml"
+    ledger = tmp_path / "ledger.sqlite"
+    config.write_text(CONFIG.format(ledger=ledger).replace("wse-3", "h100-sxm"))
+    router_port, node_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{router_port}/v1/chat/completions"
+    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi " * 200}],
+            "max_tokens": 20_000, "stream": True}  # fmt: skip
+    received: list[list[float]] = [[] for _ in range(3)]  # when each content chunk came
+
+    def read(times: list[float]) -> None:
+        try:
+            with httpx.stream("POST", url, json=body, timeout=60) as reply:
+                for line in reply.iter_lines():
+                    if line.startswith("data: {") and '"content"' in line:
+                        times.append(time.monotonic())
+        except httpx.HTTPError:
+            pass  # the router is gone
+
+    up = start_up(config, router_port, node_port)
+    try:
+        readers = [threading.Thread(target=read, args=(times,)) for times in received]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + 60
+        while not all(times and times[-1] - times[0] > 5 for times in received):
+            assert time.monotonic() < deadline, "the streams did not run for 5 s"
+            time.sleep(0.05)
+        killed_s = time.monotonic()
+        stop(up, node_port, signal.SIGKILL)
+        for reader in readers:
+            reader.join(30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    with contextlib.closing(sqlite3.connect(ledger)) as db:
+        rows = db.execute(
+            "SELECT outcome, prompt_tokens, completion_tokens, cost_usd FROM usage"
+        ).fetchall()
+        (total_usd,) = db.execute("SELECT SUM(cost_usd) FROM tenant_daily").fetchone()
+    assert len(rows) == 3, rows
+    # A bill interval (1 s) and a loop round, with room for a loaded machine's stalls.
+    had = sorted(sum(t < killed_s - 3 for t in times) for times in received)
+    billed = sorted(row[2] for row in rows)
+    assert all(row[0] == "incomplete" and row[1] > 100 and row[3] > 0 for row in rows), rows
+    assert all(b >= h > 0 for b, h in zip(billed, had, strict=True)), (billed, had)
+    assert all(b <= len(times) for b, times in zip(billed, sorted(received, key=len), strict=True))
+    assert total_usd == pytest.approx(sum(row[3] for row in rows))
