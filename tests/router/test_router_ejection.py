@@ -62,14 +62,16 @@ def refused_url() -> str:
 @contextmanager
 def router(served: Served, tmp_path: Path, endpoints: list[str]) -> Iterator[tuple[RouterApp, str]]:
     """A router over one batched pool of `endpoints`; one tenant, allowed the batched tier
-    only; clients' fault headers forwarded to the nodes."""
+    only; clients' fault headers forwarded to the nodes. No scorers: endpoints come in a
+    random (seeded) order whatever their scraped load, or a dead endpoint, its load unknown,
+    would rank last once the others' figures are in and be tried only as timing allows."""
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(
         "tenants:\n  - {name: batch, apiKeys: [batch-key-0123456789], allowedTiers: [batched]}\n"
     )
     config = parse_config(
         f"router: {{tenantsFile: {tenants}, ledgerPath: {tmp_path / 'ledger.sqlite'}, "
-        "forwardFaultHeader: true}\npools:\n"
+        "forwardFaultHeader: true, policy: {scorers: []}}\npools:\n"
         "  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3, "
         "servedModelName: coder, batching: {maxNumSeqs: 16}, "
         f"endpoints: {json.dumps(endpoints)}}}\n"
