@@ -20,18 +20,23 @@ import json
 from typing import Any
 
 from tiergate.sim_nodes.catalogs import Catalog
+from tiergate.sim_nodes.tiers import (
+    DEFINITIONS,
+    accelerators_with,
+    batch_cap_problem,
+    memory_problem,
+)
 
 from .api import (
     GROUP,
     KIND,
     PLURAL,
-    PREMIUM_MAX_NUM_SEQS,
     VERSION,
     InferencePool,
     InferencePoolSpec,
 )
 
-__all__ = ["inference_pool_crd", "spec_rules", "structural"]
+__all__ = ["inference_pool_crd", "spec_rules", "structural", "tier_rules"]
 
 Schema = dict[str, Any]
 
@@ -98,34 +103,10 @@ def structural(node: Schema) -> Schema:
     return out  # built from chosen keys only: titles and defaults never get in
 
 
-def spec_rules(sram_accelerators: list[str]) -> list[Schema]:
+def spec_rules(catalog: Catalog) -> list[Schema]:
     """CEL rules on `spec` that span fields (the API server evaluates them on apply)."""
-    names = ", ".join(sram_accelerators)
-    listed = ", ".join(f"'{a}'" for a in sram_accelerators)
     return [
-        {
-            "rule": (
-                "self.tier != 'premium' || (has(self.batching) && "
-                f"has(self.batching.maxNumSeqs) && self.batching.maxNumSeqs <= "
-                f"{PREMIUM_MAX_NUM_SEQS})"
-            ),
-            "message": (
-                "premium pools serve a small batch: set spec.batching.maxNumSeqs to "
-                f"{PREMIUM_MAX_NUM_SEQS} or less"
-            ),
-            "fieldPath": ".batching.maxNumSeqs",
-        },
-        {
-            "rule": (
-                "self.tier != 'wafer-scale' || (has(self.acceleratorProfile) ? "
-                f"self.acceleratorProfile.memoryKind == 'sram' : self.accelerator in [{listed}])"
-            ),
-            "message": (
-                f"wafer-scale pools need an SRAM accelerator ({names}, or an "
-                "acceleratorProfile with memoryKind sram); spec.accelerator keeps weights in HBM"
-            ),
-            "fieldPath": ".accelerator",
-        },
+        *tier_rules(catalog),
         *(
             {
                 "rule": f"!has(self.{field}) || self.{field}.name == self.{key}",
@@ -146,6 +127,35 @@ def spec_rules(sram_accelerators: list[str]) -> list[Schema]:
             "fieldPath": ".tensorParallel",
         },
     ]
+
+
+def tier_rules(catalog: Catalog) -> list[Schema]:
+    """Each tier's rules (sim_nodes/tiers.py) as CEL, with the sentences pool files give."""
+    rules: list[Schema] = []
+    for tier in DEFINITIONS.values():
+        unless = f"self.tier != '{tier.name}' || "
+        if tier.max_num_seqs is not None:
+            rules.append(
+                {
+                    "rule": unless + "(has(self.batching) && has(self.batching.maxNumSeqs) && "
+                    f"self.batching.maxNumSeqs <= {tier.max_num_seqs})",
+                    "message": batch_cap_problem(tier.name),
+                    "fieldPath": ".batching.maxNumSeqs",
+                }
+            )
+        kind = tier.memory_kind
+        if kind is not None:
+            listed = ", ".join(f"'{name}'" for name in accelerators_with(catalog, kind))
+            rules.append(
+                {
+                    "rule": unless + f"(has(self.acceleratorProfile) ? "
+                    f"self.acceleratorProfile.memoryKind == '{kind}' : "
+                    f"self.accelerator in [{listed}])",
+                    "message": memory_problem(tier.name, catalog),
+                    "fieldPath": ".accelerator",
+                }
+            )
+    return rules
 
 
 #: The checks of `ModelProfile` / `Accelerator` validators worth failing `kubectl apply` for
@@ -183,8 +193,7 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     props["chips"]["x-kubernetes-validations"] = [_CHIPS_RULE]
     props["modelProfile"]["x-kubernetes-validations"] = MODEL_PROFILE_RULES
     props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
-    sram = sorted(a.name for a in catalog.accelerators.values() if a.memory_kind == "sram")
-    spec["x-kubernetes-validations"] = spec_rules(sram)
+    spec["x-kubernetes-validations"] = spec_rules(catalog)
     # The one default the schema states: the scale subresource (kubectl scale, an HPA) reads
     # .spec.replicas and fails on a pool that left it out.
     props["replicas"]["default"] = InferencePoolSpec.model_fields["replicas"].default

@@ -22,13 +22,15 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import get_args
 
 from .discovery import PoolView
 from .errors import RouterError
 from .state import EndpointState
 from .tiers import Priority, Tier
 
-PRIORITY_RANK: dict[Priority, int] = {"premium": 0, "standard": 1, "flex": 2}
+#: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
+PRIORITY_RANK: dict[Priority, int] = {p: rank for rank, p in enumerate(get_args(Priority))}
 #: Per-endpoint waiting requests beyond which a tier counts as saturated.
 SATURATION_WAITING = 8.0
 

@@ -56,7 +56,7 @@ from .request import CompletionRequest, parse_completion, parse_slo, upstream_bo
 from .request_ids import new_request_id
 from .state import EndpointState, RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
-from .tiers import TIERS, Tier, TierChoice, openai_service_tier, resolve_tier
+from .tiers import DEFAULT_TIER, TIERS, Tier, TierChoice, openai_service_tier, resolve_tier
 from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
@@ -661,7 +661,7 @@ class Router:
         """Count and bill one attempt. A billing failure must be loud (a metric, a log line), not
         fatal to the reply or to a cascade's second attempt."""
         try:
-            requested = choice.tier if choice is not None else "batched"
+            requested = choice.tier if choice is not None else DEFAULT_TIER
             served = done.tier_served or "none"
             self.metrics.requests.labels(requested, served, done.outcome).inc()
             if done.tier_served is not None:

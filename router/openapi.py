@@ -23,9 +23,7 @@ from .request import (
     SLO_TPOT_HEADER,
     SLO_TTFT_HEADER,
 )
-from .tiers import TIER_HEADER, TIERS
-
-Tier = Literal["batched", "premium", "wafer-scale"]
+from .tiers import TIER_HEADER, TIERS, Tier
 
 
 class _Open(BaseModel):

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from tiergate.operator.api import TIERS, Tier
+from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS, TIERS, Priority, Tier
 
 from .errors import RouterError
 
 __all__ = [
+    "DEFAULT_TIER",
     "TIERS",
     "TIER_HEADER",
     "Priority",
@@ -37,8 +38,13 @@ __all__ = [
 ]
 TIER_HEADER = "x-tiergate-tier"
 
-#: Admission priority: lower is served first and shed last.
-Priority = Literal["premium", "standard", "flex"]
+#: `"speed": "fast"` and OpenAI's `service_tier` values that name a tier (sim_nodes/tiers.py).
+_FAST = next(t.name for t in DEFINITIONS.values() if t.speed_fast)
+_BY_SERVICE_TIER: dict[str, Tier] = {
+    t.openai_service_tier: t.name for t in DEFINITIONS.values() if t.openai_service_tier
+}
+#: The `service_tier` values a request may send: those, plus flex and those that state no tier.
+_SERVICE_TIERS = sorted({*_BY_SERVICE_TIER, "flex", "default", "auto"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +72,15 @@ def resolve_tier(
     header = headers.get(TIER_HEADER)
     if header is not None:
         tier = header.strip().lower()
-        if tier not in TIERS:
+        if tier not in DEFINITIONS:
             raise RouterError(
                 400,
                 f"unknown tier {header!r} in {TIER_HEADER}; choose one of: {', '.join(TIERS)}",
                 code="unknown_tier",
                 param=TIER_HEADER,
             )
-        return TierChoice(tier, "header", _priority(tier, service_tier), may_fall_back)
+        known = DEFINITIONS[tier].name
+        return TierChoice(known, "header", _priority(known, service_tier), may_fall_back)
 
     speed = body.get("speed")
     if speed is not None and speed not in ("fast", "standard"):
@@ -84,33 +91,35 @@ def resolve_tier(
             param="speed",
         )
     if speed == "fast":
-        return TierChoice("premium", "speed", "premium", may_fall_back)
+        return TierChoice(_FAST, "speed", _priority(_FAST, None), may_fall_back)
 
-    if service_tier is not None and service_tier not in ("priority", "flex", "default", "auto"):
+    if service_tier is not None and service_tier not in _SERVICE_TIERS:
         raise RouterError(
             400,
-            f"unknown service_tier {service_tier!r}; choose one of: auto, default, flex, priority",
+            f"unknown service_tier {service_tier!r}; choose one of: {', '.join(_SERVICE_TIERS)}",
             code="unknown_tier",
             param="service_tier",
         )
-    if service_tier == "priority":
-        return TierChoice("premium", "service_tier", "premium", may_fall_back)
+    named = _BY_SERVICE_TIER.get(service_tier) if isinstance(service_tier, str) else None
+    if named is not None:
+        return TierChoice(named, "service_tier", _priority(named, None), may_fall_back)
     if service_tier == "flex":
-        return TierChoice("batched", "service_tier", "flex", may_fall_back)
+        return TierChoice(DEFAULT_TIER, "service_tier", "flex", may_fall_back)
 
-    if tiers_serving_model and set(tiers_serving_model) == {"wafer-scale"}:
-        return TierChoice("wafer-scale", "model", "standard", may_fall_back)
-    return TierChoice("batched", "default", "standard", may_fall_back)
+    serving = set(tiers_serving_model)
+    if len(serving) == 1:
+        (only,) = serving
+        if DEFINITIONS[only].by_model:
+            return TierChoice(only, "model", _priority(only, None), may_fall_back)
+    return TierChoice(DEFAULT_TIER, "default", "standard", may_fall_back)
 
 
-def _priority(tier: str, service_tier: object) -> Priority:
-    if tier == "premium":
-        return "premium"
-    return "flex" if service_tier == "flex" else "standard"
+def _priority(tier: Tier, service_tier: object) -> Priority:
+    """A tier's own priority; `service_tier: flex` lowers a standard one."""
+    own = DEFINITIONS[tier].priority
+    return "flex" if own == "standard" and service_tier == "flex" else own
 
 
 def openai_service_tier(tier: Tier, priority: Priority) -> str:
     """The `service_tier` of a reply served in `tier` at `priority`, in OpenAI's words."""
-    if tier == "premium":
-        return "priority"
-    return "flex" if priority == "flex" else "default"
+    return "flex" if priority == "flex" else DEFINITIONS[tier].reply_service_tier

@@ -194,3 +194,25 @@ def test_every_package_directory_is_in_the_distribution() -> None:
             rel = init.parent.relative_to(REPO / folder)
             found.add(".".join([package, *rel.parts]))
     assert found == declared
+
+
+@pytest.mark.parametrize("command", ["up", "router"])
+@pytest.mark.parametrize(
+    ("pool", "sentence"),
+    [
+        ("tier: premium, accelerator: h100-sxm, batching: {maxNumSeqs: 256}",
+         "premium pools serve a small batch: set spec.batching.maxNumSeqs to 16 or less"),
+        ("tier: wafer-scale, accelerator: h100-sxm, batching: {maxNumSeqs: 8}",
+         "wafer-scale pools need an SRAM accelerator"),
+    ],
+)  # fmt: skip
+def test_a_pool_file_breaking_its_tier_s_rule_is_refused_as_kubectl_apply_refuses_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, pool: str, sentence: str
+) -> None:
+    """The same sentence as the CRD's CEL rule (tests/operator/test_crd.py holds the two to the
+    same cases), one line, exit status 2, before anything starts."""
+    config = tmp_path / "pools.yaml"
+    config.write_text(f"pools:\n  - {{name: p, model: llama-3.1-8b, {pool}}}\n")
+    code, out, err = run(capsys, command, "--config", str(config), "--port", "1")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and sentence in err and "pools.0" in err, err

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
+from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import ProfileSource, ServingSpec
+from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, tier_problem
 
 GROUP = "tiergate.dev"
 VERSION = "v1alpha1"
@@ -25,11 +28,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferencePool"
 PLURAL = "inferencepools"
 
-Tier = Literal["batched", "premium", "wafer-scale"]
-TIERS: tuple[Tier, ...] = ("batched", "premium", "wafer-scale")
-
-#: Premium is "the same model with a small batch cap": above this it is not premium.
-PREMIUM_MAX_NUM_SEQS = 16
 
 #: Kubernetes object names (RFC 1123 labels: Services are named after their pool).
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -109,7 +107,9 @@ class TemplateSpec(_Api):
 class InferencePoolSpec(ServingSpec):
     """What a pool serves, on what, how batched, at which tier, and how many replicas."""
 
-    tier: Tier = Field(description="batched, premium (small batch cap) or wafer-scale (SRAM).")
+    tier: Tier = Field(
+        description="; ".join(f"{d.name}: {d.summary}" for d in DEFINITIONS.values()) + "."
+    )
     served_model_name: str | None = Field(
         default=None, description="Model name clients ask for (default: the catalog name)."
     )
@@ -136,6 +136,22 @@ class InferencePoolSpec(ServingSpec):
     )
     slo: SloSpec | None = Field(default=None, description="Latency targets.")
     template: TemplateSpec | None = Field(default=None, description="Pod overrides.")
+
+    @model_validator(mode="after")
+    def _follows_its_tier(self) -> InferencePoolSpec:
+        """The tier's rules (sim_nodes/tiers.py), in the words of the CRD's CEL rules, so that a
+        pool file and `kubectl apply` refuse the same pools alike."""
+        inline = self.accelerator_profile
+        problem = tier_problem(
+            self.tier,
+            self.batching.max_num_seqs,
+            self.accelerator,
+            inline.memory_kind if inline is not None else None,
+            default_catalog(),
+        )
+        if problem is not None:
+            raise PydanticCustomError("tier_rule", problem)
+        return self
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Hardware and model catalogs: data shipped as YAML, loaded into pydantic models."""
 
 from .loader import CATALOG_ENV, Catalog, CatalogError, default_catalog, load_catalog
-from .profiles import DTYPE_BYTES, DTYPES, Accelerator, Dtype, ModelProfile
+from .profiles import DTYPE_BYTES, DTYPES, Accelerator, Dtype, MemoryKind, ModelProfile
 
 __all__ = [
     "CATALOG_ENV",
@@ -11,6 +11,7 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "Dtype",
+    "MemoryKind",
     "ModelProfile",
     "default_catalog",
     "load_catalog",

@@ -18,6 +18,8 @@ from pydantic.alias_generators import to_camel
 
 Dtype = Literal["bf16", "fp8", "int8", "fp4"]
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp8", "int8", "fp4")
+#: Where an accelerator holds weights and KV cache.
+MemoryKind = Literal["hbm", "sram"]
 
 #: Bytes per element of each storage dtype (fp4 packs two values per byte).
 DTYPE_BYTES: dict[Dtype, float] = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
@@ -45,7 +47,7 @@ class Accelerator(BaseModel):
         description="Name the profile is registered under, e.g. h100-sxm (inline in a pool: "
         "spec.accelerator)."
     )
-    memory_kind: Literal["hbm", "sram"] = Field(description="Where weights and KV cache live.")
+    memory_kind: MemoryKind = Field(description="Where weights and KV cache live.")
     memory_gb: float = Field(gt=0, description="Memory capacity per chip, GB (1e9 bytes).")
     memory_bandwidth_tb_per_s: float = Field(gt=0, description="Peak memory bandwidth, TB/s.")
     peak_tflops: dict[Dtype, float] = Field(

@@ -8,6 +8,7 @@ import json
 from ..catalogs import default_catalog
 from ..perf import evaluate_seed_tiers, load_seed_tiers
 from ..perf.seeds import SeedFile, SeedTier
+from ..tiers import DEFAULT_TIER
 from .common import table
 
 
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({t: r.model_dump() for t, r in results.items()}, indent=2))
         return 0
-    base = results["batched"]
+    base = results[DEFAULT_TIER]
     rows = []
     for tier, r in results.items():
         cost = r.cost_per_million_output_tokens_usd
@@ -61,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
     ]
     print(table(headers, rows, left=3))
     print(
-        "\nspeed and cost are relative to batched; quality is the probability a tool call is "
-        "well-formed and right."
+        f"\nspeed and cost are relative to {DEFAULT_TIER}; quality is the probability a tool "
+        "call is well-formed and right."
     )
-    batched = next(t for t in seeds.tiers if t.tier == "batched")
-    print(f"Why: `{perf_command(batched, seeds)}` shows the step broken into its terms.")
+    base_tier = next(t for t in seeds.tiers if t.tier == DEFAULT_TIER)
+    print(f"Why: `{perf_command(base_tier, seeds)}` shows the step broken into its terms.")
     return 0
 
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from importlib import resources
-from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from ..catalogs import Catalog
+from ..tiers import Tier
 from .spec import ServingSpec, build_deployment
 from .steady_state import PerfResult, Workload, evaluate
-
-Tier = Literal["batched", "premium", "wafer-scale"]
 
 
 class SeedWorkload(BaseModel):

@@ -13,9 +13,14 @@ import celpy
 import jsonschema
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.commands.crds_cmd import FILE_NAME, TARGETS, render
+from tiergate.operator.crd import tier_rules
 from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.tiers import DEFINITIONS, TIERS, batch_cap_problem, memory_problem
+from tiergate.sim_nodes.validation import first_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -239,3 +244,73 @@ def test_bad_inline_profiles_are_refused_naming_the_field(
 ) -> None:
     found = problems(crd, obj)
     assert any(message in p for p in found), found
+
+
+# -- tier rules: the CRD's CEL and the pydantic models refuse the same pools, in the same words --
+
+
+def tier_rule_problem(obj: dict[str, Any]) -> str | None:
+    """What the pydantic spec (pool files, `tiergate up`, `tiergate router`) says of `obj`."""
+    try:
+        InferencePoolSpec.model_validate(obj["spec"])
+    except ValidationError as exc:
+        return first_problem(exc)
+    return None
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        bad({}),
+        bad({"batching": {"maxNumSeqs": 16}}),
+        bad({"batching": {"maxNumSeqs": 17}}),
+        bad({"batching": {"maxNumSeqs": 256}}),
+        bad({"batching": None}),
+        bad({"tier": "batched", "batching": {"maxNumSeqs": 256}}),
+        bad({"tier": "wafer-scale", "accelerator": "h100-sxm", "batching": {"maxNumSeqs": 8}}),
+        bad({"tier": "wafer-scale", "accelerator": "wse-3", "batching": {"maxNumSeqs": 8}}),
+        bad({"tier": "wafer-scale", "accelerator": "no-such-chip"}),
+        custom(
+            "acceleratorProfile",
+            accelerator_profile("lab-wafer", "wse-3"),
+            tier="wafer-scale",
+            accelerator="lab-wafer",
+        ),
+        custom(
+            "acceleratorProfile",
+            accelerator_profile("lab-gpu", "h100-sxm"),
+            tier="wafer-scale",
+            accelerator="lab-gpu",
+        ),
+        custom(
+            "acceleratorProfile",
+            accelerator_profile("wse-3", "h100-sxm"),
+            tier="wafer-scale",
+            accelerator="wse-3",
+        ),
+    ],  # fmt: skip
+    ids=lambda obj: (
+        f"{obj['spec']['tier']}-{obj['spec']['accelerator']}-"
+        f"{obj['spec'].get('batching', {}).get('maxNumSeqs')}"
+    ),
+)
+def test_cel_and_pydantic_refuse_the_same_pools_for_their_tier(
+    crd: dict[str, Any], obj: dict[str, Any]
+) -> None:
+    tier_messages = [
+        p for p in problems(crd, obj) if p in {r["message"] for r in tier_rules(default_catalog())}
+    ]
+    said = tier_rule_problem(obj)
+    if not tier_messages:
+        assert said is None or "pools" not in said, said
+    else:
+        assert said is not None and said.endswith(tier_messages[0]), (said, tier_messages)
+
+
+def test_every_tier_rule_of_the_definitions_is_in_the_crd(crd: dict[str, Any]) -> None:
+    spec = schema_of(crd)["properties"]["spec"]
+    stated = [r["message"] for r in spec["x-kubernetes-validations"]]
+    for tier in DEFINITIONS.values():
+        for problem in (batch_cap_problem(tier.name), memory_problem(tier.name, default_catalog())):
+            assert problem is None or problem in stated, problem
+    assert spec["properties"]["tier"]["enum"] == list(TIERS)

@@ -1,0 +1,42 @@
+"""A tier is defined once (sim_nodes/tiers.py): no other module of the product spells a tier's
+name, so adding a tier is its `Tier` name and `TierDefinition` there, the regenerated CRD
+(`tiergate crds`), and its tests."""
+
+import ast
+from pathlib import Path
+
+from tiergate.sim_nodes.tiers import TIERS
+
+REPO = Path(__file__).resolve().parents[1]
+DEFINED_IN = REPO / "sim_nodes" / "tiers.py"
+#: Clients of the router whose default traffic mixes name the tiers they send to.
+CLIENT_MIXES = {REPO / "router" / "bench" / "workload.py", REPO / "router" / "cli" / "demo_cmd.py"}
+
+
+def spelled_tiers(path: Path) -> list[str]:
+    """`line: text` of each string constant in `path` that is a tier's name or names one
+    (`'premium'`, `premium=`, `!= 'premium'`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if text in TIERS or any(f"{t}=" in text or f"'{t}'" in text for t in TIERS):
+                found.append(f"{node.lineno}: {text!r}")
+    return found
+
+
+def test_no_module_but_the_definition_spells_a_tier_s_name() -> None:
+    spelled = {}
+    for folder in ("router", "operator", "sim_nodes", "tiergate"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path == DEFINED_IN:
+                continue
+            found = spelled_tiers(path)
+            if found and path not in CLIENT_MIXES:
+                spelled[str(path.relative_to(REPO))] = found
+    assert spelled == {}, "read the tier from sim_nodes/tiers.py instead"
+
+
+def test_the_scan_finds_a_tier_spelled_out() -> None:
+    assert spelled_tiers(DEFINED_IN)  # the one place that spells them
+    assert spelled_tiers(REPO / "router" / "bench" / "workload.py")
