@@ -1,10 +1,7 @@
 """JSON to and from bytes on the request path: orjson where it can, Python's `json` where it
 will not.
 
-orjson is faster than `json` (with `json`, JSON was 8% of the router's py-spy samples at 64
-connections, `benchmarks/router_overhead.py --profile`; together with two smaller changes,
-orjson took the router from 2,541 to 2,924 req/s in an A/B run), but refuses some of what
-`json` takes:
+orjson is much faster than `json` on the request path, but refuses some of what `json` takes:
 - it writes nesting up to 254 levels deep (it reads up to 1,024), and no integer beyond 64
   bits: `dumps` falls back to `json` for those;
 - it reads no `NaN` or `Infinity` and no unpaired surrogate escape, which `json` writes (a

@@ -2,60 +2,28 @@
 
 Every request the router answers is recorded with its tenant, the tier asked for and the tier
 that served it, pool, endpoint, tokens, latency and cost at the *served* tier's price. A cascade
-bills both attempts: two rows share a `request_id`, with `attempt` 1 and 2.
+bills both attempts: two rows share a `request_id`, with `attempt` 1 and 2. A stream's row is
+written at its first token and amended as it goes (`amend`), outcome `incomplete` until it ends.
 
-Durability. The database runs in WAL mode with `synchronous=NORMAL`. A commit appends to the WAL
-file with write(2), so a committed record lives in the operating system's page cache: a router
-killed with SIGKILL (or OOM-killed, or crashing) and restarted has lost no committed record.
-The router commits in groups: `add` puts a record into the open transaction, and a callback the
-event loop runs next commits every record added in that round at once; the request that added
-one awaits `committed()` before its reply's end goes out (router/relay.py), so no reply a
-client has whole is missing. A request waits one loop round at most, and a busy router writes
-the WAL pages it touches once per round instead of once per record (`benchmarks/
-ledger_record.py`'s group rows). `record` commits one record before it returns. Only an OS
-crash or power loss can lose the last few commits, because NORMAL does not fsync the WAL on
-every commit; that is the trade for a write path that costs microseconds instead of an fsync
-(milliseconds).
+Durability: WAL mode with `synchronous=NORMAL`, so a committed record survives SIGKILL (it is
+in the page cache), not a power loss. Records commit in groups: `add` puts a record into the
+open transaction and the event loop commits everything added in that round at once; a request
+awaits `committed()` before its reply's end goes out, so a reply a client has whole is on
+record.
 
-Checkpoints (folding the WAL back into the main file) do not run inside `record`, where SQLite
-would run them by default every ~1000 pages, stalling the event loop for 3-7 ms each time. A
-background thread with its own connection checkpoints every `CHECKPOINT_INTERVAL_S`:
-- a PASSIVE pass copies what the WAL holds without ever blocking the writer;
-- then, once the WAL holds `RESTART_FRAMES` or more, a RESTART pass: it holds the writer back
-  while it copies what was committed during the first pass (a record waits up to a few ms: the
-  benchmark's max below), so that the next commit starts the WAL over from its beginning (and
-  SQLite cuts a file longer than `WAL_SIZE_LIMIT` back to it).
-PASSIVE passes alone never let a busy router's WAL start over: the WAL only restarts when a
-commit finds every frame copied, and under steady load a commit always lands during the pass.
-The WAL then grew with every commit until the disk filled (tests/router/test_ledger.py shows
-it). With the RESTART pass it stays near one interval of commits (`tiergate_ledger_wal_bytes`).
-A WAL file that grew while checkpoints could not finish (a full disk) is cut to nothing once
-it is copied, when it is longer than `WAL_KEEP_BYTES` and twice what it holds.
+Checkpoints run on a thread of their own (`_Checkpointer`), never inside a record: a PASSIVE
+pass every interval, then a RESTART pass once the WAL is long, because under steady load
+passive passes alone never let the WAL start over and it grew until the disk filled. A WAL
+that grew while checkpoints could not finish is cut back once they can.
 
-Cost, measured with `benchmarks/ledger_record.py` on the 2-core development machine (Python
-3.11, SQLite 3.40, ext4; 19,000 records after 1,000 warm-up ones, two statements and a commit
-each, paced like a busy router at ~2,700 records/s with the checkpoint thread running; medians
-of 3 rounds, two runs): ~25-31 us of CPU per record, p50 ~17-21 us, p99 ~115-140 us, max
-~1.6-3.8 ms; the WAL file peaked at 9 MB. Each commit writes every page it touched into the WAL
-whole (three or four per record), so a new ledger uses `PAGE_SIZE` pages instead of SQLite's
-default 4096: a ledger file with 4096-byte pages cost ~30-35 us per record and its WAL peaked at
-32 MB. A ledger created before keeps its page size. In memory: ~17-19 us. Schema version 1 also
-kept an index on (tenant, time): its pages made the WAL ~16 MB. The SQL text is constant, so
-`sqlite3`'s statement cache prepares each statement once.
+Per-tenant totals per UTC day and tier served live in a second table, written in the same
+transaction as each row: bills, budgets and `/v1/usage` read them, so request rows can be
+pruned (router/ledger_retention.py) without changing any of them.
 
-Per-tenant totals per UTC day and tier served live in a second table, updated in the same
-transaction (a record the database can never take is dropped whole, its row and its totals, and
-the rest of its group stands): a tenant's totals and its spend in a budget period read a few
-rows per day of history, never its requests. So request rows can be pruned (`prune`, run by
-router/ledger_retention.py under a retention setting) without changing any bill.
-
-When the database refuses a write (another process holds its write lock, the disk is full or
-read-only), the record is held in memory, in order, and written once the database takes writes
-again (`flush_backlog`, run every second by router/ledger_backlog.py). Meanwhile later records
-join the backlog without touching the database, so an outage stalls the event loop for at
-most one `BUSY_TIMEOUT_S`, not once per request; totals and budget spend include the backlog,
-so budgets stay enforced. Held records are not durable: a router killed during an outage loses
-them, and beyond `MAX_BACKLOG` new ones are dropped (`tiergate_ledger_dropped_records_total`).
+When the database refuses writes (locked, full, read-only), records wait in memory, in order,
+and are written once it takes them (`flush_backlog`, router/ledger_backlog.py); totals and
+budget spend count them meanwhile. Held records are not durable, and past `MAX_BACKLOG` new
+ones are dropped and counted.
 
 Threading: records and reads use one connection, on the event loop's thread; the checkpoint
 thread has its own connection and only ever checkpoints.
@@ -96,10 +64,9 @@ CHECKPOINT_INTERVAL_S = 1.0
 #: WAL frames (pages) from which the checkpoint thread restarts the WAL (SQLite's own automatic
 #: checkpoint starts at 1000 too).
 RESTART_FRAMES = 1000
-#: When the WAL starts over, SQLite cuts a longer file back to this (`journal_size_limit`). It is
-#: above what a busy router writes in one interval (~16 MB at 2,700 records/s), because the cut
-#: is an ftruncate in the writer: with the limit at 4 MiB, benchmarks/ledger_record.py's max
-#: record was 19 ms (4096-byte pages) and 6.5 ms (1 KiB), against 9.9 and 1.5 ms at 64 MiB.
+#: When the WAL starts over, SQLite cuts a longer file back to this (`journal_size_limit`). It
+#: is above what a busy router writes in one interval, because that cut is an ftruncate in the
+#: writer, on the event loop (benchmarks/ledger_record.py's max per record shows its cost).
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 #: A WAL file longer than this, and than twice what the WAL holds now, is cut to nothing once
 #: all of it is copied: a file that grew in an episode (a disk full, a long reader) would

@@ -33,12 +33,11 @@ log = logging.getLogger("tiergate.router")
 
 #: Seconds between pruning rounds.
 INTERVAL_S = 1.0
-#: Rows per DELETE: one transaction, with the event loop held for it. A row costs ~1 us (no
-#: index since schema version 2): `benchmarks/ledger_record.py` measured batches of 200 at
-#: 0.19 ms (p50, max 1.3 ms) and of 500 at 0.48 ms, small beside the router's 2 ms p99 target.
+#: Rows per DELETE: one transaction, with the event loop held for it (benchmarks/ledger_record.py
+#: times a batch), kept small beside the router's per-token latency.
 BATCH_ROWS = 200
-#: Rows one round may delete: ~50 ms of the loop a second while a backlog drains, and about
-#: 20 times what a router at full load (~2,500 requests/s) records in a round.
+#: Rows one round may delete: a few per cent of the loop while a backlog drains, and many times
+#: what a router at full load records in a round, so a backlog does drain.
 MAX_ROWS_PER_ROUND = 50_000
 
 

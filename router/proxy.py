@@ -3,16 +3,9 @@
 Every upstream request goes through one `aiohttp.ClientSession` (one connection pool, created
 on first use inside the event loop) with explicit timeouts (`UPSTREAM_TIMEOUT`) and pool limits
 (`max_connections`), and no cookie jar: a gateway shared by tenants must not keep one tenant's
-upstream cookies and send them with another tenant's request.
-
-Why aiohttp and not httpx here, measured with `benchmarks/router_overhead.py` (wrk, one
-connection, p50): httpx's own pool (httpcore) walks every pooled connection on every request
-and release, ~45% of the router's CPU at 64 connections; httpx's request and response objects
-over aiohttp's pool (httpx-aiohttp 0.2, since dropped) still added ~0.14 ms to every request,
-more than a quarter of the router's whole budget (0.5 ms). `benchmarks/router_parts.py`
-compares a proxied reply through httpx's AsyncClient and through `Upstream` (~660 vs ~150 us
-of CPU). The metrics scraper uses aiohttp too (router/scraper.py);
-`tiergate bench`, `up` and `demo` use httpx.
+upstream cookies and send them with another tenant's request. aiohttp rather than httpx: on
+the request path httpx's pool and objects cost several times more CPU per request
+(`benchmarks/router_parts.py` compares the two).
 
 `Upstream.open(...)` sends a request to the first endpoint of the picked order and returns
 the upstream response with its headers read and its body not yet (streaming). A connection
@@ -21,18 +14,12 @@ endpoint, with a short backoff, at most `attempts` times; nothing has reached th
 so a retry is invisible to it. Once the body starts flowing the caller owns the response: a
 failure then is mid-stream (`UpstreamError`) and is the caller's to report.
 
-Failures and successes feed outlier detection (`on_failure` / `on_success`), and whose fault
-a failure is decides which. A connection error, a timeout, 429, 502, 503 or 504 says the
-endpoint is down, unreachable or overloaded: it counts against the endpoint at once. A 500 is
-an answer from a live endpoint, and the request itself may be what broke it (input the
-server cannot handle fails the same way everywhere). So a 500 counts against its endpoint
-only once another endpoint has served the same request (2xx): the request was fine, the
-endpoint was not. A request that gets 500s wherever it goes, or a refusal (4xx) elsewhere,
-counts against none of them, so one tenant's poison requests cannot eject healthy
-endpoints; a broken endpoint is still found by the next request that it fails and another
-serves. (Without a second attempt, a 500 never counts.)
-
-The client's 503 names the tier and the last failure, never an endpoint's address.
+Whose fault a failure is decides whether it counts against the endpoint (outlier detection).
+A connection error, a timeout, 429, 502, 503 or 504 says the endpoint is down or overloaded:
+it counts at once. A 500 is an answer from a live endpoint, and the request itself may be
+what broke it, so it counts only once another endpoint has served the same request; a request
+that fails everywhere ejects nothing, and one tenant's poison requests cannot eject healthy
+endpoints. The client's 503 names the tier and the last failure, never an endpoint's address.
 """
 
 from __future__ import annotations

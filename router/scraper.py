@@ -4,21 +4,14 @@ The `Scraper` fetches `/metrics` from each current endpoint once per `interval_s
 for big fleets to bound the scrape rate), spread evenly over the interval by a
 `ScrapeSchedule` rather than in one burst, so the request path never waits behind a whole
 round; each request has a timeout shorter than the interval. It writes running / waiting /
-KV usage into the states in place. A slow or silent endpoint holds up nothing but itself: the
-trickle goes on while its scrape waits out the timeout, and it is not scraped again until that
-scrape has ended. A failed scrape keeps the old
-values: `scraped_at_s` stays at the last success (so their age shows) and `scrape_failures`
-counts consecutive failures.
+KV usage into the states in place. A slow or silent endpoint holds up nothing but itself. A
+failed scrape keeps the old values: `scraped_at_s` stays at the last success (so their age
+shows) and `scrape_failures` counts consecutive failures; after a few, the figures are dropped.
 
-Parsing reads only the three families routing needs: a vLLM exposition has ~150 lines of
-histograms, and parsing all of them for hundreds of endpoints each second would take the
-event loop away from the request path for tens of milliseconds.
-
-Fetching (`MetricsFetcher`) goes through an aiohttp session of its own, apart from the proxy's
-pool, keeping connections alive between scrapes. A scrape costs ~0.13 ms of CPU on a kept-alive
-connection and ~0.36 ms on a new one; through httpx it was ~0.55 ms kept-alive
-(benchmarks/router_parts.py), and scraping 300 endpoints took 13% of a core from the request
-path (benchmarks/router_overhead.py, idle router CPU).
+Parsing reads only the three families routing needs, not the histograms that make up most of
+a vLLM exposition. Fetching (`MetricsFetcher`) goes through an aiohttp session of its own,
+apart from the proxy's pool, keeping connections alive between scrapes
+(`benchmarks/router_parts.py` measures a scrape's cost).
 """
 
 from __future__ import annotations
