@@ -40,21 +40,14 @@ from .discovery import PoolView, RoutedPool
 from .errors import RouterError
 from .ledger import Ledger, Outcome, UsageRecord
 from .metrics import RouterMetrics
-from .policy import (
-    LatencyEstimate,
-    LatencyPredictor,
-    Pipeline,
-    PolicyConfig,
-    endpoint_load,
-    prefix_hashes,
-)
+from .policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from .progress import Progress
 from .proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from .ratelimit import RateLimiter
 from .relay import FirstToken, bad_reply, bill, first_token, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
 from .request_ids import new_request_id
-from .state import EndpointState, RequestContext
+from .state import RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
 from .tiers import DEFAULT_TIER, TIERS, Tier, TierChoice, openai_service_tier, resolve_tier
 from .tool_check import ToolCallChecker
@@ -95,16 +88,8 @@ class Router:
     _deployments: dict[str, Deployment] = field(default_factory=dict)
     _batch_caps: dict[str, int] = field(default_factory=dict)
     _queues: dict[Tier, TierQueue] = field(default_factory=dict)
-    _predictor: LatencyPredictor | None = None
 
     # -- per-view derived state ------------------------------------------------------------
-
-    @property
-    def predictor(self) -> LatencyPredictor:
-        """The perf model's latency predictions for SLO checks (reads the live pool maps)."""
-        if self._predictor is None:
-            self._predictor = LatencyPredictor(self._deployments, self._batch_caps)
-        return self._predictor
 
     def pipeline(self, view: PoolView) -> Pipeline:
         """The routing pipeline for `view`.
@@ -385,46 +370,6 @@ class Router:
         )
         return second, TierChoice(then, "cascade", "standard", False)
 
-    def _within_slo(
-        self, order: list[EndpointState], request: CompletionRequest
-    ) -> list[EndpointState]:
-        """The endpoints the perf model expects to meet the request's SLO; 503 when none is:
-        better to say so now than to serve late."""
-        assert request.slo is not None
-        ttft_slo, tpot_slo = request.slo
-        best: LatencyEstimate | None = None
-        kept = []
-        for endpoint in order:
-            estimate = self.predictor.predict(
-                endpoint.pool,
-                endpoint_load(endpoint),
-                request.prompt_tokens_estimate,
-                request.output_tokens_expected,
-            )
-            if estimate is None:
-                kept.append(endpoint)  # unknown to the model: give it the benefit of the doubt
-                continue
-            if (ttft_slo is None or estimate.ttft_s <= ttft_slo) and (
-                tpot_slo is None or estimate.tpot_s <= tpot_slo
-            ):
-                kept.append(endpoint)
-            elif best is None or estimate.total_s < best.total_s:
-                best = estimate
-        if kept:
-            return kept
-        detail = (
-            f" (best predicted: TTFT {best.ttft_s * 1000:.0f} ms, TPOT {best.tpot_s * 1000:.1f} ms)"
-            if best is not None
-            else ""
-        )
-        raise RouterError(
-            503,
-            f"no endpoint is predicted to meet the requested SLO{detail}",
-            type="server_error",
-            code="slo_unattainable",
-            headers={"Retry-After": "1"},
-        )
-
     def _tier(
         self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
     ) -> tuple[TierChoice, Tier]:
@@ -607,14 +552,26 @@ class Router:
     ) -> tuple[Opened, RoutedPool]:
         """Pick endpoints of `tier` (but those whose URLs are in `skip`) and open the upstream
         request on the first that answers."""
+        ttft_slo, tpot_slo = request.slo or (None, None)
         ctx = RequestContext(
             request.model,
             tier,
             request.prompt_tokens_estimate,
             request.output_tokens_expected,
             prefix_hashes(request.prefix_text),
+            ttft_slo,
+            tpot_slo,
         )
-        order = pipeline.pick(ctx, view.candidates(request.model, tier), self.clock())
+        try:
+            order = pipeline.pick(ctx, view.candidates(request.model, tier), self.clock())
+        except NoEndpointFits as refusal:
+            raise RouterError(
+                503,
+                refusal.message,
+                type="server_error",
+                code=refusal.code,
+                headers={"Retry-After": "1"},
+            ) from None
         if skip:
             order = [endpoint for endpoint in order if endpoint.url not in skip]
         if not order:
@@ -625,8 +582,6 @@ class Router:
                 code="no_capacity",
                 headers={"Retry-After": "1"},
             )
-        if request.slo is not None:
-            order = self._within_slo(order, request)
         headers = {
             "content-type": "application/json",
             "x-tiergate-request-id": request_id,

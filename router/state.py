@@ -73,3 +73,5 @@ class RequestContext:
     prompt_tokens: int
     max_output_tokens: int
     prefix_hashes: tuple[int, ...] = field(default=())  # hashes of the prompt's first blocks
+    slo_ttft_s: float | None = None  # the request's latency targets (x-slo-ttft-ms, ...)
+    slo_tpot_s: float | None = None

@@ -9,21 +9,11 @@ per request `pipeline.pick(ctx, candidates, now_s)` and, once routed, `pipeline.
 endpoint)`.
 """
 
-# Importing the plugin modules registers them.
-from . import (
-    ejected_filter,
-    kv_cache_scorer,
-    max_score_picker,
-    model_filter,
-    predicted_latency_scorer,
-    prefix_affinity_scorer,
-    queue_depth_scorer,
-    random_sample,
-    tier_filter,
-    weighted_random_picker,
-)
+from importlib import import_module
+
 from .base import (
     Filter,
+    NoEndpointFits,
     NoParameters,
     Parameters,
     Picker,
@@ -38,21 +28,27 @@ from .pipeline import Pipeline
 from .prefix import prefix_hashes
 from .registry import PolicyConfigError, known_types, register
 
-del (
-    ejected_filter,
-    kv_cache_scorer,
-    max_score_picker,
-    model_filter,
-    predicted_latency_scorer,
-    prefix_affinity_scorer,
-    queue_depth_scorer,
-    random_sample,
-    tier_filter,
-    weighted_random_picker,
+#: The built-in plugins, one module each: importing a module registers its plugin.
+BUILT_IN = (
+    "model_filter",
+    "tier_filter",
+    "random_sample",
+    "ejected_filter",
+    "slo_filter",
+    "predicted_latency_scorer",
+    "queue_depth_scorer",
+    "kv_cache_scorer",
+    "prefix_affinity_scorer",
+    "max_score_picker",
+    "weighted_random_picker",
 )
+for _module in BUILT_IN:
+    import_module(f"{__name__}.{_module}")
 
 __all__ = [
+    "BUILT_IN",
     "Filter",
+    "NoEndpointFits",
     "LatencyEstimate",
     "LatencyPredictor",
     "NoParameters",

@@ -27,6 +27,7 @@ from ..state import EndpointState, RequestContext
 
 __all__ = [
     "Filter",
+    "NoEndpointFits",
     "NoParameters",
     "Parameters",
     "Picker",
@@ -89,8 +90,17 @@ class Plugin(ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+class NoEndpointFits(Exception):
+    """A filter's refusal of a request no candidate can serve as it asks (not merely "none is
+    available"): the router answers 503 with `message` and `code`."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
 class Filter(Plugin):
-    """Drops candidates that must not serve the request."""
+    """Drops candidates that must not serve the request; may raise `NoEndpointFits`."""
 
     kind = "filter"
 

@@ -128,7 +128,8 @@ def default_policy() -> PolicyConfig:
     Filters keep the endpoints that serve the model at the tier (the view's precomputed set,
     kept without a scan), then a random sample of 8 of them plus those prefix affinity
     favours (power of k choices: a pool of 300 costs a request about what a pool of 8 does),
-    then those of the sample that are not ejected. The predicted latency (perf model over
+    then those of the sample that are not ejected, then those predicted to meet the request's
+    SLO headers, if it sent any. The predicted latency (perf model over
     each endpoint's load and hardware) weighs most; queue depth reacts to the router's own
     in-flight requests between scrapes, so a burst does not all land on the endpoint that
     looked idlest at the last scrape; KV-cache headroom avoids preemption; prefix affinity
@@ -140,6 +141,7 @@ def default_policy() -> PolicyConfig:
             PluginSpec(type="tier-filter"),
             PluginSpec(type="random-sample", parameters={"size": 8}),
             PluginSpec(type="ejected-filter"),
+            PluginSpec(type="slo-filter"),
         ],
         scorers=[
             ScorerSpec(type="predicted-latency-scorer", weight=2.0),

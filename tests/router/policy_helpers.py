@@ -32,6 +32,8 @@ def request(
     prompt_tokens: int = 1000,
     max_output_tokens: int = 200,
     prefix_hashes: tuple[int, ...] = (),
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
 ) -> RequestContext:
     return RequestContext(
         model=model,
@@ -39,4 +41,6 @@ def request(
         prompt_tokens=prompt_tokens,
         max_output_tokens=max_output_tokens,
         prefix_hashes=prefix_hashes,
+        slo_ttft_s=slo_ttft_s,
+        slo_tpot_s=slo_tpot_s,
     )

@@ -114,6 +114,7 @@ def test_default_policy_is_valid_and_round_trips() -> None:
         "tier-filter",
         "random-sample",
         "ejected-filter",
+        "slo-filter",
     ]
     assert PolicyConfig.model_validate(config.model_dump()) == config
 
