@@ -12,14 +12,26 @@ router/tool_calls.py, run in a worker process with a deadline by router/tool_che
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from .discovery import PoolView
+from .accounting import Accountant
+from .asgi import encode_headers, send_bytes
+from .discovery import PoolView, RoutedPool
 from .errors import RouterError
+from .exchange import Exchange
+from .metrics import RouterMetrics
+from .policy import Pipeline
+from .progress import Progress
+from .proxy import Opened, UpstreamError
+from .relay import bad_reply, bill
 from .request import CompletionRequest
 from .tenants import Tenant, authorize_tier
-from .tiers import TIERS, Tier
+from .tiers import TIERS, Priority, Tier, TierChoice, openai_service_tier
+from .tool_check import ToolCallChecker
+
+log = logging.getLogger("tiergate.router")
 
 CASCADE_HEADER = "x-tiergate-cascade"
 
@@ -132,3 +144,153 @@ def cascade_plan(
             )
         models.append(match)
     return CascadePlan(cascade, models[0], models[1])
+
+
+class CascadeStages(Protocol):
+    """What serving a cascade's first tier needs of the router (router/handler.py)."""
+
+    accountant: Accountant
+    metrics: RouterMetrics
+    tool_checker: ToolCallChecker
+
+    async def admit(
+        self, view: PoolView, model: str, priority: Priority, tiers: list[Tier]
+    ) -> Tier: ...
+
+    def release(self, tier: Tier) -> None: ...
+
+    async def open(
+        self,
+        ex: Exchange,
+        view: PoolView,
+        pipeline: Pipeline,
+        request: CompletionRequest,
+        tier: Tier,
+        done: Progress,
+    ) -> tuple[Opened, RoutedPool]: ...
+
+
+async def serve_first_tier(
+    stages: CascadeStages, ex: Exchange, view: PoolView, pipeline: Pipeline, plan: CascadePlan
+) -> bool:
+    """Serve `ex` on the cascade's first tier, whole. True when the client got that tier's
+    reply (or its refusal of the request itself); False when the request escalates: attempt 1
+    is accounted for, and `ex` holds the request, choice and a fresh attempt for the second
+    tier."""
+    assert ex.request is not None and ex.tenant is not None and ex.guard is not None
+    request = ex.request
+    first, then = plan.cascade.first, plan.cascade.then
+    # A whole reply: the client's stream_options stay out (vLLM refuses them without
+    # `stream`, which would escalate every streamed cascade).
+    fields = {k: v for k, v in request.body.items() if k != "stream_options"}
+    attempt = replace(
+        request,
+        body={**fields, "model": plan.first_model, "stream": False},
+        model=plan.first_model,
+        stream=False,
+        raw=None,
+    )
+    choice = TierChoice(first, "cascade", "standard", False)
+    one = Progress(estimated_tokens=ex.done.estimated_tokens)
+    reply, problem, refusal = await _first_reply(stages, ex, view, pipeline, attempt, choice, one)
+    # What the client is told when the first tier's answer is the one it gets.
+    headers = {
+        "x-tiergate-tier": first,
+        "x-tiergate-tier-requested": first,
+        "x-tiergate-pool": one.pool.spec.name if one.pool else "",
+        "x-tiergate-request-id": ex.request_id,
+        "x-tiergate-escalated": "false",
+    }
+    if refusal is not None:
+        # The full model would refuse it too: the client gets the refusal, not a premium
+        # attempt billed for nothing.
+        one.outcome = "rejected"
+        ex.done = one
+        await stages.accountant.settle(ex)
+        await send_bytes(ex.send, one.status, refusal, encode_headers(headers))
+        return True
+    if problem is None and reply is not None:
+        # After the slot is free: the check may take up to its deadline.
+        problem = await stages.tool_checker.problem(reply, request.body, ex.tenant.name)
+    if problem is None and reply is not None:
+        one.outcome = "ok"
+        reply["service_tier"] = openai_service_tier(first, choice.priority)
+        headers["x-tiergate-cost-usd"] = f"{one.cost_usd:.10f}"
+        if request.stream:
+            payload = as_event_stream(reply, include_usage=request.include_usage)
+            kind = (b"content-type", b"text/event-stream")
+        else:
+            payload = json.dumps(reply, separators=(",", ":")).encode()
+            kind = (b"content-type", b"application/json")
+        ex.done = one
+        await stages.accountant.settle(ex)
+        await send_bytes(ex.send, 200, payload, encode_headers(headers), content_type=kind)
+        return True
+    # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
+    one.outcome = "error" if one.status == 200 else "upstream_error"
+    one.escalated = True
+    stages.accountant.account(ex, one)
+    stages.metrics.escalations.labels(first, then).inc()
+    log.info("event=cascade_escalated request_id=%s from=%s to=%s reason=%r",
+             ex.request_id, first, then, problem)  # fmt: skip
+    ex.done = Progress(attempt=2, escalated=True)
+    ex.request = replace(
+        request, body={**request.body, "model": plan.then_model}, model=plan.then_model, raw=None
+    )
+    ex.choice = TierChoice(then, "cascade", "standard", False)
+    return False
+
+
+async def _first_reply(
+    stages: CascadeStages,
+    ex: Exchange,
+    view: PoolView,
+    pipeline: Pipeline,
+    attempt: CompletionRequest,
+    choice: TierChoice,
+    one: Progress,
+) -> tuple[dict[str, Any] | None, str | None, bytes | None]:
+    """The first tier's reply to `attempt` read whole, billed into `one`: (reply, what is wrong
+    with it, or the node's refusal of the request itself)."""
+    assert ex.guard is not None
+    tier = choice.tier
+    with ex.guard.cancellable():
+        await stages.admit(view, attempt.model, choice.priority, [tier])
+    try:
+        with ex.guard.cancellable():
+            opened, pool = await stages.open(ex, view, pipeline, attempt, tier, one)
+        try:
+            with ex.guard.cancellable():
+                body = await opened.read()
+            one.status = opened.status
+        except UpstreamError as exc:
+            raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
+        finally:
+            await opened.close()
+        if one.status != 200:
+            return None, "no reply", body if _the_request_s_fault(one.status, body) else None
+        try:
+            reply = json.loads(body)
+            bill(one, pool, reply)
+        except (ValueError, TypeError, AttributeError):
+            return None, "a malformed reply", None
+        return reply, None, None
+    except RouterError as error:
+        one.status = error.status
+        return None, error.message, None
+    finally:
+        stages.release(tier)
+
+
+def _the_request_s_fault(status: int, body: bytes) -> bool:
+    """Whether a cascade's first tier refused the request for what it asks (a bad field), which
+    the second tier would refuse too, rather than for what it is (its context, its load)."""
+    if not 400 <= status < 500 or status in (404, 408, 429):
+        return False
+    code: object
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, TypeError, KeyError):
+        code = None
+    # The distilled model's context may be shorter than the full model's.
+    return code != "context_length_exceeded"

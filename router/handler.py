@@ -10,46 +10,44 @@ served, a tier not allowed) cost nothing and are counted in `tiergate_requests_t
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 
 from tiergate.sim_nodes.perf import Deployment
 
+from .accounting import Accountant
 from .admission import Saturation, Shed, TierQueue, shed_error
 from .asgi import (
     ClientGone,
     Receive,
     Scope,
     Send,
-    encode_headers,
     header_map,
     read_body,
-    send_bytes,
     send_error,
 )
 from .budgets import BudgetGuard
-from .cascade import CascadePlan, as_event_stream, cascade_plan
+from .cascade import CascadePlan, cascade_plan, serve_first_tier
 from .config import RouterSettings
 from .disconnect import DisconnectGuard
 from .discovery import PoolView, RoutedPool
 from .errors import RouterError
-from .ledger import Ledger, Outcome, UsageRecord
+from .exchange import Exchange
+from .ledger import Ledger
 from .metrics import RouterMetrics
 from .policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from .progress import Progress
 from .proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from .ratelimit import RateLimiter
-from .relay import FirstToken, bad_reply, bill, first_token, relay_stream, relay_whole
+from .relay import FirstToken, bad_reply, first_token, relay_stream, relay_whole
 from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
 from .request_ids import new_request_id
 from .state import RequestContext
 from .tenants import Tenant, TenantRegistry, authorize_tier
-from .tiers import DEFAULT_TIER, TIERS, Tier, TierChoice, openai_service_tier, resolve_tier
+from .tiers import TIERS, Priority, Tier, TierChoice, openai_service_tier, resolve_tier
 from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
@@ -88,6 +86,12 @@ class Router:
     _deployments: dict[str, Deployment] = field(default_factory=dict)
     _batch_caps: dict[str, int] = field(default_factory=dict)
     _queues: dict[Tier, TierQueue] = field(default_factory=dict)
+    accountant: Accountant = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.accountant = Accountant(
+            self.ledger, self.budgets, self.limiter, self.metrics, self.clock, self.wall
+        )
 
     # -- per-view derived state ------------------------------------------------------------
 
@@ -135,89 +139,11 @@ class Router:
     # -- the request path ------------------------------------------------------------------
 
     async def completion(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
-        started = self.clock()
-        request_id = new_request_id()
-        headers = header_map(scope)
-        done = Progress()
-        tenant: Tenant | None = None
-        choice: TierChoice | None = None
-        settled = False
-        guard: DisconnectGuard | None = None
-        hold_usd: float | None = None  # held against the tenant's budget while in flight
-
-        def account() -> None:
-            """Account for the request, once (by `settle`, or at the end for requests that
-            ended otherwise)."""
-            nonlocal settled
-            if settled:
-                return
-            settled = True
-            self._account(done, tenant, choice, request_id, started)
-
-        def bill_so_far() -> None:
-            """A stream's row as it stands: written at its first token and amended as it goes,
-            so a router killed mid-stream has billed what it relayed. What it bills moves
-            from the request's budget hold to the tenant's spend."""
-            nonlocal hold_usd
-            if tenant is None or choice is None:
-                return
-            grew_usd = done.cost_usd - done.billed_usd
-            try:
-                self._bill(done, tenant, choice, request_id, started, "incomplete")
-            except Exception:
-                self.metrics.accounting_errors.inc()
-                log.exception("event=accounting_failed request_id=%s", request_id)
-            if hold_usd:
-                moved_usd = min(grew_usd, hold_usd)
-                self.budgets.shrink_hold(tenant, moved_usd)
-                hold_usd -= moved_usd
-
-        async def settle() -> None:
-            """Account for the request and wait for its ledger record to be committed: awaited
-            before the reply's last bytes go out, so a reply the client has whole is in the
-            ledger, even if the router is killed right after."""
-            account()
-            await self.ledger.committed()
-
+        ex = Exchange(new_request_id(), self.clock(), header_map(scope), receive, send)
         try:
-            tenant = self.tenants.authenticate(headers.get("authorization"))
-            request = parse_completion(
-                await read_body(receive, headers, self.settings.max_body_bytes), chat=chat
-            )
-            request.slo = parse_slo(headers)
-            guard = DisconnectGuard(receive)
-            view = self.view()
-            pipeline = self.pipeline(view)
-            plan = cascade_plan(headers, request, view, tenant)
-            if plan is None:
-                choice, tier = self._tier(headers, request, view, tenant)
-            else:
-                choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
-            hold_usd = self.budgets.check(
-                tenant, self.wall(), self._most_it_may_cost(view, request, plan, choice, tenant)
-            )
-            estimate = request.tokens_expected
-            self.limiter.check(tenant, started, estimate)
-            done.estimated_tokens = estimate
-            if plan is not None:
-                request, choice = await self._first_attempt(
-                    send, view, pipeline, request, plan, tenant, request_id, started, done,
-                    settle, guard,
-                )  # fmt: skip
-                if not done.escalated:
-                    return
-            with guard.cancellable():
-                tier = await self._admit(
-                    view, request, choice, choice.tier if plan else tier, tenant
-                )
-            try:
-                await self._serve(
-                    headers, receive, send, view, pipeline, request, choice, tier, request_id,
-                    done, settle, guard, bill_so_far,
-                )  # fmt: skip
-            finally:
-                self._queues[tier].release()
+            await self._handle(ex, chat)
         except RouterError as error:
+            done = ex.done
             done.status = error.status
             if error.code in ("tier_saturated", "slo_unattainable"):
                 done.outcome = "shed"  # refused by admission: served late or not at all
@@ -225,150 +151,77 @@ class Router:
                 done.outcome = "upstream_error"
             else:
                 done.outcome = "rejected"
-            await settle()  # recorded before the client has the refusal, as a reply is
-            await self._refuse(send, error, request_id)
+            await self.accountant.settle(ex)  # recorded before the client has the refusal
+            await self._refuse(send, error, ex.request_id)
         except ClientGone:
-            done.outcome, done.status = "client_disconnect", 499
+            ex.done.outcome, ex.done.status = "client_disconnect", 499
         except Exception:
-            await settle()  # the 500 the app sends next goes out after the record, as a reply's
+            await self.accountant.settle(ex)  # the app's 500 goes out after the record
             raise
         finally:
-            if guard is not None:
-                guard.stop()
-            account()
-            if hold_usd is not None and tenant is not None:
-                self.budgets.release(tenant, hold_usd)  # its actual cost is counted now
+            if ex.guard is not None:
+                ex.guard.stop()
+            self.accountant.account(ex, ex.done)
+            self.accountant.release(ex)  # its actual cost is counted now
 
+    async def _handle(self, ex: Exchange, chat: bool) -> None:
+        """The request's stages, in order (the module docstring); each fills in `ex`."""
+        headers = ex.headers
+        tenant = ex.tenant = self.tenants.authenticate(headers.get("authorization"))
+        request = ex.request = parse_completion(
+            await read_body(ex.receive, headers, self.settings.max_body_bytes), chat=chat
+        )
+        request.slo = parse_slo(headers)
+        guard = ex.guard = DisconnectGuard(ex.receive)
+        view = self.view()
+        pipeline = self.pipeline(view)
+        plan = cascade_plan(headers, request, view, tenant)
+        if plan is None:
+            choice, tier = self._tier(headers, request, view, tenant)
+        else:
+            choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
+            tier = choice.tier
+        ex.choice = choice
+        tiers = self._tiers_to_try(view, request.model, choice, tier, tenant)
+        ex.hold_usd = self.budgets.check(
+            tenant, self.wall(), self._most_it_may_cost(view, request, plan, tiers, tenant)
+        )
+        estimate = request.tokens_expected
+        self.limiter.check(tenant, ex.started_s, estimate)
+        ex.done.estimated_tokens = estimate
+        if plan is not None:
+            if await serve_first_tier(self, ex, view, pipeline, plan):
+                return
+            request, choice = ex.request, ex.choice
+            assert request is not None and choice is not None
+            tiers = [choice.tier]
+        with guard.cancellable():
+            tier = await self.admit(view, request.model, choice.priority, tiers)
+        try:
+            await self._serve(ex, view, pipeline, tier)
+        finally:
+            self.release(tier)
+
+    @staticmethod
     def _most_it_may_cost(
-        self,
         view: PoolView,
         request: CompletionRequest,
         plan: CascadePlan | None,
-        choice: TierChoice,
+        tiers: list[Tier],
         tenant: Tenant,
     ) -> float:
         """The budget hold of a request: the most it may cost at the dearest pool that may
-        serve it (both tiers of a cascade, which may bill both); see `PoolView.most_cost_usd`."""
+        serve it (any of the `tiers` admission may try; both tiers of a cascade, which may bill
+        both); see `PoolView.most_cost_usd`."""
         if tenant.budget_usd is None:
             return 0.0
         bounds = (request.prompt_tokens_most, request.max_tokens, request.sequences)
         if plan is None:
-            return max(
-                view.most_cost_usd(request.model, tier, *bounds)
-                for tier in self._tiers_to_try(view, request, choice, choice.tier, tenant)
-            )
+            return max(view.most_cost_usd(request.model, tier, *bounds) for tier in tiers)
         first, then = plan.cascade.first, plan.cascade.then
         return view.most_cost_usd(plan.first_model, first, *bounds) + (
             view.most_cost_usd(plan.then_model, then, *bounds)
         )
-
-    async def _first_attempt(
-        self,
-        send: Send,
-        view: PoolView,
-        pipeline: Pipeline,
-        request: CompletionRequest,
-        plan: CascadePlan,
-        tenant: Tenant,
-        request_id: str,
-        started: float,
-        done: Progress,
-        settle: Callable[[], Awaitable[None]],
-        guard: DisconnectGuard,
-    ) -> tuple[CompletionRequest, TierChoice]:
-        """Serve on the cascade's first tier, whole. A usable reply goes to the client and
-        `done` describes it; otherwise attempt 1 is billed here, `done` is reset for attempt 2
-        and the request and tier for attempt 2 are returned."""
-        first, then = plan.cascade.first, plan.cascade.then
-        # A whole reply: the client's stream_options stay out (vLLM refuses them without
-        # `stream`, which would escalate every streamed cascade).
-        fields = {k: v for k, v in request.body.items() if k != "stream_options"}
-        attempt = replace(
-            request,
-            body={**fields, "model": plan.first_model, "stream": False},
-            model=plan.first_model,
-            stream=False,
-            raw=None,
-        )
-        choice = TierChoice(first, "cascade", "standard", False)
-        problem: str | None = "no reply"
-        reply: dict[str, Any] | None = None
-        refusal: bytes | None = None  # the node refused the request itself
-        one = Progress(estimated_tokens=done.estimated_tokens)
-        with guard.cancellable():
-            await self._admit(view, attempt, choice, first, tenant)
-        try:
-            with guard.cancellable():
-                opened, pool = await self._open(view, pipeline, attempt, first, request_id, one)
-            try:
-                with guard.cancellable():
-                    body = await opened.read()
-                one.status = opened.status
-            except UpstreamError as exc:
-                raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
-            finally:
-                await opened.close()
-            if one.status == 200:
-                try:
-                    reply = json.loads(body)
-                    bill(one, pool, reply)
-                    problem = None  # unless the tool-call check below finds one
-                except (ValueError, TypeError, AttributeError):
-                    problem = "a malformed reply"
-            elif _the_request_s_fault(one.status, body):
-                refusal = body
-        except RouterError as error:
-            one.status, problem = error.status, error.message
-        finally:
-            self._queues[first].release()
-        # What the client is told when the first tier's answer is the one it gets.
-        headers = {
-            "x-tiergate-tier": first,
-            "x-tiergate-tier-requested": first,
-            "x-tiergate-pool": one.pool.spec.name if one.pool else "",
-            "x-tiergate-request-id": request_id,
-            "x-tiergate-escalated": "false",
-        }
-        if refusal is not None:
-            # The full model would refuse it too: the client gets the refusal, not a premium
-            # attempt billed for nothing.
-            one.outcome = "rejected"
-            done.__dict__.update(one.__dict__)
-            await settle()
-            await send_bytes(send, one.status, refusal, encode_headers(headers))
-            return request, choice
-        if problem is None and reply is not None:
-            # After the slot is free: the check may take up to its deadline.
-            problem = await self.tool_checker.problem(reply, request.body, tenant.name)
-        if problem is None and reply is not None:
-            one.outcome = "ok"
-            reply["service_tier"] = openai_service_tier(first, choice.priority)
-            headers["x-tiergate-cost-usd"] = f"{one.cost_usd:.10f}"
-            if request.stream:
-                payload = as_event_stream(reply, include_usage=request.include_usage)
-                kind = (b"content-type", b"text/event-stream")
-            else:
-                payload = json.dumps(reply, separators=(",", ":")).encode()
-                kind = (b"content-type", b"application/json")
-            done.__dict__.update(one.__dict__)
-            await settle()
-            await send_bytes(send, 200, payload, encode_headers(headers), content_type=kind)
-            return request, choice
-        # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
-        one.outcome = "error" if one.status == 200 else "upstream_error"
-        one.escalated = True
-        self._account(one, tenant, choice, request_id, started)
-        self.metrics.escalations.labels(first, then).inc()
-        log.info("event=cascade_escalated request_id=%s from=%s to=%s reason=%r",
-                 request_id, first, then, problem)  # fmt: skip
-        done.attempt, done.escalated, done.estimated_tokens = 2, True, 0
-        second = replace(
-            request,
-            body={**request.body, "model": plan.then_model},
-            model=plan.then_model,
-            raw=None,
-        )
-        return second, TierChoice(then, "cascade", "standard", False)
 
     def _tier(
         self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
@@ -399,92 +252,83 @@ class Router:
 
     @staticmethod
     def _tiers_to_try(
-        view: PoolView, request: CompletionRequest, choice: TierChoice, tier: Tier, tenant: Tenant
+        view: PoolView, model: str, choice: TierChoice, tier: Tier, tenant: Tenant
     ) -> list[Tier]:
         """`tier`, then for `service_tier: auto` the other tiers serving the model that the
         tenant may use, in the order admission tries them."""
         if not choice.may_fall_back:
             return [tier]
-        others = view.tiers_serving(request.model)
+        others = view.tiers_serving(model)
         return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers)]
 
-    async def _admit(
-        self,
-        view: PoolView,
-        request: CompletionRequest,
-        choice: TierChoice,
-        tier: Tier,
-        tenant: Tenant,
+    async def admit(
+        self, view: PoolView, model: str, priority: Priority, tiers: list[Tier]
     ) -> Tier:
-        """A slot in `tier`'s queue; `service_tier: auto` may move to a quieter tier."""
-        tiers = self._tiers_to_try(view, request, choice, tier, tenant)
+        """A slot in the queue of the first of `tiers` (`_tiers_to_try`) that takes the
+        request; give it back with `release`."""
         for i, candidate in enumerate(tiers):
             last = i == len(tiers) - 1
-            busy = self.saturation.is_saturated(view, request.model, candidate)
+            busy = self.saturation.is_saturated(view, model, candidate)
             queue = self._queues[candidate]
-            if busy and (choice.priority == "flex" or not last):
+            if busy and (priority == "flex" or not last):
                 if last:
-                    self.metrics.shed.labels(candidate, choice.priority).inc()
+                    self.metrics.shed.labels(candidate, priority).inc()
                     raise shed_error(candidate, 2)
                 continue
             if not last and queue.active >= queue.capacity:
                 continue  # full here: an auto request tries the next tier before waiting
             try:
-                await queue.acquire(choice.priority)
+                await queue.acquire(priority)
             except Shed:
-                self.metrics.shed.labels(candidate, choice.priority).inc()
+                self.metrics.shed.labels(candidate, priority).inc()
                 if last:
                     raise shed_error(candidate, 1) from None
                 continue
             return candidate
-        raise shed_error(tier, 1)  # unreachable: the last tier either admits or raises
+        raise shed_error(tiers[0], 1)  # unreachable: the last tier either admits or raises
 
-    async def _serve(
-        self,
-        headers: dict[str, str],
-        receive: Receive,
-        send: Send,
-        view: PoolView,
-        pipeline: Pipeline,
-        request: CompletionRequest,
-        choice: TierChoice,
-        tier: Tier,
-        request_id: str,
-        done: Progress,
-        settle: Callable[[], Awaitable[None]],
-        guard: DisconnectGuard,
-        bill_so_far: Callable[[], None],
-    ) -> None:
-        extra = {h: headers[h] for h in FORWARDED if h in headers}
-        if self.settings.forward_fault_header and FAULT_HEADER in headers:
-            extra[FAULT_HEADER] = headers[FAULT_HEADER]
+    def release(self, tier: Tier) -> None:
+        """Give back the slot `admit` took in `tier`'s queue."""
+        self._queues[tier].release()
+
+    async def _serve(self, ex: Exchange, view: PoolView, pipeline: Pipeline, tier: Tier) -> None:
+        """Open the request upstream on an endpoint of `tier` and relay its reply."""
+        request, choice, done, guard = ex.request, ex.choice, ex.done, ex.guard
+        assert request is not None and choice is not None and guard is not None
+        extra = {h: ex.headers[h] for h in FORWARDED if h in ex.headers}
+        if self.settings.forward_fault_header and FAULT_HEADER in ex.headers:
+            extra[FAULT_HEADER] = ex.headers[FAULT_HEADER]
         start_s = self.clock()
         service_tier = openai_service_tier(tier, choice.priority)
         with guard.cancellable():
             opened, pool, first = await self._open_stream(
-                view, pipeline, request, tier, request_id, done, extra, service_tier
+                ex, view, pipeline, tier, extra, service_tier
             )
         reply_headers = {
             "x-tiergate-tier": tier,
             "x-tiergate-tier-requested": choice.tier,
             "x-tiergate-pool": pool.spec.name,
-            "x-tiergate-request-id": request_id,
+            "x-tiergate-request-id": ex.request_id,
         }
         if tier != choice.tier:
             reply_headers["x-tiergate-fallback"] = "true"
         if done.escalated:
             reply_headers["x-tiergate-escalated"] = "true"
+
+        async def settle() -> None:
+            await self.accountant.settle(ex)
+
         try:
             if first is not None:
                 guard.stop()  # the stream watches its client itself
                 await relay_stream(
-                    receive, send, first, request, reply_headers, done, settle=settle,
-                    bill_so_far=bill_so_far, clock=self.clock, metrics=self.metrics,
-                    start_s=start_s,
+                    ex.receive, ex.send, first, request, reply_headers, done, settle=settle,
+                    bill_so_far=lambda: self.accountant.bill_so_far(ex), clock=self.clock,
+                    metrics=self.metrics, start_s=start_s,
                 )  # fmt: skip
             else:
                 await relay_whole(
-                    send, opened, pool, reply_headers, done,
+                    ex.send, opened, pool, reply_headers, done,
                     service_tier=service_tier, settle=settle, guard=guard,
                 )  # fmt: skip
         finally:
@@ -492,24 +336,24 @@ class Router:
 
     async def _open_stream(
         self,
+        ex: Exchange,
         view: PoolView,
         pipeline: Pipeline,
-        request: CompletionRequest,
         tier: Tier,
-        request_id: str,
-        done: Progress,
         extra: dict[str, str],
         service_tier: str,
     ) -> tuple[Opened, RoutedPool, FirstToken | None]:
-        """`_open`, and for a stream, read up to its first token: a node that fails before it
+        """`open`, and for a stream, read up to its first token: a node that fails before it
         (killed while the request waited or prefilled) is the endpoint's failure, and the
         request goes to another endpoint, the client having seen nothing yet. Whole replies
         and refusals come back with no first token read."""
+        request = ex.request
+        assert request is not None
         failed: set[str] = set()
         while True:
             try:
-                opened, pool = await self._open(
-                    view, pipeline, request, tier, request_id, done, extra, skip=failed
+                opened, pool = await self.open(
+                    ex, view, pipeline, request, tier, ex.done, extra, skip=failed
                 )
             except RouterError as error:  # no endpoint left to try, or none that answered
                 if not failed or error.status != 503:
@@ -530,7 +374,7 @@ class Router:
                 failed.add(opened.endpoint.url)
                 log.warning(
                     "event=stream_failed_before_first_token request_id=%s pool=%s endpoint=%s "
-                    "error=%s", request_id, pool.spec.name, opened.endpoint.url, exc,
+                    "error=%s", ex.request_id, pool.spec.name, opened.endpoint.url, exc,
                 )  # fmt: skip
                 if len(failed) >= self.upstream.attempts:
                     raise _dropped_before_first_token(tier, len(failed)) from None
@@ -539,13 +383,13 @@ class Router:
                 await opened.close()
                 raise
 
-    async def _open(
+    async def open(
         self,
+        ex: Exchange,
         view: PoolView,
         pipeline: Pipeline,
         request: CompletionRequest,
         tier: Tier,
-        request_id: str,
         done: Progress,
         extra_headers: dict[str, str] | None = None,
         skip: Collection[str] = (),
@@ -584,7 +428,7 @@ class Router:
             )
         headers = {
             "content-type": "application/json",
-            "x-tiergate-request-id": request_id,
+            "x-tiergate-request-id": ex.request_id,
             **(extra_headers or {}),
         }
         path = "/v1/chat/completions" if request.chat else "/v1/completions"
@@ -604,94 +448,6 @@ class Router:
             await send_error(send, error, {"x-tiergate-request-id": request_id})
         except (OSError, RuntimeError):
             pass  # the response had started, or the client is gone: nothing more to say
-
-    def _account(
-        self,
-        done: Progress,
-        tenant: Tenant | None,
-        choice: TierChoice | None,
-        request_id: str,
-        started: float,
-    ) -> None:
-        """Count and bill one attempt. A billing failure must be loud (a metric, a log line), not
-        fatal to the reply or to a cascade's second attempt."""
-        try:
-            requested = choice.tier if choice is not None else DEFAULT_TIER
-            served = done.tier_served or "none"
-            self.metrics.requests.labels(requested, served, done.outcome).inc()
-            if done.tier_served is not None:
-                tier = done.tier_served
-                if done.ttft_s is not None:
-                    self.metrics.ttft.labels(tier).observe(done.ttft_s)
-                self.metrics.cost.labels(tier).inc(done.cost_usd)
-                self.metrics.tokens.labels(tier, "prompt").inc(done.prompt_tokens)
-                self.metrics.tokens.labels(tier, "completion").inc(done.completion_tokens)
-            if tenant is None or choice is None:
-                return  # unauthenticated or unparsable: no tenant to bill
-            actual = done.prompt_tokens + done.completion_tokens
-            self.limiter.settle(tenant, self.clock(), actual - done.estimated_tokens)
-            self._bill(done, tenant, choice, request_id, started, done.outcome)
-        except Exception:
-            self.metrics.accounting_errors.inc()
-            log.exception("event=accounting_failed request_id=%s", request_id)
-
-    def _bill(
-        self,
-        done: Progress,
-        tenant: Tenant,
-        choice: TierChoice,
-        request_id: str,
-        started: float,
-        outcome: Outcome,
-    ) -> float:
-        """Write the attempt's row as `done` says now (its first write adds it, later ones
-        amend it), then count what its cost grew by against the tenant's budget; returns that.
-        LedgerError for a record the ledger can never take."""
-        usage = UsageRecord(
-            request_id=request_id,
-            time_s=self.wall(),
-            tenant=tenant.name,
-            tier_requested=choice.tier,
-            tier_served=done.tier_served,
-            pool=done.pool.spec.name if done.pool else None,
-            endpoint=done.endpoint,
-            prompt_tokens=done.prompt_tokens,
-            completion_tokens=done.completion_tokens,
-            latency_s=self.clock() - started,
-            ttft_s=done.ttft_s,
-            cost_usd=done.cost_usd,
-            http_status=done.status,
-            outcome=outcome,
-            escalated=done.escalated,
-            attempt=done.attempt,
-        )
-        grew_usd = done.cost_usd - done.billed_usd
-        try:
-            if done.entry is None:
-                done.entry = self.ledger.add(usage)
-            else:
-                self.ledger.amend(done.entry, usage)
-        finally:
-            # After the ledger (with no await between: the guard may re-read it), and
-            # even when it refused the record: a ledger failure must not lift a budget.
-            if grew_usd:
-                self.budgets.add(tenant, grew_usd, usage.time_s)
-            done.billed_usd = done.cost_usd
-        return grew_usd
-
-
-def _the_request_s_fault(status: int, body: bytes) -> bool:
-    """Whether a cascade's first tier refused the request for what it asks (a bad field), which
-    the second tier would refuse too, rather than for what it is (its context, its load)."""
-    if not 400 <= status < 500 or status in (404, 408, 429):
-        return False
-    code: object
-    try:
-        code = json.loads(body)["error"]["code"]
-    except (ValueError, TypeError, KeyError):
-        code = None
-    # The distilled model's context may be shorter than the full model's.
-    return code != "context_length_exceeded"
 
 
 def _dropped_before_first_token(tier: Tier, attempts: int) -> RouterError:

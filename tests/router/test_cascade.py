@@ -14,11 +14,16 @@ import httpx
 import pytest
 
 from tiergate.router.build import build_app
-from tiergate.router.cascade import CASCADE_HEADER, as_event_stream, cascade_plan, parse_cascade
+from tiergate.router.cascade import (
+    CASCADE_HEADER,
+    _the_request_s_fault,
+    as_event_stream,
+    cascade_plan,
+    parse_cascade,
+)
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
-from tiergate.router.handler import _the_request_s_fault
 from tiergate.router.ledger import LedgerError, UsageRecord
 from tiergate.router.request import parse_completion
 from tiergate.router.tenants import ANONYMOUS

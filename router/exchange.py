@@ -1,0 +1,37 @@
+"""One client request on its way through the router: what each stage reads and fills in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .asgi import Receive, Send
+from .disconnect import DisconnectGuard
+from .progress import Progress
+from .request import CompletionRequest
+from .tenants import Tenant
+from .tiers import TierChoice
+
+__all__ = ["Exchange"]
+
+
+@dataclass
+class Exchange:
+    """A request and its reply channel, with what the stages learnt so far.
+
+    `done` is the attempt being served: a cascade accounts for its first attempt on its own
+    and then serves the request again with a fresh one. `tenant`, `request` and `choice` are
+    None until the stages that decide them have run (a request refused before has none).
+    """
+
+    request_id: str
+    started_s: float  # the router's clock (monotonic)
+    headers: dict[str, str]  # lower-case names
+    receive: Receive
+    send: Send
+    done: Progress = field(default_factory=Progress)
+    tenant: Tenant | None = None
+    request: CompletionRequest | None = None
+    choice: TierChoice | None = None
+    guard: DisconnectGuard | None = None
+    #: Held against the tenant's budget while the request is in flight (router/budgets.py).
+    hold_usd: float = 0.0
