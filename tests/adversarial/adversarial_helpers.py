@@ -1,0 +1,185 @@
+"""The adversarial suite's system under attack: real `tiergate sim-node` processes, a real
+`tiergate router` process in front of them, all on loopback; and what every refusal must look
+like (a uniquely named module: conftest names clash).
+
+Every node runs the 8B model on one wafer-scale chip (~1,800 tokens/s a stream): replies are
+quick, so attacks and the legitimate requests that follow them cost little time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from polling_helpers import until
+from process_helpers import Running, start_router, start_sim_nodes
+
+MODEL, ACCELERATOR = "llama-3.1-8b", "wse-3"
+#: Anything that would tell a client where the router's nodes are.
+INTERNAL = re.compile(r"https?://|127\.0\.0\.1|localhost")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One pool of the system: `replicas` sim-node processes serving `served` (unless `urls`
+    gives its endpoints instead: addresses nothing listens on, say)."""
+
+    name: str
+    tier: str
+    served: str
+    replicas: int = 1
+    max_num_seqs: int = 16
+    node_flags: tuple[str, ...] = ()
+    #: YAML fields added to the pool's map in the router's config (e.g. its billing).
+    extra: str = ""
+    urls: tuple[str, ...] | None = None
+
+
+@dataclass
+class System:
+    """The running system: the router's URL, each pool's nodes, the router's files."""
+
+    url: str
+    router: Running
+    nodes: dict[str, list[Running]]
+    tenants: Path
+    ledger: Path
+    endpoints: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return self.router.log_text()
+
+
+@contextmanager
+def running_system(
+    tmp: Path, pools: Sequence[Pool], *, tenants: str | None = None, router: str = ""
+) -> Iterator[System]:
+    """Start `pools`' nodes, then a router over them; stop everything at the end. `tenants`
+    is the tenants file's YAML (None: authentication off); `router` adds fields to the
+    router's settings (YAML, e.g. "connections: {idleTimeoutS: 1}")."""
+    tenants_file, ledger = tmp / "tenants.yaml", tmp / "ledger.sqlite"
+    with ExitStack() as stack:
+        wanted = [
+            (tmp / f"{pool.name}-{i}.log", node_flags(pool))
+            for pool in pools
+            if pool.urls is None
+            for i in range(pool.replicas)
+        ]
+        started = iter(start_sim_nodes(wanted))
+        nodes: dict[str, list[Running]] = {}
+        for pool in pools:
+            if pool.urls is None:
+                nodes[pool.name] = [next(started) for _ in range(pool.replicas)]
+                for node in nodes[pool.name]:
+                    stack.callback(node.stop)
+        settings = [f"ledgerPath: {ledger}", "reloadIntervalS: 0.1"]
+        if tenants is not None:
+            tenants_file.write_text(tenants)
+            settings.append(f"tenantsFile: {tenants_file}")
+        if router:
+            settings.append(router)
+        lines = [f"router: {{{', '.join(settings)}}}", "pools:"]
+        endpoints: list[str] = []
+        for pool in pools:
+            urls = list(pool.urls) if pool.urls is not None else [n.url for n in nodes[pool.name]]
+            endpoints += urls
+            fields = [
+                f"name: {pool.name}, tier: {pool.tier}, model: {MODEL}",
+                f"accelerator: {ACCELERATOR}, servedModelName: {pool.served}",
+                f"batching: {{maxNumSeqs: {pool.max_num_seqs}}}, endpoints: {json.dumps(urls)}",
+                *([pool.extra] if pool.extra else []),
+            ]
+            lines.append(f"  - {{{', '.join(fields)}}}")
+        config = tmp / "router.yaml"
+        config.write_text("\n".join(lines) + "\n")
+        process = start_router(config, tmp / "router.log")
+        stack.callback(process.stop)
+        until(lambda: ready(process.url), "the router is not ready", 60)
+        yield System(process.url, process, nodes, tenants_file, ledger, endpoints)
+
+
+def node_flags(pool: Pool) -> list[str]:
+    return [
+        "--model", MODEL, "--accelerator", ACCELERATOR, "--served-model-name", pool.served,
+        "--max-num-seqs", str(pool.max_num_seqs), "--log-level", "warning", *pool.node_flags,
+    ]  # fmt: skip
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def chat(model: str, content: str = "hi", **fields: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **fields}
+
+
+def assert_refused(
+    reply: httpx.Response, status: int, code: str | None, system: System | None = None
+) -> dict[str, Any]:
+    """`reply` is the OpenAI error envelope with `status` and `code` (None: any code, a node's
+    refusal may have none), and gives nothing away: no traceback, no node address (any of
+    `system`'s). Returns the envelope's `error`."""
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"].startswith("application/json"), reply.headers
+    error: dict[str, Any] = reply.json()["error"]
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str) and error["type"], error
+    assert "code" in error and (code is None or error["code"] == code), error
+    assert "Traceback" not in reply.text and not INTERNAL.search(reply.text), reply.text
+    if system is not None:
+        ports = "|".join(url.rsplit(":", 1)[1] for url in system.endpoints)
+        assert not re.search(rf"\b({ports})\b", reply.text), reply.text
+    return error
+
+
+def assert_serves(system: System, headers: dict[str, str], model: str) -> None:
+    """A legitimate request, after an attack, is served whole."""
+    r = httpx.post(
+        system.url + "/v1/chat/completions",
+        json=chat(model, max_tokens=3, ignore_eos=True),
+        headers=headers,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+@contextmanager
+def in_flight_stream(
+    system: System, headers: dict[str, str], model: str, tokens: int = 400
+) -> Iterator[None]:
+    """A stream accepted before the block, whose first token has arrived: after the block it
+    must still end whole (every token, then [DONE]), whatever was done meanwhile."""
+    body = chat(model, max_tokens=tokens, ignore_eos=True, stream=True,
+                stream_options={"include_usage": True})  # fmt: skip
+    with httpx.stream(
+        "POST", system.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
+        assert r.status_code == 200, r.read()
+        lines = r.iter_lines()  # kept: a dropped iterator closes the stream
+        assert next(line for line in lines if line.startswith("data: "))
+        yield
+        events = [line[6:] for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == tokens
+
+
+def metric(url: str, sample: str) -> float:
+    """The value of `sample` (a name with its labels, as exposed) on `url`'s /metrics."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rpartition(" ")[2])
+    raise AssertionError(f"no sample {sample} on {url}/metrics")
