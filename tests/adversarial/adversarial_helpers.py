@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from connection_helpers import read_until_closed
 from polling_helpers import until
 from process_helpers import Running, start_router, start_sim_nodes
 
@@ -124,6 +127,32 @@ def bearer(key: str) -> dict[str, str]:
 
 def chat(model: str, content: str = "hi", **fields: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": content}], **fields}
+
+
+def raw_request(
+    url: str, method: str, path: str, headers: Sequence[tuple[bytes, bytes]], body: bytes = b""
+) -> httpx.Response:
+    """Send a request as bytes, headers exactly as given (no client library would send some
+    of them), on a connection of its own; its reply, read until the server closes."""
+    parts = urlsplit(url)
+    head = b"%s %s HTTP/1.1\r\nhost: router\r\nconnection: close\r\n" % (
+        method.encode(),
+        path.encode(),
+    )
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    if body or method == "POST":
+        head += b"content-length: %d\r\n" % len(body)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(head + b"\r\n" + body)
+        reply = read_until_closed(sock)
+    status_line, _, rest = reply.partition(b"\r\n")
+    head_lines, _, content = rest.partition(b"\r\n\r\n")
+    fields = [line.split(b":", 1) for line in head_lines.split(b"\r\n") if line]
+    return httpx.Response(
+        int(status_line.split()[1]),
+        headers=[(name.strip(), value.strip()) for name, value in fields],
+        content=content,
+    )
 
 
 def assert_refused(
