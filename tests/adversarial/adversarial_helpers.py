@@ -144,7 +144,11 @@ def raw_request(
         head += b"content-length: %d\r\n" % len(body)
     with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
         sock.sendall(head + b"\r\n" + body)
-        reply = read_until_closed(sock)
+        return as_response(read_until_closed(sock))
+
+
+def as_response(reply: bytes) -> httpx.Response:
+    """The HTTP reply in `reply` (a whole one, with a Content-Length) as an httpx.Response."""
     status_line, _, rest = reply.partition(b"\r\n")
     head_lines, _, content = rest.partition(b"\r\n\r\n")
     fields = [line.split(b":", 1) for line in head_lines.split(b"\r\n") if line]
