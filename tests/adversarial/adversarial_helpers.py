@@ -30,8 +30,8 @@ INTERNAL = re.compile(r"https?://|127\.0\.0\.1|localhost")
 
 @dataclass(frozen=True)
 class Pool:
-    """One pool of the system: `replicas` sim-node processes serving `served` (unless `urls`
-    gives its endpoints instead: addresses nothing listens on, say)."""
+    """One pool of the system: `replicas` sim-node processes serving `served`, and `urls` as
+    further endpoints (addresses nothing listens on, say)."""
 
     name: str
     tier: str
@@ -41,7 +41,7 @@ class Pool:
     node_flags: tuple[str, ...] = ()
     #: YAML fields added to the pool's map in the router's config (e.g. its billing).
     extra: str = ""
-    urls: tuple[str, ...] | None = None
+    urls: tuple[str, ...] = ()
 
 
 @dataclass
@@ -71,16 +71,14 @@ def running_system(
         wanted = [
             (tmp / f"{pool.name}-{i}.log", node_flags(pool))
             for pool in pools
-            if pool.urls is None
             for i in range(pool.replicas)
         ]
         started = iter(start_sim_nodes(wanted))
         nodes: dict[str, list[Running]] = {}
         for pool in pools:
-            if pool.urls is None:
-                nodes[pool.name] = [next(started) for _ in range(pool.replicas)]
-                for node in nodes[pool.name]:
-                    stack.callback(node.stop)
+            nodes[pool.name] = [next(started) for _ in range(pool.replicas)]
+            for node in nodes[pool.name]:
+                stack.callback(node.stop)
         settings = [f"ledgerPath: {ledger}", "reloadIntervalS: 0.1"]
         if tenants is not None:
             tenants_file.write_text(tenants)
@@ -90,7 +88,7 @@ def running_system(
         lines = [f"router: {{{', '.join(settings)}}}", "pools:"]
         endpoints: list[str] = []
         for pool in pools:
-            urls = list(pool.urls) if pool.urls is not None else [n.url for n in nodes[pool.name]]
+            urls = [n.url for n in nodes[pool.name]] + list(pool.urls)
             endpoints += urls
             fields = [
                 f"name: {pool.name}, tier: {pool.tier}, model: {MODEL}",
@@ -105,6 +103,13 @@ def running_system(
         stack.callback(process.stop)
         until(lambda: ready(process.url), "the router is not ready", 60)
         yield System(process.url, process, nodes, tenants_file, ledger, endpoints)
+
+
+def nothing_listens() -> str:
+    """The URL of a loopback port nothing listens on (bound, then let go)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def node_flags(pool: Pool) -> list[str]:

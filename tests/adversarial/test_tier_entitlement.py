@@ -41,7 +41,7 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         Pool("b", "batched", "coder"),
         Pool("p", "premium", "coder"),
         Pool("w", "wafer-scale", "coder-spark"),
-        Pool("next", "batched", "coder-next", urls=()),  # made, no endpoint ready yet
+        Pool("next", "batched", "coder-next", replicas=0),  # made, no endpoint ready yet
     ]
     tmp = tmp_path_factory.mktemp("tiers")
     with running_system(tmp, pools, tenants=DAVE_TOO) as running:
