@@ -2,11 +2,12 @@
 
 Schemathesis generates requests from /openapi.json for every operation: positive cases (what
 the document allows) and negative ones (what it does not: wrong types, missing fields, values
-out of range, bodies that are not JSON, odd headers). A share of the positive completion cases
-ask for a served model (else nearly all would be 404s) and every cap is held to 64 tokens and
-n to 4 (else a few cases would decode for minutes). Each case is sent to a real router on
-loopback, with real sim nodes behind it (`tiergate up`: batched, premium and wafer-scale
-pools), one at a time, and its reply judged:
+out of range, bodies that are not JSON, odd headers). Two in three positive completion cases
+ask for a served model (else nearly all would be 404s), and half of those are tidied into what
+the nodes serve (no SLO header, messages with a role and text, one prompt); every cap is held
+to 64 tokens and n to 4 (else a few cases would decode for minutes). Each case is sent to a
+real router on loopback, with real sim nodes behind it (`tiergate up`: batched, premium and
+wafer-scale pools), one at a time, and its reply judged:
 
 - server error: a 5xx but a 503 `slo_unattainable` (an SLO header can ask for the
   impossible), a stream that ends with an error event or without [DONE], a connection closed
@@ -186,7 +187,9 @@ def strategies() -> dict[tuple[str, str], tuple[st.SearchStrategy[Any], float]]:
     for path in COMPLETIONS:
         operation = schema[path]["POST"]
         positive = operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
-        aims = st.tuples(positive, st.sampled_from((*SERVED, None)), st.sampled_from(CASCADES))
+        aims = st.tuples(
+            positive, st.sampled_from((*SERVED, None)), st.sampled_from(CASCADES), st.booleans()
+        )
         out[(path, "positive")] = (aims.map(_aimed), SHARES[(path, "positive")])
         negative = operation.as_strategy(generation_mode=GenerationMode.NEGATIVE)
         out[(path, "negative")] = (negative.map(_held), SHARES[(path, "negative")])
@@ -203,14 +206,28 @@ def strategies() -> dict[tuple[str, str], tuple[st.SearchStrategy[Any], float]]:
     return out
 
 
-def _aimed(drawn: tuple[Any, str | None, str]) -> Any:
+def _aimed(drawn: tuple[Any, str | None, str, bool]) -> Any:
     """A positive completion case asking for `model` and, if it asks for a cascade, for
-    `cascade` (model None: the case as generated); caps held."""
-    case, model, cascade = drawn
-    if model is not None and isinstance(case.body, dict):
-        case.body["model"] = model
-        if case.headers and "x-tiergate-cascade" in case.headers:
-            case.headers["x-tiergate-cascade"] = cascade
+    `cascade`; `tidy`: also without SLO headers, with messages a node reads (a role and text)
+    and one prompt (model None: the case as generated). Caps held."""
+    case, model, cascade, tidy = drawn
+    body = case.body
+    if model is not None and isinstance(body, dict):
+        body["model"] = model
+        headers = case.headers or {}
+        if "x-tiergate-cascade" in headers:
+            headers["x-tiergate-cascade"] = cascade
+        if tidy:
+            for name in ("x-slo-ttft-ms", "x-slo-tpot-ms"):
+                headers.pop(name, None)
+            for message in body.get("messages") or []:
+                if not isinstance(message.get("content"), str):
+                    message["content"] = "hi"
+                if message.get("role") not in ("system", "user", "assistant"):
+                    message["role"] = "user"
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and isinstance(prompt[0], str | list):
+                body["prompt"] = prompt[0]  # the nodes take one prompt a request
     return _held(case)
 
 
