@@ -179,9 +179,7 @@ def test_a_repeated_tier_header_cannot_name_a_tier_unchecked(system: System) -> 
 def test_an_unknown_tier_is_a_400_naming_where_it_was(
     system: System, headers: dict[str, str], body: dict[str, Any], param: str
 ) -> None:
-    r = post(system, body, {**ALICE, **headers})
-    assert r.status_code == 400, r.text
-    error = assert_refused(r, 400, r.json()["error"]["code"], system)
+    error = assert_refused(post(system, body, {**ALICE, **headers}), 400, None, system)
     assert error["code"] in ("unknown_tier", "invalid_cascade", "invalid_request")
     assert error["param"] == param
     assert_serves(system, ALICE, "coder")
@@ -253,8 +251,7 @@ def test_anything_but_a_known_key_is_a_401_that_echoes_nothing(
     for method, path, body in [("POST", "/v1/chat/completions", CHAT_BYTES),
                                ("GET", "/v1/usage", b"")]:  # fmt: skip
         r = raw_request(system.url, method, path, headers, body)
-        assert r.status_code == 401, r.text
-        error = assert_refused(r, 401, r.json()["error"]["code"], system)
+        error = assert_refused(r, 401, None, system)
         assert error["code"] in ("missing_api_key", "invalid_api_key")
         assert error["type"] == "authentication_error"
         assert "key-0123456789" not in r.text.lower() and "nope" not in r.text
