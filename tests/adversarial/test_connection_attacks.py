@@ -1,5 +1,5 @@
 """Clients that hold connections instead of sending requests, against a real router process
-with half-second connection timeouts: heads and bodies sent a byte at a time (slowloris), a
+with one-second connection timeouts: heads and bodies sent a byte at a time (slowloris), a
 Content-Length larger than what is sent, connections that send nothing, heads that never end,
 bytes that are not HTTP. Each is cut off by the router's own limits, with the OpenAI error
 envelope where there is a reply, and a stream accepted before it ends whole.
@@ -31,7 +31,7 @@ from polling_helpers import until
 
 from tiergate.sim_nodes.commands.limited_protocol import MAX_HEAD_BYTES
 
-QUICK = "connections: {headerTimeoutS: 0.5, bodyTimeoutS: 0.5, idleTimeoutS: 0.5}"
+QUICK = "connections: {headerTimeoutS: 1, bodyTimeoutS: 1, idleTimeoutS: 1}"
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n"
 
 
@@ -53,7 +53,7 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_off_with_a_408(system: System) -> N
         with trickling(sock, b"a"):  # a header that never ends, each byte resetting nothing
             reply = read_until_closed(sock)
     error = assert_refused(as_response(reply), 408, "request_timeout", system)
-    assert error["message"] == "request header not received within 0.5 s"
+    assert error["message"] == "request header not received within 1 s"
     assert timeouts(system, "header") == before + 1
     assert_serves(system, {}, "coder")
 
@@ -70,7 +70,7 @@ def test_a_body_short_of_its_content_length_is_cut_off_with_a_408(
                 slowly.enter_context(trickling(sock, b"a"))
             reply = read_until_closed(sock)
     error = assert_refused(as_response(reply), 408, "request_timeout", system)
-    assert error["message"] == "request body not received within 0.5 s"
+    assert error["message"] == "request body not received within 1 s"
     assert timeouts(system, "body") == before + 1
     assert_serves(system, {}, "coder")
 
