@@ -15,6 +15,7 @@ import pytest
 from adversarial_helpers import (
     Pool,
     System,
+    as_response,
     assert_refused,
     assert_serves,
     bearer,
@@ -22,7 +23,6 @@ from adversarial_helpers import (
     in_flight_stream,
     running_system,
 )
-from connection_helpers import status_of
 
 ALICE = bearer("alice-key-0123456789")
 TENANTS = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
@@ -150,9 +150,7 @@ def test_a_content_length_of_a_petabyte_is_refused_before_any_body(system: Syste
     with socket.create_connection((parts.hostname, parts.port), timeout=15) as sock:
         sock.sendall(head)  # and no body: the reply comes without waiting for one
         reply = whole_reply(sock)
-    assert status_of(reply) == 413
-    error = json.loads(reply.partition(b"\r\n\r\n")[2])["error"]
-    assert error["code"] == "request_too_large" and error["message"] and error["type"]
+    assert_refused(as_response(reply), 413, "request_too_large", system)
     assert_serves(system, ALICE, "coder")
 
 

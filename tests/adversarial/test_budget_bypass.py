@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from adversarial_helpers import Pool, System, assert_refused, bearer, running_system
+from adversarial_helpers import Pool, System, assert_refused, assert_serves, bearer, running_system
 
 BUDGET_USD = 5.0
 #: One tenant per test (a spent budget stays spent for the day).
@@ -32,11 +32,15 @@ NAMES = [
     "uncapped-text",
     "sequences",
 ]
-TENANTS = "tenants:\n" + "".join(
-    f"  - {{name: {n}, apiKeys: [{n}-key-0123456789], budgetUsd: {BUDGET_USD}, "
-    "budgetPeriod: day}\n"
-    for n in NAMES
-)
+TENANTS = (
+    "tenants:\n"
+    + "".join(
+        f"  - {{name: {n}, apiKeys: [{n}-key-0123456789], budgetUsd: {BUDGET_USD}, "
+        "budgetPeriod: day}\n"
+        for n in NAMES
+    )
+    + "  - {name: bystander, apiKeys: [bystander-key-0123456789]}\n"
+)  # no budget: served after
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +93,7 @@ def test_ten_requests_at_once_with_a_second_larger_cap_spend_at_most_the_budget(
             assert_refused(r, 429, "budget_exceeded", system)
             assert int(r.headers["retry-after"]) >= 1
     assert spent(system, name) <= BUDGET_USD + 1  # the budget, and one request's hold
+    assert_serves(system, key("bystander"), "metered")
 
 
 def test_a_stream_with_a_second_larger_cap_is_sent_the_smaller(system: System) -> None:
@@ -146,6 +151,7 @@ def test_while_a_request_that_may_spend_the_rest_runs_no_other_is_admitted(
     error = assert_refused(refused, 429, "budget_exceeded", system)
     assert "has spent its daily budget" in error["message"]
     assert int(refused.headers["retry-after"]) >= 1
+    assert_serves(system, key("bystander"), "metered")
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,15 @@ from typing import Any
 
 import httpx
 import pytest
-from adversarial_helpers import Pool, System, assert_refused, chat, metric, running_system
+from adversarial_helpers import (
+    Pool,
+    System,
+    assert_refused,
+    assert_serves,
+    chat,
+    metric,
+    running_system,
+)
 from polling_helpers import until
 from process_helpers import Running
 
@@ -110,3 +118,4 @@ def test_a_stream_every_node_drops_before_its_first_token_is_a_502_envelope(
         r = reply.result(timeout=120)
     error = assert_refused(r, 502, "bad_upstream_reply", system)
     assert "before the first token (2 attempt(s))" in error["message"]
+    assert_serves(system, {}, "relay")

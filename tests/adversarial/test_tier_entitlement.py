@@ -99,6 +99,7 @@ def test_a_tier_header_padded_with_blanks_is_still_checked(system: System) -> No
     headers = [(b"x-tiergate-tier", b" \t PREMIUM \t "), (b"authorization", BOB_KEY)]
     r = raw_request(system.url, "POST", "/v1/chat/completions", headers, CHAT_BYTES)
     assert_refused(r, 403, "tier_not_allowed", system)
+    assert_serves(system, BOB, "coder")
 
 
 @pytest.mark.parametrize(
@@ -137,6 +138,7 @@ def test_a_repeated_key_naming_premium_last_is_refused(system: System) -> None:
         b'"service_tier": "default", "service_tier": "priority"}'
     )
     assert_refused(post(system, body, BOB), 403, "tier_not_allowed", system)
+    assert_serves(system, BOB, "coder")
 
 
 def test_a_repeated_tier_header_cannot_name_a_tier_unchecked(system: System) -> None:
@@ -256,6 +258,7 @@ def test_anything_but_a_known_key_is_a_401_that_echoes_nothing(
         assert error["type"] == "authentication_error"
         assert "key-0123456789" not in r.text.lower() and "nope" not in r.text
         assert r.headers["www-authenticate"].startswith("Bearer")
+    assert_serves(system, ALICE, "coder")
 
 
 def test_a_revoked_key_stops_working_and_a_broken_file_changes_nothing(system: System) -> None:
