@@ -152,6 +152,23 @@ def raw_request(
         return as_response(read_until_closed(sock))
 
 
+def one_reply(sock: socket.socket) -> httpx.Response:
+    """One reply with a Content-Length read from `sock`, which stays open (a kept-alive
+    connection, or one whose request body was never sent)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole head: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = as_response(head + b"\r\n\r\n").headers["content-length"]
+    while len(body) < int(length):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole body: {received + body!r}"
+        body += chunk
+    return as_response(head + b"\r\n\r\n" + body)
+
+
 def as_response(reply: bytes) -> httpx.Response:
     """The HTTP reply in `reply` (a whole one, with a Content-Length) as an httpx.Response."""
     status_line, _, rest = reply.partition(b"\r\n")

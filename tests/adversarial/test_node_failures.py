@@ -22,12 +22,12 @@ import pytest
 from adversarial_helpers import (
     Pool,
     System,
-    as_response,
     assert_refused,
     assert_serves,
     chat,
     metric,
     nothing_listens,
+    one_reply,
     running_system,
 )
 
@@ -105,22 +105,6 @@ def test_a_node_answers_a_request_it_refuses_and_keeps_the_connection(system: Sy
     assert [r.status_code for r in replies] == [400, 200], [r.text for r in replies]
     assert replies[0].json()["error"]["param"] == "tools.0.function.parameters"
     assert "close" not in replies[0].headers.get("connection", "")
-
-
-def one_reply(sock: socket.socket) -> httpx.Response:
-    """One reply with a Content-Length from `sock`, which stays open."""
-    received = b""
-    while b"\r\n\r\n" not in received:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a whole head: {received!r}"
-        received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    length = as_response(head + b"\r\n\r\n").headers["content-length"]
-    while len(body) < int(length):
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a whole body: {received + body!r}"
-        body += chunk
-    return as_response(head + b"\r\n\r\n" + body)
 
 
 def test_a_request_every_node_fails_is_a_503_naming_none_and_ejects_none(
