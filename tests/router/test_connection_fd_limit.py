@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import re
 import resource
-import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -17,6 +14,7 @@ from typing import Any
 import httpx
 from connection_helpers import connect, read_until_closed, status_of
 from polling_helpers import until
+from process_helpers import start_router
 
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
@@ -36,12 +34,6 @@ pools:
 """
 ALICE = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
 CAROL = "tenants:\n  - {name: carol, apiKeys: [carol-key-0123456789]}\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def few_open_files() -> None:
@@ -76,20 +68,16 @@ def test_at_the_connection_cap_the_tenants_reload_and_the_next_client_still_work
     serving = ServingSpec(model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec())
     with (
         served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node,
-        open(log, "wb") as stderr,
         ExitStack() as held,
     ):
         config = tmp_path / "router.yaml"
         config.write_text(
             CONFIG.format(tenants=tenants, ledger=tmp_path / "ledger.sqlite", node=node)
         )
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(config),
-                "--port", str(port)]  # fmt: skip
-        router = subprocess.Popen(argv, stderr=stderr, preexec_fn=few_open_files)
+        router = start_router(config, log, preexec_fn=few_open_files)
+        url = router.url
         try:
-            until(lambda: router.poll() is None and ready(url), "the router did not start", 60)
+            until(lambda: ready(url), "the router is not ready", 60)
             found = re.search(r"event=connection_limits max_connections=(\d+)", log.read_text())
             assert found, log.read_text()
             cap = int(found.group(1))
@@ -115,6 +103,5 @@ def test_at_the_connection_cap_the_tenants_reload_and_the_next_client_still_work
             until(lambda: usage_status(url, "carol-key-0123456789") == 200, "carol not served")
             until(lambda: usage_status(url, "alice-key-0123456789") == 401, "alice served")
         finally:
-            router.terminate()
-            router.wait(30)
+            router.stop()
         assert "Traceback" not in log.read_text()

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from kube_helpers import ReplayApi, eventually, kube_source
+from process_helpers import start_router
 from test_kube_router import running
 
 from tiergate.router.build import build_app
@@ -52,20 +50,17 @@ def test_tiergate_router_starts_with_pools_from_its_file(
         f"router: {{ledgerPath: {ledger_setting(tmp_path, ledger)}"
         f"{tenants_setting(tmp_path, tenants)}}}\n{POOLS}"
     )
-    argv = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(path), "--port", "0"]
-    router = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    router = start_router(path, tmp_path / "router.log")
     try:
-        url = _listening_url(router)
-        metrics = httpx.get(url + "/metrics", timeout=10).text
+        metrics = httpx.get(router.url + "/metrics", timeout=10).text
         expected = ["pools"] if tenants == "open" else ["pools", "tenants"]
         assert sorted(RELOADS.findall(metrics)) == expected
-        assert httpx.get(url + "/healthz", timeout=10).status_code == 200
+        assert httpx.get(router.url + "/healthz", timeout=10).status_code == 200
     finally:
-        router.send_signal(signal.SIGTERM)
-        _, stderr = router.communicate(timeout=30)
+        status = router.stop()
     # uvicorn re-raises SIGTERM with the default handler once it has shut down cleanly.
-    assert router.returncode in (0, -signal.SIGTERM), stderr
-    assert "Traceback" not in stderr, stderr
+    assert status in (0, -signal.SIGTERM), router.log_text()
+    assert "Traceback" not in router.log_text(), router.log_text()
 
 
 @pytest.mark.parametrize("tenants", ["open", "file", "secret-folder"])
@@ -84,20 +79,3 @@ async def test_the_router_starts_with_pools_from_kubernetes(tmp_path: Path, tena
         assert (await client.get("/readyz")).status_code == 200
         metrics = (await client.get("/metrics")).text
     assert RELOADS.findall(metrics) == ([] if tenants == "open" else ["tenants"])
-
-
-def _listening_url(router: subprocess.Popen[str]) -> str:
-    """The router's URL, from the address it logs once it listens (it was given port 0)."""
-    assert router.stderr is not None
-    deadline = time.monotonic() + 60
-    seen: list[str] = []
-    while time.monotonic() < deadline:
-        line = router.stderr.readline()
-        if not line:
-            break  # exited
-        seen.append(line)
-        found = re.search(r"event=listening url=(http://\S+)", line)
-        if found:
-            return found.group(1)
-    router.kill()
-    raise AssertionError("tiergate router did not start:\n" + "".join(seen))

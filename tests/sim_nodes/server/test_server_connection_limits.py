@@ -4,12 +4,12 @@ head or body gets a 408, an idle connection is closed, one past the cap gets a 5
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
+from process_helpers import start_sim_node
 
 from tiergate.cli import main
 
@@ -17,31 +17,16 @@ QUICK = ["--header-timeout-s", "0.5", "--body-timeout-s", "0.5", "--idle-timeout
 
 
 @pytest.fixture(scope="module")
-def node() -> Iterator[tuple[str, int]]:
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """A sim-node process with half-second timeouts and room for two connections."""
-    argv = [sys.executable, "-P", "-m", "tiergate", "sim-node", "--model", "llama-3.1-8b",
-            "--accelerator", "h100-sxm", "--port", "0", "--max-connections", "2",
-            *QUICK]  # fmt: skip
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()  # listening host=... port=... (or EOF)
-        assert line.startswith("listening "), line
-        fields = dict(item.split("=", 1) for item in line.split()[1:])
-        address = fields["host"], int(fields["port"])
-        deadline = time.monotonic() + 30
-        while not accepting(address):  # the port is bound before uvicorn listens on it
-            assert process.poll() is None and time.monotonic() < deadline, "node not serving"
-            time.sleep(0.05)
-        try:
-            yield address
-        finally:
-            process.terminate()
-            process.wait(30)
-
-
-def accepting(address: tuple[str, int]) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(address) == 0
+    log = tmp_path_factory.mktemp("node") / "node.log"
+    flags = ["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--max-connections", "2"]
+    process = start_sim_node(log, *flags, *QUICK)
+    try:
+        parts = urlsplit(process.url)
+        yield parts.hostname or "", parts.port or 0
+    finally:
+        process.stop()
 
 
 def exchange(address: tuple[str, int], data: bytes) -> bytes:
