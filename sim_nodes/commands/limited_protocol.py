@@ -73,6 +73,10 @@ class _Replies:
             431, "Request Header Fields Too Large", "invalid_request_error", "headers_too_large",
             f"request headers longer than {MAX_HEAD_BYTES} bytes",
         )  # fmt: skip
+        self.not_http = _reply(
+            400, "Bad Request", "invalid_request_error", "invalid_request",
+            "the request is not valid HTTP/1.1 (its request line, a header or its framing)",
+        )  # fmt: skip
 
 
 def _reply(
@@ -108,6 +112,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
+
+    def send_400_response(self, msg: str) -> None:
+        """Bytes the HTTP parser refuses: the error envelope, as every other refusal, instead
+        of uvicorn's plain-text line (whose words name the parser's complaint, not the fix)."""
+        self.transport.write(self._replies.not_http)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._admitted:

@@ -135,11 +135,6 @@ def test_bytes_that_are_not_http_are_a_400_and_the_router_serves_on(
     assert_serves(system, {}, "coder")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="uvicorn answers bytes its HTTP parser refuses with a text/plain "
-    "'Invalid HTTP request received.', not the router's error envelope (found by this suite)",
-)
 @pytest.mark.parametrize("request_bytes", NOT_HTTP)
 def test_bytes_that_are_not_http_are_refused_with_the_error_envelope(
     system: System, request_bytes: bytes
