@@ -27,8 +27,12 @@ from typing import Any
 
 import orjson
 
+from tiergate.sim_nodes.server.nesting import MAX_BODY_NESTING, body_too_deep
+
 from .errors import RouterError
 from .jsonbytes import dumps
+
+TOO_DEEP = f"the request body nests arrays or objects more than {MAX_BODY_NESTING} levels deep"
 
 #: A rough prompt size before the node counts it: ~4 characters per token, as for English.
 CHARS_PER_TOKEN = 4
@@ -114,10 +118,12 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         if exc.msg.startswith("str is not valid UTF-8"):
             raise _bad("the request body is not valid UTF-8") from None
         if exc.msg.startswith("depth limit"):
-            raise _bad("the request body nests arrays or objects too deeply") from None
+            raise _bad(TOO_DEEP) from None
         raise _bad(f"the request body is not valid JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
+    if body_too_deep(raw, body):  # deeper than the node reads: its refusal would mislead
+        raise _bad(TOO_DEEP)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required and must be a string", param="model")
@@ -169,7 +175,7 @@ def upstream_body(request: CompletionRequest) -> bytes:
     try:
         return dumps(body)
     except ValueError:  # orjson read it (1,024 levels); neither orjson nor json writes it
-        raise _bad("the request body nests arrays or objects too deeply") from None
+        raise _bad(TOO_DEEP) from None
 
 
 def _output_cap(body: dict[str, Any], chat: bool) -> tuple[int | None, dict[str, Any] | None]:

@@ -14,10 +14,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from .errors import ApiError, bad_request
+from .nesting import MAX_BODY_NESTING, body_too_deep
 
 __all__ = ["read_json_object", "validate_body"]
 
 M = TypeVar("M", bound=BaseModel)
+
+TOO_DEEP = f"The request body nests arrays or objects more than {MAX_BODY_NESTING} levels deep."
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -47,10 +50,14 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         raise bad_request(f"Request body is not valid UTF-8 (byte {exc.start}).") from None
     try:
         data = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise bad_request(TOO_DEEP) from None
+    except ValueError:
         raise bad_request(
             "We could not parse the JSON body of your request. The body must be a JSON object."
         ) from None
+    if body_too_deep(raw, data):
+        raise bad_request(TOO_DEEP)
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
     return data

@@ -13,11 +13,15 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-__all__ = ["MAX_NESTING", "JsonObject", "nesting_depth"]
+__all__ = ["MAX_BODY_NESTING", "MAX_NESTING", "JsonObject", "body_too_deep", "nesting_depth"]
 
 #: Levels of objects and arrays a free-form value may nest, counting the value itself. Far
 #: above real tool schemas (OpenAI's structured outputs allow 10 levels of objects).
 MAX_NESTING = 64
+#: Levels a whole request body may nest. Python's json reader gives up near 1,000 (its
+#: recursion limit), orjson near 1,024: a body is refused well below both, by the router and
+#: the node alike, in the same words.
+MAX_BODY_NESTING = 512
 
 
 def nesting_depth(value: Any, stop_after: int = MAX_NESTING) -> int:
@@ -35,6 +39,15 @@ def nesting_depth(value: Any, stop_after: int = MAX_NESTING) -> int:
         children = item.values() if isinstance(item, dict) else item
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return deepest
+
+
+def body_too_deep(raw: bytes, body: Any) -> bool:
+    """Whether the request body `body` (read from `raw`) nests deeper than `MAX_BODY_NESTING`.
+    Only a body with that many brackets can, and counting them is cheap: most bodies are
+    never walked."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_BODY_NESTING:
+        return False
+    return nesting_depth(body, MAX_BODY_NESTING) > MAX_BODY_NESTING
 
 
 def _not_too_deep(value: dict[str, Any]) -> dict[str, Any]:

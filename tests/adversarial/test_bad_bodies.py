@@ -154,17 +154,25 @@ def test_a_content_length_of_a_petabyte_is_refused_before_any_body(system: Syste
     assert_serves(system, ALICE, "coder")
 
 
-@pytest.mark.parametrize("depth", [990, 1000, 1023])
+@pytest.mark.parametrize("depth", [513, 990, 1000, 1023])
 @pytest.mark.parametrize("stream", [False, True])
-def test_nesting_the_router_reads_but_the_node_cannot_is_a_400(
+def test_nesting_deeper_than_the_node_reads_is_the_router_s_400(
     system: System, depth: int, stream: bool
 ) -> None:
-    """The router reads 1,023 levels (orjson) and forwards the bytes; the node reads fewer
-    (Python's json): its refusal is the client's 400, and no endpoint's failure."""
+    """orjson reads 1,023 levels, Python's json (the node's) fewer: the router refuses a body
+    past the limit both share (512 levels) itself, saying why, rather than forwarding it and
+    passing on the node's "could not parse"."""
     body = HEAD + (b', "stream": true' if stream else b"") + b', "x": ' + nested(depth) + b"}"
     r = httpx.post(system.url + "/v1/chat/completions", content=body, headers=ALICE, timeout=60)
-    assert_refused(r, 400, None, system)
+    error = assert_refused(r, 400, "invalid_request", system)
+    assert "more than 512 levels deep" in error["message"], error
     assert_serves(system, ALICE, "coder")
+
+
+def test_nesting_up_to_the_limit_is_served(system: System) -> None:
+    body = HEAD + b', "x": ' + nested(510) + b"}"  # 512 levels, the body and the leaf too
+    r = httpx.post(system.url + "/v1/chat/completions", content=body, headers=ALICE, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(

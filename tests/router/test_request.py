@@ -60,7 +60,7 @@ CHAT = b'{"model": "m", "messages": [{"role": "user", "content": %s}]%s}'
         (CHAT % (b'"hi"', b', "top_p": Infinity'), "the request body is not valid JSON"),
         (CHAT % (b'"\\ud800"', b""), "the request body is not valid JSON"),
         (CHAT % (b'"hi"', b', "x": 1e400'), "the request body is not valid JSON"),
-        (b'{"model": "m", "messages": ' + b"[" * 2000, "nests arrays or objects too deeply"),
+        (b'{"model": "m", "messages": ' + b"[" * 2000, "more than 512 levels deep"),
         (b'{"model": "m",', "the request body is not valid JSON"),
         (b"", "the request body is not valid JSON"),
     ],
@@ -105,15 +105,19 @@ def test_a_utf8_byte_order_mark_is_dropped_as_json_skips_it() -> None:
 
 
 @pytest.mark.usefixtures("router_recursion_limit")
-def test_a_body_orjson_reads_but_nothing_writes_back_is_a_400() -> None:
-    deep = b'{"d":' * 1000 + b"{}" + b"}" * 1000  # orjson reads 1,024 levels
+def test_a_body_orjson_reads_but_the_node_would_not_is_the_router_s_400() -> None:
+    deep = b'{"d":' * 1000 + b"{}" + b"}" * 1000  # orjson reads 1,024 levels, json fewer
     raw = (
         b'{"model": "m", "prompt": "hi", "stream": true, "stream_options": {}, "x": ' + deep + b"}"
     )
-    request = parse_completion(raw, chat=False)
     with pytest.raises(RouterError) as caught:
-        upstream_body(request)  # it must be rewritten (usage), and json's recursion limit stops it
-    assert caught.value.status == 400 and "too deeply" in caught.value.message
+        parse_completion(raw, chat=False)
+    assert caught.value.status == 400 and "512 levels deep" in caught.value.message
+    shallow = b'{"d":' * 500 + b"{}" + b"}" * 500  # within the limit: read, and written back
+    raw = raw.replace(deep, shallow)
+    assert json.loads(upstream_body(parse_completion(raw, chat=False)))["stream_options"] == {
+        "include_usage": True
+    }
 
 
 def sent(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:

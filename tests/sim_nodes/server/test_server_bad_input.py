@@ -295,3 +295,13 @@ async def test_unknown_route_and_method(served: httpx.AsyncClient) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = await served.get("/v1/chat/completions")
     assert r.status_code == 405 and "error" in r.json()
+
+
+@pytest.mark.parametrize("depth", [512, 3000])  # 513 levels with the body; past json
+async def test_a_body_nested_past_the_limit_says_so(served: httpx.AsyncClient, depth: int) -> None:
+    """The router refuses such bodies in the same words; the node says it too, to a client
+    that calls it directly, rather than that the body cannot be parsed."""
+    body = _body(max_tokens=2)[:-1] + b', "x": ' + b"[" * depth + b"]" * depth + b"}"
+    r = await served.post("/v1/chat/completions", content=body)
+    assert r.status_code == 400
+    assert "more than 512 levels deep" in r.json()["error"]["message"]
