@@ -9,6 +9,7 @@ defines is passed to the serving node, so the schemas allow additional fields.
 from __future__ import annotations
 
 import functools
+from itertools import permutations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -135,7 +136,7 @@ _REPLY_HEADERS = {
 _REQUEST_HEADERS: list[tuple[str, dict[str, Any], str]] = [
     (TIER_HEADER, {"type": "string", "enum": list(TIERS)},
      "Ask for a tier explicitly (first rule of tier resolution)."),
-    (CASCADE_HEADER, {"type": "string", "pattern": "^[a-z-]+>[a-z-]+$"},
+    (CASCADE_HEADER, {"type": "string", "enum": [f"{a}>{b}" for a, b in permutations(TIERS, 2)]},
      "Serve on the first tier, and on the second when the first's tool call is malformed, "
      "e.g. wafer-scale>premium."),
     (SLO_TTFT_HEADER, {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": MAX_SLO_MS},

@@ -25,8 +25,10 @@ from tiergate.router.config import parse_config
 from tiergate.router.discovery import StaticSource, build_view
 from tiergate.router.errors import RouterError
 from tiergate.router.ledger import LedgerError, UsageRecord
+from tiergate.router.openapi import openapi_document
 from tiergate.router.request import parse_completion
 from tiergate.router.tenants import ANONYMOUS
+from tiergate.router.tiers import TIERS
 from tiergate.router.tool_calls import tool_call_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
@@ -364,3 +366,22 @@ def test_a_schema_that_would_take_forever_to_check_does_not_stall_the_router(
     assert all(r.status_code == 200 for r in replies)
     kept = [r for r in replies if r.headers["x-tiergate-escalated"] == "false"]
     assert kept and given_up() - before == len(kept)  # served unchecked, each counted
+
+
+def test_the_openapi_document_lists_exactly_the_cascades_the_router_takes() -> None:
+    document = openapi_document()
+    listed = {
+        value
+        for path in document["paths"].values()
+        for operation in path.values()
+        for parameter in operation.get("parameters", [])
+        if parameter["name"] == CASCADE_HEADER
+        for value in parameter["schema"]["enum"]
+    }
+    assert len(listed) == len(TIERS) * (len(TIERS) - 1)
+    for value in listed:
+        parse_cascade(value)
+    for refused in ("a>b", "batched>batched", "premium"):
+        assert refused not in listed
+        with pytest.raises(RouterError):
+            parse_cascade(refused)
