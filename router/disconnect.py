@@ -19,8 +19,9 @@ is closed, which cancels the node's work).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 from .asgi import ClientGone, Receive
 
@@ -28,18 +29,31 @@ from .asgi import ClientGone, Receive
 WATCH_AFTER_S = 0.05
 
 
-class DisconnectGuard:
-    """Watches one request's client; see the module docstring. Call `stop` when done."""
+class Timer(Protocol):
+    """What `call_later` returns (an asyncio.TimerHandle)."""
 
-    def __init__(self, receive: Receive, delay_s: float = WATCH_AFTER_S) -> None:
+    def cancel(self) -> None: ...
+
+
+class DisconnectGuard:
+    """Watches one request's client; see the module docstring. Call `stop` when done.
+
+    `call_later` schedules the start of the watch (the event loop's, unless a test drives
+    time itself)."""
+
+    def __init__(
+        self,
+        receive: Receive,
+        delay_s: float = WATCH_AFTER_S,
+        call_later: Callable[[float, Callable[[], None]], Timer] | None = None,
+    ) -> None:
         self._receive = receive
         task = asyncio.current_task()
         assert task is not None, "a guard belongs to a request's task"
         self._task = task
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            delay_s, self._start
-        )
+        schedule = call_later or asyncio.get_running_loop().call_later
+        self._timer: Timer | None = schedule(delay_s, self._start)
         self._waiting = False
         self.gone = False
 
