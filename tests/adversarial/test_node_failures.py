@@ -55,8 +55,12 @@ def deep_schema(depth: int) -> dict[str, Any]:
     return schema
 
 
-#: The issue's tool schema, nested ~300 deep: the node answered 500 and was ejected.
-DEEP_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": deep_schema(300)}}]
+def deep_tools(depth: int) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": "f", "parameters": deep_schema(depth)}}]
+
+
+#: A tool schema nested 200 deep (~400 levels of JSON): the node's 400 naming the field.
+DEEP_TOOLS = deep_tools(200)
 
 
 def ready_batched(system: System) -> float:
@@ -69,16 +73,21 @@ def retries(system: System) -> float:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_tool_schema_nested_300_deep_is_the_client_s_400_and_ejects_nothing(
-    system: System, stream: bool
+@pytest.mark.parametrize(
+    ("depth", "param"),
+    [(200, "tools.0.function.parameters"),  # the node refuses it, naming the field
+     (300, None)],  # the issue's: past the body's nesting limit, the router refuses it itself
+)  # fmt: skip
+def test_a_tool_schema_nested_deep_is_the_client_s_400_and_ejects_nothing(
+    system: System, stream: bool, depth: int, param: str | None
 ) -> None:
     before = retries(system)
     with httpx.Client(base_url=system.url, timeout=60) as client:
         for i in range(10):
-            body = chat("coder", f"task {i}", tools=DEEP_TOOLS, stream=stream)
+            body = chat("coder", f"task {i}", tools=deep_tools(depth), stream=stream)
             bad = client.post("/v1/chat/completions", json=body)
             error = assert_refused(bad, 400, None, system)
-            assert error["param"] == "tools.0.function.parameters"
+            assert error.get("param") == param, error
             # The next request on the same client connection (and maybe on the node connection
             # the last one used) is served.
             ok = client.post("/v1/chat/completions", json=chat("coder", f"task {i}", max_tokens=2))
