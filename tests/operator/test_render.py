@@ -57,7 +57,7 @@ def test_sim_node_flags_reproduce_the_spec(name: str) -> None:
     if spec.chips != "auto":
         assert served.chips == spec.chips
     background = spec.background.sequences if spec.background else 0
-    assert parsed.background_sequences == background
+    assert (parsed.background_sequences or 0) == background  # unset: none
     assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
 
 
@@ -163,8 +163,8 @@ def test_the_rendered_node_starts_and_simulates_the_envelopes_replica(name: str)
     args = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, layout(spec))])
     config = NodeConfig(
         serving=spec_from_args(args),
-        background_sequences=args.background_sequences,
-        background_context_tokens=args.background_context_tokens,
+        background_sequences=args.background_sequences or 0,
+        background_context_tokens=args.background_context_tokens or 0,
     )
     create_app(config)  # raises EngineCapacityError when the background does not fit
     assert args.chips == layout(spec).chips
