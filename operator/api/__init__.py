@@ -27,7 +27,6 @@ from .inference_pool import (
     TemplateSpec,
     Toleration,
 )
-from .sim_node_flags import sim_node_flags
 from .sim_node_pods import (
     HTTP_PORT_NAME,
     NAME_LABEL,
@@ -73,5 +72,4 @@ __all__ = [
     "served_names",
     "serves_annotation",
     "predict",
-    "sim_node_flags",
 ]
