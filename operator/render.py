@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiergate.sim_nodes.replica_spec import pool_json
+
 from .api import (
     HTTP_PORT_NAME,
     SERVES_ANNOTATION,
@@ -19,7 +21,6 @@ from .api import (
     Layout,
     pool_selector_labels,
     serves_annotation,
-    sim_node_flags,
 )
 
 __all__ = [
@@ -63,13 +64,17 @@ def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
 
 
 def sim_node_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:
-    """The container's args: `tiergate sim-node` on the pod's port, named after the pod."""
+    """The container's args: `tiergate sim-node` on the pod's port, named after the pod, given
+    the pool's spec whole (`--pool-json`) with the layout the envelope was computed for."""
+    spec_json = pool_json(spec, chips=layout.chips, tensor_parallel=layout.tensor_parallel)
     return [
         "sim-node",
         "--host", "0.0.0.0",
         "--port", str(CONTAINER_PORT),
         "--node-name", "$(POD_NAME)",
-        *sim_node_flags(spec, chips=layout.chips, tensor_parallel=layout.tensor_parallel),
+        # Kubernetes expands $(VAR) in args and reads $$ as $: a `$` of the spec (a name may
+        # hold one) is doubled so that the node gets it as written.
+        "--pool-json", spec_json.replace("$", "$$"),
     ]  # fmt: skip
 
 

@@ -5,6 +5,8 @@ imports this package to read InferencePools and to find their pods (`sim_node_po
 labels and port name the operator puts on them); the operator's handlers build on it.
 """
 
+from tiergate.sim_nodes.replica_spec import BackgroundLoad
+
 from .envelope import Layout, PoolPerformance, predict
 from .inference_pool import (
     API_VERSION,
@@ -13,7 +15,6 @@ from .inference_pool import (
     KIND,
     PLURAL,
     VERSION,
-    BackgroundLoad,
     Condition,
     ConditionType,
     Envelope,
@@ -26,7 +27,6 @@ from .inference_pool import (
     TemplateSpec,
     Toleration,
 )
-from .sim_node_flags import sim_node_flags
 from .sim_node_pods import (
     HTTP_PORT_NAME,
     NAME_LABEL,
@@ -72,5 +72,4 @@ __all__ = [
     "served_names",
     "serves_annotation",
     "predict",
-    "sim_node_flags",
 ]

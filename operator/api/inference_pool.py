@@ -1,25 +1,27 @@
 """The InferencePool API, `tiergate.dev/v1alpha1`: the one place its schema is written.
 
-`spec` is the serving spec the performance model reads (`ServingSpec`: model, accelerator,
-optional inline profiles of either, chips, layout, dtypes, batching, speculative decoding,
-price) plus what makes it a pool: tier, names, replicas, the reference workload its envelope
-is computed for, SLO targets and pod template overrides. `tiergate crds` turns these models
-into the CRD's structural OpenAPI schema (operator/crd.py); a test fails when the committed
-YAML differs.
+`spec` is what one replica runs (`ReplicaSpec`, defined by the sim nodes that read it: the
+serving spec the performance model reads - model, accelerator, optional inline profiles of
+either, chips, layout, dtypes, batching, speculative decoding, price - plus the names it
+answers to and its background load) and what makes it a pool: tier, replicas, the reference
+workload its envelope is computed for, SLO targets and pod template overrides. `tiergate
+crds` turns these models into the CRD's structural OpenAPI schema (operator/crd.py); a test
+fails when the committed YAML differs.
 
 Wire names are camelCase (Kubernetes style); Python names snake_case.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.perf import ProfileSource, ServingSpec
+from tiergate.sim_nodes.perf import ProfileSource
+from tiergate.sim_nodes.replica_spec import ReplicaSpec
 from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, tier_problem
 
 GROUP = "tiergate.dev"
@@ -45,15 +47,6 @@ class ReferenceWorkload(_Api):
         default=0, ge=0, description="Of those, tokens served from the prefix cache."
     )
     output_tokens: int = Field(default=512, ge=1, description="Generated tokens per request.")
-
-
-class BackgroundLoad(_Api):
-    """Other tenants' sequences each simulated node keeps decoding (a busy shared tier)."""
-
-    sequences: int = Field(ge=0, description="Sequences decoding at all times.")
-    context_tokens: int = Field(ge=1, description="Context length of each of them.")
-    turn_input_tokens: int = Field(default=0, ge=0, description="New tokens per turn.")
-    turn_output_tokens: int = Field(default=0, ge=0, description="Tokens between turns.")
 
 
 class SloSpec(_Api):
@@ -104,35 +97,20 @@ class TemplateSpec(_Api):
     )
 
 
-class InferencePoolSpec(ServingSpec):
-    """What a pool serves, on what, how batched, at which tier, and how many replicas."""
+class InferencePoolSpec(ReplicaSpec):
+    """What a pool serves, on what, how batched, at which tier, and how many replicas.
+
+    A replica's fields (`ReplicaSpec`: the serving spec, names, background load) are defined
+    by the sim nodes, which validate the spec they are handed with that same model.
+    """
 
     tier: Tier = Field(
         description="; ".join(f"{d.name}: {d.summary}" for d in DEFINITIONS.values()) + "."
     )
-    served_model_name: str | None = Field(
-        default=None, description="Model name clients ask for (default: the catalog name)."
-    )
-    aliases: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=list, description="More names clients may use."
-    )
-
-    @field_validator("aliases", mode="before")
-    @classmethod
-    def _without_empty_aliases(cls, value: object) -> object:
-        # The CRD refuses an empty alias (minLength), but pools stored before it said so may
-        # hold one: it is no name a client can use, and reading such a pool must not fail.
-        if isinstance(value, list):
-            return [v for v in value if v != ""]
-        return value
-
     replicas: int = Field(default=1, ge=0, description="Serving replicas (scale subresource).")
     workload: ReferenceWorkload = Field(
         default_factory=ReferenceWorkload,
         description="Request shape the status envelope (speed, cost) is computed for.",
-    )
-    background: BackgroundLoad | None = Field(
-        default=None, description="Simulated other-tenant load on every replica."
     )
     slo: SloSpec | None = Field(default=None, description="Latency targets.")
     template: TemplateSpec | None = Field(default=None, description="Pod overrides.")
@@ -152,12 +130,6 @@ class InferencePoolSpec(ServingSpec):
         if problem is not None:
             raise PydanticCustomError("tier_rule", problem)
         return self
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every model name this pool answers to, the primary first."""
-        primary = self.served_model_name or self.model
-        return (primary, *[a for a in self.aliases if a != primary])
 
 
 ConditionType = Literal["Ready", "Fits", "Progressing", "Degraded"]

@@ -16,7 +16,7 @@ from typing import IO
 
 import httpx
 
-from tiergate.operator.api import sim_node_flags
+from tiergate.sim_nodes.replica_spec import pool_json
 
 from ..config import PoolSpec, RouterConfig
 from ..discovery import PoolView
@@ -50,8 +50,9 @@ def node_command(
 ) -> list[str]:
     """The `tiergate sim-node` invocation for one replica of `pool`.
 
-    Chips and layout are passed as the router resolved them (`chips: auto` included), so the
-    node simulates exactly the hardware the router's envelope and prices assume.
+    The pool's spec goes whole (`--pool-json`), with chips and layout as the router resolved
+    them (`chips: auto` included), so the node simulates exactly the hardware the router's
+    envelope and prices assume.
     `fault_injection`: the node honours the x-tiergate-fault header (when the router
     forwards it: `router.forwardFaultHeader`).
     """
@@ -63,7 +64,7 @@ def node_command(
         "--node-name", f"{pool.name}-{seed}",
         "--log-level", "warning",
         *(["--enable-fault-injection"] if fault_injection else []),
-        *sim_node_flags(pool, chips=chips, tensor_parallel=tensor_parallel),
+        "--pool-json", pool_json(pool, chips=chips, tensor_parallel=tensor_parallel),
     ]  # fmt: skip
 
 

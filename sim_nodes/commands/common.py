@@ -160,7 +160,7 @@ def add_serving_arguments(
 
     `max_num_seqs`: the batch cap's default (None: uncapped, only the KV cache limits it).
     `defaults=False` leaves every flag unset unless given, so that the flags can override a
-    pool file field by field (`tiergate sim-node --pool-file`).
+    pool spec field by field (`tiergate sim-node --pool-file` / `--pool-json`).
     """
 
     def default(value: object) -> object:

@@ -1,22 +1,28 @@
 """`tiergate sim-node`: serve one simulated accelerator node (OpenAI API + vLLM metrics).
 
-The serving spec comes from flags, or from ``--pool-file`` (an InferencePool or just its
-spec, camelCase YAML) with any explicit flag overriding the file. One process, one uvicorn
-server, access log off; SIGTERM/SIGINT shut down gracefully (open streams get a few seconds).
+The spec comes whole from ``--pool-json`` (how the operator's pods and `tiergate up` start
+nodes) or ``--pool-file`` (an InferencePool or just its spec, camelCase YAML), or from flags
+alone; an explicit flag overrides that field of the spec. Either way it is validated once, by
+`ReplicaSpec` (the model the InferencePool spec extends). One process, one uvicorn server,
+access log off; SIGTERM/SIGINT shut down gracefully (open streams get a few seconds).
 ``--port 0`` picks a free port; the chosen one is printed as ``listening host=... port=...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import socket
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..engine.errors import EngineError
-from ..perf import ServingSpec
+from ..replica_spec import PoolSpecError, ReplicaSpec, pool_fields
 from ..server.config import DEFAULT_MAX_BODY_BYTES, NodeConfig, PoolFileError, load_pool_spec
+from ..validation import first_problem
 from .common import (
     CliError,
     add_serving_arguments,
@@ -38,9 +44,32 @@ GRACEFUL_SHUTDOWN_S = 5
 RESERVED_FDS = 64
 
 
+def pool_json_argument(text: str) -> dict[str, Any]:
+    """Argument type of --pool-json: the spec's fields, checked as a pool file's are (errors
+    say where, never quote the text back: it would be one long line)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    try:
+        return pool_fields(data)
+    except PoolSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--pool-file", type=Path, help="InferencePool (or its spec) YAML; flags override it"
+    )
+    source.add_argument(
+        "--pool-json",
+        type=pool_json_argument,
+        metavar="JSON",
+        help="InferencePool spec (or the object) as JSON, as the operator passes it; flags "
+        "override it",
     )
     add_serving_arguments(parser, max_num_seqs=None, defaults=False)
     node = parser.add_argument_group("node")
@@ -70,25 +99,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     node.add_argument(
         "--background-sequences",
         type=non_negative_int,
-        default=0,
-        help="sequences kept decoding as other tenants' load",
+        help="sequences kept decoding as other tenants' load (default: the spec's, or 0)",
     )
     node.add_argument(
         "--background-context-tokens",
         type=non_negative_int,
-        default=0,
         help="context length of each background sequence",
     )
     node.add_argument(
         "--background-turn-input-tokens",
         type=non_negative_int,
-        default=0,
         help="new prompt tokens each background user sends per turn (prefill interference)",
     )
     node.add_argument(
         "--background-turn-output-tokens",
         type=non_negative_int,
-        default=0,
         help="tokens each background user decodes between turns",
     )
     node.add_argument(
@@ -155,13 +180,15 @@ def connection_gate(args: argparse.Namespace) -> ConnectionGate:
     return ConnectionGate(limits, logging.getLogger("tiergate.sim_node"))
 
 
-def serving_spec(args: argparse.Namespace) -> tuple[ServingSpec, list[str]]:
-    """The spec from --pool-file (if any) overlaid with explicit flags; plus served names."""
+def replica_spec(args: argparse.Namespace) -> ReplicaSpec:
+    """The spec from --pool-json or --pool-file (if any) overlaid with explicit flags."""
     data: dict[str, Any] = {}
-    names: list[str] = []
-    if args.pool_file is not None:
+    source = None  # where the spec came from, for its errors (None: flags alone)
+    if args.pool_json is not None:
+        data, source = dict(args.pool_json), "--pool-json"
+    elif args.pool_file is not None:
         try:
-            data, names = load_pool_spec(args.pool_file)
+            data, source = load_pool_spec(args.pool_file), f"pool file {args.pool_file}"
         except PoolFileError as exc:
             raise CliError(str(exc)) from None
     overrides = spec_overrides(args)
@@ -170,47 +197,73 @@ def serving_spec(args: argparse.Namespace) -> tuple[ServingSpec, list[str]]:
     if batching:
         base = data.get("batching")
         data["batching"] = {**(base if isinstance(base, dict) else {}), **batching}
+    if args.served_model_name:  # the names to answer to, all of them
+        data["servedModelName"] = args.served_model_name[0]
+        data["aliases"] = args.served_model_name[1:]
+    _overlay_background(args, data)
     for required in ("model", "accelerator"):
         if required not in data:
-            raise CliError(f"--{required} is required (or a --pool-file whose spec sets it)")
-    return ServingSpec.model_validate(data), list(args.served_model_name or names)
+            raise CliError(f"--{required} is required (or a pool spec that sets it)")
+    try:
+        return ReplicaSpec.model_validate(data)
+    except ValidationError as exc:
+        if source is None:
+            raise
+        raise CliError(f"{source}: {first_problem(exc)}") from None
 
 
-def node_config(
-    args: argparse.Namespace, spec: ServingSpec, names: list[str], port: int
-) -> NodeConfig:
-    """The node's configuration from its flags, once it listens on `port`."""
+def _overlay_background(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """The --background-* flags given, over the spec's background load (0 sequences: none)."""
+    flags = {
+        "sequences": args.background_sequences,
+        "contextTokens": args.background_context_tokens,
+        "turnInputTokens": args.background_turn_input_tokens,
+        "turnOutputTokens": args.background_turn_output_tokens,
+    }
+    given = {k: v for k, v in flags.items() if v is not None}
+    if not given:
+        return
+    base = data.get("background")
+    merged = {**(base if isinstance(base, dict) else {}), **given}
+    if not merged.get("sequences"):
+        data.pop("background", None)
+    elif not merged.get("contextTokens"):
+        raise CliError("--background-sequences needs --background-context-tokens")
+    else:
+        data["background"] = merged
+
+
+def node_config(args: argparse.Namespace, spec: ReplicaSpec, port: int) -> NodeConfig:
+    """The node's configuration from its spec and flags, once it listens on `port`."""
+    bg = spec.background if spec.background and spec.background.sequences else None
     return NodeConfig(
         serving=spec,
-        served_model_names=names,
+        served_model_names=list(spec.names),
         node_name=args.node_name or f"{args.host}:{port}",
         seed=args.seed,
         failure_rate=args.failure_rate,
         fault_header_enabled=args.enable_fault_injection,
-        background_sequences=args.background_sequences,
-        background_context_tokens=args.background_context_tokens,
-        background_turn_input_tokens=args.background_turn_input_tokens,
-        background_turn_output_tokens=args.background_turn_output_tokens,
+        background_sequences=bg.sequences if bg else 0,
+        background_context_tokens=bg.context_tokens if bg else 0,
+        background_turn_input_tokens=bg.turn_input_tokens if bg else 0,
+        background_turn_output_tokens=bg.turn_output_tokens if bg else 0,
         max_body_bytes=args.max_body_bytes,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    spec, names = serving_spec(args)
-    if args.background_sequences and not args.background_context_tokens:
-        raise CliError("--background-sequences needs --background-context-tokens")
+    spec = replica_spec(args)
     gate = connection_gate(args)
     sock = listen_socket(args.host, args.port)
     try:
-        return _serve(args, spec, names, sock, gate)
+        return _serve(args, spec, sock, gate)
     finally:
         sock.close()
 
 
 def _serve(
     args: argparse.Namespace,
-    spec: ServingSpec,
-    names: list[str],
+    spec: ReplicaSpec,
     sock: socket.socket,
     gate: ConnectionGate,
 ) -> int:
@@ -220,7 +273,7 @@ def _serve(
     from .limited_protocol import server_options
 
     port = sock.getsockname()[1]
-    config = node_config(args, spec, names, port)
+    config = node_config(args, spec, port)
     try:
         app = create_app(config)
     except EngineError as exc:

@@ -2,8 +2,8 @@
 
 A node is one replica of an InferencePool: its `serving` field is the pool's spec
 (`ServingSpec`, camelCase on the wire), so `load_pool_spec` accepts either a whole
-InferencePool object (``spec:`` inside) or just the spec mapping, keeps the fields
-`ServingSpec` knows and ignores the rest (replicas, tier, slo, template, ...).
+InferencePool object (``spec:`` inside) or just the spec mapping and keeps the fields a
+replica runs (`replica_spec.pool_fields`: the same as a spec given as ``--pool-json``).
 """
 
 from __future__ import annotations
@@ -15,20 +15,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..perf import ServingSpec
+from ..replica_spec import PoolSpecError, pool_fields
 from ..validation import yaml_position
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "NodeConfig", "PoolFileError", "load_pool_spec"]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-
-#: Spec keys naming the models a pool's replicas answer to (first one wins).
-_SERVED_NAME_KEYS = ("servedModelName", "servedModelNames", "aliases")
-#: The InferencePool spec's fields a node does not simulate (the operator's and the router's):
-#: accepted in a pool file and ignored; any other field not in `ServingSpec` is a mistake.
-#: (sim_nodes cannot import the operator's API: tests/sim_nodes check this list against it.)
-POOL_ONLY_FIELDS = frozenset(
-    {"aliases", "background", "replicas", "servedModelName", "slo", "template", "tier", "workload"}
-)
 
 
 class PoolFileError(ValueError):
@@ -84,8 +76,8 @@ class NodeConfig(BaseModel):
         return list(self.served_model_names) or [self.serving.model]
 
 
-def load_pool_spec(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """The `ServingSpec` fields of a pool file (camelCase) and any served model names in it."""
+def load_pool_spec(path: Path) -> dict[str, Any]:
+    """The `ReplicaSpec` fields of a pool file (camelCase, not yet validated)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -94,33 +86,7 @@ def load_pool_spec(path: Path) -> tuple[dict[str, Any], list[str]]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PoolFileError(f"pool file {path} is not valid YAML{yaml_position(exc)}") from None
-    if not isinstance(data, dict):
-        raise PoolFileError(f"pool file {path}: expected a mapping (an InferencePool or its spec)")
-    if "spec" in data:
-        data = data["spec"]
-        if not isinstance(data, dict):
-            raise PoolFileError(f"pool file {path}: `spec` must be a mapping")
-    names = _served_names(data, path)
-    known = {f.alias or name for name, f in ServingSpec.model_fields.items()}
-    known |= set(ServingSpec.model_fields)
-    allowed = known | POOL_ONLY_FIELDS | set(_SERVED_NAME_KEYS)
-    unknown = sorted(str(k) for k in data if k not in allowed)
-    if unknown:
-        raise PoolFileError(
-            f"pool file {path}: unknown field(s) {', '.join(unknown)} (an InferencePool's spec "
-            "has no such field)"
-        )
-    return {k: v for k, v in data.items() if k in known}, names
-
-
-def _served_names(spec: dict[str, Any], path: Path) -> list[str]:
-    names: list[str] = []
-    for key in _SERVED_NAME_KEYS:
-        value = spec.get(key)
-        if value is None:
-            continue
-        values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
-            raise PoolFileError(f"pool file {path}: `{key}` must be a name or a list of names")
-        names.extend(v for v in values if v not in names)
-    return names
+    try:
+        return pool_fields(data)
+    except PoolSpecError as exc:
+        raise PoolFileError(f"pool file {path}: {exc}") from None

@@ -4,6 +4,7 @@ same result every time (level-based)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -414,7 +415,8 @@ def test_a_pool_with_an_inline_model_runs_it_and_says_where_it_came_from() -> No
     outcome = reconcile(pool("custom-model"), cluster, CATALOG, IMAGE, clock())
     deployment = cluster.applied[0]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--model-profile-json" in args and "team-72b-instruct" in args
+    pool_json = json.loads(args[args.index("--pool-json") + 1])
+    assert pool_json["modelProfile"]["name"] == pool_json["model"] == "team-72b-instruct"
     envelope = outcome.status["envelope"]
     assert (envelope["modelSource"], envelope["acceleratorSource"]) == ("inline", "catalog")
     assert envelope["tokensPerSecondPerStream"] > 0

@@ -1,13 +1,20 @@
-"""Rendered manifests: the sim node's flags reproduce the spec, pods are locked down and carry
-the router's contract (the labels and port name of `api.sim_node_pods`), and the Service is
-named after the pool, port `http`."""
+"""Rendered manifests: the sim node reads back the spec the operator renders and a pod's
+container starts a node serving the pool's names; pods are locked down and carry the router's
+contract (the labels and port name of `api.sim_node_pods`); the Service is named after the
+pool, port `http`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -22,7 +29,9 @@ from tiergate.operator.api import (
 from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
 from tiergate.operator.status import assess
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import spec_from_args
+from tiergate.sim_nodes.commands.sim_node_cmd import node_config, replica_spec
+from tiergate.sim_nodes.replica_spec import ReplicaSpec
+from tiergate.sim_nodes.server import NODE_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,63 +52,97 @@ def parse(args: list[str]) -> argparse.Namespace:
     return build_parser("sim-node").parse_args(args)
 
 
-@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale", "custom-model"])
-def test_sim_node_flags_reproduce_the_spec(name: str) -> None:
-    spec = example(name)
-    resolved = layout(spec)
-    parsed = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, resolved)])
-    served = spec_from_args(parsed)
-    fields = ("model", "accelerator", "model_profile", "accelerator_profile", "weight_dtype",
-              "kv_dtype", "batching", "speculative_decoding")  # fmt: skip
-    for field in fields:
-        assert getattr(served, field) == getattr(spec, field), field
-    assert (served.chips, served.tensor_parallel) == resolved
-    if spec.chips != "auto":
-        assert served.chips == spec.chips
-    background = spec.background.sequences if spec.background else 0
-    assert parsed.background_sequences == background
-    assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
 
-def test_speculative_decoding_and_names_reach_the_node() -> None:
-    spec = InferencePoolSpec.model_validate(
+def as_kubelet_runs(args: list[str], env: dict[str, str]) -> list[str]:
+    """A container's args as the kubelet hands them over: `$(VAR)` of a defined variable
+    replaced, `$$` read as `$`, any other `$(...)` left as written."""
+
+    def sub(m: re.Match[str]) -> str:
+        return "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0))
+
+    return [_VAR.sub(sub, a) for a in args]
+
+
+def pod_args(spec: InferencePoolSpec, resolved: Layout) -> list[str]:
+    return as_kubelet_runs(sim_node_args(spec, resolved), {"POD_NAME": "pod-0"})
+
+
+def replica_of(spec: InferencePoolSpec, resolved: Layout) -> ReplicaSpec:
+    """The part of `spec` a node runs, laid out as `resolved` (the price is not the node's)."""
+    data = spec.model_dump(include=set(ReplicaSpec.model_fields) - {"pricing"})
+    return ReplicaSpec.model_validate(
+        {**data, "chips": resolved.chips, "tensor_parallel": resolved.tensor_parallel}
+    )
+
+
+def everything(base: InferencePoolSpec) -> InferencePoolSpec:
+    """`base` with every field a node acts on set, none to its default: an inline accelerator
+    profile (the catalog's entry, repriced: it shadows it), speculative decoding, names with a
+    `$` (the kubelet expands `$(...)` in args), background load, every batch limit."""
+    accelerator = default_catalog().accelerator(base.accelerator)
+    return InferencePoolSpec.model_validate(
         {
-            **example("batched").model_dump(by_alias=True, exclude_none=True),
+            **base.model_dump(by_alias=True, exclude_none=True),
+            "acceleratorProfile": accelerator.model_copy(
+                update={"price_per_chip_hour_usd": 1.5}
+            ).model_dump(by_alias=True, exclude_none=True),
+            "batching": {"maxNumSeqs": 6, "maxBatchedTokens": 2048, "chunkedPrefill": False},
             "speculativeDecoding": {
-                "draftModel": "llama-3.2-1b",
-                "tokens": 4,
-                "acceptanceRate": 0.7,
+                "draftModel": "llama-3.1-8b", "tokens": 4, "acceptanceRate": 0.7125,
             },
             "servedModelName": "claude-ish",
-            "aliases": ["fast-one"],
-        }  # fmt: skip
-    )
-    parsed = parse(sim_node_args(spec, Layout(8, 8)))  # flags only: the draft is not in the catalog
-    assert (parsed.draft_model, parsed.speculative_tokens, parsed.acceptance_rate) == (
-        "llama-3.2-1b", 4, 0.7)  # fmt: skip
-    assert parsed.served_model_name == ["claude-ish", "fast-one"]
-    # ... and the pods say so, for the router: the names the node was started with
-    template = deployment_manifest("p", "ns", spec, "img", Layout(8, 8))["spec"]["template"]
-    assert served_names(template["metadata"]["annotations"]) == set(parsed.served_model_name)
+            "aliases": ["fast-one", "price$(POD_NAME)", "a$$b"],
+            "background": {"sequences": 2, "contextTokens": 1000, "turnInputTokens": 50,
+                           "turnOutputTokens": 20},
+            "pricing": {"perChipHourUsd": 9.0},
+            "slo": {"ttftMs": 900},
+        }
+    )  # fmt: skip
 
 
-def test_inline_profiles_reach_the_node_as_compact_json_flags() -> None:
-    spec = example("custom-model")
-    accelerator = (
-        default_catalog()
-        .accelerator("h100-sxm")
-        .model_copy(update={"name": "lab-gpu", "price_per_chip_hour_usd": 1.5})
-    )
-    spec = spec.model_copy(update={"accelerator": "lab-gpu", "accelerator_profile": accelerator})
+@pytest.mark.parametrize("name", ["batched", "premium", "wafer-scale", "custom-model"])
+def test_the_node_reads_back_the_spec_the_operator_renders(name: str) -> None:
+    """Round trip: the pod's args, as the kubelet passes them, parsed and validated by the
+    node, are the pool's spec (what a replica runs), with the envelope's layout."""
+    for spec in (example(name), everything(example(name))):
+        resolved = layout(spec)
+        parsed = parse(pod_args(spec, resolved))
+        served = replica_spec(parsed)
+        assert served == replica_of(spec, resolved)
+        assert served.names == spec.names and served.background == spec.background
+        assert (served.chips, served.tensor_parallel) == resolved
+        if spec.chips != "auto":
+            assert served.chips == spec.chips
+        assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
+
+
+def test_the_spec_goes_as_one_compact_json_argument_without_what_is_not_the_node_s() -> None:
+    spec = everything(example("custom-model"))
     args = sim_node_args(spec, layout(spec))
-    model_json = args[args.index("--model-profile-json") + 1]
-    assert json.loads(model_json)["hiddenSize"] == 8192 and " " not in model_json
-    accelerator_json = args[args.index("--accelerator-profile-json") + 1]
-    assert json.loads(accelerator_json)["pricePerChipHourUsd"] == 1.5
-    parsed = parse(args)
-    assert (parsed.model_profile_json, parsed.accelerator_profile_json) == (
-        spec.model_profile, accelerator)  # fmt: skip
-    assert "--model-profile-json" not in sim_node_args(example("batched"), Layout(8, 8))
+    assert args[:7] == ["sim-node", "--host", "0.0.0.0", "--port", "8000", "--node-name",
+                        "$(POD_NAME)"]  # fmt: skip
+    assert args[7] == "--pool-json" and len(args) == 9
+    rendered = json.loads(args[8].replace("$$", "$"))
+    assert " " not in args[8]
+    assert rendered["modelProfile"]["hiddenSize"] == 8192
+    assert rendered["acceleratorProfile"]["pricePerChipHourUsd"] == 1.5
+    assert rendered["batching"] == {"maxNumSeqs": 6, "maxBatchedTokens": 2048,
+                                    "chunkedPrefill": False}  # fmt: skip
+    # a scale, a price, an SLO or a pod template edit leaves the pods' args (so the pods) be
+    assert not {"replicas", "tier", "slo", "workload", "template", "pricing"} & set(rendered)
+    edited = spec.model_copy(update={"replicas": 5, "pricing": None, "slo": None})
+    assert sim_node_args(edited, layout(spec)) == args
+
+
+def test_the_pods_say_which_names_their_node_serves() -> None:
+    spec = everything(example("batched"))
+    resolved = Layout(8, 8)
+    served = replica_spec(parse(pod_args(spec, resolved)))
+    assert served.names == ("claude-ish", "fast-one", "price$(POD_NAME)", "a$$b")
+    template = deployment_manifest("p", "ns", spec, "img", resolved)["spec"]["template"]
+    assert served_names(template["metadata"]["annotations"]) == set(served.names)
 
 
 def test_pods_are_non_root_read_only_and_probed() -> None:
@@ -155,16 +198,62 @@ def test_service_is_named_after_the_pool_with_an_http_port() -> None:
 def test_the_rendered_node_starts_and_simulates_the_envelopes_replica(name: str) -> None:
     """Regression (found on a real API server): wafer-scale's `chips: auto` went to the pod as
     `auto`, the node sized it without the pool's background load and refused to start. The pod
-    now gets the envelope's layout, and a node built from its args starts."""
+    now gets the envelope's layout, and a node built from its args as `tiergate sim-node`
+    builds it starts."""
     from tiergate.sim_nodes.server.app import create_app
-    from tiergate.sim_nodes.server.config import NodeConfig
 
     spec = example(name)
-    args = parse([a.replace("$(POD_NAME)", "pod-0") for a in sim_node_args(spec, layout(spec))])
-    config = NodeConfig(
-        serving=spec_from_args(args),
-        background_sequences=args.background_sequences,
-        background_context_tokens=args.background_context_tokens,
-    )
+    args = parse(pod_args(spec, layout(spec)))
+    served = replica_spec(args)
+    config = node_config(args, served, 8000)
+    background = spec.background.sequences if spec.background else 0
+    assert config.background_sequences == background and config.node_name == "pod-0"
     create_app(config)  # raises EngineCapacityError when the background does not fit
-    assert args.chips == layout(spec).chips
+    assert served.chips == layout(spec).chips
+
+
+def test_a_pod_s_container_starts_a_node_that_serves_the_pool_s_names() -> None:
+    """The rendered Deployment's container, run as the kubelet runs it (the image's entrypoint
+    `tiergate`, args expanded; the address moved to a free local port), is a node answering to
+    every name of the pool - a `$` in one included - and to nothing else."""
+    spec = everything(example("custom-model"))
+    manifest = deployment_manifest("team", "ns", spec, "img", layout(spec))
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    args = as_kubelet_runs(container["args"], {"POD_NAME": "team-0"})
+    argv = [sys.executable, "-P", "-m", "tiergate", *args, "--host", "127.0.0.1", "--port", "0"]
+    with (
+        tempfile.TemporaryFile() as stderr,
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr) as process,
+    ):
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline().decode()  # listening host=... port=... (or EOF)
+            stderr.seek(0)
+            assert line.startswith("listening "), stderr.read().decode()
+            port = dict(item.split("=", 1) for item in line.split()[1:])["port"]
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while not ready(url):
+                assert process.poll() is None and time.monotonic() < deadline, "not ready"
+                time.sleep(0.1)
+            models = httpx.get(f"{url}/v1/models", timeout=30).json()
+            assert [m["id"] for m in models["data"]] == list(spec.names)
+            for name in (*spec.names, spec.model):
+                reply = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": name, "messages": [{"role": "user", "content": "hi"}],
+                          "max_tokens": 2},
+                    timeout=30,
+                )  # fmt: skip
+                assert reply.status_code == (200 if name in spec.names else 404), reply.text
+                assert reply.headers[NODE_HEADER] == "team-0"
+        finally:
+            process.terminate()
+            process.wait(30)
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -12,7 +12,7 @@ from tiergate.router.cli.up_cmd import default_config_text, summary
 from tiergate.router.config import parse_config
 from tiergate.router.discovery import build_view
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.sim_node_cmd import serving_spec
+from tiergate.sim_nodes.commands.sim_node_cmd import replica_spec
 
 
 def test_the_embedded_default_models_the_seed_tiers() -> None:
@@ -37,14 +37,10 @@ def test_node_commands_ask_for_the_hardware_the_router_priced() -> None:
         d = view.pools[pool.name].deployment
         argv = node_command(pool, d.chips, d.tensor_parallel, "127.0.0.1", 9000, seed=1)
         assert argv[argv.index("tiergate") + 1] == "sim-node"
-        args = build_parser("sim-node").parse_args(argv[argv.index("sim-node") :])
-        spec, names = serving_spec(args)
+        spec = replica_spec(build_parser("sim-node").parse_args(argv[argv.index("sim-node") :]))
         assert spec.chips == d.chips and spec.tensor_parallel == d.tensor_parallel
-        assert spec.batching.max_num_seqs == pool.batching.max_num_seqs
-        assert names == list(pool.names)
-        if pool.background is not None:
-            assert args.background_sequences == pool.background.sequences
-            assert args.background_turn_input_tokens == pool.background.turn_input_tokens
+        assert spec.batching == pool.batching and spec.names == pool.names
+        assert spec.background == pool.background
 
 
 def test_a_local_pool_with_inline_profiles_starts_nodes_that_simulate_them() -> None:
@@ -60,7 +56,7 @@ def test_a_local_pool_with_inline_profiles_starts_nodes_that_simulate_them() -> 
     (pool,) = config.pools
     d = build_view(config.pools, catalog).pools["team"].deployment
     argv = node_command(pool, d.chips, d.tensor_parallel, "127.0.0.1", 9000, seed=1)
-    spec, _ = serving_spec(build_parser("sim-node").parse_args(argv[argv.index("sim-node") :]))
+    spec = replica_spec(build_parser("sim-node").parse_args(argv[argv.index("sim-node") :]))
     assert (spec.model_profile, spec.accelerator_profile) == (model, chip)
 
 

@@ -43,7 +43,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_pool_file_whole_object(tmp_path: Path) -> None:
     path = tmp_path / "pool.yaml"
     path.write_text(POOL)
-    spec, names = sim_node_cmd.serving_spec(parse("--pool-file", str(path)))
+    spec = sim_node_cmd.replica_spec(parse("--pool-file", str(path)))
     assert (spec.model, spec.accelerator, spec.chips, spec.tensor_parallel) == (
         "frontier",
         "b200",
@@ -53,7 +53,7 @@ def test_pool_file_whole_object(tmp_path: Path) -> None:
     assert spec.weight_dtype == "fp8"
     assert spec.batching.max_num_seqs == 4 and spec.batching.max_batched_tokens == 4096
     assert spec.pricing is not None and spec.pricing.per_chip_hour_usd == 5.5
-    assert names == ["frontier-fast"]
+    assert spec.names == ("frontier-fast",)
 
 
 def test_pool_file_spec_only_and_flags_override(tmp_path: Path) -> None:
@@ -71,18 +71,19 @@ def test_pool_file_spec_only_and_flags_override(tmp_path: Path) -> None:
         "--served-model-name",
         "x",
     )
-    spec, names = sim_node_cmd.serving_spec(args)
+    spec = sim_node_cmd.replica_spec(args)
     assert spec.accelerator == "h200" and spec.batching.max_num_seqs == 8
-    assert names == ["x"]
-    spec, names = sim_node_cmd.serving_spec(parse("--pool-file", str(path)))
-    assert names == ["a", "b"] and spec.batching.max_num_seqs == 64
+    assert spec.names == ("x",)
+    spec = sim_node_cmd.replica_spec(parse("--pool-file", str(path)))
+    # as the pool's pods answer (InferencePoolSpec.names): the model's own name, then aliases
+    assert spec.names == ("llama-3.1-8b", "a", "b") and spec.batching.max_num_seqs == 64
 
 
 def test_flags_only() -> None:
-    spec, names = sim_node_cmd.serving_spec(
+    spec = sim_node_cmd.replica_spec(
         parse("--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--chips", "2")
     )
-    assert spec.chips == 2 and names == []
+    assert spec.chips == 2 and spec.names == ("llama-3.1-8b",) and spec.background is None
 
 
 BAD_FILES = {
@@ -101,13 +102,13 @@ BAD_FILES = {
 
 def test_the_fields_a_node_ignores_are_the_inferencepool_spec_s_others() -> None:
     from tiergate.operator.api import InferencePoolSpec
-    from tiergate.sim_nodes.perf import ServingSpec
-    from tiergate.sim_nodes.server.config import POOL_ONLY_FIELDS
+    from tiergate.sim_nodes.replica_spec import POOL_ONLY_FIELDS, ReplicaSpec
 
     def aliases(model: type) -> set[str]:
         return {f.alias or name for name, f in model.model_fields.items()}
 
-    assert aliases(InferencePoolSpec) - aliases(ServingSpec) == POOL_ONLY_FIELDS
+    assert issubclass(InferencePoolSpec, ReplicaSpec)  # one model validates what nodes read
+    assert aliases(InferencePoolSpec) - aliases(ReplicaSpec) == POOL_ONLY_FIELDS
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
@@ -187,7 +188,7 @@ def test_profile_flags_make_the_node_simulate_the_inline_profile() -> None:
         "--accelerator", "h100-sxm", "--chips", "4",
         "--accelerator-profile-json", faster.model_dump_json(by_alias=True),
     )  # fmt: skip
-    spec, _ = sim_node_cmd.serving_spec(args)
+    spec = sim_node_cmd.replica_spec(args)
     assert spec.model_profile is not None and spec.model_profile.quality == 0.5
     node = Node(NodeConfig(serving=spec))
     assert node.model.name == "team-70b" and node.model.quality == 0.5
@@ -211,7 +212,7 @@ def test_a_pool_file_with_an_inline_profile_is_served_as_it_is(tmp_path: Path) -
             }
         )  # fmt: skip
     )
-    spec, _ = sim_node_cmd.serving_spec(parse("--pool-file", str(path)))
+    spec = sim_node_cmd.replica_spec(parse("--pool-file", str(path)))
     assert spec.model_profile is not None and spec.model_profile.name == "team-70b"
 
 
@@ -253,7 +254,96 @@ def test_the_fault_header_is_honoured_only_with_enable_fault_injection() -> None
     flags = ("--model", "llama-3.1-8b", "--accelerator", "h100-sxm")
     for extra, enabled in (((), False), (("--enable-fault-injection",), True)):
         args = parse(*flags, *extra)
-        spec, names = sim_node_cmd.serving_spec(args)
-        config = sim_node_cmd.node_config(args, spec, names, 8000)
+        config = sim_node_cmd.node_config(args, sim_node_cmd.replica_spec(args), 8000)
         assert config.fault_header_enabled is enabled
         assert (Node(config).faults.decide("503") is not None) is enabled
+
+
+# -- --pool-json: the spec whole, as the operator's pods and `tiergate up` pass it -------------
+
+
+def test_pool_json_is_read_as_the_same_pool_file_is(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(POOL)
+    pool = yaml.safe_load(POOL)
+    from_file = sim_node_cmd.replica_spec(parse("--pool-file", str(path)))
+    for value in (pool, pool["spec"]):  # an InferencePool object, or just its spec
+        spec = sim_node_cmd.replica_spec(parse("--pool-json", json.dumps(value)))
+        assert spec == from_file and spec.names == ("frontier-fast",)
+
+
+def test_flags_override_the_pool_json_field_by_field() -> None:
+    pool = {
+        "model": "llama-3.1-8b", "accelerator": "h100-sxm", "aliases": ["a"],
+        "batching": {"maxNumSeqs": 4, "maxBatchedTokens": 4096},
+        "background": {"sequences": 3, "contextTokens": 1000, "turnInputTokens": 10},
+    }  # fmt: skip
+    given = ("--pool-json", json.dumps(pool))
+    args = parse(*given)
+    config = sim_node_cmd.node_config(args, sim_node_cmd.replica_spec(args), 8000)
+    assert config.names == ["llama-3.1-8b", "a"]
+    assert (config.background_sequences, config.background_context_tokens) == (3, 1000)
+    assert config.background_turn_input_tokens == 10
+    args = parse(*given, "--max-num-seqs", "2", "--served-model-name", "y",
+                 "--background-sequences", "5")  # fmt: skip
+    spec = sim_node_cmd.replica_spec(args)
+    assert (spec.batching.max_num_seqs, spec.batching.max_batched_tokens) == (2, 4096)
+    assert spec.names == ("y",)
+    assert spec.background is not None
+    assert (spec.background.sequences, spec.background.context_tokens) == (5, 1000)
+    assert spec.background.turn_input_tokens == 10
+    args = parse(*given, "--background-sequences", "0")  # no other tenants' load after all
+    config = sim_node_cmd.node_config(args, sim_node_cmd.replica_spec(args), 8000)
+    assert (config.background_sequences, config.background_context_tokens) == (0, 0)
+
+
+GOOD = {"model": "llama-3.1-8b", "accelerator": "h100-sxm"}
+BAD_POOL_JSON = {
+    "not json": (["--pool-json", '{"model": "frontier", "layers: 80'], "not valid JSON"),
+    "a list": (["--pool-json", "[1, 2]"], "expected a mapping"),
+    "spec not a mapping": (["--pool-json", '{"spec": 3}'], "`spec` must be a mapping"),
+    "misspelt field": (["--pool-json", json.dumps({**GOOD, "maxNumSeq": 4})], "maxNumSeq"),
+    "bad batch cap": (
+        ["--pool-json", json.dumps({**GOOD, "batching": {"maxNumSeqs": 0}})],
+        "--pool-json: batching.maxNumSeqs: Input should be greater than or equal to 1",
+    ),
+    "bad background": (
+        ["--pool-json", json.dumps({**GOOD, "background": {"sequences": 2}})],
+        "--pool-json: background.contextTokens: Field required",
+    ),
+    "background too big": (
+        [
+            "--pool-json",
+            json.dumps({**GOOD, "background": {"sequences": 100_000, "contextTokens": 100_000}}),
+        ],
+        "background",
+    ),  # fmt: skip
+    "bad name": (["--pool-json", json.dumps({**GOOD, "aliases": "a"})], "aliases"),
+    "no model": (["--pool-json", '{"accelerator": "b200"}'], "--model is required"),
+    "unknown model": (["--pool-json", json.dumps({**GOOD, "model": "gpt-17"})], "gpt-17"),
+    "profile named otherwise": (
+        [
+            "--pool-json",
+            json.dumps(
+                {**GOOD, "model": "team-70b", "modelProfile": json.loads(TEAM_70B) | {"name": "x"}}
+            ),
+        ],
+        "modelProfile.name 'x' must equal model 'team-70b'",
+    ),  # fmt: skip
+    "a file too": (["--pool-json", json.dumps(GOOD), "--pool-file", "p.yaml"], "not allowed"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_POOL_JSON))
+def test_a_bad_pool_json_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], case: str) -> None:
+    flags, words = BAD_POOL_JSON[case]
+    try:
+        code = main(["sim-node", "--port", "0", *flags])
+    except SystemExit as exc:  # argparse refuses a flag value by exiting
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tiergate sim-node: error: ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert words in err, err
+    assert flags[1] not in err  # the value is not quoted back: it may be long
