@@ -53,6 +53,7 @@ typecheck: install view
 view:
 	@rm -rf $(TYPEVIEW) && mkdir -p $(TYPEVIEW)/tiergate
 	@for f in tiergate/*.py; do ln -s $(CURDIR)/$$f $(TYPEVIEW)/tiergate/; done
+	@for f in tiergate/*/__init__.py; do ln -s $(CURDIR)/$$(dirname $$f) $(TYPEVIEW)/tiergate/; done
 	@for d in sim_nodes router operator; do ln -s $(CURDIR)/$$d $(TYPEVIEW)/tiergate/$$d; done
 
 bench: install

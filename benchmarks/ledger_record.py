@@ -7,7 +7,7 @@ running, into:
 - a ledger file created with SQLite's default 4096-byte pages (as ledgers made before the
   change were), to show what the page size changes;
 - an in-memory ledger (no file, no checkpoints);
-- new files written as the router writes (group commit, router/ledger.py): `Ledger.add` for
+- new files written as the router writes (group commit, router/ledger/sqlite.py): `Ledger.add` for
   `--groups` records at a time, then `await committed()`, as one event-loop round does;
 - the same for streams: a stream's row is added at its first token and amended at its end, so
   each round adds the rows of a group of new streams and amends those of the group before.
@@ -15,7 +15,7 @@ running, into:
 For each: CPU per record (the whole process, so the checkpoint thread's share is in it), wall
 time per record p50 / p99 / max (for groups: per group, which is what each of its requests
 waits), and the largest WAL file seen. Then, on the new file, what
-retention costs (router/ledger_retention.py): the rows are pruned in its batches of
+retention costs (router/ledger/retention.py): the rows are pruned in its batches of
 `BATCH_ROWS`, oldest first, and each batch is timed: that is how long it holds the event loop.
 Not a test: the figures go into the README and the two modules' docstrings.
 
@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiergate.router.ledger import Ledger, LedgerEntry, UsageRecord
-from tiergate.router.ledger_retention import BATCH_ROWS
+from tiergate.router.ledger.retention import BATCH_ROWS
+from tiergate.router.ledger.sqlite import Ledger, LedgerEntry, UsageRecord
 
 WARM_UP = 1_000
 

@@ -47,7 +47,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tiergate.router.openapi import openapi_document
+from tiergate.router.http.openapi import openapi_document
 
 #: The pools of the system under test: the 8B model on one wafer-scale chip (fast tokens).
 CONFIG = """\

@@ -1148,7 +1148,7 @@ def router_gc_pauses(router: Server) -> str:
     )
 
 
-#: The router's metrics scraper's cap (`max_scrapes_per_s`, router/scraper.py).
+#: The router's metrics scraper's cap (`max_scrapes_per_s`, router/discovery/scraper.py).
 SCRAPES_PER_S = 50
 
 

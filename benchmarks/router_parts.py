@@ -13,7 +13,7 @@
 
 The upstream is `benchmarks/router_overhead/fixed_upstream.py` in its own process, so its CPU
 is not counted. Each figure is the median of `--rounds` rounds. Not a test: the figures back
-the explanations in the README and in router/proxy.py and router/scraper.py.
+the explanations in the README and in router/upstream/proxy.py and router/discovery/scraper.py.
 
     .venv/bin/python -P benchmarks/router_parts.py [--rounds 5]
 """
@@ -36,13 +36,13 @@ import httpx
 import uvloop
 
 from tiergate.router.config import parse_config
-from tiergate.router.disconnect import DisconnectGuard
-from tiergate.router.discovery import build_view
+from tiergate.router.discovery.scraper import MetricsFetcher
+from tiergate.router.discovery.state import CandidateSet, EndpointState, RequestContext
+from tiergate.router.discovery.view import build_view
 from tiergate.router.policy import default_policy
 from tiergate.router.policy.pipeline import Pipeline
-from tiergate.router.proxy import Upstream
-from tiergate.router.scraper import MetricsFetcher
-from tiergate.router.state import CandidateSet, EndpointState, RequestContext
+from tiergate.router.upstream.disconnect import DisconnectGuard
+from tiergate.router.upstream.proxy import Upstream
 from tiergate.sim_nodes.catalogs import default_catalog
 
 FIXED_UPSTREAM = Path(__file__).resolve().parent / "router_overhead" / "fixed_upstream.py"

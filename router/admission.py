@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import get_args
 
-from .discovery import PoolView
-from .errors import RouterError
-from .state import EndpointState
-from .tiers import Priority, Tier
+from tiergate.router.discovery.state import EndpointState
+from tiergate.router.discovery.view import PoolView
+from tiergate.router.http.errors import RouterError
+from tiergate.router.request.tiers import Priority, Tier
 
 #: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
 PRIORITY_RANK: dict[Priority, int] = {p: rank for rank, p in enumerate(get_args(Priority))}

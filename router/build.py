@@ -7,29 +7,28 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tiergate.router.admission import Saturation
+from tiergate.router.config import RouterConfig, load_config
+from tiergate.router.discovery.kube import KubeSource
+from tiergate.router.discovery.outliers import OutlierDetector
+from tiergate.router.discovery.scraper import MetricsFetcher, Scraper
+from tiergate.router.discovery.state import EndpointState
+from tiergate.router.discovery.view import FileSource, PoolSource, PoolView
+from tiergate.router.handler import Router
+from tiergate.router.http.app import RouterApp, Service
+from tiergate.router.http.metrics import RouterMetrics
+from tiergate.router.ledger.backlog import LedgerBacklogWriter
+from tiergate.router.ledger.retention import LedgerRetention
+from tiergate.router.ledger.sqlite import Ledger, LedgerError
+from tiergate.router.policy import PolicyConfig
+from tiergate.router.request.tool_check import ToolCallChecker
+from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.ratelimit import RateLimiter
+from tiergate.router.tenants.registry import TenantRegistry, load_tenants
+from tiergate.router.tenants.reload import TenantsReloader
+from tiergate.router.upstream.proxy import Upstream
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
-
-from .admission import Saturation
-from .app import RouterApp, Service
-from .budgets import BudgetGuard
-from .config import RouterConfig, load_config
-from .discovery import FileSource, PoolSource, PoolView
-from .handler import Router
-from .kube_discovery import KubeSource
-from .ledger import Ledger, LedgerError
-from .ledger_backlog import LedgerBacklogWriter
-from .ledger_retention import LedgerRetention
-from .metrics import RouterMetrics
-from .outliers import OutlierDetector
-from .policy import PolicyConfig
-from .proxy import Upstream
-from .ratelimit import RateLimiter
-from .scraper import MetricsFetcher, Scraper
-from .state import EndpointState
-from .tenants import TenantRegistry, load_tenants
-from .tenants_reload import TenantsReloader
-from .tool_check import ToolCallChecker
 
 log = logging.getLogger("tiergate.router")
 
@@ -186,7 +185,11 @@ def router_source(path: Path, catalog: Catalog | None = None) -> tuple[RouterCon
 def kube_source(config: RouterConfig, catalog: Catalog | None = None) -> KubeSource:
     """A Kubernetes source for `config.discovery.kubernetes` (ConfigError without an API)."""
     # Imported here: the kubernetes client is a heavy import only this source needs.
-    from .kube_client import KubernetesApi, load_api_client, resolve_namespace
+    from tiergate.router.discovery.kube_client import (
+        KubernetesApi,
+        load_api_client,
+        resolve_namespace,
+    )
 
     settings = config.discovery.kubernetes
     if settings is None:

@@ -32,10 +32,9 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
+from tiergate.router.policy.config import PolicyConfig, default_policy
 from tiergate.sim_nodes.commands.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from tiergate.sim_nodes.validation import first_problem, yaml_position
-
-from .policy.config import PolicyConfig, default_policy
 
 __all__ = [
     "BackgroundLoad",

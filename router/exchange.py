@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .asgi import Receive, Send
-from .disconnect import DisconnectGuard
-from .progress import Progress
-from .request import CompletionRequest
-from .tenants import Tenant
-from .tiers import TierChoice
+from tiergate.router.http.asgi import Receive, Send
+from tiergate.router.progress import Progress
+from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.tiers import TierChoice
+from tiergate.router.tenants.registry import Tenant
+from tiergate.router.upstream.disconnect import DisconnectGuard
 
 __all__ = ["Exchange"]
 
@@ -33,5 +33,5 @@ class Exchange:
     request: CompletionRequest | None = None
     choice: TierChoice | None = None
     guard: DisconnectGuard | None = None
-    #: Held against the tenant's budget while the request is in flight (router/budgets.py).
+    #: Held against the tenant's budget while the request is in flight (router/tenants/budgets.py).
     hold_usd: float = 0.0

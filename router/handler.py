@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from tiergate.sim_nodes.perf import Deployment
-
-from .accounting import Accountant
-from .admission import Saturation, Shed, TierQueue, shed_error
-from .asgi import (
+from tiergate.router.admission import Saturation, Shed, TierQueue, shed_error
+from tiergate.router.config import RouterSettings
+from tiergate.router.discovery.state import RequestContext
+from tiergate.router.discovery.view import PoolView, RoutedPool
+from tiergate.router.exchange import Exchange
+from tiergate.router.http.asgi import (
     ClientGone,
     Receive,
     Scope,
@@ -29,26 +30,42 @@ from .asgi import (
     read_body,
     send_error,
 )
-from .budgets import BudgetGuard
-from .cascade import CascadePlan, cascade_plan, serve_first_tier
-from .config import RouterSettings
-from .disconnect import DisconnectGuard
-from .discovery import PoolView, RoutedPool
-from .errors import RouterError
-from .exchange import Exchange
-from .ledger import Ledger
-from .metrics import RouterMetrics
-from .policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
-from .progress import Progress
-from .proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
-from .ratelimit import RateLimiter
-from .relay import FirstToken, bad_reply, first_token, relay_stream, relay_whole
-from .request import CompletionRequest, parse_completion, parse_slo, upstream_body
-from .request_ids import new_request_id
-from .state import RequestContext
-from .tenants import Tenant, TenantRegistry, authorize_tier
-from .tiers import TIERS, Priority, Tier, TierChoice, openai_service_tier, resolve_tier
-from .tool_check import ToolCallChecker
+from tiergate.router.http.errors import RouterError
+from tiergate.router.http.metrics import RouterMetrics
+from tiergate.router.ledger.accounting import Accountant
+from tiergate.router.ledger.sqlite import Ledger
+from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
+from tiergate.router.progress import Progress
+from tiergate.router.request.body import (
+    CompletionRequest,
+    parse_completion,
+    parse_slo,
+    upstream_body,
+)
+from tiergate.router.request.cascade import CascadePlan, cascade_plan, serve_first_tier
+from tiergate.router.request.ids import new_request_id
+from tiergate.router.request.tiers import (
+    TIERS,
+    Priority,
+    Tier,
+    TierChoice,
+    openai_service_tier,
+    resolve_tier,
+)
+from tiergate.router.request.tool_check import ToolCallChecker
+from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.ratelimit import RateLimiter
+from tiergate.router.tenants.registry import Tenant, TenantRegistry, authorize_tier
+from tiergate.router.upstream.disconnect import DisconnectGuard
+from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
+from tiergate.router.upstream.relay import (
+    FirstToken,
+    bad_reply,
+    first_token,
+    relay_stream,
+    relay_whole,
+)
+from tiergate.sim_nodes.perf import Deployment
 
 log = logging.getLogger("tiergate.router")
 
@@ -78,7 +95,7 @@ class Router:
     wall: Callable[[], float] = time.time
     #: Refreshed by the scraper after each round (see build.py); read per request.
     saturation: Saturation = field(default_factory=Saturation)
-    #: Cascade tool-call checks, in a worker process with a deadline (router/tool_check.py).
+    #: Cascade tool-call checks, in a worker process with a deadline (router/request/tool_check.py).
     tool_checker: ToolCallChecker = field(default_factory=ToolCallChecker)
     _pipeline: Pipeline | None = None
     _pipeline_view: PoolView | None = None

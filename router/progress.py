@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .discovery import RoutedPool
-from .ledger import LedgerEntry, Outcome
-from .tiers import Tier
+from tiergate.router.discovery.view import RoutedPool
+from tiergate.router.ledger.sqlite import LedgerEntry, Outcome
+from tiergate.router.request.tiers import Tier
 
 
 @dataclass
@@ -27,4 +27,4 @@ class Progress:
     escalated: bool = False
     entry: LedgerEntry | None = None  # its row in the ledger, once written
     billed_usd: float = 0.0  # its cost counted against the tenant's budget so far
-    accounted: bool = False  # counted and billed for good (router/accounting.py)
+    accounted: bool = False  # counted and billed for good (router/ledger/accounting.py)

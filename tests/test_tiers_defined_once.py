@@ -10,7 +10,10 @@ from tiergate.sim_nodes.tiers import TIERS
 REPO = Path(__file__).resolve().parents[1]
 DEFINED_IN = REPO / "sim_nodes" / "tiers.py"
 #: Clients of the router whose default traffic mixes name the tiers they send to.
-CLIENT_MIXES = {REPO / "router" / "bench" / "workload.py", REPO / "router" / "cli" / "demo_cmd.py"}
+CLIENT_MIXES = {
+    REPO / "tiergate" / "bench" / "workload.py",
+    REPO / "tiergate" / "local" / "demo_cmd.py",
+}
 
 
 def spelled_tiers(path: Path) -> list[str]:
@@ -39,4 +42,4 @@ def test_no_module_but_the_definition_spells_a_tier_s_name() -> None:
 
 def test_the_scan_finds_a_tier_spelled_out() -> None:
     assert spelled_tiers(DEFINED_IN)  # the one place that spells them
-    assert spelled_tiers(REPO / "router" / "bench" / "workload.py")
+    assert spelled_tiers(REPO / "tiergate" / "bench" / "workload.py")

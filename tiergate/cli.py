@@ -45,18 +45,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "serve the tier router; pools from a (hot-reloaded) file or from Kubernetes",
     ),
     "up": (
-        "tiergate.router.cli.up_cmd",
+        "tiergate.local.up_cmd",
         "run the whole system locally: sim nodes of every pool and the router",
     ),
     "demo": (
-        "tiergate.router.cli.demo_cmd",
+        "tiergate.local.demo_cmd",
         "start the local system, run a short bench through it, print the table, stop",
     ),
     "sim-node": (
         "tiergate.sim_nodes.commands.sim_node_cmd",
         "serve one simulated accelerator node (OpenAI-compatible API, vLLM metrics)",
     ),
-    "bench": ("tiergate.router.bench.command", "drive load through a router; per-tier speed, cost"),
+    "bench": ("tiergate.bench.command", "drive load through a router; per-tier speed, cost"),
     "crds": (
         "tiergate.operator.commands.crds_cmd",
         "write the InferencePool CRD YAML generated from the API models (--check: drift)",

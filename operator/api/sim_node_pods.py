@@ -1,7 +1,8 @@
 """How a pool's sim-node pods are marked: the contract between the operator and the router.
 
 The operator puts these labels and this port name on every sim-node pod it renders
-(`operator/render.py`); the router finds a pool's endpoints by them (`router/kube_state.py`).
+(`operator/render.py`); the router finds a pool's endpoints by them
+(`router/discovery/kube_state.py`).
 Spelled once, here, so the two sides cannot drift apart.
 """
 

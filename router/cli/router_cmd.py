@@ -10,18 +10,17 @@ import argparse
 import logging
 from pathlib import Path
 
+from tiergate.router.build import build_app, router_source
+from tiergate.router.cli.serve import connection_cap, run_router
+from tiergate.router.config import ConfigError
+from tiergate.router.ledger.sqlite import LedgerError
+from tiergate.router.tenants.registry import TenantConfigError
 from tiergate.sim_nodes.commands.common import (
     CliError,
     configure_logging,
     listen_socket,
     port_number,
 )
-
-from ..build import build_app, router_source
-from ..config import ConfigError
-from ..ledger import LedgerError
-from ..tenants import TenantConfigError
-from .serve import connection_cap, run_router
 
 log = logging.getLogger("tiergate.router")
 #: uvicorn's own default.

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import socket
 
+from tiergate.router.config import ConnectionSettings
+from tiergate.router.http.app import RouterApp
+from tiergate.router.upstream import proxy
 from tiergate.sim_nodes.commands.common import CliError
 from tiergate.sim_nodes.commands.fd_budget import FdBudgetError, max_connections
-
-from .. import proxy
-from ..app import RouterApp
-from ..config import ConnectionSettings
 
 log = logging.getLogger("tiergate.router")
 

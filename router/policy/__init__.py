@@ -11,7 +11,7 @@ endpoint)`.
 
 from importlib import import_module
 
-from .base import (
+from tiergate.router.policy.base import (
     Filter,
     NoEndpointFits,
     NoParameters,
@@ -22,11 +22,11 @@ from .base import (
     Sampler,
     Scorer,
 )
-from .config import PluginSpec, PolicyConfig, ScorerSpec, default_policy
-from .latency import LatencyEstimate, LatencyPredictor, endpoint_load
-from .pipeline import Pipeline
-from .prefix import prefix_hashes
-from .registry import PolicyConfigError, known_types, register
+from tiergate.router.policy.config import PluginSpec, PolicyConfig, ScorerSpec, default_policy
+from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
+from tiergate.router.policy.pipeline import Pipeline
+from tiergate.router.policy.prefix import prefix_hashes
+from tiergate.router.policy.registry import PolicyConfigError, known_types, register
 
 #: The built-in plugins, one module each: importing a module registers its plugin.
 BUILT_IN = (

@@ -21,9 +21,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from tiergate.router.discovery.state import EndpointState, RequestContext
 from tiergate.sim_nodes.perf import Deployment
-
-from ..state import EndpointState, RequestContext
 
 __all__ = [
     "Filter",

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .base import PluginKind
-from .registry import PolicyConfigError, plugin_type, validate_parameters
+from tiergate.router.policy.base import PluginKind
+from tiergate.router.policy.registry import PolicyConfigError, plugin_type, validate_parameters
 
 __all__ = ["PluginSpec", "PolicyConfig", "ScorerSpec", "default_policy"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..state import EndpointState, RequestContext
-from .base import Filter, NoParameters
-from .registry import register
+from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.policy.base import Filter, NoParameters
+from tiergate.router.policy.registry import register
 
 __all__ = ["EjectedFilter"]
 

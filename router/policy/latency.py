@@ -21,9 +21,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tiergate.router.discovery.state import EndpointState
 from tiergate.sim_nodes.perf import Deployment, step_terms
-
-from ..state import EndpointState
 
 __all__ = ["LatencyEstimate", "LatencyPredictor", "endpoint_load"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..state import EndpointState
-from .base import NoParameters, Picker, PluginContext
-from .registry import register
+from tiergate.router.discovery.state import EndpointState
+from tiergate.router.policy.base import NoParameters, Picker, PluginContext
+from tiergate.router.policy.registry import register
 
 __all__ = ["MaxScorePicker"]
 

@@ -13,12 +13,11 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from typing import cast
 
+from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.policy.base import Filter, Picker, PluginContext, Sampler, Scorer
+from tiergate.router.policy.config import PolicyConfig
+from tiergate.router.policy.registry import build_plugin
 from tiergate.sim_nodes.perf import Deployment
-
-from ..state import EndpointState, RequestContext
-from .base import Filter, Picker, PluginContext, Sampler, Scorer
-from .config import PolicyConfig
-from .registry import build_plugin
 
 __all__ = ["Pipeline"]
 

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from ..state import EndpointState, RequestContext
-from .base import Parameters, PluginContext, Scorer
-from .latency import LatencyPredictor
-from .registry import register
+from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.policy.base import Parameters, PluginContext, Scorer
+from tiergate.router.policy.latency import LatencyPredictor
+from tiergate.router.policy.registry import register
 
 __all__ = ["PredictedLatencyParameters", "PredictedLatencyScorer"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..state import EndpointState, RequestContext
-from .base import NoParameters, Scorer
-from .registry import register
+from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.policy.base import NoParameters, Scorer
+from tiergate.router.policy.registry import register
 
 __all__ = ["QueueDepthScorer", "queue_load"]
 

@@ -21,9 +21,9 @@ from collections.abc import Collection, Sequence
 
 from pydantic import Field
 
-from ..state import CandidateSet, EndpointState, RequestContext
-from .base import Parameters, PluginContext, Sampler
-from .registry import register
+from tiergate.router.discovery.state import CandidateSet, EndpointState, RequestContext
+from tiergate.router.policy.base import Parameters, PluginContext, Sampler
+from tiergate.router.policy.registry import register
 
 __all__ = ["RandomSample", "RandomSampleParameters"]
 

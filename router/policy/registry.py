@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from .base import Parameters, Plugin, PluginContext, PluginKind
+from tiergate.router.policy.base import Parameters, Plugin, PluginContext, PluginKind
 
 __all__ = [
     "PluginType",

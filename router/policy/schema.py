@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import registry
-from .base import PluginKind
+from tiergate.router.policy import registry
+from tiergate.router.policy.base import PluginKind
 
 __all__ = ["policy_json_schema"]
 

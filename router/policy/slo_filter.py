@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..state import EndpointState, RequestContext
-from .base import Filter, NoEndpointFits, NoParameters, PluginContext
-from .latency import LatencyEstimate, LatencyPredictor, endpoint_load
-from .registry import register
+from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.policy.base import Filter, NoEndpointFits, NoParameters, PluginContext
+from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
+from tiergate.router.policy.registry import register
 
 __all__ = ["SloFilter"]
 

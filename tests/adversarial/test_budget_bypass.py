@@ -3,8 +3,8 @@ ask for more output than the router held against the budget (a second spelling o
 none at all, many sequences, many prompts, many requests at once) is held at what the node may
 produce, and the node is sent the cap the router decided.
 
-A request is admitted while the tenant's spend plus the holds of its requests in flight is
-under its budget (router/budgets.py): a period's spend stays under the budget plus the hold of
+A request is admitted while the tenant's spend plus the holds of its requests in flight is under
+its budget (router/tenants/budgets.py): a period's spend stays under the budget plus the hold of
 the last request admitted, whatever the interleaving. Output costs $1 a token here and prompts
 nothing: a tenant's $5 a day is five tokens, and a request's hold its cap in dollars.
 """

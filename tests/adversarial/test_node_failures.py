@@ -141,7 +141,7 @@ def test_a_client_s_fault_header_does_not_reach_nodes_that_ignore_it(system: Sys
 
 def test_endpoints_that_are_gone_are_503s_naming_none(system: System) -> None:
     """Both refuse connections: one is ejected, and the last of a pool never is (a pool that
-    fails whole keeps being tried, router/outliers.py)."""
+    fails whole keeps being tried, router/discovery/outliers.py)."""
     for i in range(8):
         r = httpx.post(system.url + "/v1/chat/completions",
                        json=chat("gone", f"task {i}", max_tokens=2), timeout=60)  # fmt: skip

@@ -13,7 +13,7 @@ import yaml
 from chart_helpers import CHART, NAMESPACE, OPERATOR, RELEASE, ROUTER, Helm, Manifest, one
 
 from tiergate.router.config import RouterConfig
-from tiergate.router.tenants import TenantRegistry, parse_tenants
+from tiergate.router.tenants.registry import TenantRegistry, parse_tenants
 
 CONFIG_PATH = "/etc/tiergate/router.yaml"
 VARIANT_IMAGE = (

@@ -18,6 +18,6 @@ def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> N
 def settled(reload_if_changed: Callable[[], bool]) -> bool:
     """What a reload does with a file just written: the first look only notes the change (a
     file may be read half-written), the second applies it if the content held still
-    (router/file_watch.py)."""
+    (router/discovery/file_watch.py)."""
     assert not reload_if_changed(), "a change applied at the first look"
     return reload_if_changed()

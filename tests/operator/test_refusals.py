@@ -16,8 +16,8 @@ from tiergate.operator.images import ImagePolicy
 from tiergate.operator.reconcile import reconcile
 from tiergate.operator.render import GENERATION_ANNOTATION
 from tiergate.router.config import ConfigError
-from tiergate.router.discovery import build_pool
-from tiergate.router.kube_state import pool_from_object
+from tiergate.router.discovery.kube_state import pool_from_object
+from tiergate.router.discovery.view import build_pool
 
 NOT_ALLOWED = {"template": {"image": "docker.io/someone/miner:latest"}}
 # The node would refuse to start: no batch slot left beside 4 background sequences.

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tiergate.router.kube_discovery import KubeSource
-from tiergate.router.kube_state import KubeApiError, Resource
-from tiergate.router.kube_watch import Backoff
+from tiergate.router.discovery.kube import KubeSource
+from tiergate.router.discovery.kube_state import KubeApiError, Resource
+from tiergate.router.discovery.kube_watch import Backoff
 from tiergate.sim_nodes.catalogs import default_catalog
 
 RECORDED: dict[str, Any] = json.loads(

@@ -14,22 +14,22 @@ import httpx
 import pytest
 
 from tiergate.router.build import build_app
-from tiergate.router.cascade import (
+from tiergate.router.config import parse_config
+from tiergate.router.discovery.view import StaticSource, build_view
+from tiergate.router.http.errors import RouterError
+from tiergate.router.http.openapi import openapi_document
+from tiergate.router.ledger.sqlite import LedgerError, UsageRecord
+from tiergate.router.request.body import parse_completion
+from tiergate.router.request.cascade import (
     CASCADE_HEADER,
     _the_request_s_fault,
     as_event_stream,
     cascade_plan,
     parse_cascade,
 )
-from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
-from tiergate.router.errors import RouterError
-from tiergate.router.ledger import LedgerError, UsageRecord
-from tiergate.router.openapi import openapi_document
-from tiergate.router.request import parse_completion
-from tiergate.router.tenants import ANONYMOUS
-from tiergate.router.tiers import TIERS
-from tiergate.router.tool_calls import tool_call_problem
+from tiergate.router.request.tiers import TIERS
+from tiergate.router.request.tool_calls import tool_call_problem
+from tiergate.router.tenants.registry import ANONYMOUS
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app

@@ -1,5 +1,5 @@
 """A client that leaves before its reply starts: its place in the queue and the node's work
-go with it (router/disconnect.py). One node that runs one sequence at a time."""
+go with it (router/upstream/disconnect.py). One node that runs one sequence at a time."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from polling_helpers import until
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
+from tiergate.router.discovery.view import StaticSource, build_view
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app

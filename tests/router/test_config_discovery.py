@@ -8,8 +8,8 @@ import yaml
 from polling_helpers import settled
 
 from tiergate.router.config import ConfigError, parse_config
-from tiergate.router.discovery import FileSource, build_pool, build_view
-from tiergate.router.kube_state import pool_from_object
+from tiergate.router.discovery.kube_state import pool_from_object
+from tiergate.router.discovery.view import FileSource, build_pool, build_view
 from tiergate.sim_nodes.catalogs import default_catalog
 
 POOLS = """

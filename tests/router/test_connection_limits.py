@@ -17,8 +17,8 @@ from polling_helpers import until
 from tenant_router_helpers import KEY, tenant_router
 
 from tiergate.cli import main
-from tiergate.router.app import RouterApp
 from tiergate.router.config import ConfigError, parse_config
+from tiergate.router.http.app import RouterApp
 from tiergate.sim_nodes.commands.limited_protocol import MAX_HEAD_BYTES
 
 Served = Callable[[Any], AbstractContextManager[str]]

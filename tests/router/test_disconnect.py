@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tiergate.router.asgi import ClientGone
-from tiergate.router.disconnect import DisconnectGuard
+from tiergate.router.http.asgi import ClientGone
+from tiergate.router.upstream.disconnect import DisconnectGuard
 
 
 class Channel:

@@ -7,7 +7,7 @@ import re
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tiergate.router.gc_pauses import GcPauses
+from tiergate.router.http.gc_pauses import GcPauses
 
 
 def exposition(pauses: GcPauses) -> str:

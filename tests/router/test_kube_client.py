@@ -19,9 +19,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kube_helpers import eventually, recorded, urls
 
-from tiergate.router.kube_client import KubernetesApi, _lines, load_api_client
-from tiergate.router.kube_discovery import KubeSource
-from tiergate.router.kube_state import INFERENCE_POOLS, PODS, KubeApiError, WatchExpired
+from tiergate.router.discovery.kube import KubeSource
+from tiergate.router.discovery.kube_client import KubernetesApi, _lines, load_api_client
+from tiergate.router.discovery.kube_state import INFERENCE_POOLS, PODS, KubeApiError, WatchExpired
 from tiergate.sim_nodes.catalogs import default_catalog
 
 POOLS_PATH = "/apis/tiergate.dev/v1alpha1/namespaces/tiergate/inferencepools"

@@ -10,9 +10,9 @@ from polling_helpers import settled
 from tiergate.cli import main
 from tiergate.router.build import router_source
 from tiergate.router.config import ConfigError, Discovery, KubernetesDiscovery, parse_config
-from tiergate.router.discovery import FileSource
-from tiergate.router.kube_client import resolve_namespace
-from tiergate.router.kube_discovery import KubeSource
+from tiergate.router.discovery.kube import KubeSource
+from tiergate.router.discovery.kube_client import resolve_namespace
+from tiergate.router.discovery.view import FileSource
 
 POOL = "{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}"
 KUBE = "discovery:\n  kubernetes:\n    namespace: inference\n"

@@ -26,15 +26,15 @@ from kube_helpers import (
 )
 
 from tiergate.operator.api import SERVES_ANNOTATION, serves_annotation
-from tiergate.router.kube_discovery import KubeSource
-from tiergate.router.kube_state import (
+from tiergate.router.discovery.kube import KubeSource
+from tiergate.router.discovery.kube_state import (
     INFERENCE_POOLS,
     PODS,
     KubeApiError,
     Resource,
     WatchExpired,
 )
-from tiergate.router.kube_watch import RELIST_AFTER_FAILURES, Backoff, ResourceWatcher
+from tiergate.router.discovery.kube_watch import RELIST_AFTER_FAILURES, Backoff, ResourceWatcher
 
 POOLS = INFERENCE_POOLS
 BATCHED_URLS = ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]

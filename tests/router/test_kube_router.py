@@ -12,10 +12,10 @@ import pytest
 from kube_helpers import ReplayApi, eventually, kube_source, recorded, set_ready, watch_event
 
 from tiergate.operator.api import SERVES_ANNOTATION, serves_annotation
-from tiergate.router.app import RouterApp
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.kube_state import INFERENCE_POOLS, PODS
+from tiergate.router.discovery.kube_state import INFERENCE_POOLS, PODS
+from tiergate.router.http.app import RouterApp
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 

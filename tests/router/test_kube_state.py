@@ -14,7 +14,7 @@ from kube_helpers import recorded, recorded_pod, set_ready, watch_event
 from tiergate.operator.api import SERVES_ANNOTATION, SIM_NODE_SELECTOR, InferencePoolSpec, Layout
 from tiergate.operator.render import deployment_manifest
 from tiergate.router.config import ConfigError
-from tiergate.router.kube_state import (
+from tiergate.router.discovery.kube_state import (
     INFERENCE_POOLS,
     PODS,
     ClusterState,
@@ -26,7 +26,7 @@ from tiergate.router.kube_state import (
     pod_endpoint,
     pool_from_object,
 )
-from tiergate.router.kube_watch import Backoff
+from tiergate.router.discovery.kube_watch import Backoff
 
 Pod = dict[str, Any]
 BATCHED_A, BATCHED_B, BATCHED_C = (

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.ledger import (
+from tiergate.router.ledger.sqlite import (
     PAGE_SIZE,
     SCHEMA_VERSION,
     WAL_SIZE_LIMIT,
@@ -279,7 +279,7 @@ def test_the_ledger_can_be_handed_to_another_thread() -> None:
 
 _WRITER = """
 import sys
-from tiergate.router.ledger import Ledger, UsageRecord
+from tiergate.router.ledger.sqlite import Ledger, UsageRecord
 
 ledger = Ledger(sys.argv[1])
 for i in range(int(sys.argv[2])):

@@ -12,7 +12,7 @@ import pytest
 from test_ledger_backlog import T0, usage, write_locked
 from test_ledger_group_commit import CountingCommits
 
-from tiergate.router.ledger import Ledger, LedgerError, utc_day
+from tiergate.router.ledger.sqlite import Ledger, LedgerError, utc_day
 
 
 def row_values(path: Path) -> list[tuple[str, int, float, str]]:

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from tenant_router_helpers import KEY, tenant_router
 
-from tiergate.router.ledger import Ledger, LedgerError, UsageRecord, utc_day
-from tiergate.router.ledger_backlog import LedgerBacklogWriter
+from tiergate.router.ledger.backlog import LedgerBacklogWriter
+from tiergate.router.ledger.sqlite import Ledger, LedgerError, UsageRecord, utc_day
 
 T0 = 1_800_000_000.0
 

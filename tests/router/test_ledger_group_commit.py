@@ -16,7 +16,7 @@ import pytest
 from tenant_router_helpers import KEY, tenant_router
 from test_ledger_backlog import rows, usage, write_locked
 
-from tiergate.router.ledger import Ledger, LedgerError, UsageRecord
+from tiergate.router.ledger.sqlite import Ledger, LedgerError, UsageRecord
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from tenant_router_helpers import KEY, tenant_router
 
-from tiergate.router.budgets import BudgetGuard
 from tiergate.router.config import ConfigError, parse_config
-from tiergate.router.ledger import Ledger, LedgerError, UsageRecord
-from tiergate.router.ledger_retention import LedgerRetention
-from tiergate.router.tenants import Tenant
+from tiergate.router.ledger.retention import LedgerRetention
+from tiergate.router.ledger.sqlite import Ledger, LedgerError, UsageRecord
+from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.registry import Tenant
 
 DAY = 86400.0
 KUBE = "discovery: {kubernetes: {}}"  # a config that needs no pools

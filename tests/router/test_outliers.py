@@ -3,8 +3,8 @@
 import pytest
 from policy_helpers import endpoint, endpoints
 
-from tiergate.router.outliers import OutlierDetector
-from tiergate.router.state import EndpointState
+from tiergate.router.discovery.outliers import OutlierDetector
+from tiergate.router.discovery.state import EndpointState
 
 
 def fail(detector: OutlierDetector, ep: EndpointState, times: int, now_s: float) -> list[bool]:

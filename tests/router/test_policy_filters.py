@@ -2,11 +2,11 @@
 
 from policy_helpers import MODEL, endpoint, endpoints, request
 
+from tiergate.router.discovery.state import CandidateSet
 from tiergate.router.policy import NoParameters, PluginContext
 from tiergate.router.policy.ejected_filter import EjectedFilter
 from tiergate.router.policy.model_filter import ModelFilter
 from tiergate.router.policy.tier_filter import TierFilter
-from tiergate.router.state import CandidateSet
 
 CONTEXT = PluginContext()
 

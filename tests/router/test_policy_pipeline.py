@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from policy_helpers import MODEL, endpoint, endpoints, request
 
+from tiergate.router.discovery.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.policy import (
     NoParameters,
     Pipeline,
@@ -18,7 +19,6 @@ from tiergate.router.policy import (
 from tiergate.router.policy.max_score_picker import MaxScorePicker
 from tiergate.router.policy.model_filter import ModelFilter
 from tiergate.router.policy.random_sample import RandomSample, RandomSampleParameters
-from tiergate.router.state import CandidateSet, EndpointState, RequestContext
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import ServingSpec, build_deployment
 

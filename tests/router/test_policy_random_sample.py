@@ -8,9 +8,9 @@ import pytest
 from policy_helpers import MODEL, endpoint, endpoints, request
 from pydantic import ValidationError
 
+from tiergate.router.discovery.state import CandidateSet
 from tiergate.router.policy import PluginContext, PolicyConfig
 from tiergate.router.policy.random_sample import RandomSample, RandomSampleParameters
-from tiergate.router.state import CandidateSet
 
 
 def sampler(size: int = 8, seed: int = 0) -> RandomSample:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.errors import RouterError
-from tiergate.router.proxy import REQUEST_ID_HEADER as REQUEST_ID
-from tiergate.router.proxy import Upstream
-from tiergate.router.state import EndpointState
+from tiergate.router.discovery.state import EndpointState
+from tiergate.router.http.errors import RouterError
+from tiergate.router.upstream.proxy import REQUEST_ID_HEADER as REQUEST_ID
+from tiergate.router.upstream.proxy import Upstream
 
 
 def endpoint(url: str) -> EndpointState:

@@ -2,9 +2,9 @@
 
 import pytest
 
-from tiergate.router.errors import RouterError
-from tiergate.router.ratelimit import RateLimiter
-from tiergate.router.tenants import ANONYMOUS, Tenant
+from tiergate.router.http.errors import RouterError
+from tiergate.router.tenants.ratelimit import RateLimiter
+from tiergate.router.tenants.registry import ANONYMOUS, Tenant
 
 REQUESTS = Tenant("req", requests_per_minute=60)
 TOKENS = Tenant("tok", tokens_per_minute=1000)

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.errors import RouterError
-from tiergate.router.request import parse_completion, upstream_body
+from tiergate.router.http.errors import RouterError
+from tiergate.router.request.body import parse_completion, upstream_body
 
 
 def test_unchanged_bodies_are_forwarded_byte_for_byte() -> None:

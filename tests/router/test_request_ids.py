@@ -1,8 +1,8 @@
 import os
 import re
 
-from tiergate.router import request_ids
-from tiergate.router.request_ids import new_request_id
+from tiergate.router.request import ids as request_ids
+from tiergate.router.request.ids import new_request_id
 
 
 def test_ids_are_32_hex_digits_and_distinct():

@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tiergate.router.app import RouterApp
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
+from tiergate.router.discovery.view import StaticSource, build_view
+from tiergate.router.http.app import RouterApp
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app

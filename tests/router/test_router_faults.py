@@ -19,7 +19,7 @@ import pytest
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
+from tiergate.router.discovery.view import StaticSource, build_view
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app

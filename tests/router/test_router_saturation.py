@@ -18,8 +18,8 @@ import httpx
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.discovery import StaticSource, build_view
-from tiergate.router.scraper import WAITING
+from tiergate.router.discovery.scraper import WAITING
+from tiergate.router.discovery.view import StaticSource, build_view
 from tiergate.sim_nodes.catalogs import default_catalog
 
 REPLY = json.dumps(

@@ -16,7 +16,7 @@ from test_kube_router import running
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
-from tiergate.router.kube_state import INFERENCE_POOLS, PODS
+from tiergate.router.discovery.kube_state import INFERENCE_POOLS, PODS
 
 TENANTS = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
 POOLS = """pools:

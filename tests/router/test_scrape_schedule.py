@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 import pytest
 from policy_helpers import endpoint
 
-from tiergate.router.scrape_schedule import ScrapeSchedule, ScrapeTick
-from tiergate.router.state import EndpointState
+from tiergate.router.discovery.scrape_schedule import ScrapeSchedule, ScrapeTick
+from tiergate.router.discovery.state import EndpointState
 
 INTERVAL_S = 0.5
 MAX_SCRAPES_PER_S = 50.0

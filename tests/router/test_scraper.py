@@ -13,7 +13,7 @@ import pytest
 from policy_helpers import endpoint
 
 from tiergate.router.admission import saturated
-from tiergate.router.scraper import (
+from tiergate.router.discovery.scraper import (
     FORGET_AFTER_FAILURES,
     EndpointMetrics,
     Fetch,
@@ -24,7 +24,7 @@ from tiergate.router.scraper import (
     ScrapeRound,
     parse_vllm_metrics,
 )
-from tiergate.router.state import EndpointState
+from tiergate.router.discovery.state import EndpointState
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.sse import MAX_TOKEN_COUNT, StreamRewriter, usage_tokens
+from tiergate.router.upstream.sse import MAX_TOKEN_COUNT, StreamRewriter, usage_tokens
 
 
 @pytest.mark.parametrize(

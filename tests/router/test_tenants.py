@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.router.errors import RouterError
-from tiergate.router.tenants import (
+from tiergate.router.http.errors import RouterError
+from tiergate.router.tenants.registry import (
     ANONYMOUS,
     TenantConfigError,
     TenantRegistry,

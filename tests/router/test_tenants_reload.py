@@ -15,9 +15,9 @@ from polling_helpers import settled, until
 from tenant_router_helpers import KEY, tenant_router
 
 from tiergate.router.build import build_app, file_source
-from tiergate.router.discovery import FileSource
-from tiergate.router.tenants import TenantRegistry
-from tiergate.router.tenants_reload import TenantsReloader
+from tiergate.router.discovery.view import FileSource
+from tiergate.router.tenants.registry import TenantRegistry
+from tiergate.router.tenants.reload import TenantsReloader
 from tiergate.sim_nodes.catalogs import default_catalog
 
 ALICE = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.tool_check import ToolCallChecker
+from tiergate.router.request.tool_check import ToolCallChecker
 
 # Exponential backtracking in Python's re: 2^40 ways to split the a's before the "!" fails.
 EVIL_PATTERN = {"type": "object", "properties": {"cmd": {"type": "string", "pattern": "^(a+)+$"}}}

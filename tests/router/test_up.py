@@ -7,10 +7,10 @@ import tempfile
 import yaml
 
 from tiergate.cli import build_parser
-from tiergate.router.cli.nodes import LocalNode, NodeSupervisor, node_command, stop_nodes
-from tiergate.router.cli.up_cmd import default_config_text, summary
+from tiergate.local.nodes import LocalNode, NodeSupervisor, node_command, stop_nodes
+from tiergate.local.up_cmd import default_config_text, summary
 from tiergate.router.config import parse_config
-from tiergate.router.discovery import build_view
+from tiergate.router.discovery.view import build_view
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.sim_node_cmd import replica_spec
 

@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tiergate.router.budgets import BudgetGuard
-from tiergate.router.ledger import Ledger, UsageRecord
-from tiergate.router.tenants import Tenant
-from tiergate.router.tiers import Tier
-from tiergate.router.usage import usage_response
+from tiergate.router.ledger.sqlite import Ledger, UsageRecord
+from tiergate.router.ledger.usage import usage_response
+from tiergate.router.request.tiers import Tier
+from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.registry import Tenant
 
 NOW = datetime(2026, 12, 30, 18, tzinfo=UTC).timestamp()
 TEAM_A = Tenant("team-a", budget_usd=10.0, budget_period="month")

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tiergate.router.bench.workload import TOOL_NAME, Workload
+from tiergate.bench.workload import TOOL_NAME, Workload
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

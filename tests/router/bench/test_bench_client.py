@@ -10,9 +10,9 @@ import httpx
 import pytest
 from bench_helpers import Handler, small_workload, sse, text_chunks, tool_chunks
 
-from tiergate.router.bench.client import check_tool_call, send_request
-from tiergate.router.bench.results import RequestResult
-from tiergate.router.bench.workload import TOOL_NAME
+from tiergate.bench.client import check_tool_call, send_request
+from tiergate.bench.results import RequestResult
+from tiergate.bench.workload import TOOL_NAME
 
 SSE_HEADERS = {"content-type": "text/event-stream"}
 

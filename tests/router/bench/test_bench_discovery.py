@@ -6,13 +6,13 @@ import httpx
 import pytest
 from bench_helpers import models_response
 
-from tiergate.router.bench.discovery import (
+from tiergate.bench.discovery import (
     ServedModel,
     choose_models,
     discover_models,
     parse_model_list,
 )
-from tiergate.router.bench.errors import BenchError
+from tiergate.bench.errors import BenchError
 
 URL = "http://router"
 TIERED = [

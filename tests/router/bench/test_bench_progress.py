@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from tiergate.router.bench.progress import make_progress
-from tiergate.router.bench.results import RequestResult
+from tiergate.bench.progress import make_progress
+from tiergate.bench.results import RequestResult
 
 
 class Terminal(io.StringIO):

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from bench_helpers import models_response, small_workload, sse, text_chunks
 
+from tiergate.bench import BenchReport, BenchSettings, run_bench
+from tiergate.bench.errors import BenchError
+from tiergate.bench.report import PLOT_INSTALL_HINT, render_table, write_json, write_plot
 from tiergate.cli import main
-from tiergate.router.bench import BenchReport, BenchSettings, run_bench
-from tiergate.router.bench.errors import BenchError
-from tiergate.router.bench.report import PLOT_INSTALL_HINT, render_table, write_json, write_plot
 
 #: $ per output token of each tier, and the model each tier serves.
 PRICE = {"batched": 1e-6, "premium": 6e-6, "wafer-scale": 3e-6}

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.bench.results import RequestResult
-from tiergate.router.bench.stats import (
+from tiergate.bench.results import RequestResult
+from tiergate.bench.stats import (
     RunInfo,
     percentile,
     summarize,

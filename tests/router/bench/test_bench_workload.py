@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from tiergate.router.bench.errors import BenchError
-from tiergate.router.bench.workload import (
+from tiergate.bench.errors import BenchError
+from tiergate.bench.workload import (
     TOOL_MIN_MAX_TOKENS,
     TOOL_NAME,
     Workload,

@@ -1,0 +1,335 @@
+"""Discovery: the router's view of pools and endpoints, and the sources that build it.
+
+`PoolView` is immutable once built and indexed by (served model name, tier), so picking
+candidates on the request path is one dict lookup whatever the number of pools, and the
+`CandidateSet` found says it is all of that model and tier, so no filter rescans it. Sources
+build a new view when something changes and hand it over with one assignment: requests in
+flight keep the view they started with, so a reload never drops them. `EndpointState`
+objects are carried over from the previous view by (pool, URL), so live metrics, in-flight
+counts and ejections survive a reload.
+
+Sources (`PoolSource`): `StaticSource` (a fixed list of pools, e.g. what `tiergate up`
+started), `FileSource` (a YAML file, polled for changes: hot reload) and
+`kube_discovery.KubeSource`, which builds the same view from InferencePools and their pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tiergate.operator.api import predict
+from tiergate.router.config import ConfigError, PoolSpec, RouterConfig, load_config
+from tiergate.router.discovery.file_watch import WatchedFile, watch
+from tiergate.router.discovery.state import CandidateSet, EndpointState
+from tiergate.router.request.tiers import TIERS, Tier
+from tiergate.sim_nodes.catalogs import Catalog, CatalogError
+from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
+
+log = logging.getLogger("tiergate.router.discovery.view")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedPool:
+    """A pool as the router uses it: spec, performance envelope, prices and endpoints."""
+
+    spec: PoolSpec
+    deployment: Deployment
+    envelope: PerfResult
+    output_price_per_token_usd: float
+    input_price_per_token_usd: float
+    endpoints: tuple[EndpointState, ...]
+    #: Where the (model, accelerator) profiles came from: catalog or the spec's inline ones.
+    profile_sources: tuple[ProfileSource, ProfileSource]
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.input_price_per_token_usd
+            + completion_tokens * self.output_price_per_token_usd
+        )
+
+
+class PoolView:
+    """Every pool and endpoint, indexed for the request path."""
+
+    def __init__(self, pools: Iterable[RoutedPool]) -> None:
+        self.pools: dict[str, RoutedPool] = {p.spec.name: p for p in pools}
+        members: dict[tuple[str, Tier], list[EndpointState]] = {}
+        tiers: dict[str, set[Tier]] = {}
+        #: (model, tier) -> the dearest input and output prices and the longest context.
+        self._ceilings: dict[tuple[str, Tier], tuple[float, float, int]] = {}
+        for pool in self.pools.values():
+            for name in pool.spec.names:
+                key = (name, pool.spec.tier)
+                members.setdefault(key, [])
+                tiers.setdefault(name, set()).add(pool.spec.tier)
+                self._raise_ceiling(key, pool)
+            for endpoint in pool.endpoints:  # not every pod answers to every name (a rollout)
+                for name in endpoint.served_names:
+                    key = (name, pool.spec.tier)
+                    members.setdefault(key, []).append(endpoint)
+                    tiers.setdefault(name, set()).add(pool.spec.tier)
+                    self._raise_ceiling(key, pool)  # a name only previous pods may answer to
+        self._candidates = {
+            (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
+        }
+        self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
+
+    def _raise_ceiling(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
+        """The dearest prices and longest context of any pool serving `key`: a budget holds
+        the most a request may cost."""
+        held = self._ceilings.get(key, (0.0, 0.0, 0))
+        self._ceilings[key] = (
+            max(held[0], pool.input_price_per_token_usd),
+            max(held[1], pool.output_price_per_token_usd),
+            max(held[2], pool.deployment.model.max_context_tokens),
+        )
+
+    def candidates(self, model: str, tier: Tier) -> CandidateSet:
+        """Endpoints of pools of `tier` serving `model`, built with the view (one lookup)."""
+        found = self._candidates.get((model, tier))
+        return found if found is not None else CandidateSet((), model, tier)
+
+    def candidate_sets(self) -> Iterable[CandidateSet]:
+        """Every non-empty (model, tier) set of `candidates`."""
+        return self._candidates.values()
+
+    def most_cost_usd(
+        self,
+        model: str,
+        tier: Tier,
+        prompt_tokens_most: int,
+        max_tokens: int | None,
+        sequences: int = 1,
+    ) -> float:
+        """The most a request may cost on the dearest pool of `tier` serving `model` (0 when
+        none does): a prompt of at most `prompt_tokens_most` tokens and at most the model's
+        context, and `sequences` outputs of `max_tokens` each, or, when it sets none, of as
+        much of the context as the node may fill (a vLLM backend's default)."""
+        per_in, per_out, context = self._ceilings.get((model, tier), (0.0, 0.0, 0))
+        output = context if max_tokens is None else min(max_tokens, context)
+        return min(prompt_tokens_most, context) * per_in + sequences * output * per_out
+
+    def tiers_serving(self, model: str) -> tuple[Tier, ...]:
+        return self._tiers.get(model, ())
+
+    @property
+    def served_models(self) -> dict[str, tuple[Tier, ...]]:
+        """Model name -> tiers serving it."""
+        return dict(self._tiers)
+
+    def endpoints(self) -> list[EndpointState]:
+        return [e for p in self.pools.values() for e in p.endpoints]
+
+
+def build_pool(
+    spec: PoolSpec,
+    catalog: Catalog,
+    urls: Sequence[str],
+    previous: dict[tuple[str, str], EndpointState] | None = None,
+    answers_to: Mapping[str, Collection[str]] | None = None,
+) -> RoutedPool:
+    """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run.
+
+    `answers_to`: URL -> the model names that endpoint answers to, where it says (a pod made
+    from another version of the spec: a rollout that changes the model or the aliases, or one
+    that failed). Such an endpoint is sent only the names it answers to: a name the spec no
+    longer has stays routed to the pods that still answer to it until they are gone (a rename
+    rolls out without a 404), and the spec's new names go only to the pods made for them.
+    Other endpoints take the spec's names.
+    """
+    try:
+        performance = predict(spec, spec.workload, catalog)
+    except (CatalogError, PerfConfigError) as exc:
+        raise ConfigError(f"pool {spec.name}: {exc}") from None
+    deployment, envelope = performance.deployment, performance.result
+    if not envelope.fits:
+        raise ConfigError(f"pool {spec.name}: does not fit: {envelope.reason}")
+    out_price = spec.billing.output_per_million_usd
+    if out_price is None:
+        out_price = envelope.cost_per_million_output_tokens_usd
+    previous = previous or {}
+    answers_to = answers_to or {}
+    endpoints = []
+    for url in dict.fromkeys(urls):
+        known = answers_to.get(url)
+        names = spec.names
+        if known is not None:
+            names = tuple(n for n in spec.names if n in known)
+            names += tuple(sorted(set(known).difference(spec.names)))
+        if names:
+            endpoints.append(_endpoint(previous.get((spec.name, url)), spec, url, names))
+    return RoutedPool(
+        spec,
+        deployment,
+        envelope,
+        out_price / 1e6,
+        spec.billing.input_per_million_usd / 1e6,
+        tuple(endpoints),
+        (performance.model_source, performance.accelerator_source),
+    )
+
+
+def _endpoint(
+    old: EndpointState | None, spec: PoolSpec, url: str, names: tuple[str, ...]
+) -> EndpointState:
+    if old is None:
+        return EndpointState(url, spec.name, spec.tier, spec.model, names)
+    # The same pool and URL: the same server, whatever the edit (a new alias, another tier).
+    # Its figures, ejection and in-flight count carry over; requests in flight hold this very
+    # object and release on it, so a copy would undercount now and overcount forever after.
+    # The old view's candidate sets say their tier and model as a whole, not per member.
+    old.tier, old.model, old.served_names = spec.tier, spec.model, names
+    return old
+
+
+def build_view(
+    specs: Sequence[PoolSpec],
+    catalog: Catalog,
+    previous: PoolView | None = None,
+    urls_of: Callable[[PoolSpec], Sequence[str]] = lambda s: s.endpoints,
+    on_error: Callable[[PoolSpec, ConfigError], None] | None = None,
+    answers_to: Callable[[PoolSpec], Mapping[str, Collection[str]]] | None = None,
+) -> PoolView:
+    """A view of `specs`, reusing `previous`' endpoint states where pool and URL match.
+
+    A pool that cannot run raises ConfigError, unless `on_error` is given: then it is
+    reported there and left out, and the other pools still make the view (a source fed by
+    other people's objects must not lose every pool over one bad one). `answers_to`: a
+    pool's endpoints' names, where they say (`build_pool`).
+    """
+    old = {(e.pool, e.url): e for e in previous.endpoints()} if previous else {}
+    pools: list[RoutedPool] = []
+    for spec in specs:
+        try:
+            names = answers_to(spec) if answers_to is not None else None
+            pools.append(build_pool(spec, catalog, urls_of(spec), old, names))
+        except ConfigError as exc:
+            if on_error is None:
+                raise
+            on_error(spec, exc)
+    return PoolView(pools)
+
+
+class PoolSource(Protocol):
+    """Where the router's pools come from; the app starts and stops it with itself.
+
+    `view` is replaced, never mutated, when pools or endpoints change. `synced` is False
+    until the source has seen the whole of its truth once (the router is not ready before).
+    `ready_needs_endpoints`: whether the router is ready only with a usable endpoint. True
+    for a file, whose endpoints are the configuration; False for a cluster, where pools come
+    and go (a gateway with no pools yet is ready, or `helm install --wait` could never end
+    before the first pool, and scaling every pool to zero would pull the router from its
+    Service).
+    """
+
+    ready_needs_endpoints: bool
+
+    @property
+    def view(self) -> PoolView: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+    def start(self) -> Awaitable[None] | None: ...
+    def stop(self) -> Awaitable[None] | None: ...
+
+
+class StaticSource:
+    """A fixed set of pools (what `tiergate up` started, or a test's)."""
+
+    synced = True
+    ready_needs_endpoints = True
+
+    def __init__(self, view: PoolView) -> None:
+        self.view = view
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+class FileSource:
+    """Pools from a YAML configuration file, reloaded when its content changes.
+
+    A changed file that does not parse or validate is logged and ignored: the router keeps
+    serving with the last good view (a typo must not take a gateway down).
+    """
+
+    ready_needs_endpoints = True
+
+    synced = True  # the file was read in full before the app starts
+
+    def __init__(self, path: Path, catalog: Catalog, *, interval_s: float | None = None) -> None:
+        self.path = path
+        self.catalog = catalog
+        #: None: the file's own `router.reloadIntervalS` (as it reads now).
+        self.interval_s = interval_s
+        self.config: RouterConfig = load_config(path)
+        self.file = WatchedFile(path)
+        self.view = build_view(self.config.pools, catalog)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="tiergate-config-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def poll_interval_s(self) -> float:
+        """How long the watcher waits between looks at the file."""
+        if self.interval_s is not None:
+            return self.interval_s
+        return self.config.router.reload_interval_s
+
+    def reload_if_changed(self) -> bool:
+        """Rebuild the view if the file changed; True if a new view is in place."""
+        if not self.file.changed():
+            return False
+        try:
+            config = load_config(self.path)
+            if config.discovery.kubernetes is not None:
+                raise ConfigError("switching to discovery.kubernetes needs a restart")
+            view = build_view(config.pools, self.catalog, self.view)
+        except ConfigError as exc:
+            self.file.reload_errors += 1
+            log.error("event=config_reload_failed path=%s error=%r", self.path, str(exc))
+            return False
+        unapplied = _restart_only_changes(self.config, config)
+        if unapplied:
+            log.warning(
+                "event=config_settings_need_restart path=%s fields=%s applied=pools,policy",
+                self.path, ",".join(unapplied),
+            )  # fmt: skip
+        self.config, self.view = config, view
+        self.file.reloads += 1
+        log.info("event=config_reloaded path=%s pools=%d", self.path, len(view.pools))
+        return True
+
+    async def _watch(self) -> None:
+        await watch(self.reload_if_changed, self.poll_interval_s, "config")
+
+
+#: Router settings a reload applies: the rest are read once, when the router starts.
+_LIVE_SETTINGS = frozenset({"reload_interval_s", "policy"})
+
+
+def _restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
+    """The `router.*` settings (as the file spells them) that changed but take a restart."""
+    return [
+        f"router.{info.alias or name}"
+        for name, info in type(old.router).model_fields.items()
+        if name not in _LIVE_SETTINGS and getattr(old.router, name) != getattr(new.router, name)
+    ]

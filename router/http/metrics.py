@@ -1,0 +1,245 @@
+"""The router's Prometheus metrics, on a registry of its own (one per app, so tests can make
+many). Queue depth and endpoint health are read from the live pool view at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tiergate.router.discovery.view import PoolView
+from tiergate.router.http.gc_pauses import GcPauses
+from tiergate.router.ledger.retention import LedgerRetention
+from tiergate.router.ledger.sqlite import Ledger, LedgerError
+from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TPOT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1)
+
+
+class RouterMetrics:
+    def __init__(
+        self,
+        view: Callable[[], PoolView],
+        now: Callable[[], float],
+        ledger: Ledger,
+        retention: LedgerRetention,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "tiergate_requests",
+            "Completion requests by tier requested, tier served and outcome.",
+            ["tier_requested", "tier_served", "outcome"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tiergate_time_to_first_token_seconds",
+            "Time to first token seen by clients.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "tiergate_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            ["tier"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.cost = Counter(
+            "tiergate_cost_usd",
+            "Cost billed, USD, at the served tier's price.",
+            ["tier"],
+            registry=r,
+        )
+        self.tokens = Counter("tiergate_tokens", "Tokens served.", ["tier", "kind"], registry=r)
+        self.shed = Counter(
+            "tiergate_shed", "Requests shed by admission control.", ["tier", "priority"], registry=r
+        )
+        self.retries = Counter(
+            "tiergate_upstream_retries", "Upstream attempts beyond the first.", registry=r
+        )
+        self.midstream_errors = Counter(
+            "tiergate_midstream_errors",
+            "Streams ended by an upstream failure.",
+            ["tier"],
+            registry=r,
+        )
+        self.escalations = Counter(
+            "tiergate_cascade_escalations",
+            "Cascaded requests re-run on the full-quality tier.",
+            ["from_tier", "to_tier"],
+            registry=r,
+        )
+        self.cascade_unchecked = Counter(
+            "tiergate_cascade_unchecked",
+            "Cascade replies served without their tool-call check: it took too long (timeout), "
+            "waited too long for the checker (busy), ran out of its memory (out_of_memory), or the "
+            "checker failed.",
+            ["reason"],
+            registry=r,
+        )
+        self.accounting_errors = Counter(
+            "tiergate_accounting_errors",
+            "Requests whose accounting failed: the ledger refused the record itself (it holds "
+            "records while its database refuses writes: tiergate_ledger_backlog_records), or a "
+            "bug (logged).",
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
+        )
+        r.register(_LiveCollector(view, now))
+        r.register(_LedgerCollector(ledger, retention))
+        self._reloads = _ReloadCollector()
+        r.register(self._reloads)
+        # Timed from the app's start to its stop (RouterApp installs and removes it).
+        self.gc_pauses = GcPauses()
+        r.register(self.gc_pauses)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def count_connections(self, gate: ConnectionGate) -> None:
+        """Export the client connections `gate` counts: open, the cap, refused, timed out."""
+        self.registry.register(_ConnectionCollector(gate))
+
+    def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
+        """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`;
+        one call per reloaded file (pools, tenants), all in the one metric family."""
+        self._reloads.sources[config] = reloads
+
+
+class _ReloadCollector(Collector):
+    """One family for every reloadable file (a registry takes each name once)."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Callable[[], tuple[int, int]]] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "tiergate_config_reloads",
+            "Reloads of a configuration file that changed: applied, or failed (the previous "
+            "configuration kept; the log says why).",
+            labels=["config", "result"],
+        )
+        for config, reloads in self.sources.items():
+            applied, failed = reloads()
+            family.add_metric([config, "applied"], applied)
+            family.add_metric([config, "failed"], failed)
+        yield family
+
+
+class _ConnectionCollector(Collector):
+    def __init__(self, gate: ConnectionGate) -> None:
+        self.gate = gate
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gate = self.gate
+        yield GaugeMetricFamily(
+            "tiergate_connections_open", "Client connections open.", value=gate.open
+        )
+        yield GaugeMetricFamily(
+            "tiergate_connections_max",
+            "Client connections the router keeps open at most (router.connections).",
+            value=gate.limits.max_connections,
+        )
+        yield CounterMetricFamily(
+            "tiergate_connections_refused",
+            "New client connections answered 503 and closed: the cap was reached.",
+            value=gate.refused,
+        )
+        timeouts = CounterMetricFamily(
+            "tiergate_connection_timeouts",
+            "Client connections closed because a request's headers or body took too long.",
+            labels=["phase"],
+        )
+        for phase, count in gate.timeouts.items():
+            timeouts.add_metric([phase], count)
+        yield timeouts
+
+
+class _LiveCollector(Collector):
+    def __init__(self, view: Callable[[], PoolView], now: Callable[[], float]) -> None:
+        self._view, self._now = view, now
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting = GaugeMetricFamily(
+            "tiergate_queue_depth",
+            "Requests waiting at the endpoints of each tier (their vLLM metrics).",
+            labels=["tier"],
+        )
+        endpoints = GaugeMetricFamily(
+            "tiergate_endpoints", "Endpoints by tier and state.", labels=["tier", "state"]
+        )
+        inflight = GaugeMetricFamily(
+            "tiergate_inflight_requests", "Requests the router has open, by tier.", labels=["tier"]
+        )
+        now = self._now()
+        depth: dict[str, float] = {}
+        states: dict[tuple[str, str], int] = {}
+        open_: dict[str, int] = {}
+        for e in self._view().endpoints():
+            depth[e.tier] = depth.get(e.tier, 0.0) + (e.waiting or 0.0)
+            state = "ejected" if e.is_ejected(now) else "ready"
+            states[(e.tier, state)] = states.get((e.tier, state), 0) + 1
+            open_[e.tier] = open_.get(e.tier, 0) + e.inflight
+        for tier, value in depth.items():
+            waiting.add_metric([tier], value)
+        for (tier, state), count in states.items():
+            endpoints.add_metric([tier, state], count)
+        for tier, count in open_.items():
+            inflight.add_metric([tier], count)
+        yield waiting
+        yield endpoints
+        yield inflight
+
+
+class _LedgerCollector(Collector):
+    def __init__(self, ledger: Ledger, retention: LedgerRetention) -> None:
+        self._ledger, self._retention = ledger, retention
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily(
+            "tiergate_ledger_wal_bytes",
+            "Size of the usage ledger's write-ahead log file; it should stay near one "
+            "checkpoint interval of records (router/ledger/sqlite.py).",
+            value=self._ledger.wal_bytes(),
+        )
+        try:
+            used = self._ledger.used_bytes()
+        except LedgerError:
+            pass  # an unreadable ledger fails records loudly; /metrics still answers
+        else:
+            yield GaugeMetricFamily(
+                "tiergate_ledger_used_bytes",
+                "Bytes of the usage ledger's database file in use (without the WAL); "
+                "router.ledgerMaxSize bounds it.",
+                value=used,
+            )
+        yield CounterMetricFamily(
+            "tiergate_ledger_pruned_rows",
+            "Request rows deleted by the ledger's retention (daily totals are kept).",
+            value=self._retention.pruned_rows,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_prune_failures",
+            "Pruning rounds that failed (the ledger keeps growing meanwhile).",
+            value=self._retention.failures,
+        )
+        yield GaugeMetricFamily(
+            "tiergate_ledger_backlog_records",
+            "Records held in memory because the ledger's database refused writes (locked, "
+            "full, read-only); written once it takes them. Not durable meanwhile.",
+            value=self._ledger.backlog,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_dropped_records",
+            "Records lost: the backlog was full, or the database refused the record itself.",
+            value=self._ledger.dropped,
+        )

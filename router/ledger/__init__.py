@@ -1,0 +1,3 @@
+"""What each request cost: the usage ledger, its backlog and retention, the usage API and the
+accounting that writes it.
+"""

@@ -1,0 +1,740 @@
+"""The usage ledger: one durable row per request attempt, in SQLite.
+
+Every request the router answers is recorded with its tenant, the tier asked for and the tier
+that served it, pool, endpoint, tokens, latency and cost at the *served* tier's price. A cascade
+bills both attempts: two rows share a `request_id`, with `attempt` 1 and 2. A stream's row is
+written at its first token and amended as it goes (`amend`), outcome `incomplete` until it ends.
+
+Durability: WAL mode with `synchronous=NORMAL`, so a committed record survives SIGKILL (it is
+in the page cache), not a power loss. Records commit in groups: `add` puts a record into the
+open transaction and the event loop commits everything added in that round at once; a request
+awaits `committed()` before its reply's end goes out, so a reply a client has whole is on
+record.
+
+Checkpoints run on a thread of their own (`_Checkpointer`), never inside a record: a PASSIVE
+pass every interval, then a RESTART pass once the WAL is long, because under steady load
+passive passes alone never let the WAL start over and it grew until the disk filled. A WAL
+that grew while checkpoints could not finish is cut back once they can.
+
+Per-tenant totals per UTC day and tier served live in a second table, written in the same
+transaction as each row: bills, budgets and `/v1/usage` read them, so request rows can be
+pruned (router/ledger/retention.py) without changing any of them.
+
+When the database refuses writes (locked, full, read-only), records wait in memory, in order,
+and are written once it takes them (`flush_backlog`, router/ledger/backlog.py); totals and
+budget spend count them meanwhile. Held records are not durable, and past `MAX_BACKLOG` new
+ones are dropped and counted.
+
+Threading: records and reads use one connection, on the event loop's thread; the checkpoint
+thread has its own connection and only ever checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tiergate.router.request.tiers import Tier
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerError",
+    "Outcome",
+    "TierTotals",
+    "UsageRecord",
+    "UsageTotals",
+    "utc_day",
+]
+
+log = logging.getLogger("tiergate.router")
+
+SCHEMA_VERSION = 2
+
+#: How often the checkpoint thread folds the WAL into the database file.
+CHECKPOINT_INTERVAL_S = 1.0
+#: WAL frames (pages) from which the checkpoint thread restarts the WAL (SQLite's own automatic
+#: checkpoint starts at 1000 too).
+RESTART_FRAMES = 1000
+#: When the WAL starts over, SQLite cuts a longer file back to this (`journal_size_limit`). It
+#: is above what a busy router writes in one interval, because that cut is an ftruncate in the
+#: writer, on the event loop (benchmarks/ledger_record.py's max per record shows its cost).
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+#: A WAL file longer than this, and than twice what the WAL holds now, is cut to nothing once
+#: all of it is copied: a file that grew in an episode (a disk full, a long reader) would
+#: otherwise keep its size below `WAL_SIZE_LIMIT` for good, filling a small volume.
+WAL_KEEP_BYTES = 4 * 1024 * 1024
+#: Page size of a new ledger file; an existing one keeps its own.
+PAGE_SIZE = 1024
+#: How long a record waits for the write lock (SQLite's busy handler, on the event loop). The
+#: checkpoint thread's RESTART pass holds it for a few ms; a record that still finds it taken
+#: joins the backlog and is written a second later.
+BUSY_TIMEOUT_S = 0.1
+#: How long opening the ledger waits for the lock (another router creating the schema).
+OPEN_TIMEOUT_S = 5.0
+#: Records held in memory while the database refuses writes (~300 bytes each); beyond this many,
+#: new records are dropped and counted.
+MAX_BACKLOG = 100_000
+
+#: How a request attempt ended. `shed`: refused by admission; `rejected`: refused before
+#: routing (limits, budget); `client_disconnect`: the client went away mid-request;
+#: `incomplete`: a stream in flight (its row is written from its first token on, and amended
+#: as it goes); a row that stays so is a stream whose router stopped before it ended, billed
+#: for what it had relayed by then.
+Outcome = Literal[
+    "ok", "error", "upstream_error", "shed", "rejected", "client_disconnect", "incomplete"
+]
+
+
+class LedgerError(Exception):
+    """The ledger cannot be opened or used."""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One attempt of one request, as billed."""
+
+    request_id: str  # router-generated; never a client-supplied id, which may repeat
+    time_s: float  # Unix time the attempt finished; budgets bill it to that period
+    tenant: str
+    tier_requested: Tier
+    tier_served: Tier | None  # None: never reached a pool
+    pool: str | None
+    endpoint: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    ttft_s: float | None  # None: no token was streamed
+    cost_usd: float  # at the served tier's price
+    http_status: int
+    outcome: Outcome
+    escalated: bool = False  # the cascade escalated this request (set on both attempts)
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TierTotals:
+    """Usage served by one tier."""
+
+    requests: int  # attempts served by this tier (a cascade counts on both tiers)
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    """A tenant's usage over the whole ledger."""
+
+    requests: int  # distinct requests (first attempts)
+    attempts: int  # rows, counting both attempts of a cascade
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    by_tier_served: dict[Tier, TierTotals] = field(default_factory=dict)
+
+
+_SCHEMA_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+# Per tenant, UTC day (Unix days: time_s // 86400) and tier served ('' for attempts no tier
+# served): running totals, so neither a tenant's totals nor its spend in a budget period scans
+# its requests, and pruning old request rows (retention) changes neither.
+_DAILY_TABLE = """CREATE TABLE IF NOT EXISTS tenant_daily (
+        tenant TEXT NOT NULL,
+        day INTEGER NOT NULL,
+        tier_served TEXT NOT NULL,
+        requests INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL,
+        PRIMARY KEY (tenant, day, tier_served)
+    ) WITHOUT ROWID"""
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS usage (
+        id INTEGER PRIMARY KEY,
+        request_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        time_s REAL NOT NULL,
+        tenant TEXT NOT NULL,
+        tier_requested TEXT NOT NULL,
+        tier_served TEXT,
+        pool TEXT,
+        endpoint TEXT,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        latency_s REAL NOT NULL,
+        ttft_s REAL,
+        cost_usd REAL NOT NULL,
+        http_status INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        escalated INTEGER NOT NULL
+    )""",
+    _DAILY_TABLE,
+)
+_INSERT = """
+INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
+    endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
+    outcome, escalated)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+_UPDATE = """
+UPDATE usage SET request_id = ?, attempt = ?, time_s = ?, tenant = ?, tier_requested = ?,
+    tier_served = ?, pool = ?, endpoint = ?, prompt_tokens = ?, completion_tokens = ?,
+    latency_s = ?, ttft_s = ?, cost_usd = ?, http_status = ?, outcome = ?, escalated = ?
+WHERE id = ?
+"""
+_DELETE = "DELETE FROM usage WHERE id = ?"
+
+_ADD_TOTALS = """
+INSERT INTO tenant_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
+    requests = requests + excluded.requests,
+    attempts = attempts + excluded.attempts,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost_usd = cost_usd + excluded.cost_usd
+"""
+
+
+def _row(usage: UsageRecord) -> tuple[object, ...]:
+    """A record's values, in `_INSERT`'s and `_UPDATE`'s order."""
+    return (
+        usage.request_id,
+        usage.attempt,
+        usage.time_s,
+        usage.tenant,
+        usage.tier_requested,
+        usage.tier_served,
+        usage.pool,
+        usage.endpoint,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.latency_s,
+        usage.ttft_s,
+        usage.cost_usd,
+        usage.http_status,
+        usage.outcome,
+        int(usage.escalated),
+    )
+
+
+def _totals(usage: UsageRecord, written: UsageRecord | None) -> tuple[object, ...]:
+    """What writing `usage` over `written` (None: no row yet) adds to the daily totals, in
+    `_ADD_TOTALS`' order: a new row counts its attempt (and its request, for a first
+    attempt); an amended one adds the difference, on the day it now says."""
+    new = written is None
+    return (
+        usage.tenant,
+        utc_day(usage.time_s),
+        usage.tier_served or "",
+        int(new and usage.attempt == 1),
+        int(new),
+        usage.prompt_tokens - (0 if written is None else written.prompt_tokens),
+        usage.completion_tokens - (0 if written is None else written.completion_tokens),
+        usage.cost_usd - (0.0 if written is None else written.cost_usd),
+    )
+
+
+@dataclass(slots=True, eq=False)
+class LedgerEntry:
+    """One attempt's row as the ledger writes it: `record` is what the row is to say, `rowid`
+    and `written` what the database holds (None: no row yet)."""
+
+    record: UsageRecord
+    rowid: int | None = None
+    written: UsageRecord | None = None
+    held: bool = False  # in the backlog, to be written as `record` says then
+
+
+#: An entry written in the open batch, with its `rowid` and `written` from before (restored
+#: when the batch is rolled back).
+_Write = tuple[LedgerEntry, int | None, UsageRecord | None]
+
+
+class Ledger:
+    """The usage ledger at `path` (a file, or ":memory:" for tests)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+        restart_frames: int = RESTART_FRAMES,
+        wal_size_limit: int = WAL_SIZE_LIMIT,
+        wal_keep_bytes: int = WAL_KEEP_BYTES,
+    ) -> None:
+        self.path = str(path)
+        try:
+            # Autocommit mode: transactions are explicit, one per record.
+            # Built on one thread (the CLI's), used on the event loop's, one at a time: the
+            # connection may change threads, it is never shared by two at once.
+            # Opening (the schema, a migration) may wait longer for the lock than a record.
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, timeout=OPEN_TIMEOUT_S, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
+        try:
+            # Before anything is written: SQLite ignores it once the file has pages.
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpoint thread's job
+            self._db.execute(f"PRAGMA journal_size_limit={int(wal_size_limit)}")
+            self._migrate()
+            self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise LedgerError(f"cannot open the usage ledger {self.path}: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+        self._checkpointer = (
+            None
+            if self.path == ":memory:"
+            else _Checkpointer(self.path, checkpoint_interval_s, restart_frames, wal_keep_bytes)
+        )
+        self._backlog: deque[LedgerEntry] = deque()
+        self._batch: list[_Write] = []  # written in the open transaction, not committed
+        self._batches_opened = 0
+        self._batches_closed = 0  # committed, or refused and held
+        self.max_backlog = MAX_BACKLOG
+        self.dropped = 0  # records lost: over `max_backlog`, or that the database refused
+
+    def _migrate(self) -> None:
+        """Create the schema if absent, bring an older one up to date; refuse a ledger written
+        by a newer router."""
+        db = self._db
+        # IMMEDIATE: two routers opening one new file do not both create the schema.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(_SCHEMA_VERSION_TABLE)
+            (version,) = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            if version is not None and version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"the usage ledger {self.path} has schema version {version}; this router "
+                    f"understands up to {SCHEMA_VERSION}: upgrade the router"
+                )
+            for statement in _SCHEMA:
+                db.execute(statement)
+            if version is None:
+                db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            elif version == 1:
+                self._from_version_1()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _from_version_1(self) -> None:
+        """Version 1 kept lifetime totals per tenant and tier, and read budget periods from the
+        request rows through an index. Version 2 keeps the totals per day instead (built here
+        from every row, once), so that request rows can be pruned; the index goes."""
+        db = self._db
+        (rows,) = db.execute("SELECT COUNT(*) FROM usage").fetchone()
+        log.info("event=ledger_migrating path=%s from=1 to=2 rows=%d", self.path, rows)
+        db.execute(
+            "INSERT INTO tenant_daily SELECT tenant, CAST(time_s / 86400 AS INTEGER),"
+            " COALESCE(tier_served, ''), SUM(attempt = 1), COUNT(*), SUM(prompt_tokens),"
+            " SUM(completion_tokens), SUM(cost_usd) FROM usage"
+            " GROUP BY tenant, CAST(time_s / 86400 AS INTEGER), COALESCE(tier_served, '')"
+        )
+        db.execute("DROP TABLE IF EXISTS tenant_totals")
+        db.execute("DROP INDEX IF EXISTS usage_tenant_time")
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+
+    def close(self) -> None:
+        """Close the database, after committing the open batch and a last try at writing the
+        backlog."""
+        self.commit_batch()
+        while self._backlog and self.flush_backlog(1000):
+            pass
+        if self._backlog:
+            log.error("event=ledger_backlog_lost path=%s records=%d", self.path, len(self._backlog))
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+        self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def record(self, usage: UsageRecord) -> LedgerEntry:
+        """Durably record one attempt (see the module docstring for what durable means), or
+        hold it in the backlog while the database refuses writes. Raises LedgerError only for
+        a record the database can never take (a bug), which is counted as dropped."""
+        entry = LedgerEntry(usage)
+        self._record(entry)
+        return entry
+
+    def _record(self, entry: LedgerEntry) -> None:
+        self.commit_batch()  # in order
+        if self._backlog:
+            self._hold(entry)  # in order, and without another wait for the lock
+            return
+        try:
+            self._write(entry)
+        except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
+            log.warning(
+                "event=ledger_write_failed path=%s error=%s holding=in_memory", self.path, exc
+            )
+            self._hold(entry)
+        except Exception as exc:  # sqlite3's, or a value it cannot bind (an int of 2**63)
+            self.dropped += 1
+            raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
+
+    def add(self, usage: UsageRecord) -> LedgerEntry:
+        """Record one attempt in the open batch, which the event loop commits as one
+        transaction once the callbacks already due have run (group commit); `await committed()`
+        before the client learns of the attempt. Outside an event loop, this is `record`.
+
+        Held in the backlog like `record`'s while the database refuses writes; a batch whose
+        commit fails is held whole. Raises LedgerError for a record the database can never take
+        (a bug): it is counted as dropped, and the rest of the batch stands. The entry returned
+        is the attempt's row, for `amend`."""
+        entry = LedgerEntry(usage)
+        self._add(entry)
+        return entry
+
+    def amend(self, entry: LedgerEntry, usage: UsageRecord) -> None:
+        """Make an attempt's row (from `add` or `record`) say `usage` instead, in the open batch
+        as `add` does: its daily totals move by the difference. A stream's row is written at its
+        first token and amended as it goes, so a router killed mid-stream has billed what it
+        relayed until its last amendment."""
+        entry.record = usage
+        if entry.held:
+            return  # the backlog writes what the entry says when it writes it
+        self._add(entry)
+
+    def _add(self, entry: LedgerEntry) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._record(entry)
+            return
+        if self._backlog:
+            self._hold(entry)
+            return
+        db = self._db
+        if not self._open:
+            try:
+                db.execute("BEGIN")
+            except sqlite3.OperationalError as exc:
+                self._refused(exc, [(entry, entry.rowid, entry.written)])
+                return
+            self._batches_opened += 1
+            loop.call_soon(self.commit_batch)
+        before = (entry, entry.rowid, entry.written)
+        try:
+            self._insert(entry)
+        except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O: it may pass
+            self._refused(exc, [*self._batch, before])
+            return
+        except Exception as exc:  # a record the database can never take (a bug): it alone goes
+            self.dropped += 1
+            raise LedgerError(f"cannot record usage in {self.path}: {exc}") from exc
+        self._batch.append(before)
+
+    @property
+    def _open(self) -> bool:
+        """Whether a batch's transaction is open (possibly with no record left in it)."""
+        return self._batches_closed < self._batches_opened
+
+    async def committed(self) -> None:
+        """Return once every record added so far is committed (or held in the backlog)."""
+        opened = self._batches_opened
+        while self._batches_closed < opened:
+            await asyncio.sleep(0)  # call_soon callbacks run in order: the commit runs first
+
+    def commit_batch(self) -> None:
+        """Commit the open batch now, if there is one (also scheduled by `add`)."""
+        if not self._open:
+            return
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._refused(exc, self._batch)
+            return
+        self._batch_closed()
+
+    def _batch_closed(self) -> None:
+        self._batch = []
+        self._batches_closed = self._batches_opened
+
+    def _refused(self, exc: sqlite3.Error, writes: list[_Write]) -> None:
+        """The database refused a batch: it is rolled back, its entries say again what the
+        database holds, and they are held, in order."""
+        self._rollback()
+        self._batch_closed()
+        for entry, rowid, written in reversed(writes):
+            entry.rowid, entry.written = rowid, written
+        entries = list(dict.fromkeys(entry for entry, _, _ in writes))
+        log.warning(
+            "event=ledger_write_failed path=%s error=%s holding=in_memory records=%d",
+            self.path, exc, len(entries),
+        )  # fmt: skip
+        for entry in entries:
+            self._hold(entry)
+
+    @property
+    def backlog(self) -> int:
+        """Records held in memory, not yet written."""
+        return len(self._backlog)
+
+    def flush_backlog(self, limit: int) -> int:
+        """Write up to `limit` held records, oldest first, without waiting for the write lock.
+        Returns how many left the backlog (0 while the database still refuses)."""
+        self.commit_batch()
+        done = 0
+        db = self._db
+        db.execute("PRAGMA busy_timeout=0")  # retried next round: never hold the loop waiting
+        try:
+            while self._backlog and done < limit:
+                entry = self._backlog[0]
+                try:
+                    self._write(entry)
+                except sqlite3.OperationalError:
+                    break
+                except Exception as exc:  # never takeable: it would block the backlog for ever
+                    self.dropped += 1
+                    log.error("event=ledger_record_dropped path=%s error=%s", self.path, exc)
+                self._backlog.popleft()
+                entry.held = False
+                done += 1
+        finally:
+            db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if done and not self._backlog:
+            log.warning("event=ledger_backlog_written path=%s", self.path)
+        return done
+
+    def _hold(self, entry: LedgerEntry) -> None:
+        if entry.held:
+            return  # held already: written as it says then
+        if len(self._backlog) >= self.max_backlog:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                log.error("event=ledger_backlog_full path=%s dropped=%d", self.path, self.dropped)
+            return
+        entry.held = True
+        self._backlog.append(entry)
+
+    def _write(self, entry: LedgerEntry) -> None:
+        """One entry's row and its daily totals, in one committed transaction."""
+        db = self._db
+        rowid, written = entry.rowid, entry.written
+        try:
+            db.execute("BEGIN")
+            self._insert(entry)
+            db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            entry.rowid, entry.written = rowid, written
+            raise
+
+    def _insert(self, entry: LedgerEntry) -> None:
+        """An entry's row (inserted, or updated to what it says now) and the difference to its
+        daily totals, in the open transaction: both or neither (each statement is atomic; a row
+        whose totals fail is put back as it was, which costs nothing when they do not, unlike a
+        savepoint per record)."""
+        db = self._db
+        usage, written = entry.record, entry.written
+        if entry.rowid is None:
+            rowid = db.execute(_INSERT, _row(usage)).lastrowid
+            undo: tuple[str, tuple[object, ...]] = (_DELETE, (rowid,))
+            totals = _totals(usage, None)
+        else:
+            rowid = entry.rowid
+            db.execute(_UPDATE, (*_row(usage), rowid))
+            assert written is not None
+            undo = (_UPDATE, (*_row(written), rowid))
+            totals = _totals(usage, written)
+        try:
+            db.execute(_ADD_TOTALS, totals)
+        except BaseException:
+            db.execute(*undo)
+            raise
+        entry.rowid, entry.written = rowid, usage
+
+    def _rollback(self) -> None:
+        # SQLite has already rolled back after some errors (e.g. a full disk), and a connection
+        # used from the wrong thread refuses even this; the original error is the one to raise.
+        try:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def wal_bytes(self) -> int:
+        """The size of the ledger's WAL file now (0 in memory or when there is none)."""
+        if self.path == ":memory:":
+            return 0
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except OSError:
+            return 0
+
+    def tenant_totals(self, tenant: str) -> UsageTotals:
+        """A tenant's totals over the whole ledger, overall and by tier served (from the daily
+        totals: pruned request rows still count), the backlog included."""
+        rows = self._db.execute(
+            "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
+            " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = ?"
+            " GROUP BY tier_served",
+            (tenant,),
+        ).fetchall()
+        sums = {row[0]: list(row[1:]) for row in rows}
+        for held in self._backlog:
+            if held.record.tenant == tenant:
+                _, _, tier, *add = _totals(held.record, held.written)
+                total = sums.setdefault(tier, [0, 0, 0, 0, 0.0])
+                for i, value in enumerate(add):
+                    total[i] += value
+        rows = sorted((tier, *total) for tier, total in sums.items())
+        by_tier: dict[Tier, TierTotals] = {}
+        for tier, _, attempts, prompt, completion, cost in rows:
+            if tier:
+                by_tier[tier] = TierTotals(attempts, prompt, completion, cost)
+        return UsageTotals(
+            requests=sum(row[1] for row in rows),
+            attempts=sum(row[2] for row in rows),
+            prompt_tokens=sum(row[3] for row in rows),
+            completion_tokens=sum(row[4] for row in rows),
+            cost_usd=sum(row[5] for row in rows),
+            by_tier_served=by_tier,
+        )
+
+    def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
+        """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
+        Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and
+        the backlog."""
+        end = _MAX_DAY if end_day is None else end_day
+        (spent,) = self._db.execute(
+            "SELECT COALESCE(SUM(cost_usd), 0.0) FROM tenant_daily"
+            " WHERE tenant = ? AND day >= ? AND day < ?",
+            (tenant, first_day, end),
+        ).fetchone()
+        held = sum(
+            e.record.cost_usd - (e.written.cost_usd if e.written is not None else 0.0)
+            for e in self._backlog
+            if e.record.tenant == tenant and first_day <= utc_day(e.record.time_s) < end
+        )
+        return float(spent) + held
+
+    def used_bytes(self) -> int:
+        """Bytes of the database file in use (pages not on SQLite's free list; without the WAL).
+        Pruned rows free their pages for new rows: the file stops growing, it does not shrink."""
+        db = self._db
+        try:
+            (pages,) = db.execute("PRAGMA page_count").fetchone()
+            (free,) = db.execute("PRAGMA freelist_count").fetchone()
+            (page_size,) = db.execute("PRAGMA page_size").fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the size of {self.path}: {exc}") from exc
+        return int((pages - free) * page_size)
+
+    def prune(self, limit: int, *, before_s: float | None = None) -> int:
+        """Delete request rows, oldest first: of the `limit` oldest rows, those that finished
+        before `before_s` (all of them without it). Returns how many went.
+
+        Only request rows go; the daily totals stay, so budgets, `tenant_totals` and
+        `/v1/usage` are unchanged. The work is bounded by `limit` whatever the ledger's size:
+        rows are read in insertion order, which is the order they finished in.
+        """
+        self.commit_batch()
+        where = "" if before_s is None else " WHERE time_s < ?"
+        params: tuple[float, ...] = (limit,) if before_s is None else (limit, before_s)
+        try:
+            cursor = self._db.execute(
+                "DELETE FROM usage WHERE id IN (SELECT id FROM"
+                f" (SELECT id, time_s FROM usage ORDER BY id LIMIT ?){where})",
+                params,
+            )
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot prune the usage ledger {self.path}: {exc}") from exc
+        return cursor.rowcount
+
+
+def utc_day(time_s: float) -> int:
+    """The UTC day of a Unix time, counted from 1970-01-01 (Unix days have 86,400 s)."""
+    return int(time_s // 86400)
+
+
+#: Beyond any day a Unix time of this era falls on (an open end for day ranges).
+_MAX_DAY = 1 << 40
+
+
+class _Checkpointer:
+    """A daemon thread that checkpoints the WAL of the database at `path` periodically.
+
+    Each round: a PASSIVE pass, which copies what it can without waiting for, or blocking, the
+    writer; then, when the WAL holds `restart_frames` or more, a RESTART pass, which holds the
+    writer back while it copies the rest, so that the next commit starts the WAL over. When the
+    writer cannot be held back within the connection's timeout, SQLite degrades that pass to a
+    passive one and the next round tries again; a failure is retried next round too (the WAL
+    only grows meanwhile; nothing recorded is at risk).
+
+    A WAL file is reused, never shrunk, below `journal_size_limit`. So when the file is longer
+    than `keep_bytes` and than twice the frames it holds now (it grew while checkpoints could
+    not finish, and the load that needs it is gone), a TRUNCATE pass cuts it to nothing; the
+    writer grows it again as far as the load needs.
+    """
+
+    def __init__(self, path: str, interval_s: float, restart_frames: int, keep_bytes: int) -> None:
+        self._path = path
+        self._interval_s = interval_s
+        self._restart_frames = restart_frames
+        self._keep_bytes = keep_bytes
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            # The timeout bounds the wait for the writer's current transaction (microseconds).
+            db = sqlite3.connect(self._path, isolation_level=None, timeout=0.5)
+            # The checkpoint's own fsyncs (WAL before copying, database after) follow this.
+            db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error:
+            return  # the main connection reports problems with the file
+        try:
+            while not self._stopping.wait(self._interval_s):
+                try:
+                    self.checkpoint(db)
+                except sqlite3.Error:
+                    continue
+        finally:
+            db.close()
+
+    def checkpoint(self, db: sqlite3.Connection) -> None:
+        """One round (see the class docstring)."""
+        _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if frames >= self._restart_frames:
+            db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        try:
+            wal_bytes = os.stat(self._path + "-wal").st_size
+        except OSError:
+            return
+        (page_size,) = db.execute("PRAGMA page_size").fetchone()
+        held_bytes = max(frames, 0) * (_WAL_FRAME_HEADER + page_size)
+        if wal_bytes > max(self._keep_bytes, 2 * held_bytes):
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+
+
+#: Bytes before each page in a WAL file (SQLite's file format).
+_WAL_FRAME_HEADER = 24

@@ -1,0 +1,1 @@
+"""A request's stages before routing: reading its body, its tier, its cascade."""

@@ -1,0 +1,294 @@
+"""Parsing and checking a completion request before it is routed.
+
+The router checks what it needs to route and bill (the model, the stream flag, token limits,
+that the body is a JSON object with messages or a prompt). Everything else is the serving
+node's to validate; unknown fields are passed through, as OpenAI ignores them.
+
+Bodies are read with orjson, faster than the standard library's json
+(router/request/jsonbytes.py). It is strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an
+unpaired surrogate escape are refused with a 400, which Python's `json` would let through (a
+UTF-8 byte-order mark is dropped, as `json.loads(bytes)` skips it). Integers beyond 64 bits are
+read as floats. The node receives the client's own bytes, with `stream_options` appended to a
+stream's when the router asks for usage; only a body the router must rewrite (a stream that set
+other `stream_options`, a cascade's second model) is written anew, such integers as floats.
+
+The router decides a request's output cap, and the node is sent exactly that: when a body
+spells the cap twice (`max_completion_tokens` and `max_tokens`) or in a spelling the endpoint
+does not read (`max_completion_tokens` on `/v1/completions`), it is rewritten so that every
+spelling the node may read says the cap (`max_completion_tokens` wins, as in OpenAI's API).
+What a budget holds is then bounded by what the node can produce (`CompletionRequest`'s
+`prompt_tokens_most`, `max_tokens` or the model's context, and `sequences`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tiergate.router.http.errors import RouterError
+from tiergate.router.request.jsonbytes import dumps
+from tiergate.sim_nodes.server.nesting import MAX_BODY_NESTING, body_too_deep
+
+TOO_DEEP = f"the request body nests arrays or objects more than {MAX_BODY_NESTING} levels deep"
+
+#: A rough prompt size before the node counts it: ~4 characters per token, as for English.
+CHARS_PER_TOKEN = 4
+#: Output assumed when a request sets no cap, for rate limits and latency predictions (budgets
+#: hold what the node may really produce: the rest of the model's context).
+DEFAULT_MAX_TOKENS = 256
+#: Prompt tokens a chat template may add beyond the body's bytes (system preamble, tool
+#: instructions): every other token is at least one byte of the body.
+TEMPLATE_TOKENS = 256
+#: The most sequences one request may ask for of each prompt (`n`, `best_of`).
+MAX_SEQUENCES = 128
+UTF8_BOM = b"\xef\xbb\xbf"
+#: How much of the prompt the prefix-affinity hash looks at.
+PREFIX_CHARS = 2048
+#: The largest `max_tokens` accepted: far beyond any model's context (the node refuses what its
+#: model cannot do), and small enough for the router's limits and predictions to compute with.
+MAX_TOKENS_LIMIT = 2**31 - 1
+#: The output cap's spellings, in the order of precedence.
+CAP_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    """A validated completion request."""
+
+    body: dict[str, Any]
+    chat: bool
+    model: str
+    stream: bool
+    include_usage: bool  # what the client asked for; the router always asks upstream
+    max_tokens: int | None  # the output cap sent to the node; None: the node's (its context)
+    prompt_tokens_estimate: int
+    prefix_text: str  # the start of the prompt, for prefix affinity (never logged)
+    slo: tuple[float | None, float | None] | None = None  # (TTFT s, TPOT s) the client asks for
+    raw: bytes | None = None  # the client's bytes, forwarded as they are while `body` is unchanged
+    #: Sequences generated: `n` (or `best_of`) for each prompt of a batch.
+    sequences: int = 1
+    #: The most prompt tokens the node may count: a token is at least one byte of the body.
+    prompt_tokens_most: int = 0
+
+    @property
+    def output_tokens_expected(self) -> int:
+        """Output tokens expected of one sequence, for latency predictions and (times
+        `sequences`) rate limits; budgets hold what the node may produce instead."""
+        return self.max_tokens or DEFAULT_MAX_TOKENS
+
+    @property
+    def tokens_expected(self) -> int:
+        """The whole request's tokens as the rate limiter estimates them before the reply."""
+        return self.prompt_tokens_estimate + self.output_tokens_expected * self.sequences
+
+
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
+#: SLO headers are below this many milliseconds (a figure the router can compute with).
+MAX_SLO_MS = 1e9
+SLO_TPOT_HEADER = "x-slo-tpot-ms"
+
+
+def parse_slo(headers: dict[str, str]) -> tuple[float | None, float | None] | None:
+    """The per-request SLO headers, in seconds; None when neither is set."""
+    values: list[float | None] = []
+    for name in (SLO_TTFT_HEADER, SLO_TPOT_HEADER):
+        text = headers.get(name)
+        if text is None:
+            values.append(None)
+            continue
+        try:
+            ms = float(text)
+        except ValueError:
+            ms = -1.0
+        if not (ms > 0 and ms < MAX_SLO_MS):
+            raise _bad(f"`{name}` must be a positive number of milliseconds", param=name)
+        values.append(ms / 1000.0)
+    return None if values == [None, None] else (values[0], values[1])
+
+
+def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
+    if raw.startswith(UTF8_BOM):
+        raw = raw[3:]  # the node is sent the body without it (Python's json.loads(str) refuses it)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if exc.msg.startswith("str is not valid UTF-8"):
+            raise _bad("the request body is not valid UTF-8") from None
+        if exc.msg.startswith("depth limit"):
+            raise _bad(TOO_DEEP) from None
+        raise _bad(f"the request body is not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    if body_too_deep(raw, body):  # deeper than the node reads: its refusal would mislead
+        raise _bad(TOO_DEEP)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("`model` is required and must be a string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("`stream` must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("`stream_options` must be an object", param="stream_options")
+    include_usage = options.get("include_usage") if options else None
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _bad("`stream_options.include_usage` must be a boolean", param="stream_options")
+    max_tokens, capped = _output_cap(body, chat)
+    text, tokens, prompts = _prompt(body, chat)
+    return CompletionRequest(
+        body=body if capped is None else capped,
+        chat=chat,
+        model=model,
+        stream=stream,
+        include_usage=include_usage is True,
+        max_tokens=max_tokens,
+        prompt_tokens_estimate=max(1, tokens),
+        prefix_text=text[:PREFIX_CHARS],
+        raw=raw if capped is None else None,
+        sequences=_sequences(body, prompts),
+        prompt_tokens_most=len(raw) + TEMPLATE_TOKENS,
+    )
+
+
+def upstream_body(request: CompletionRequest) -> bytes:
+    """The body sent upstream: the client's, asking for usage on streams (for billing).
+
+    The client's own bytes go through untouched when nothing needs changing: re-encoding a
+    long prompt on every request is work the request path does not need.
+    """
+    body = request.body
+    needs_usage = request.stream and not request.include_usage
+    if request.raw is not None and not needs_usage:
+        return request.raw
+    if needs_usage:
+        if request.raw is not None and "stream_options" not in body:
+            # Appended to the client's bytes (no key is repeated): nothing else is rewritten.
+            head = request.raw.rstrip(b" \t\r\n")
+            return head[:-1] + b',"stream_options":{"include_usage":true}}'
+        body = {
+            **body,
+            "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
+        }
+    try:
+        return dumps(body)
+    except ValueError:  # orjson read it (1,024 levels); neither orjson nor json writes it
+        raise _bad(TOO_DEEP) from None
+
+
+def _output_cap(body: dict[str, Any], chat: bool) -> tuple[int | None, dict[str, Any] | None]:
+    """The request's output cap, and the body rewritten to say it in every spelling the node
+    may read (None when the body already does)."""
+    given = {key: _token_count(body, key) for key in CAP_FIELDS if body.get(key) is not None}
+    if not given:
+        return None, None
+    cap = given.get("max_completion_tokens", given.get("max_tokens"))
+    assert cap is not None
+    # Chat endpoints read either spelling (max_completion_tokens first); completions read
+    # max_tokens only.
+    said = {"max_tokens": cap, "max_completion_tokens": cap} if chat else {"max_tokens": cap}
+    as_sent = {key: body[key] for key in given}
+    exact = all(type(value) is int for value in as_sent.values())  # not 5.0: the node reads ints
+    if exact and (given == said or (chat and len(given) == 1)):
+        return cap, None
+    rewritten = {k: v for k, v in body.items() if k not in CAP_FIELDS}
+    return cap, {**rewritten, **said}
+
+
+def _whole(value: Any) -> int | None:
+    """`value` as an integer if JSON calls it one (5 or 5.0, as JSON Schema does), else None."""
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
+
+
+def _token_count(body: dict[str, Any], key: str) -> int:
+    value = _whole(body[key])
+    if value is None:
+        raise _bad(f"`{key}` must be an integer", param=key)
+    if value < 1:
+        raise _bad(f"`{key}` must be at least 1 (got {value})", param=key)
+    if value > MAX_TOKENS_LIMIT:
+        raise _bad(f"`{key}` must be at most {MAX_TOKENS_LIMIT}", param=key)
+    return value
+
+
+def _sequences(body: dict[str, Any], prompts: int) -> int:
+    """Sequences the node generates: `n` (or `best_of`, which vLLM generates and then picks
+    from) for each of the request's prompts."""
+    per_prompt = 1
+    for key in ("n", "best_of"):
+        if body.get(key) is None:
+            continue
+        value = _whole(body[key])
+        if value is None or not 1 <= value <= MAX_SEQUENCES:
+            raise _bad(f"`{key}` must be an integer from 1 to {MAX_SEQUENCES}", param=key)
+        per_prompt = max(per_prompt, value)
+    return per_prompt * prompts
+
+
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
+    """The prompt's text (what prefix affinity hashes), its size in tokens (estimated for
+    text, counted for token ids) and how many prompts it is (a completions batch)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("`messages` must be a non-empty array", param="messages")
+        parts: list[str] = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise _bad(f"`messages[{i}]` must be an object", param="messages")
+            parts.append(_content_text(message.get("content"), i))
+        text = "\n".join(parts)
+        return text, len(text) // CHARS_PER_TOKEN, 1
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt, len(prompt) // CHARS_PER_TOKEN, 1
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            text = "\n".join(prompt)
+            return text, len(text) // CHARS_PER_TOKEN, len(prompt)
+        if _token_ids(prompt):  # OpenAI's and vLLM's pre-tokenised prompt
+            return _ids_text(prompt), len(prompt), 1
+        if all(isinstance(p, list) and p and _token_ids(p) for p in prompt):
+            return _ids_text(prompt[0]), sum(len(p) for p in prompt), len(prompt)
+    raise _bad(
+        "`prompt` must be a string, a non-empty array of strings, an array of token ids "
+        "(non-negative integers) or a non-empty array of such arrays",
+        param="prompt",
+    )
+
+
+def _token_ids(values: list[Any]) -> bool:
+    """Whether `values` are token ids: whole numbers from 0 (5.0 too, as JSON Schema says)."""
+    return all(
+        (type(v) is int and v >= 0) or ((w := _whole(v)) is not None and w >= 0) for v in values
+    )
+
+
+def _ids_text(ids: list[int]) -> str:
+    """Token ids as text for prefix affinity: the same leading ids give the same leading text.
+    Only as many as the prefix hash can look at are written out."""
+    return " ".join(map(str, map(int, ids[: PREFIX_CHARS // 2])))  # 5.0 and 5 alike
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    texts: list[str] = []  # multi-part content: count the text parts
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _bad(f"`messages[{i}].content[{j}].text` must be a string", param="messages")
+            texts.append(text)
+    return "".join(texts)
+
+
+def _bad(message: str, *, param: str | None = None) -> RouterError:
+    return RouterError(400, message, code="invalid_request", param=param)

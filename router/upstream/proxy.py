@@ -1,0 +1,261 @@
+"""The upstream half of the proxy: one shared aiohttp session, bounded retries, outliers.
+
+Every upstream request goes through one `aiohttp.ClientSession` (one connection pool, created
+on first use inside the event loop) with explicit timeouts (`UPSTREAM_TIMEOUT`) and pool limits
+(`max_connections`), and no cookie jar: a gateway shared by tenants must not keep one tenant's
+upstream cookies and send them with another tenant's request. aiohttp rather than httpx: on
+the request path httpx's pool and objects cost several times more CPU per request
+(`benchmarks/router_parts.py` compares the two).
+
+`Upstream.open(...)` sends a request to the first endpoint of the picked order and returns
+the upstream response with its headers read and its body not yet (streaming). A connection
+error, a timeout before the response starts, or a 5xx/429 status is retried on the next
+endpoint, with a short backoff, at most `attempts` times; nothing has reached the client yet,
+so a retry is invisible to it. Once the body starts flowing the caller owns the response: a
+failure then is mid-stream (`UpstreamError`) and is the caller's to report.
+
+Whose fault a failure is decides whether it counts against the endpoint (outlier detection).
+A connection error, a timeout, 429, 502, 503 or 504 says the endpoint is down or overloaded:
+it counts at once. A 500 is an answer from a live endpoint, and the request itself may be
+what broke it, so it counts only once another endpoint has served the same request; a request
+that fails everywhere ejects nothing, and one tenant's poison requests cannot eject healthy
+endpoints. The client's 503 names the tier and the last failure, never an endpoint's address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from yarl import URL
+
+from tiergate.router.discovery.state import EndpointState
+from tiergate.router.http.errors import RouterError
+
+log = logging.getLogger("tiergate.router")
+
+#: Statuses worth another endpoint: the endpoint is broken or overloaded, or (500) maybe the
+#: request is the cause, which another endpoint's answer tells (module docstring).
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The request id the handler sends upstream, named in the log line of a request that failed.
+REQUEST_ID_HEADER = "x-tiergate-request-id"
+#: Backoff before the 2nd, 3rd, ... attempt (seconds); the last value repeats.
+BACKOFF_S = (0.0, 0.02, 0.1)
+
+#: Explicit upstream timeouts: connecting is short (a dead endpoint must be retried elsewhere
+#: quickly), and so is waiting for a pooled connection (`connect` covers both); reading is long
+#: (a stream may pause while a busy node prefills a long prompt). No total: streams are long.
+UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=2.0, sock_read=300.0)
+
+#: Idle connections are dropped after this long: under uvicorn's (so vLLM's and the sim
+#: node's) 5 s keep-alive, so a request never goes out on a connection the node is closing
+#: (aiohttp does not resend a POST that meets a closed connection; it would count as the
+#: endpoint's failure).
+KEEPALIVE_S = 4.0
+
+#: Upstream connections in use at once, at most (each proxied request holds one).
+MAX_CONNECTIONS = 1024
+
+#: The failures of a connection, as aiohttp raises them (timeouts are TimeoutError).
+CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+class UpstreamUnavailable(RouterError):
+    """Every attempt failed: the client's 503. `attempts` says how many endpoints were tried."""
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(
+            503,
+            message,
+            type="server_error",
+            code="upstream_unavailable",
+            headers={"Retry-After": "1"},
+        )
+        self.attempts = attempts
+
+
+class UpstreamError(Exception):
+    """The upstream connection failed after the response started (reset, timeout, bad framing)."""
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream response whose headers have arrived; its body is still to be read.
+
+    The endpoint counts it in flight until `close()`, which the caller must await once the
+    body is read or abandoned: an unread body closes the connection, which cancels the
+    request upstream; a fully read one returns the connection to the pool.
+    """
+
+    endpoint: EndpointState
+    response: aiohttp.ClientResponse
+    attempts: int  # how many endpoints were tried (1 = no retry)
+    closed: bool = False
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def content_type(self) -> str:
+        return self.response.headers.get("content-type", "")
+
+    async def read(self) -> bytes:
+        """The whole body; UpstreamError if the connection fails while reading it."""
+        try:
+            return await self.response.read()
+        except CONNECTION_ERRORS as exc:
+            raise UpstreamError(type(exc).__name__) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; UpstreamError if the connection fails on the way."""
+        try:
+            async for chunk in self.response.content.iter_any():
+                yield chunk
+        except CONNECTION_ERRORS as exc:
+            raise UpstreamError(type(exc).__name__) from exc
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.endpoint.inflight -= 1
+            self.response.release()
+
+
+class Upstream:
+    """Sends requests to endpoints, retrying before the first byte."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        timeout: aiohttp.ClientTimeout = UPSTREAM_TIMEOUT,
+        attempts: int = 3,
+        on_success: Callable[[EndpointState], object] = lambda e: None,
+        on_failure: Callable[[EndpointState], object] = lambda e: None,
+    ) -> None:
+        self.max_connections = max_connections
+        self.timeout = timeout
+        self.attempts = attempts
+        self._on_success = on_success
+        self._on_failure = on_failure
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
+        self.retries = 0  # total extra attempts made (a metric)
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The shared session, made on first use (aiohttp needs the running event loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, keepalive_timeout=KEEPALIVE_S
+                ),
+                timeout=self.timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                # Compression is not asked for (a node that compresses anyway is decoded).
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        return self._session
+
+    async def open(
+        self,
+        endpoints: Sequence[EndpointState],
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> Opened:
+        """POST `body` to `path` on the first endpoint that answers well enough.
+
+        Returns the first non-retryable response (2xx, or a 4xx that is the request's fault,
+        passed through to the client). Raises UpstreamUnavailable (a 503) when every attempt
+        failed; its message names no endpoint (the log line `upstream_unavailable` does).
+        """
+        session = self._client()
+        failures: list[tuple[EndpointState, str]] = []
+        answered_500: list[EndpointState] = []  # not held against them unless another serves
+        for endpoint in endpoints[: self.attempts]:
+            if failures:
+                self.retries += 1
+                await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
+            endpoint.inflight += 1
+            try:
+                response = await session.post(
+                    self._url(endpoint.url + path), data=body, headers=headers
+                )
+            except (*CONNECTION_ERRORS, ValueError) as exc:  # ValueError: a URL it cannot use
+                endpoint.inflight -= 1
+                self._on_failure(endpoint)
+                failures.append((endpoint, _failure(exc)))
+                continue
+            except BaseException:
+                endpoint.inflight -= 1
+                raise
+            if response.status in RETRYABLE_STATUSES:
+                endpoint.inflight -= 1
+                response.close()
+                if response.status == 500:
+                    answered_500.append(endpoint)
+                else:
+                    self._on_failure(endpoint)
+                failures.append((endpoint, f"HTTP {response.status}"))
+                continue
+            if response.status < 300:
+                for failed in answered_500:  # the request was fine: those endpoints were not
+                    self._on_failure(failed)
+            self._on_success(endpoint)
+            return Opened(endpoint, response, len(failures) + 1)
+        raise self._unavailable(endpoints, failures, headers)
+
+    @staticmethod
+    def _unavailable(
+        endpoints: Sequence[EndpointState],
+        failures: list[tuple[EndpointState, str]],
+        headers: dict[str, str],
+    ) -> UpstreamUnavailable:
+        """The client's 503 (tier, attempts, the last failure: never an endpoint's address)
+        and the operator's log line (every endpoint tried, and how it failed)."""
+        tier = endpoints[0].tier if endpoints else "requested"
+        last = failures[-1][1] if failures else "no endpoint to try"
+        log.warning(
+            'event=upstream_unavailable request_id=%s tier=%s attempts=%d endpoints=%s errors="%s"',
+            headers.get(REQUEST_ID_HEADER, "-"),
+            tier,
+            len(failures),
+            ",".join(e.url for e, _ in failures) or "-",
+            "; ".join(why for _, why in failures),
+        )
+        return UpstreamUnavailable(
+            f"no endpoint of the {tier} tier could serve the request after "
+            f"{len(failures)} attempt(s); last: {last}",
+            len(failures),
+        )
+
+    def failed(self, endpoint: EndpointState) -> None:
+        """An endpoint's response failed after it started (its stream broke before the first
+        token): the endpoint's failure, for outlier detection."""
+        self._on_failure(endpoint)
+
+    def _url(self, text: str) -> URL:
+        """Parsed once per endpoint and path (parsing is a measurable share of a request)."""
+        url = self._urls.get(text)
+        if url is None:
+            if len(self._urls) >= 4096:  # endpoints come and go: stay bounded
+                self._urls.clear()
+            url = self._urls[text] = URL(text)
+        return url
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _failure(exc: BaseException) -> str:
+    """How a connection failed, in words a client may read (no address)."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.InvalidURL) or not isinstance(exc, aiohttp.ClientError):
+        return "unusable endpoint address"  # yarl's ValueError, or aiohttp's
+    return f"connection failed ({type(exc).__name__})"

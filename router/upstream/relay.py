@@ -1,0 +1,245 @@
+"""Relaying an upstream reply to the client, whole or as a stream, and billing it.
+
+`await settle()` (the handler's accounting: metrics, rate limits, the ledger, and the wait for
+the ledger's commit) runs before the reply's end goes out: before a whole reply's body, and
+before a stream's `data: [DONE]`. A client that has the whole reply therefore finds it in the
+ledger even if the router is SIGKILLed the next moment. A stream's row is written at its first
+token and amended every `BILL_INTERVAL_S` while it runs (`bill_so_far`), so a router killed
+mid-stream has billed what it relayed up to then.
+
+A stream's response starts only with its first token (`first_token`): a node that fails before
+it (killed while the request waited or prefilled) has shown the client nothing, so the handler
+gives the request to another endpoint; once a token is out, a failure ends the stream with an
+error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tiergate.router.discovery.view import RoutedPool
+from tiergate.router.http.asgi import Receive, Send, encode_headers, send_bytes
+from tiergate.router.http.errors import RouterError
+from tiergate.router.http.metrics import RouterMetrics
+from tiergate.router.progress import Progress
+from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.jsonbytes import dumps as json_bytes
+from tiergate.router.request.jsonbytes import loads_reply
+from tiergate.router.upstream.disconnect import DisconnectGuard
+from tiergate.router.upstream.proxy import Opened, UpstreamError
+from tiergate.router.upstream.sse import DONE, StreamRewriter, usage_tokens
+
+log = logging.getLogger("tiergate.router")
+
+#: How often a stream's ledger row is brought up to date (from its first token on): a router
+#: killed mid-stream has billed all it relayed but the last interval's tokens.
+BILL_INTERVAL_S = 1.0
+
+
+def bad_reply(message: str) -> RouterError:
+    return RouterError(502, message, type="server_error", code="bad_upstream_reply")
+
+
+def bill(done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
+    """Count the reply's usage and cost into `done`, and add the cost to the reply. ValueError
+    for usage counts that are not token counts (router/upstream/sse.py `usage_tokens`)."""
+    usage = reply.get("usage") or {}
+    done.prompt_tokens, done.completion_tokens = usage_tokens(usage)
+    done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+    if isinstance(reply.get("usage"), dict):
+        reply["usage"]["cost_usd"] = round(done.cost_usd, 10)
+
+
+async def relay_whole(
+    send: Send,
+    opened: Opened,
+    pool: RoutedPool,
+    headers: dict[str, str],
+    done: Progress,
+    *,
+    service_tier: str,
+    settle: Callable[[], Awaitable[None]],
+    guard: DisconnectGuard,
+) -> None:
+    """Relay a whole reply; `service_tier` is the value its body's field gets
+    (`tiers.openai_service_tier`)."""
+    try:
+        with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
+            body = await opened.read()
+    except UpstreamError as exc:
+        raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
+    done.status = opened.status
+    if opened.status != 200:
+        # The node refused the request itself (4xx): its envelope goes back as it is.
+        done.outcome = "rejected"
+        await settle()
+        await send_bytes(send, opened.status, body, encode_headers(headers))
+        return
+    try:
+        data, dumps = loads_reply(body)
+        bill(done, pool, data)
+        data["service_tier"] = service_tier
+        payload = dumps(data)
+    except (ValueError, TypeError, AttributeError):
+        raise bad_reply("the serving node returned a malformed reply") from None
+    headers = {**headers, "x-tiergate-cost-usd": f"{done.cost_usd:.10f}"}
+    done.outcome = "ok"
+    await settle()
+    await send_bytes(send, 200, payload, encode_headers(headers))
+
+
+def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_estimate: int) -> None:
+    """The stream's tokens and cost so far, into `done`.
+
+    Without the node's usage chunk (the stream was cut short: the client left, the node
+    failed) the router bills what it relayed: a token per content chunk, and, once a token
+    came out (so the node had read the whole prompt), the prompt at the router's own estimate
+    (`prompt_estimate`, ~4 characters a token). For a long agentic prompt that is most of the
+    request's cost; billing it as 0 gave every cut-short stream its prefill for free."""
+    if rewriter.usage is not None:  # its counts were checked (`usage_tokens`)
+        done.prompt_tokens, done.completion_tokens = usage_tokens(rewriter.usage)
+    else:
+        done.completion_tokens = rewriter.content_chunks
+        done.prompt_tokens = prompt_estimate if rewriter.content_chunks else 0
+    done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
+
+
+@dataclass(slots=True)
+class FirstToken:
+    """An upstream stream read up to its first token (or its end), nothing of it sent yet:
+    until then the router may still give the request to another endpoint."""
+
+    opened: Opened
+    pool: RoutedPool
+    rewriter: StreamRewriter
+    chunks: AsyncIterator[bytes]  # the rest of the upstream body
+    head: bytes  # the rewritten events read so far, sent right after the headers
+    at_s: float  # when the first token came (the clock's time), or the stream ended
+
+
+async def first_token(
+    opened: Opened,
+    pool: RoutedPool,
+    request: CompletionRequest,
+    *,
+    service_tier: str,
+    clock: Callable[[], float],
+) -> FirstToken:
+    """Read `opened`'s stream until its first token or its end. UpstreamError if it fails
+    before either: the client has seen nothing, so the caller may try another endpoint.
+    `service_tier` is what its chunks' field says (`tiers.openai_service_tier`)."""
+    rewriter = StreamRewriter(
+        service_tier, include_usage=request.include_usage, cost_of=pool.cost_usd
+    )
+    chunks = opened.chunks()
+    head: list[bytes] = []
+    async for raw in chunks:
+        head.append(rewriter.feed(raw))
+        if rewriter.content_chunks or rewriter.error or rewriter.done:
+            return FirstToken(opened, pool, rewriter, chunks, b"".join(head), clock())
+    raise UpstreamError("the stream ended before its first token")
+
+
+async def relay_stream(
+    receive: Receive,
+    send: Send,
+    first: FirstToken,
+    request: CompletionRequest,
+    headers: dict[str, str],
+    done: Progress,
+    *,
+    settle: Callable[[], Awaitable[None]],
+    bill_so_far: Callable[[], None],
+    clock: Callable[[], float],
+    metrics: RouterMetrics,
+    start_s: float,
+) -> None:
+    """Relay a stream from its first token on (`first_token`); `start_s` is when the router
+    started asking upstream, which time to first token counts from. `bill_so_far` writes the
+    stream's ledger row as `done` says: called once its first token is out, then every
+    `BILL_INTERVAL_S` while tokens come."""
+    opened, pool, rewriter = first.opened, first.pool, first.rewriter
+    raw_headers = [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache"),
+        *encode_headers(headers),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
+    done.status = 200
+    relay = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        if relay is not None:
+            relay.cancel()  # stop reading upstream; closing it cancels the node's work
+
+    async def upstream() -> AsyncIterator[bytes]:
+        if first.head:
+            yield first.head
+        async for raw in first.chunks:
+            yield rewriter.feed(raw)
+
+    watcher = asyncio.create_task(watch())
+    last_chunk_s = start_s
+    billed_s: float | None = None  # when bill_so_far last ran
+    settled = False
+    if rewriter.content_chunks:
+        done.ttft_s, last_chunk_s = first.at_s - start_s, first.at_s
+    try:
+        async for out in upstream():
+            if not out:
+                continue
+            now = clock()
+            if done.ttft_s is None and rewriter.content_chunks:
+                done.ttft_s = now - start_s
+            last_chunk_s = now
+            if rewriter.done and not settled:
+                head, end, tail = out.partition(DONE)
+                if head:
+                    await send({"type": "http.response.body", "body": head, "more_body": True})
+                tally(done, rewriter, pool, request.prompt_tokens_estimate)
+                done.outcome = "error" if rewriter.error else "ok"
+                settled = True
+                await settle()
+                out = end + tail
+                if not out:
+                    continue
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+            if rewriter.content_chunks and not settled:
+                if billed_s is None or now - billed_s >= BILL_INTERVAL_S:
+                    tally(done, rewriter, pool, request.prompt_tokens_estimate)
+                    bill_so_far()
+                    billed_s = now
+        done.outcome = "error" if rewriter.error else "ok"
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        if relay is not None:
+            relay.uncancel()
+        done.outcome, done.status = "client_disconnect", 499
+    except (UpstreamError, OSError) as exc:
+        done.outcome = "upstream_error"
+        metrics.midstream_errors.labels(pool.spec.tier).inc()
+        log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
+                    pool.spec.name, opened.endpoint.url, type(exc).__name__)  # fmt: skip
+        if not gone:
+            error = RouterError(502, "the serving node failed mid-stream",
+                                type="server_error", code="upstream_failed")  # fmt: skip
+            event = b"data: " + json_bytes(error.envelope()) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+    finally:
+        watcher.cancel()
+    tally(done, rewriter, pool, request.prompt_tokens_estimate)
+    if done.ttft_s is not None and done.completion_tokens > 1:
+        tpot = (last_chunk_s - start_s - done.ttft_s) / (done.completion_tokens - 1)
+        metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
+    if not gone:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

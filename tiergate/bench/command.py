@@ -1,0 +1,174 @@
+"""`tiergate bench`: drive load through a tiergate router (or any OpenAI-compatible URL)
+and print, per tier served, latency, speed, throughput, cost, tool-call errors, escalations.
+
+Exit status: 0 when the run completed (some requests may have failed: see the table), 1 when
+every request failed, 2 for a user error (bad flags, unreachable URL, --plot without
+matplotlib), each as one line on stderr, 130 when Ctrl-C (or SIGTERM) stopped it: the report
+then covers the requests that finished, and is written to --json / --plot as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tiergate.bench.errors import BenchError, BenchInterrupted
+from tiergate.bench.progress import make_progress
+from tiergate.bench.report import render_table, require_matplotlib, write_json, write_plot
+from tiergate.bench.results import RequestResult
+from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
+from tiergate.bench.stats import BenchReport
+from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_mix
+from tiergate.sim_nodes.commands.common import positive_float, positive_int, unit_interval
+
+__all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
+
+DEFAULT_ROUTER = "http://127.0.0.1:8080"
+API_KEY_ENV = "TIERGATE_API_KEY"
+#: The exit status of a run stopped by a signal (128 + SIGINT, as shells report Ctrl-C).
+INTERRUPTED = 130
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's flags."""
+    target = parser.add_argument_group("target")
+    target.add_argument(
+        "--router",
+        default=DEFAULT_ROUTER,
+        metavar="URL",
+        help=f"base URL (default {DEFAULT_ROUTER})",
+    )
+    target.add_argument(
+        "--model",
+        help="model to ask for (default: per tier, one the router lists for it in "
+        "GET /v1/models; a plain server's first model)",
+    )
+    target.add_argument(
+        "--api-key", help=f"bearer API key (default: ${API_KEY_ENV}; none if unset)"
+    )
+    target.add_argument(
+        "--timeout", type=positive_float, default=120.0, metavar="S",
+        help="seconds one request may take, stream included (default 120)",
+    )  # fmt: skip
+    load = parser.add_argument_group("load")
+    load.add_argument(
+        "--requests", type=positive_int, default=100, metavar="N", help="(default 100)"
+    )
+    load.add_argument(
+        "--concurrency", type=positive_int, default=8, metavar="N",
+        help="requests in flight at once (default 8)",
+    )  # fmt: skip
+    load.add_argument("--mix", default=DEFAULT_MIX, help=f"tier weights (default {DEFAULT_MIX})")
+    load.add_argument(
+        "--tools-fraction", type=unit_interval, default=0.2, metavar="F",
+        help="share of requests calling a tool, whose call is validated (default 0.2)",
+    )  # fmt: skip
+    load.add_argument(
+        "--input-tokens", type=positive_int, default=512, metavar="N",
+        help="prompt tokens per request, about (default 512)",
+    )  # fmt: skip
+    load.add_argument(
+        "--max-tokens", type=positive_int, default=128, metavar="N",
+        help="output tokens per request (default 128; tool requests get at least 64)",
+    )  # fmt: skip
+    load.add_argument("--seed", type=int, default=0, help="seed of tiers, prompts, tool draws")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    out.add_argument(
+        "--plot", type=Path, metavar="FILE.png",
+        help="chart speed vs cost per tier (needs: pip install 'tiergate[plot]')",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench as `args` say; print the table (stdout) and progress (stderr)."""
+    workload = Workload(
+        mix=parse_mix(args.mix),
+        input_tokens=args.input_tokens,
+        max_tokens=args.max_tokens,
+        tools_fraction=args.tools_fraction,
+        seed=args.seed,
+    )
+    settings = BenchSettings(
+        url=normalize_url(args.router),
+        requests=args.requests,
+        concurrency=args.concurrency,
+        workload=workload,
+        model=args.model,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        timeout_s=args.timeout,
+    )
+    # Fail before sending load, not after it.
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            _check_writable(flag, path)
+    if args.plot is not None:
+        if not args.plot.suffix:
+            raise BenchError(f"--plot {args.plot}: name an image file, such as {args.plot}.png")
+        require_matplotlib()
+
+    progress = make_progress(settings.requests)
+    try:
+        report = asyncio.run(_run_until_interrupted(settings, progress.update))
+    except BenchInterrupted as exc:
+        print(f"tiergate bench: {exc}", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        progress.close()
+    print(render_table(report))
+    if args.json is not None:
+        write_json(report, args.json)
+    if args.plot is not None:
+        try:
+            write_plot(report, args.plot)
+        except BenchError as exc:
+            if not report.run.interrupted:
+                raise
+            print(f"tiergate bench: {exc}", file=sys.stderr)  # a short run may have no point
+    if report.run.interrupted:
+        return INTERRUPTED
+    return 1 if report.total.errors == report.total.requests else 0
+
+
+async def _run_until_interrupted(
+    settings: BenchSettings, on_result: Callable[[RequestResult], None]
+) -> BenchReport:
+    """The bench, stopped by the first SIGINT (Ctrl-C) or SIGTERM with a report of what
+    finished; a second one interrupts at once, as usual."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def first_signal() -> None:
+        stop.set()
+        for signum in SIGNALS:  # the next one is Python's own again
+            loop.remove_signal_handler(signum)
+
+    for signum in SIGNALS:
+        loop.add_signal_handler(signum, first_signal)
+    try:
+        return await run_bench(settings, on_result=on_result, stop=stop)
+    finally:
+        for signum in SIGNALS:
+            loop.remove_signal_handler(signum)
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """BenchError unless `path` can be written (created, or appended to and left unchanged)."""
+    if path.is_dir():
+        raise BenchError(f"{flag} {path}: is a directory")
+    if not path.parent.is_dir():
+        raise BenchError(f"{flag}: no such directory: {path.parent}")
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise BenchError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,157 @@
+"""What the bench sends: the tier mix, synthetic prompts, the tool, per-request draws.
+
+Pure and seeded: `Workload.plan(n)` with the same seed always yields the same requests, so
+a bench run is reproducible down to the sim nodes' replies (each request carries a `seed`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from tiergate.bench.errors import BenchError
+from tiergate.router.request.tiers import TIERS
+
+__all__ = [
+    "DEFAULT_MIX",
+    "TOOL_NAME",
+    "TOOL_MIN_MAX_TOKENS",
+    "TOOL_SCHEMA",
+    "PlannedRequest",
+    "Workload",
+    "parse_mix",
+    "synthetic_prompt",
+    "tool_definition",
+]
+
+DEFAULT_MIX = "batched=.6,premium=.3,wafer-scale=.1"
+
+TOOL_NAME = "run_shell_command"
+
+#: The bench's tool: an agent's typical call, with typed, bounded and required fields so that
+#: a call can be wrong in more ways than being unparseable.
+TOOL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "string", "minLength": 1, "description": "the command line"},
+        "timeout_s": {"type": "integer", "minimum": 1, "maximum": 600},
+        "background": {"type": "boolean", "description": "run without waiting"},
+    },
+    "required": ["command", "timeout_s"],
+    "additionalProperties": False,
+}
+
+#: Output cap of a tool request at least: the call's arguments take ~30 tokens, and a call
+#: cut off by a small --max-tokens would count as the model's mistake.
+TOOL_MIN_MAX_TOKENS = 64
+
+#: Chat overhead of one user message (OpenAI's accounting, as the sim nodes count it).
+_CHAT_OVERHEAD_TOKENS = 6
+
+#: Short words: each, with its leading space, is one token for BPE tokenizers and the sim
+#: nodes' alike, so a prompt of k words is about k tokens anywhere.
+_WORDS = (
+    "the", "tier", "fast", "slow", "chip", "pool", "node", "step", "page", "load",
+    "busy", "idle", "time", "cost", "plan", "list", "file", "test", "code", "data",
+    "run", "job", "log", "key", "map", "set", "row", "bit", "hop", "bus",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of the run, fully decided before the run starts."""
+
+    index: int
+    tier: str
+    with_tools: bool
+    seed: int
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The shape of the load: tier mix, prompt size, output cap, share of tool requests."""
+
+    mix: dict[str, float]
+    input_tokens: int
+    max_tokens: int
+    tools_fraction: float
+    seed: int
+
+    def plan(self, requests: int) -> list[PlannedRequest]:
+        """`requests` planned requests, drawn from one `random.Random(seed)`."""
+        rng = random.Random(self.seed)
+        tiers = list(self.mix)
+        weights = [self.mix[t] for t in tiers]
+        planned = []
+        for index in range(requests):
+            tier = rng.choices(tiers, weights)[0]
+            with_tools = rng.random() < self.tools_fraction
+            request_seed = rng.getrandbits(31)
+            prompt = synthetic_prompt(self.input_tokens, random.Random(request_seed))
+            planned.append(PlannedRequest(index, tier, with_tools, request_seed, prompt))
+        return planned
+
+    def body(self, request: PlannedRequest, model: str) -> dict[str, Any]:
+        """The streaming chat-completion body of `request` for `model`."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": request.prompt}],
+            "max_tokens": max(self.max_tokens, TOOL_MIN_MAX_TOKENS)
+            if request.with_tools
+            else self.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "seed": request.seed,
+        }
+        if request.with_tools:
+            body["tools"] = [tool_definition()]
+            # Forced: a reply without the call is then a tool-call error, not a choice.
+            body["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
+        return body
+
+
+def tool_definition() -> dict[str, Any]:
+    """The OpenAI `tools` entry of the bench's tool."""
+    return {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Run a shell command in the project's sandbox.",
+            "parameters": TOOL_SCHEMA,
+        },
+    }
+
+
+def synthetic_prompt(input_tokens: int, rng: random.Random) -> str:
+    """A user message of about `input_tokens` prompt tokens (chat overhead included)."""
+    words = max(1, input_tokens - _CHAT_OVERHEAD_TOKENS)
+    return "".join(rng.choice(_WORDS) if i == 0 else " " + rng.choice(_WORDS) for i in range(words))
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """`batched=.6,premium=.3` -> {tier: weight}; weights are relative (need not sum to 1).
+
+    Raises BenchError for bad syntax, an unknown or repeated tier, a negative or non-finite
+    weight, or weights that add up to nothing.
+    """
+    mix: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not name or not value:
+            raise BenchError(f"--mix: expected tier=weight[,tier=weight...], got {part.strip()!r}")
+        if name not in TIERS:
+            raise BenchError(f"--mix: unknown tier {name!r}; choose from {', '.join(TIERS)}")
+        if name in mix:
+            raise BenchError(f"--mix: tier {name!r} given twice")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise BenchError(f"--mix: weight of {name} is not a number: {value!r}") from None
+        if not weight >= 0 or weight == float("inf"):
+            raise BenchError(f"--mix: weight of {name} must be a finite number >= 0, got {value}")
+        mix[name] = weight
+    if sum(mix.values()) <= 0:
+        raise BenchError("--mix: the weights add up to 0; give at least one tier a weight > 0")
+    return {tier: weight for tier, weight in mix.items() if weight > 0}
