@@ -11,10 +11,10 @@ open transaction and the event loop commits everything added in that round at on
 awaits `committed()` before its reply's end goes out, so a reply a client has whole is on
 record.
 
-Checkpoints run on a thread of their own (`_Checkpointer`), never inside a record: a PASSIVE
-pass every interval, then a RESTART pass once the WAL is long, because under steady load
-passive passes alone never let the WAL start over and it grew until the disk filled. A WAL
-that grew while checkpoints could not finish is cut back once they can.
+Checkpoints run on a thread of their own (router/ledger/checkpoint.py), never inside a record: a
+PASSIVE pass every interval, then a RESTART pass once the WAL is long, because under steady load
+passive passes alone never let the WAL start over and it grew until the disk filled. A WAL that
+grew while checkpoints could not finish is cut back once they can.
 
 Per-tenant totals per UTC day and tier served live in a second table, written in the same
 transaction as each row: bills, budgets and `/v1/usage` read them, so request rows can be
@@ -35,12 +35,30 @@ import asyncio
 import logging
 import os
 import sqlite3
-import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from tiergate.router.ledger.checkpoint import Checkpointer
+from tiergate.router.ledger.records import (
+    MAX_DAY,
+    LedgerError,
+    Outcome,
+    TierTotals,
+    UsageRecord,
+    UsageTotals,
+    utc_day,
+)
+from tiergate.router.ledger.sqlite_schema import (
+    ADD_TOTALS,
+    DELETE,
+    INSERT,
+    SCHEMA,
+    SCHEMA_VERSION_TABLE,
+    UPDATE,
+    row_values,
+    totals_delta,
+)
 from tiergate.router.request.tiers import Tier
 
 __all__ = [
@@ -83,165 +101,6 @@ OPEN_TIMEOUT_S = 5.0
 #: Records held in memory while the database refuses writes (~300 bytes each); beyond this many,
 #: new records are dropped and counted.
 MAX_BACKLOG = 100_000
-
-#: How a request attempt ended. `shed`: refused by admission; `rejected`: refused before
-#: routing (limits, budget); `client_disconnect`: the client went away mid-request;
-#: `incomplete`: a stream in flight (its row is written from its first token on, and amended
-#: as it goes); a row that stays so is a stream whose router stopped before it ended, billed
-#: for what it had relayed by then.
-Outcome = Literal[
-    "ok", "error", "upstream_error", "shed", "rejected", "client_disconnect", "incomplete"
-]
-
-
-class LedgerError(Exception):
-    """The ledger cannot be opened or used."""
-
-
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
-    """One attempt of one request, as billed."""
-
-    request_id: str  # router-generated; never a client-supplied id, which may repeat
-    time_s: float  # Unix time the attempt finished; budgets bill it to that period
-    tenant: str
-    tier_requested: Tier
-    tier_served: Tier | None  # None: never reached a pool
-    pool: str | None
-    endpoint: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-    ttft_s: float | None  # None: no token was streamed
-    cost_usd: float  # at the served tier's price
-    http_status: int
-    outcome: Outcome
-    escalated: bool = False  # the cascade escalated this request (set on both attempts)
-    attempt: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class TierTotals:
-    """Usage served by one tier."""
-
-    requests: int  # attempts served by this tier (a cascade counts on both tiers)
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float
-
-
-@dataclass(frozen=True, slots=True)
-class UsageTotals:
-    """A tenant's usage over the whole ledger."""
-
-    requests: int  # distinct requests (first attempts)
-    attempts: int  # rows, counting both attempts of a cascade
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float
-    by_tier_served: dict[Tier, TierTotals] = field(default_factory=dict)
-
-
-_SCHEMA_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
-# Per tenant, UTC day (Unix days: time_s // 86400) and tier served ('' for attempts no tier
-# served): running totals, so neither a tenant's totals nor its spend in a budget period scans
-# its requests, and pruning old request rows (retention) changes neither.
-_DAILY_TABLE = """CREATE TABLE IF NOT EXISTS tenant_daily (
-        tenant TEXT NOT NULL,
-        day INTEGER NOT NULL,
-        tier_served TEXT NOT NULL,
-        requests INTEGER NOT NULL,
-        attempts INTEGER NOT NULL,
-        prompt_tokens INTEGER NOT NULL,
-        completion_tokens INTEGER NOT NULL,
-        cost_usd REAL NOT NULL,
-        PRIMARY KEY (tenant, day, tier_served)
-    ) WITHOUT ROWID"""
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS usage (
-        id INTEGER PRIMARY KEY,
-        request_id TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        time_s REAL NOT NULL,
-        tenant TEXT NOT NULL,
-        tier_requested TEXT NOT NULL,
-        tier_served TEXT,
-        pool TEXT,
-        endpoint TEXT,
-        prompt_tokens INTEGER NOT NULL,
-        completion_tokens INTEGER NOT NULL,
-        latency_s REAL NOT NULL,
-        ttft_s REAL,
-        cost_usd REAL NOT NULL,
-        http_status INTEGER NOT NULL,
-        outcome TEXT NOT NULL,
-        escalated INTEGER NOT NULL
-    )""",
-    _DAILY_TABLE,
-)
-_INSERT = """
-INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
-    endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
-    outcome, escalated)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
-
-_UPDATE = """
-UPDATE usage SET request_id = ?, attempt = ?, time_s = ?, tenant = ?, tier_requested = ?,
-    tier_served = ?, pool = ?, endpoint = ?, prompt_tokens = ?, completion_tokens = ?,
-    latency_s = ?, ttft_s = ?, cost_usd = ?, http_status = ?, outcome = ?, escalated = ?
-WHERE id = ?
-"""
-_DELETE = "DELETE FROM usage WHERE id = ?"
-
-_ADD_TOTALS = """
-INSERT INTO tenant_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
-    requests = requests + excluded.requests,
-    attempts = attempts + excluded.attempts,
-    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens,
-    cost_usd = cost_usd + excluded.cost_usd
-"""
-
-
-def _row(usage: UsageRecord) -> tuple[object, ...]:
-    """A record's values, in `_INSERT`'s and `_UPDATE`'s order."""
-    return (
-        usage.request_id,
-        usage.attempt,
-        usage.time_s,
-        usage.tenant,
-        usage.tier_requested,
-        usage.tier_served,
-        usage.pool,
-        usage.endpoint,
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        usage.latency_s,
-        usage.ttft_s,
-        usage.cost_usd,
-        usage.http_status,
-        usage.outcome,
-        int(usage.escalated),
-    )
-
-
-def _totals(usage: UsageRecord, written: UsageRecord | None) -> tuple[object, ...]:
-    """What writing `usage` over `written` (None: no row yet) adds to the daily totals, in
-    `_ADD_TOTALS`' order: a new row counts its attempt (and its request, for a first
-    attempt); an amended one adds the difference, on the day it now says."""
-    new = written is None
-    return (
-        usage.tenant,
-        utc_day(usage.time_s),
-        usage.tier_served or "",
-        int(new and usage.attempt == 1),
-        int(new),
-        usage.prompt_tokens - (0 if written is None else written.prompt_tokens),
-        usage.completion_tokens - (0 if written is None else written.completion_tokens),
-        usage.cost_usd - (0.0 if written is None else written.cost_usd),
-    )
 
 
 @dataclass(slots=True, eq=False)
@@ -301,7 +160,7 @@ class Ledger:
         self._checkpointer = (
             None
             if self.path == ":memory:"
-            else _Checkpointer(self.path, checkpoint_interval_s, restart_frames, wal_keep_bytes)
+            else Checkpointer(self.path, checkpoint_interval_s, restart_frames, wal_keep_bytes)
         )
         self._backlog: deque[LedgerEntry] = deque()
         self._batch: list[_Write] = []  # written in the open transaction, not committed
@@ -317,14 +176,14 @@ class Ledger:
         # IMMEDIATE: two routers opening one new file do not both create the schema.
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute(_SCHEMA_VERSION_TABLE)
+            db.execute(SCHEMA_VERSION_TABLE)
             (version,) = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
             if version is not None and version > SCHEMA_VERSION:
                 raise LedgerError(
                     f"the usage ledger {self.path} has schema version {version}; this router "
                     f"understands up to {SCHEMA_VERSION}: upgrade the router"
                 )
-            for statement in _SCHEMA:
+            for statement in SCHEMA:
                 db.execute(statement)
             if version is None:
                 db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
@@ -551,17 +410,17 @@ class Ledger:
         db = self._db
         usage, written = entry.record, entry.written
         if entry.rowid is None:
-            rowid = db.execute(_INSERT, _row(usage)).lastrowid
-            undo: tuple[str, tuple[object, ...]] = (_DELETE, (rowid,))
-            totals = _totals(usage, None)
+            rowid = db.execute(INSERT, row_values(usage)).lastrowid
+            undo: tuple[str, tuple[object, ...]] = (DELETE, (rowid,))
+            totals = totals_delta(usage, None)
         else:
             rowid = entry.rowid
-            db.execute(_UPDATE, (*_row(usage), rowid))
+            db.execute(UPDATE, (*row_values(usage), rowid))
             assert written is not None
-            undo = (_UPDATE, (*_row(written), rowid))
-            totals = _totals(usage, written)
+            undo = (UPDATE, (*row_values(written), rowid))
+            totals = totals_delta(usage, written)
         try:
-            db.execute(_ADD_TOTALS, totals)
+            db.execute(ADD_TOTALS, totals)
         except BaseException:
             db.execute(*undo)
             raise
@@ -597,7 +456,7 @@ class Ledger:
         sums = {row[0]: list(row[1:]) for row in rows}
         for held in self._backlog:
             if held.record.tenant == tenant:
-                _, _, tier, *add = _totals(held.record, held.written)
+                _, _, tier, *add = totals_delta(held.record, held.written)
                 total = sums.setdefault(tier, [0, 0, 0, 0, 0.0])
                 for i, value in enumerate(add):
                     total[i] += value
@@ -619,7 +478,7 @@ class Ledger:
         """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
         Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and
         the backlog."""
-        end = _MAX_DAY if end_day is None else end_day
+        end = MAX_DAY if end_day is None else end_day
         (spent,) = self._db.execute(
             "SELECT COALESCE(SUM(cost_usd), 0.0) FROM tenant_daily"
             " WHERE tenant = ? AND day >= ? AND day < ?",
@@ -664,77 +523,3 @@ class Ledger:
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot prune the usage ledger {self.path}: {exc}") from exc
         return cursor.rowcount
-
-
-def utc_day(time_s: float) -> int:
-    """The UTC day of a Unix time, counted from 1970-01-01 (Unix days have 86,400 s)."""
-    return int(time_s // 86400)
-
-
-#: Beyond any day a Unix time of this era falls on (an open end for day ranges).
-_MAX_DAY = 1 << 40
-
-
-class _Checkpointer:
-    """A daemon thread that checkpoints the WAL of the database at `path` periodically.
-
-    Each round: a PASSIVE pass, which copies what it can without waiting for, or blocking, the
-    writer; then, when the WAL holds `restart_frames` or more, a RESTART pass, which holds the
-    writer back while it copies the rest, so that the next commit starts the WAL over. When the
-    writer cannot be held back within the connection's timeout, SQLite degrades that pass to a
-    passive one and the next round tries again; a failure is retried next round too (the WAL
-    only grows meanwhile; nothing recorded is at risk).
-
-    A WAL file is reused, never shrunk, below `journal_size_limit`. So when the file is longer
-    than `keep_bytes` and than twice the frames it holds now (it grew while checkpoints could
-    not finish, and the load that needs it is gone), a TRUNCATE pass cuts it to nothing; the
-    writer grows it again as far as the load needs.
-    """
-
-    def __init__(self, path: str, interval_s: float, restart_frames: int, keep_bytes: int) -> None:
-        self._path = path
-        self._interval_s = interval_s
-        self._restart_frames = restart_frames
-        self._keep_bytes = keep_bytes
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ledger-checkpoint", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            # The timeout bounds the wait for the writer's current transaction (microseconds).
-            db = sqlite3.connect(self._path, isolation_level=None, timeout=0.5)
-            # The checkpoint's own fsyncs (WAL before copying, database after) follow this.
-            db.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.Error:
-            return  # the main connection reports problems with the file
-        try:
-            while not self._stopping.wait(self._interval_s):
-                try:
-                    self.checkpoint(db)
-                except sqlite3.Error:
-                    continue
-        finally:
-            db.close()
-
-    def checkpoint(self, db: sqlite3.Connection) -> None:
-        """One round (see the class docstring)."""
-        _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if frames >= self._restart_frames:
-            db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-        try:
-            wal_bytes = os.stat(self._path + "-wal").st_size
-        except OSError:
-            return
-        (page_size,) = db.execute("PRAGMA page_size").fetchone()
-        held_bytes = max(frames, 0) * (_WAL_FRAME_HEADER + page_size)
-        if wal_bytes > max(self._keep_bytes, 2 * held_bytes):
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join()
-
-
-#: Bytes before each page in a WAL file (SQLite's file format).
-_WAL_FRAME_HEADER = 24

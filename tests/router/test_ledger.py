@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tiergate.router.ledger.checkpoint import Checkpointer
 from tiergate.router.ledger.sqlite import (
     PAGE_SIZE,
     SCHEMA_VERSION,
@@ -22,7 +23,6 @@ from tiergate.router.ledger.sqlite import (
     Ledger,
     LedgerError,
     UsageRecord,
-    _Checkpointer,
     utc_day,
 )
 
@@ -207,7 +207,7 @@ def test_a_wal_grown_while_checkpoints_could_not_run_is_cut_back(tmp_path: Path)
             ledger.record(usage(request_id=f"r{n}"))
         grown = wal.stat().st_size
         assert grown > 8 * keep, f"the WAL did not grow: {grown:,} bytes"
-        ledger._checkpointer = _Checkpointer(str(path), 0.02, 50, keep)  # checkpoints again
+        ledger._checkpointer = Checkpointer(str(path), 0.02, 50, keep)  # checkpoints again
         deadline = time.monotonic() + 30
         n = 0
         while wal.stat().st_size > keep and time.monotonic() < deadline:
