@@ -20,19 +20,21 @@ import asyncio
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import get_args
 
 from tiergate.router.discovery.state import EndpointState
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.http.errors import RouterError
-from tiergate.router.request.tiers import Priority, Tier
+from tiergate.router.request.tiers import TIERS, Priority, Tier
 
 #: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
 PRIORITY_RANK: dict[Priority, int] = {p: rank for rank, p in enumerate(get_args(Priority))}
 #: Per-endpoint waiting requests beyond which a tier counts as saturated.
 SATURATION_WAITING = 8.0
+#: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
+HEADROOM = 1.5
 
 
 class Shed(Exception):
@@ -160,3 +162,58 @@ def shed_error(tier: str, retry_after_s: int) -> RouterError:
         code="tier_saturated",
         headers={"Retry-After": str(max(1, retry_after_s))},
     )
+
+
+class Admission:
+    """Every tier's queue, sized from the view's batch caps, and the saturation flags.
+
+    `on_shed(tier, priority)` is told of each request shed (a metric)."""
+
+    def __init__(self, saturation: Saturation, on_shed: Callable[[Tier, Priority], None]) -> None:
+        self.saturation = saturation
+        self.queues: dict[Tier, TierQueue] = {}
+        self._on_shed = on_shed
+
+    def resize(self, view: PoolView) -> None:
+        """Size each tier's queue for `view`: its endpoints' batch caps, with `HEADROOM`."""
+        caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        for pool in view.pools.values():
+            caps[pool.spec.tier] += len(pool.endpoints) * pool.spec.batching.max_num_seqs
+        for tier, cap in caps.items():
+            capacity = max(1, int(cap * HEADROOM))
+            queue = self.queues.get(tier)
+            if queue is None:
+                self.queues[tier] = TierQueue(tier, capacity, max_waiting=max(16, capacity))
+            else:
+                queue.resize(capacity, max_waiting=max(16, capacity))
+
+    async def admit(
+        self, view: PoolView, model: str, priority: Priority, tiers: Sequence[Tier]
+    ) -> Tier:
+        """A slot in the queue of the first of `tiers` that takes the request (more than one:
+        `service_tier: auto`, which moves on from a saturated or full tier before it waits);
+        give it back with `release`."""
+        for i, candidate in enumerate(tiers):
+            last = i == len(tiers) - 1
+            busy = self.saturation.is_saturated(view, model, candidate)
+            queue = self.queues[candidate]
+            if busy and (priority == "flex" or not last):
+                if last:
+                    self._on_shed(candidate, priority)
+                    raise shed_error(candidate, 2)
+                continue
+            if not last and queue.active >= queue.capacity:
+                continue  # full here: an auto request tries the next tier before waiting
+            try:
+                await queue.acquire(priority)
+            except Shed:
+                self._on_shed(candidate, priority)
+                if last:
+                    raise shed_error(candidate, 1) from None
+                continue
+            return candidate
+        raise shed_error(tiers[0], 1)  # unreachable: the last tier either admits or raises
+
+    def release(self, tier: Tier) -> None:
+        """Give back the slot `admit` took in `tier`'s queue."""
+        self.queues[tier].release()

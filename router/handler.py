@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from tiergate.router.admission import Saturation, Shed, TierQueue, shed_error
+from tiergate.router.admission import Admission, Saturation
 from tiergate.router.config import RouterSettings
 from tiergate.router.discovery.state import RequestContext
 from tiergate.router.discovery.view import PoolView, RoutedPool
@@ -42,20 +42,18 @@ from tiergate.router.request.body import (
     parse_slo,
     upstream_body,
 )
-from tiergate.router.request.cascade import CascadePlan, cascade_plan, serve_first_tier
+from tiergate.router.request.cascade import cascade_plan, serve_first_tier
 from tiergate.router.request.ids import new_request_id
+from tiergate.router.request.tier_choice import choose_tier, most_it_may_cost, tiers_to_try
 from tiergate.router.request.tiers import (
-    TIERS,
-    Priority,
     Tier,
     TierChoice,
     openai_service_tier,
-    resolve_tier,
 )
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.budgets import BudgetGuard
 from tiergate.router.tenants.ratelimit import RateLimiter
-from tiergate.router.tenants.registry import Tenant, TenantRegistry, authorize_tier
+from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from tiergate.router.upstream.relay import (
@@ -73,8 +71,6 @@ log = logging.getLogger("tiergate.router")
 FORWARDED = ("x-tiergate-timing",)
 #: The sim nodes' fault injection: passed on only when the settings say so (fault drills).
 FAULT_HEADER = "x-tiergate-fault"
-#: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
-HEADROOM = 1.5
 
 
 @dataclass
@@ -102,12 +98,15 @@ class Router:
     _pipeline_policy: PolicyConfig | None = None
     _deployments: dict[str, Deployment] = field(default_factory=dict)
     _batch_caps: dict[str, int] = field(default_factory=dict)
-    _queues: dict[Tier, TierQueue] = field(default_factory=dict)
     accountant: Accountant = field(init=False)
+    admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
         self.accountant = Accountant(
             self.ledger, self.budgets, self.limiter, self.metrics, self.clock, self.wall
+        )
+        self.admission = Admission(
+            self.saturation, lambda tier, priority: self.metrics.shed.labels(tier, priority).inc()
         )
 
     # -- per-view derived state ------------------------------------------------------------
@@ -137,21 +136,9 @@ class Router:
         self._deployments.update({n: p.deployment for n, p in view.pools.items()})
         self._batch_caps.clear()
         self._batch_caps.update({n: p.spec.batching.max_num_seqs for n, p in view.pools.items()})
-        self._resize_queues(view)
+        self.admission.resize(view)
         self._pipeline_view = view
         return self._pipeline
-
-    def _resize_queues(self, view: PoolView) -> None:
-        caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
-        for pool in view.pools.values():
-            caps[pool.spec.tier] += len(pool.endpoints) * pool.spec.batching.max_num_seqs
-        for tier, cap in caps.items():
-            capacity = max(1, int(cap * HEADROOM))
-            queue = self._queues.get(tier)
-            if queue is None:
-                self._queues[tier] = TierQueue(tier, capacity, max_waiting=max(16, capacity))
-            else:
-                queue.resize(capacity, max_waiting=max(16, capacity))
 
     # -- the request path ------------------------------------------------------------------
 
@@ -194,14 +181,14 @@ class Router:
         pipeline = self.pipeline(view)
         plan = cascade_plan(headers, request, view, tenant)
         if plan is None:
-            choice, tier = self._tier(headers, request, view, tenant)
+            choice, tier = choose_tier(headers, request, view, tenant)
         else:
             choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
             tier = choice.tier
         ex.choice = choice
-        tiers = self._tiers_to_try(view, request.model, choice, tier, tenant)
+        tiers = tiers_to_try(view, request.model, choice, tier, tenant)
         ex.hold_usd = self.budgets.check(
-            tenant, self.wall(), self._most_it_may_cost(view, request, plan, tiers, tenant)
+            tenant, self.wall(), most_it_may_cost(view, request, plan, tiers, tenant)
         )
         estimate = request.tokens_expected
         self.limiter.check(tenant, ex.started_s, estimate)
@@ -213,100 +200,11 @@ class Router:
             assert request is not None and choice is not None
             tiers = [choice.tier]
         with guard.cancellable():
-            tier = await self.admit(view, request.model, choice.priority, tiers)
+            tier = await self.admission.admit(view, request.model, choice.priority, tiers)
         try:
             await self._serve(ex, view, pipeline, tier)
         finally:
-            self.release(tier)
-
-    @staticmethod
-    def _most_it_may_cost(
-        view: PoolView,
-        request: CompletionRequest,
-        plan: CascadePlan | None,
-        tiers: list[Tier],
-        tenant: Tenant,
-    ) -> float:
-        """The budget hold of a request: the most it may cost at the dearest pool that may
-        serve it (any of the `tiers` admission may try; both tiers of a cascade, which may bill
-        both); see `PoolView.most_cost_usd`."""
-        if tenant.budget_usd is None:
-            return 0.0
-        bounds = (request.prompt_tokens_most, request.max_tokens, request.sequences)
-        if plan is None:
-            return max(view.most_cost_usd(request.model, tier, *bounds) for tier in tiers)
-        first, then = plan.cascade.first, plan.cascade.then
-        return view.most_cost_usd(plan.first_model, first, *bounds) + (
-            view.most_cost_usd(plan.then_model, then, *bounds)
-        )
-
-    def _tier(
-        self, headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
-    ) -> tuple[TierChoice, Tier]:
-        serving = view.tiers_serving(request.model)
-        if not serving:
-            served = ", ".join(sorted(view.served_models)) or "none"
-            raise RouterError(
-                404,
-                f"model {request.model!r} is not served here; served models: {served}",
-                code="model_not_found",
-                param="model",
-            )
-        choice = resolve_tier(headers, request.body, serving)
-        authorize_tier(tenant, choice.tier)
-        if choice.tier in serving:
-            return choice, choice.tier
-        allowed = [t for t in serving if t in tenant.allowed_tiers]
-        if choice.may_fall_back and allowed:
-            return choice, allowed[0]
-        raise RouterError(
-            400,
-            f"model {request.model!r} is not served in the {choice.tier} tier; "
-            f"tiers serving it: {', '.join(serving)}",
-            code="tier_not_served",
-            param="model",
-        )
-
-    @staticmethod
-    def _tiers_to_try(
-        view: PoolView, model: str, choice: TierChoice, tier: Tier, tenant: Tenant
-    ) -> list[Tier]:
-        """`tier`, then for `service_tier: auto` the other tiers serving the model that the
-        tenant may use, in the order admission tries them."""
-        if not choice.may_fall_back:
-            return [tier]
-        others = view.tiers_serving(model)
-        return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers)]
-
-    async def admit(
-        self, view: PoolView, model: str, priority: Priority, tiers: list[Tier]
-    ) -> Tier:
-        """A slot in the queue of the first of `tiers` (`_tiers_to_try`) that takes the
-        request; give it back with `release`."""
-        for i, candidate in enumerate(tiers):
-            last = i == len(tiers) - 1
-            busy = self.saturation.is_saturated(view, model, candidate)
-            queue = self._queues[candidate]
-            if busy and (priority == "flex" or not last):
-                if last:
-                    self.metrics.shed.labels(candidate, priority).inc()
-                    raise shed_error(candidate, 2)
-                continue
-            if not last and queue.active >= queue.capacity:
-                continue  # full here: an auto request tries the next tier before waiting
-            try:
-                await queue.acquire(priority)
-            except Shed:
-                self.metrics.shed.labels(candidate, priority).inc()
-                if last:
-                    raise shed_error(candidate, 1) from None
-                continue
-            return candidate
-        raise shed_error(tiers[0], 1)  # unreachable: the last tier either admits or raises
-
-    def release(self, tier: Tier) -> None:
-        """Give back the slot `admit` took in `tier`'s queue."""
-        self._queues[tier].release()
+            self.admission.release(tier)
 
     async def _serve(self, ex: Exchange, view: PoolView, pipeline: Pipeline, tier: Tier) -> None:
         """Open the request upstream on an endpoint of `tier` and relay its reply."""

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from tiergate.router.admission import Admission
 from tiergate.router.discovery.view import PoolView, RoutedPool
 from tiergate.router.exchange import Exchange
 from tiergate.router.http.asgi import encode_headers, send_bytes
@@ -26,7 +27,7 @@ from tiergate.router.ledger.accounting import Accountant
 from tiergate.router.policy import Pipeline
 from tiergate.router.progress import Progress
 from tiergate.router.request.body import CompletionRequest
-from tiergate.router.request.tiers import TIERS, Priority, Tier, TierChoice, openai_service_tier
+from tiergate.router.request.tiers import TIERS, Tier, TierChoice, openai_service_tier
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
 from tiergate.router.upstream.proxy import Opened, UpstreamError
@@ -151,14 +152,9 @@ class CascadeStages(Protocol):
     """What serving a cascade's first tier needs of the router (router/handler.py)."""
 
     accountant: Accountant
+    admission: Admission
     metrics: RouterMetrics
     tool_checker: ToolCallChecker
-
-    async def admit(
-        self, view: PoolView, model: str, priority: Priority, tiers: list[Tier]
-    ) -> Tier: ...
-
-    def release(self, tier: Tier) -> None: ...
 
     async def open(
         self,
@@ -256,7 +252,7 @@ async def _first_reply(
     assert ex.guard is not None
     tier = choice.tier
     with ex.guard.cancellable():
-        await stages.admit(view, attempt.model, choice.priority, [tier])
+        await stages.admission.admit(view, attempt.model, choice.priority, [tier])
     try:
         with ex.guard.cancellable():
             opened, pool = await stages.open(ex, view, pipeline, attempt, tier, one)
@@ -280,7 +276,7 @@ async def _first_reply(
         one.status = error.status
         return None, error.message, None
     finally:
-        stages.release(tier)
+        stages.admission.release(tier)
 
 
 def _the_request_s_fault(status: int, body: bytes) -> bool:

@@ -95,7 +95,7 @@ def test_a_client_that_leaves_the_queue_gives_up_its_place(system: dict[str, Any
     holder.start()
     try:
         assert first_chunk.wait(30)
-        queue = system["app"].router._queues["batched"]
+        queue = system["app"].router.admission.queues["batched"]
         assert queue.capacity == 1 and queue.active == 1
         give_up_after(system["url"], chat(2), timeout_s=0.5)  # waits behind the stream
         until(lambda: queue.waiting == 0, "the request that left still waits in the queue")

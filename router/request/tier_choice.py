@@ -1,0 +1,77 @@
+"""Which tiers may serve a request, given the pools that serve its model and its tenant, and
+the most it may cost there (its budget hold)."""
+
+from __future__ import annotations
+
+from tiergate.router.discovery.view import PoolView
+from tiergate.router.http.errors import RouterError
+from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.cascade import CascadePlan
+from tiergate.router.request.tiers import Tier, TierChoice, resolve_tier
+from tiergate.router.tenants.registry import Tenant, authorize_tier
+
+__all__ = ["choose_tier", "most_it_may_cost", "tiers_to_try"]
+
+
+def most_it_may_cost(
+    view: PoolView,
+    request: CompletionRequest,
+    plan: CascadePlan | None,
+    tiers: list[Tier],
+    tenant: Tenant,
+) -> float:
+    """The budget hold of a request: the most it may cost at the dearest pool that may
+    serve it (any of the `tiers` admission may try; both tiers of a cascade, which may bill
+    both); see `PoolView.most_cost_usd`."""
+    if tenant.budget_usd is None:
+        return 0.0
+    bounds = (request.prompt_tokens_most, request.max_tokens, request.sequences)
+    if plan is None:
+        return max(view.most_cost_usd(request.model, tier, *bounds) for tier in tiers)
+    first, then = plan.cascade.first, plan.cascade.then
+    return view.most_cost_usd(plan.first_model, first, *bounds) + (
+        view.most_cost_usd(plan.then_model, then, *bounds)
+    )
+
+
+def choose_tier(
+    headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
+) -> tuple[TierChoice, Tier]:
+    """The request's tier choice (`resolve_tier`) and the tier it is served in: the chosen one,
+    or for `service_tier: auto` one the tenant may use when the chosen one does not serve the
+    model. 404 for a model nobody serves, 403 for a tier the tenant may not use, 400 for a
+    tier that does not serve the model."""
+    serving = view.tiers_serving(request.model)
+    if not serving:
+        served = ", ".join(sorted(view.served_models)) or "none"
+        raise RouterError(
+            404,
+            f"model {request.model!r} is not served here; served models: {served}",
+            code="model_not_found",
+            param="model",
+        )
+    choice = resolve_tier(headers, request.body, serving)
+    authorize_tier(tenant, choice.tier)
+    if choice.tier in serving:
+        return choice, choice.tier
+    allowed = [t for t in serving if t in tenant.allowed_tiers]
+    if choice.may_fall_back and allowed:
+        return choice, allowed[0]
+    raise RouterError(
+        400,
+        f"model {request.model!r} is not served in the {choice.tier} tier; "
+        f"tiers serving it: {', '.join(serving)}",
+        code="tier_not_served",
+        param="model",
+    )
+
+
+def tiers_to_try(
+    view: PoolView, model: str, choice: TierChoice, tier: Tier, tenant: Tenant
+) -> list[Tier]:
+    """`tier`, then for `service_tier: auto` the other tiers serving the model that the
+    tenant may use, in the order admission tries them."""
+    if not choice.may_fall_back:
+        return [tier]
+    others = view.tiers_serving(model)
+    return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers)]
