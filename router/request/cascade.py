@@ -210,18 +210,8 @@ async def serve_first_tier(
         # After the slot is free: the check may take up to its deadline.
         problem = await stages.tool_checker.problem(reply, request.body, ex.tenant.name)
     if problem is None and reply is not None:
-        one.outcome = "ok"
         reply["service_tier"] = openai_service_tier(first, choice.priority)
-        headers["x-tiergate-cost-usd"] = f"{one.cost_usd:.10f}"
-        if request.stream:
-            payload = as_event_stream(reply, include_usage=request.include_usage)
-            kind = (b"content-type", b"text/event-stream")
-        else:
-            payload = json.dumps(reply, separators=(",", ":")).encode()
-            kind = (b"content-type", b"application/json")
-        ex.done = one
-        await stages.accountant.settle(ex)
-        await send_bytes(ex.send, 200, payload, encode_headers(headers), content_type=kind)
+        await _send_reply(stages, ex, one, reply, headers)
         return True
     # Escalate: attempt 1 is billed as it was; attempt 2 gets the full model.
     one.outcome = "error" if one.status == 200 else "upstream_error"
@@ -291,3 +281,26 @@ def _the_request_s_fault(status: int, body: bytes) -> bool:
         code = None
     # The distilled model's context may be shorter than the full model's.
     return code != "context_length_exceeded"
+
+
+async def _send_reply(
+    stages: CascadeStages,
+    ex: Exchange,
+    one: Progress,
+    reply: dict[str, Any],
+    headers: dict[str, str],
+) -> None:
+    """The first tier's usable reply, billed, to the client: whole, or as the stream it asked
+    for."""
+    assert ex.request is not None
+    one.outcome = "ok"
+    headers = {**headers, "x-tiergate-cost-usd": f"{one.cost_usd:.10f}"}
+    if ex.request.stream:
+        payload = as_event_stream(reply, include_usage=ex.request.include_usage)
+        kind = (b"content-type", b"text/event-stream")
+    else:
+        payload = json.dumps(reply, separators=(",", ":")).encode()
+        kind = (b"content-type", b"application/json")
+    ex.done = one
+    await stages.accountant.settle(ex)
+    await send_bytes(ex.send, 200, payload, encode_headers(headers), content_type=kind)

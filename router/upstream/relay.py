@@ -162,7 +162,7 @@ async def relay_stream(
     started asking upstream, which time to first token counts from. `bill_so_far` writes the
     stream's ledger row as `done` says: called once its first token is out, then every
     `BILL_INTERVAL_S` while tokens come."""
-    opened, pool, rewriter = first.opened, first.pool, first.rewriter
+    pool, rewriter = first.pool, first.rewriter
     raw_headers = [
         (b"content-type", b"text/event-stream"),
         (b"cache-control", b"no-cache"),
@@ -170,16 +170,6 @@ async def relay_stream(
     ]
     await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
     done.status = 200
-    relay = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        gone = True
-        if relay is not None:
-            relay.cancel()  # stop reading upstream; closing it cancels the node's work
 
     async def upstream() -> AsyncIterator[bytes]:
         if first.head:
@@ -187,7 +177,7 @@ async def relay_stream(
         async for raw in first.chunks:
             yield rewriter.feed(raw)
 
-    watcher = asyncio.create_task(watch())
+    client = _ClientWatch(receive)
     last_chunk_s = start_s
     billed_s: float | None = None  # when bill_so_far last ran
     settled = False
@@ -202,14 +192,8 @@ async def relay_stream(
                 done.ttft_s = now - start_s
             last_chunk_s = now
             if rewriter.done and not settled:
-                head, end, tail = out.partition(DONE)
-                if head:
-                    await send({"type": "http.response.body", "body": head, "more_body": True})
-                tally(done, rewriter, pool, request.prompt_tokens_estimate)
-                done.outcome = "error" if rewriter.error else "ok"
                 settled = True
-                await settle()
-                out = end + tail
+                out = await _settle_before_done(send, out, done, first, request, settle)
                 if not out:
                     continue
             await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -220,26 +204,80 @@ async def relay_stream(
                     billed_s = now
         done.outcome = "error" if rewriter.error else "ok"
     except asyncio.CancelledError:
-        if not gone:
+        if not client.left():
             raise
-        if relay is not None:
-            relay.uncancel()
         done.outcome, done.status = "client_disconnect", 499
     except (UpstreamError, OSError) as exc:
         done.outcome = "upstream_error"
-        metrics.midstream_errors.labels(pool.spec.tier).inc()
-        log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
-                    pool.spec.name, opened.endpoint.url, type(exc).__name__)  # fmt: skip
-        if not gone:
-            error = RouterError(502, "the serving node failed mid-stream",
-                                type="server_error", code="upstream_failed")  # fmt: skip
-            event = b"data: " + json_bytes(error.envelope()) + b"\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await _failed_midstream(send, first, exc, metrics, client_gone=client.gone)
     finally:
-        watcher.cancel()
+        client.stop()
     tally(done, rewriter, pool, request.prompt_tokens_estimate)
     if done.ttft_s is not None and done.completion_tokens > 1:
         tpot = (last_chunk_s - start_s - done.ttft_s) / (done.completion_tokens - 1)
         metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
-    if not gone:
+    if not client.gone:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _settle_before_done(
+    send: Send,
+    out: bytes,
+    done: Progress,
+    first: FirstToken,
+    request: CompletionRequest,
+    settle: Callable[[], Awaitable[None]],
+) -> bytes:
+    """The stream's end came in `out`: send what precedes `data: [DONE]`, bill the stream and
+    wait for its record (`settle`), and return `[DONE]` and what follows, to send next."""
+    head, end, tail = out.partition(DONE)
+    if head:
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+    tally(done, first.rewriter, first.pool, request.prompt_tokens_estimate)
+    done.outcome = "error" if first.rewriter.error else "ok"
+    await settle()
+    return end + tail
+
+
+async def _failed_midstream(
+    send: Send, first: FirstToken, exc: BaseException, metrics: RouterMetrics, *, client_gone: bool
+) -> None:
+    """The node failed after the stream began: count and log it, and end the client's stream
+    with an error event (the status line is long gone)."""
+    pool = first.pool
+    metrics.midstream_errors.labels(pool.spec.tier).inc()
+    log.warning("event=midstream_error pool=%s endpoint=%s error=%s",
+                pool.spec.name, first.opened.endpoint.url, type(exc).__name__)  # fmt: skip
+    if not client_gone:
+        error = RouterError(502, "the serving node failed mid-stream",
+                            type="server_error", code="upstream_failed")  # fmt: skip
+        event = b"data: " + json_bytes(error.envelope()) + b"\n\n"
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+
+
+class _ClientWatch:
+    """A stream's client, watched while the stream is relayed: its disconnect cancels the
+    relaying task (which stops reading upstream; closing that cancels the node's work)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._relay = asyncio.current_task()
+        self._task = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._relay is not None:
+            self._relay.cancel()
+
+    def left(self) -> bool:
+        """Whether a cancellation of the relay was this watch's doing (then undone here)."""
+        if not self.gone:
+            return False
+        if self._relay is not None:
+            self._relay.uncancel()
+        return True
+
+    def stop(self) -> None:
+        self._task.cancel()
