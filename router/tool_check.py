@@ -1,4 +1,4 @@
-"""A cascade's tool-call check, run in a worker process with a deadline.
+"""A cascade's tool-call check, run in a worker process with a deadline, fairly between tenants.
 
 Tool schemas come from clients, and the arguments from a model the client prompts, so one
 check can take as long as the client likes. A `pattern` such as `(a+)+$` backtracks
@@ -7,16 +7,35 @@ exponentially in Python's `re`, and `$ref`s inside `anyOf` let a schema of a few
 
 So the check (`cascade.tool_call_problem`) runs in a worker process, one check at a time per
 worker, `WORKERS` workers. A check the worker has not answered within `timeout_s` is given up:
-the worker is killed, and a later check forks a new one. A tenant's checks run one at a time,
-so a tenant whose schemas are slow holds one worker and the others' checks still find one.
-Waiting (for the tenant's previous check, then for a free worker) is bounded too (`wait_s`, by
-default the same). A reply whose check was given up is served as it is, as
-for a client schema that cannot be read: the cascade escalates for the model's mistakes, not
-the client's. The router counts these in `tiergate_cascade_unchecked_total{reason}`.
+the worker is killed, and a later check forks a new one. A reply whose check was given up is
+served as it is, as for a client schema that cannot be read: the cascade escalates for the
+model's mistakes, not the client's. The router counts these in
+`tiergate_cascade_unchecked_total{reason}`.
+
+The workers are shared between tenants, and no number of tenants sending slow schemas may
+keep the others' checks waiting (tenants are the unit: without a tenants file, every client
+is the one anonymous tenant):
+
+- A tenant's checks run one at a time, so a tenant holds one worker at most.
+- Each tenant pays for the time its checks hold a worker from a budget of worker-seconds
+  (router/check_budget.py). A tenant that has spent it has its checks given up at once, with
+  no worker (`over_budget`), until the budget refills; one log line says so when it starts,
+  one when its checks run again, and `tiergate_cascade_check_budget_spent_tenants` counts the
+  tenants in that state. Cheap checks barely touch the budget; checks that run to their
+  deadline spend it in a few requests.
+- A worker that frees goes to the waiting tenant with the most budget left, and a check that
+  has run for `share_s` while another tenant waits gives way (`preempted`; the worker is
+  replaced): a tenant whose checks are cheap waits about `share_s` for a worker, not for the
+  running checks' deadline, however many tenants send slow schemas (router/check_share.py).
+
+Waiting (for the tenant's previous check, then for a worker) is bounded too (`wait_s`, by
+default `timeout_s`): past it, the check is given up as `busy`. A check given up, for any
+reason, still has its reply served: nothing the router accepted is dropped.
 
 The worker process, its memory cap (`MEMORY_HEADROOM_BYTES`, given up as `out_of_memory`)
 and how it starts are router/check_worker.py. A reply without tool calls, which is most of
-them, is checked in process: there is nothing to validate.
+them, is checked in process: there is nothing to validate; no client schema ever runs on the
+event loop.
 """
 
 from __future__ import annotations
@@ -24,9 +43,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from .check_budget import CheckBudget
+from .check_share import FairShare, Hold
 from .check_worker import CheckWorker
 from .tool_calls import tool_call_problem, tool_calls
 
@@ -36,9 +58,15 @@ log = logging.getLogger("tiergate.router")
 
 #: How long a check may take in the worker, and how long it may wait for the worker.
 CHECK_TIMEOUT_S = 1.0
-#: Worker processes: one tenant's checks use one at a time, so a tenant sending slow schemas
-#: holds one worker and leaves the others to everyone else.
+#: Worker processes: one tenant's checks use one at a time.
 WORKERS = 2
+#: How long a check may hold its worker while another tenant's check waits for one; checks of
+#: well-formed schemas take a small fraction of it.
+CHECK_SHARE_S = 0.1
+#: A tenant's budget of check time, in worker-seconds: what it may spend at once (two checks
+#: that run to their deadline), and how fast that comes back (a tenth of one worker's time).
+TENANT_CHECK_BUDGET_S = 2.0
+TENANT_CHECK_REFILL_PER_S = 0.1
 #: Address space a worker may add to what it has when it starts (jsonschema checking a tool
 #: call needs a few MB).
 MEMORY_HEADROOM_BYTES = 256 * 1024 * 1024
@@ -53,16 +81,24 @@ class ToolCallChecker:
         timeout_s: float = CHECK_TIMEOUT_S,
         wait_s: float | None = None,
         workers: int = WORKERS,
+        share_s: float = CHECK_SHARE_S,
+        budget_s: float = TENANT_CHECK_BUDGET_S,
+        refill_per_s: float = TENANT_CHECK_REFILL_PER_S,
+        clock: Callable[[], float] = time.monotonic,
         on_unchecked: Callable[[str], None] = lambda reason: None,
         memory_headroom_bytes: int = MEMORY_HEADROOM_BYTES,
     ) -> None:
+        """`clock` is the budget's (how fast it refills); a check's cost is the time it held
+        its worker, on the event loop's clock."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.timeout_s = timeout_s
         self.memory_headroom_bytes = memory_headroom_bytes
         self.wait_s = timeout_s if wait_s is None else wait_s
         self._on_unchecked = on_unchecked
-        self._slots = asyncio.Semaphore(workers)
+        self._budget = CheckBudget(capacity_s=budget_s, refill_per_s=refill_per_s, clock=clock)
+        self._share = FairShare(workers, share_s=share_s, standing=self._budget.left_s)
+        self._over_budget: set[str] = set()  # tenants told (logged) to have spent theirs
         self._idle: list[CheckWorker] = []  # started, waiting for a check
         self._busy: set[CheckWorker] = set()
         # Per tenant: its lock (one check at a time) and how many checks hold or wait for it.
@@ -73,6 +109,10 @@ class ToolCallChecker:
     def workers(self) -> list[CheckWorker]:
         """The worker processes running now (idle or checking)."""
         return [*self._idle, *self._busy]
+
+    def tenants_over_budget(self) -> list[str]:
+        """The tenants whose checks are given up now: they spent their budget."""
+        return self._budget.spent_tenants()
 
     def start(self) -> None:
         return None  # the first check with tool calls starts a worker
@@ -88,11 +128,12 @@ class ToolCallChecker:
         self, reply: dict[str, Any], request: dict[str, Any], tenant: str = ""
     ) -> str | None:
         """`cascade.tool_call_problem(reply, request)`, or None when the check was given up.
-        A tenant's checks run one at a time, so one tenant's slow schemas hold at most one
-        worker and the others' checks still find one."""
+        A tenant's checks run one at a time, while it has budget left (see the module)."""
         tools = request.get("tools")
         if not tools or not tool_calls(reply):
             return tool_call_problem(reply, request)  # nothing to validate: no worker needed
+        if self._spent(tenant):
+            return self._unchecked("over_budget", tenant)
         lock, users = self._tenants.setdefault(tenant, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
@@ -101,16 +142,18 @@ class ToolCallChecker:
             try:
                 await asyncio.wait_for(lock.acquire(), self.wait_s)
             except TimeoutError:
-                return self._unchecked("busy")
+                return self._unchecked("busy", tenant)
             try:
+                if self._spent(tenant):  # by the check it waited for
+                    return self._unchecked("over_budget", tenant)
+                hold = await self._share.acquire(tenant, max(0.0, deadline - loop.time()))
+                if hold is None:
+                    return self._unchecked("busy", tenant)
                 try:
-                    await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - loop.time()))
-                except TimeoutError:
-                    return self._unchecked("busy")
-                try:
-                    return await self._check((reply, {"tools": tools}))
+                    return await self._check((reply, {"tools": tools}), hold)
                 finally:
-                    self._slots.release()
+                    self._budget.charge(tenant, loop.time() - hold.started_at)
+                    self._share.release(hold)
             finally:
                 lock.release()
         finally:
@@ -118,31 +161,38 @@ class ToolCallChecker:
             if not users[0]:
                 del self._tenants[tenant]
 
-    async def _check(self, payload: tuple[Any, Any]) -> str | None:
-        """One check on an idle worker (started if none is), which holds a slot."""
+    async def _check(self, payload: tuple[Any, Any], hold: Hold) -> str | None:
+        """One check on an idle worker (started if none is), in the slot `hold`."""
         if self._idle:
             worker = self._idle.pop()
         else:
             try:
                 worker = await asyncio.to_thread(CheckWorker, self.memory_headroom_bytes)
             except Exception as exc:  # no processes left, no /tmp for the fork server...
-                return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}")
+                return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}", hold.tenant)
         self._busy.add(worker)
         keep = False
         try:
             asking = asyncio.ensure_future(asyncio.to_thread(worker.ask, payload, self.timeout_s))
             try:
-                status, value = await asyncio.shield(asking)
+                await asyncio.wait((asking, hold.give_way), return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:
                 # The answer still on its way would be read by the next check: start over.
                 worker.kill()
                 with contextlib.suppress(Exception):
                     await asking
                 raise
+            if not asking.done():  # another tenant waits, and this check has had its share
+                worker.kill()
+                with contextlib.suppress(Exception):
+                    await asking
+                return self._unchecked("preempted", hold.tenant)
+            status, value = asking.result()
             keep = status in ("ok", "failed")  # timeout, died, out_of_memory: replaced
             if status == "ok":
                 return value
-            return self._unchecked(status if status != "failed" else f"failed: {value}")
+            reason = status if status != "failed" else f"failed: {value}"
+            return self._unchecked(reason, hold.tenant)
         finally:
             self._busy.discard(worker)
             if keep and not self._stopped:
@@ -150,8 +200,27 @@ class ToolCallChecker:
             else:
                 worker.kill()
 
-    def _unchecked(self, reason: str) -> str | None:
-        """Count and log a check given up; its verdict is None (serve the reply)."""
+    def _spent(self, tenant: str) -> bool:
+        """Whether the tenant's budget is spent; logs when that starts and when it ends."""
+        spent = self._budget.spent(tenant)
+        if spent and tenant not in self._over_budget:
+            self._over_budget.add(tenant)
+            log.warning(
+                "event=cascade_checks_given_up tenant=%s reason=over_budget budget_s=%g "
+                "refill_per_s=%g",
+                tenant,
+                self._budget.capacity_s,
+                self._budget.refill_per_s,
+            )
+        elif not spent and tenant in self._over_budget:
+            self._over_budget.discard(tenant)
+            log.info("event=cascade_checks_resumed tenant=%s", tenant)
+        return spent
+
+    def _unchecked(self, reason: str, tenant: str) -> str | None:
+        """Count and log a check given up; its verdict is None (serve the reply). A spent
+        budget is logged once, when it starts (`_spent`), not for every check it gives up."""
         self._on_unchecked(reason.split(":")[0])
-        log.warning("event=cascade_check_given_up reason=%s", reason)
+        if reason != "over_budget":
+            log.warning("event=cascade_check_given_up tenant=%s reason=%s", tenant, reason)
         return None
