@@ -1,18 +1,20 @@
 """The cascade's check workers, shared fairly between tenants.
 
-`slots` checks run at once. A check that finds every slot taken waits, and two rules keep
-any number of tenants sending slow schemas from holding the slots while others wait:
+`slots` checks run at once, a tenant's one at a time (its others wait, in order). A check
+that finds no slot it may take waits, and two rules keep any number of tenants sending slow
+schemas from holding the slots while others wait:
 
 - A freed slot goes to the waiting tenant with the most budget left (its `standing`, from
   router/check_budget.py), not to the one that came first, so a tenant whose checks are cheap
-  goes ahead of every tenant whose checks have been slow.
+  goes ahead of every tenant whose checks have been slow. That includes the tenant whose check
+  just ended: a cheap tenant with checks queued keeps the slot for the next one.
 - A check that has held its slot for `share_s` while another tenant waits is asked to give
   way (`Hold.give_way` resolves; the checker ends it). The one asked is the holder that has
-  spent the most of its budget, and only for a waiter that has spent no more. A waiting
-  check therefore waits about `share_s` at most, not for the running checks' deadline.
+  spent the most of its budget, and only for a waiter that has spent no more. A tenant that
+  has spent no more than those holding the slots therefore waits about `share_s` for one, not
+  for the running checks' deadline.
 
-Callers hold one slot per tenant at a time (the checker runs a tenant's checks one after
-another), so the waiters are other tenants than the holders. Runs on the event loop; no I/O.
+Runs on the event loop; no I/O.
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ class Hold:
 class _Waiter:
     order: int
     tenant: str
-    granted: asyncio.Future[None] = field(repr=False)
+    granted: asyncio.Future[Hold] = field(repr=False)
 
 
 class FairShare:
-    """`slots` slots for tenants' checks, handed out by standing, with give-way after
-    `share_s` when another tenant waits."""
+    """`slots` slots for tenants' checks, one per tenant at a time, handed out by standing,
+    with give-way after `share_s` when another tenant waits."""
 
     def __init__(self, slots: int, *, share_s: float, standing: Callable[[str], float]) -> None:
         if slots < 1:
@@ -55,7 +57,7 @@ class FairShare:
         self.share_s = share_s
         self._standing = standing
         self._free = slots
-        self._holders: list[Hold] = []
+        self._holders: dict[str, Hold] = {}  # by tenant
         self._waiting: list[_Waiter] = []
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -68,69 +70,68 @@ class FairShare:
     async def acquire(self, tenant: str, timeout_s: float) -> Hold | None:
         """A slot for one of `tenant`'s checks; None when none came within `timeout_s`."""
         loop = asyncio.get_running_loop()
-        if self._free:
+        if self._free and tenant not in self._holders:
             self._free -= 1
             return self._hold(tenant)
         waiter = _Waiter(next(self._order), tenant, loop.create_future())
         self._waiting.append(waiter)
         self._reconsider()
-        granted = False
         try:
             async with asyncio.timeout(timeout_s):
-                await waiter.granted
-            granted = True
+                return await asyncio.shield(waiter.granted)
         except TimeoutError:
-            pass
-        finally:
-            if not granted:
-                self._withdraw(waiter)
-        return self._hold(tenant) if granted else None
+            if waiter.granted.done():  # handed a slot as its time ran out: take it
+                return waiter.granted.result()
+            self._leave(waiter)
+            return None
+        except BaseException:
+            if waiter.granted.done():  # handed a slot as it was cancelled: hand it on
+                self.release(waiter.granted.result())
+            else:
+                self._leave(waiter)
+            raise
 
     def release(self, hold: Hold) -> None:
         """The check is over: its slot goes to the best-standing waiter, or back to the pool."""
-        self._holders.remove(hold)
-        self._hand_on()
-
-    def _hold(self, tenant: str) -> Hold:
-        loop = asyncio.get_running_loop()
-        hold = Hold(tenant, loop.time(), loop.create_future())
-        self._holders.append(hold)
-        if self._waiting:
-            self._reconsider()  # a slot taken while others wait: it may have to give way
-        return hold
-
-    def _withdraw(self, waiter: _Waiter) -> None:
-        """A waiter leaves (timed out, cancelled); a slot handed to it as it left goes on."""
-        if waiter in self._waiting:
-            self._waiting.remove(waiter)
-            waiter.granted.cancel()
-            self._reconsider()
-        elif waiter.granted.done() and not waiter.granted.cancelled():
-            self._hand_on()
-
-    def _hand_on(self) -> None:
-        if self._waiting:
-            best = max(self._waiting, key=lambda w: (self._standing(w.tenant), -w.order))
+        if self._holders.get(hold.tenant) is not hold:
+            return  # released already
+        del self._holders[hold.tenant]
+        eligible = [w for w in self._waiting if w.tenant not in self._holders]
+        if eligible:
+            best = max(eligible, key=lambda w: (self._standing(w.tenant), -w.order))
             self._waiting.remove(best)
-            best.granted.set_result(None)
+            best.granted.set_result(self._hold(best.tenant))
         else:
             self._free += 1
         self._reconsider()
 
+    def _leave(self, waiter: _Waiter) -> None:
+        self._waiting.remove(waiter)
+        waiter.granted.cancel()
+        self._reconsider()
+
+    def _hold(self, tenant: str) -> Hold:
+        loop = asyncio.get_running_loop()
+        hold = Hold(tenant, loop.time(), loop.create_future())
+        self._holders[tenant] = hold
+        return hold
+
     def _reconsider(self) -> None:
-        """Ask as many holders to give way as there are waiters no slot is coming for yet;
-        if too few have had their share, look again when the next one will have."""
+        """Ask as many holders to give way as there are tenants waiting that no slot is
+        coming for yet; if too few have had their share, look again when the next one will."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        coming = sum(1 for h in self._holders if h.give_way.done())
-        needed = len(self._waiting) - coming
+        holders = list(self._holders.values())
+        coming = sum(1 for h in holders if h.give_way.done())
+        tenants = {w.tenant for w in self._waiting if w.tenant not in self._holders}
+        needed = len(tenants) - coming
         if needed <= 0:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        best_waiter = max(self._standing(w.tenant) for w in self._waiting)
-        running = [h for h in self._holders if not h.give_way.done()]
+        best_waiter = max(self._standing(t) for t in tenants)
+        running = [h for h in holders if not h.give_way.done()]
         ripe = sorted(
             (
                 h

@@ -28,7 +28,7 @@ is the one anonymous tenant):
   replaced): a tenant whose checks are cheap waits about `share_s` for a worker, not for the
   running checks' deadline, however many tenants send slow schemas (router/check_share.py).
 
-Waiting (for the tenant's previous check, then for a worker) is bounded too (`wait_s`, by
+Waiting for a worker (behind the tenant's own earlier checks, too) is bounded (`wait_s`, by
 default `timeout_s`): past it, the check is given up as `busy`. A check given up, for any
 reason, still has its reply served: nothing the router accepted is dropped.
 
@@ -101,8 +101,6 @@ class ToolCallChecker:
         self._over_budget: set[str] = set()  # tenants told (logged) to have spent theirs
         self._idle: list[CheckWorker] = []  # started, waiting for a check
         self._busy: set[CheckWorker] = set()
-        # Per tenant: its lock (one check at a time) and how many checks hold or wait for it.
-        self._tenants: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._stopped = False
 
     @property
@@ -134,32 +132,17 @@ class ToolCallChecker:
             return tool_call_problem(reply, request)  # nothing to validate: no worker needed
         if self._spent(tenant):
             return self._unchecked("over_budget", tenant)
-        lock, users = self._tenants.setdefault(tenant, (asyncio.Lock(), [0]))
-        users[0] += 1
+        hold = await self._share.acquire(tenant, self.wait_s)
+        if hold is None:
+            return self._unchecked("busy", tenant)
+        loop = asyncio.get_running_loop()
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.wait_s
-            try:
-                await asyncio.wait_for(lock.acquire(), self.wait_s)
-            except TimeoutError:
-                return self._unchecked("busy", tenant)
-            try:
-                if self._spent(tenant):  # by the check it waited for
-                    return self._unchecked("over_budget", tenant)
-                hold = await self._share.acquire(tenant, max(0.0, deadline - loop.time()))
-                if hold is None:
-                    return self._unchecked("busy", tenant)
-                try:
-                    return await self._check((reply, {"tools": tools}), hold)
-                finally:
-                    self._budget.charge(tenant, loop.time() - hold.started_at)
-                    self._share.release(hold)
-            finally:
-                lock.release()
+            if self._spent(tenant):  # by a check of its own that ended while this one waited
+                return self._unchecked("over_budget", tenant)
+            return await self._check((reply, {"tools": tools}), hold)
         finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._tenants[tenant]
+            self._budget.charge(tenant, loop.time() - hold.started_at)
+            self._share.release(hold)
 
     async def _check(self, payload: tuple[Any, Any], hold: Hold) -> str | None:
         """One check on an idle worker (started if none is), in the slot `hold`."""

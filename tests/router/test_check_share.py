@@ -89,3 +89,24 @@ def test_a_waiter_that_leaves_takes_no_slot_with_it() -> None:
         assert await slots.acquire("mallory", 0.0) is not None
 
     asyncio.run(scenario())
+
+
+def test_a_tenant_s_checks_run_one_at_a_time_and_a_cheap_one_keeps_its_slot() -> None:
+    async def scenario() -> None:
+        slots = share(slots=2)
+        first = await slots.acquire("alice", 1.0)
+        assert first is not None
+        assert await slots.acquire("alice", 0.05) is None  # a slot is free, not for her
+        mallory = await slots.acquire("mallory", 1.0)  # the free slot
+        assert mallory is not None
+        trudy = asyncio.create_task(slots.acquire("trudy", 10.0))
+        second = asyncio.create_task(slots.acquire("alice", 10.0))
+        while slots.waiting < 2:
+            await asyncio.sleep(0)
+        slots.release(first)  # trudy came first, but alice has spent less
+        held = await second
+        assert held is not None and held.tenant == "alice" and not trudy.done()
+        slots.release(mallory)
+        assert (await trudy) is not None
+
+    asyncio.run(scenario())
