@@ -312,7 +312,10 @@ def measure(args: argparse.Namespace) -> None:
         print_table(args, versions, cells)
     finally:
         procs.stop_all()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_logs:
+            log(f"logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def print_table(args: argparse.Namespace, versions: dict[str, str],
@@ -346,6 +349,7 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=1.0, help="pause between measurements")
     parser.add_argument("--clients", type=int, default=4, help="alice's concurrent clients")
     parser.add_argument("--abuser-clients", type=int, default=2)
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     parser.add_argument("--load", help=argparse.SUPPRESS)  # internal: be the load process
     parser.add_argument("--abuser-names", default="", help=argparse.SUPPRESS)
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)

@@ -9,10 +9,11 @@ schemas from holding the slots while others wait:
   goes ahead of every tenant whose checks have been slow. That includes the tenant whose check
   just ended: a cheap tenant with checks queued keeps the slot for the next one.
 - A check that has held its slot for `share_s` while another tenant waits is asked to give
-  way (`Hold.give_way` resolves; the checker ends it). The one asked is the holder that has
-  spent the most of its budget, and only for a waiter that has spent no more. A tenant that
-  has spent no more than those holding the slots therefore waits about `share_s` for one, not
-  for the running checks' deadline.
+  way (`Hold.give_way` resolves; the checker ends it), once its tenant has spent no less than
+  the waiter, counting the time of the check running now. The one asked is the holder whose
+  tenant has the least left. A tenant that has spent less than those holding the slots
+  therefore waits about `share_s` for one, not for the running checks' deadline; a fresh
+  tenant's first slow check gives way too, as it spends while it runs.
 
 Runs on the event loop; no I/O.
 """
@@ -35,9 +36,10 @@ class Hold:
     """A slot held by one tenant's check."""
 
     tenant: str
-    started_at: float  # the event loop's clock
+    started_at: float  # the event loop's clock: when granted, then when the check began
     #: Resolves when the check should give way to a waiting tenant.
     give_way: asyncio.Future[None]
+    began: bool = False  # only a check that runs may be asked to give way
 
 
 @dataclass(eq=False, slots=True)
@@ -105,6 +107,13 @@ class FairShare:
             self._free += 1
         self._reconsider()
 
+    def begin(self, hold: Hold) -> None:
+        """The check starts now (its worker is ready): its share is counted from here, so
+        starting a worker is not counted against the tenant."""
+        hold.started_at, hold.began = asyncio.get_running_loop().time(), True
+        if self._waiting:
+            self._reconsider()
+
     def _leave(self, waiter: _Waiter) -> None:
         self._waiting.remove(waiter)
         waiter.granted.cancel()
@@ -118,12 +127,11 @@ class FairShare:
 
     def _reconsider(self) -> None:
         """Ask as many holders to give way as there are tenants waiting that no slot is
-        coming for yet; if too few have had their share, look again when the next one will."""
+        coming for yet; if too few may be asked now, look again when the next one may."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        holders = list(self._holders.values())
-        coming = sum(1 for h in holders if h.give_way.done())
+        coming = sum(1 for h in self._holders.values() if h.give_way.done())
         tenants = {w.tenant for w in self._waiting if w.tenant not in self._holders}
         needed = len(tenants) - coming
         if needed <= 0:
@@ -131,18 +139,20 @@ class FairShare:
         loop = asyncio.get_running_loop()
         now = loop.time()
         best_waiter = max(self._standing(t) for t in tenants)
-        running = [h for h in holders if not h.give_way.done()]
+
+        def left_s(hold: Hold) -> float:  # what its tenant has left, counting this check
+            return self._standing(hold.tenant) - (now - hold.started_at)
+
+        def askable_at(hold: Hold) -> float:  # its share had, and spent no less than a waiter
+            return max(hold.started_at + self.share_s, now + left_s(hold) - best_waiter)
+
+        running = [h for h in self._holders.values() if h.began and not h.give_way.done()]
         ripe = sorted(
-            (
-                h
-                for h in running
-                if now + _EARLY_S >= h.started_at + self.share_s
-                and self._standing(h.tenant) <= best_waiter
-            ),
-            key=lambda h: (self._standing(h.tenant), h.started_at),
+            (h for h in running if askable_at(h) <= now + _EARLY_S),
+            key=lambda h: (left_s(h), h.started_at),
         )
         for hold in ripe[:needed]:
             hold.give_way.set_result(None)
-        unripe = [h.started_at for h in running if now + _EARLY_S < h.started_at + self.share_s]
-        if len(ripe) < needed and unripe:
-            self._timer = loop.call_at(min(unripe) + self.share_s, self._reconsider)
+        later = [askable_at(h) for h in running if askable_at(h) > now + _EARLY_S]
+        if len(ripe) < needed and later:
+            self._timer = loop.call_at(min(later), self._reconsider)

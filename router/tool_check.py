@@ -154,6 +154,7 @@ class ToolCallChecker:
             except Exception as exc:  # no processes left, no /tmp for the fork server...
                 return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}", hold.tenant)
         self._busy.add(worker)
+        self._share.begin(hold)
         keep = False
         try:
             asking = asyncio.ensure_future(asyncio.to_thread(worker.ask, payload, self.timeout_s))

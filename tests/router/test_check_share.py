@@ -10,7 +10,7 @@ import pytest
 from tiergate.router.check_share import FairShare
 
 #: Budget left per tenant (a stand-in for router/check_budget.py).
-STANDING = {"alice": 2.0, "bob": 2.0, "mallory": 0.5, "trudy": 0.1}
+STANDING = {"alice": 2.0, "bob": 2.0, "carol": 1.99, "mallory": 0.5, "trudy": 0.1}
 
 
 def share(slots: int = 1, share_s: float = 60.0) -> FairShare:
@@ -48,6 +48,8 @@ def test_a_check_gives_way_after_its_share_to_a_tenant_that_has_spent_no_more() 
         mallory = await slots.acquire("mallory", 1.0)
         alice = await slots.acquire("alice", 1.0)
         assert mallory is not None and alice is not None
+        slots.begin(mallory)
+        slots.begin(alice)
         bob = asyncio.create_task(slots.acquire("bob", 10.0))
         # Mallory has spent more than alice: hers is the check asked to give way.
         await asyncio.wait_for(mallory.give_way, 10.0)
@@ -61,11 +63,29 @@ def test_a_check_gives_way_after_its_share_to_a_tenant_that_has_spent_no_more() 
     asyncio.run(scenario())
 
 
+def test_a_fresh_tenant_s_slow_check_gives_way_as_it_spends_while_it_runs() -> None:
+    """Bob has spent nothing yet, carol a little: bob's check, running, spends bob's budget,
+    and soon he has spent more than carol."""
+
+    async def scenario() -> None:
+        slots = share(slots=1, share_s=0.05)
+        bob = await slots.acquire("bob", 1.0)
+        assert bob is not None
+        slots.begin(bob)
+        carol = asyncio.create_task(slots.acquire("carol", 10.0))
+        await asyncio.wait_for(bob.give_way, 10.0)
+        slots.release(bob)
+        assert (await carol) is not None
+
+    asyncio.run(scenario())
+
+
 def test_a_check_does_not_give_way_to_a_tenant_that_has_spent_more() -> None:
     async def scenario() -> None:
         slots = share(slots=1, share_s=0.01)
         alice = await slots.acquire("alice", 1.0)
         assert alice is not None
+        slots.begin(alice)
         assert await slots.acquire("mallory", 0.2) is None  # waited, and alice kept hers
         assert not alice.give_way.done() and slots.waiting == 0
         slots.release(alice)
@@ -108,5 +128,23 @@ def test_a_tenant_s_checks_run_one_at_a_time_and_a_cheap_one_keeps_its_slot() ->
         assert held is not None and held.tenant == "alice" and not trudy.done()
         slots.release(mallory)
         assert (await trudy) is not None
+
+    asyncio.run(scenario())
+
+
+def test_a_check_whose_worker_is_still_starting_is_not_asked_to_give_way() -> None:
+    """Starting a worker is not the tenant's check: its share counts from when it begins."""
+
+    async def scenario() -> None:
+        slots = share(slots=1, share_s=0.01)
+        mallory = await slots.acquire("mallory", 1.0)
+        assert mallory is not None
+        assert await slots.acquire("alice", 0.2) is None  # mallory's check had not begun
+        assert not mallory.give_way.done()
+        slots.begin(mallory)
+        alice = asyncio.create_task(slots.acquire("alice", 10.0))
+        await asyncio.wait_for(mallory.give_way, 10.0)
+        slots.release(mallory)
+        assert (await alice) is not None
 
     asyncio.run(scenario())
