@@ -1,5 +1,6 @@
 """The cascade's tool-call check in its worker: client schemas that take forever are given up
-while the event loop keeps serving, and the worker is replaced."""
+while the event loop keeps serving, and the worker is replaced; tenants sending them spend
+their budget of check time, and the others' checks are still answered."""
 
 from __future__ import annotations
 
