@@ -103,6 +103,7 @@ def build_app(
     tool_checker = ToolCallChecker(
         on_unchecked=lambda reason: metrics.cascade_unchecked.labels(reason).inc()
     )
+    metrics.count_check_budgets(tool_checker.tenants_over_budget)
     router = Router(
         view=view,
         tenants=tenants,

@@ -91,7 +91,8 @@ class Router:
     wall: Callable[[], float] = time.time
     #: Refreshed by the scraper after each round (see build.py); read per request.
     saturation: Saturation = field(default_factory=Saturation)
-    #: Cascade tool-call checks, in a worker process with a deadline (router/request/tool_check.py).
+    #: Cascade tool-call checks, in worker processes with a deadline, shared fairly between
+    #: tenants (router/request/tool_check.py).
     tool_checker: ToolCallChecker = field(default_factory=ToolCallChecker)
     _pipeline: Pipeline | None = None
     _pipeline_view: PoolView | None = None

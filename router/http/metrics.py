@@ -79,8 +79,9 @@ class RouterMetrics:
         self.cascade_unchecked = Counter(
             "tiergate_cascade_unchecked",
             "Cascade replies served without their tool-call check: it took too long (timeout), "
-            "waited too long for the checker (busy), ran out of its memory (out_of_memory), or the "
-            "checker failed.",
+            "gave way to another tenant's check after its share of a worker (preempted), waited "
+            "too long for the checker (busy), its tenant had spent its budget of check time "
+            "(over_budget), it ran out of its memory (out_of_memory), or the checker failed.",
             ["reason"],
             registry=r,
         )
@@ -109,6 +110,11 @@ class RouterMetrics:
         """Export the client connections `gate` counts: open, the cap, refused, timed out."""
         self.registry.register(_ConnectionCollector(gate))
 
+    def count_check_budgets(self, spent_tenants: Callable[[], list[str]]) -> None:
+        """Export how many tenants have spent their budget of cascade check time now (their
+        checks are given up at once; the log names them)."""
+        self.registry.register(_CheckBudgetCollector(spent_tenants))
+
     def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
         """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`;
         one call per reloaded file (pools, tenants), all in the one metric family."""
@@ -133,6 +139,20 @@ class _ReloadCollector(Collector):
             family.add_metric([config, "applied"], applied)
             family.add_metric([config, "failed"], failed)
         yield family
+
+
+class _CheckBudgetCollector(Collector):
+    def __init__(self, spent_tenants: Callable[[], list[str]]) -> None:
+        self.spent_tenants = spent_tenants
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "tiergate_cascade_check_budget_spent_tenants",
+            "Tenants that have spent their budget of cascade check time: their checks are given "
+            'up at once (tiergate_cascade_unchecked_total{reason="over_budget"}) until it '
+            "refills.",
+            value=len(self.spent_tenants()),
+        )
 
 
 class _ConnectionCollector(Collector):

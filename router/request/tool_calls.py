@@ -1,7 +1,7 @@
 """A tool call checked against the tool's JSON schema: is a cascade's first reply usable?
 
 Kept apart from router/request/cascade.py with nothing but jsonschema, because it is what the
-checking worker process imports (router/request/tool_check.py).
+checking worker process imports (router/request/check_worker.py).
 """
 
 from __future__ import annotations

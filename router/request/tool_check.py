@@ -1,4 +1,4 @@
-"""A cascade's tool-call check, run in a worker process with a deadline.
+"""A cascade's tool-call check, run in a worker process with a deadline, fairly between tenants.
 
 Tool schemas come from clients, and the arguments from a model the client prompts, so one
 check can take as long as the client likes. A `pattern` such as `(a+)+$` backtracks
@@ -7,23 +7,35 @@ exponentially in Python's `re`, and `$ref`s inside `anyOf` let a schema of a few
 
 So the check (`cascade.tool_call_problem`) runs in a worker process, one check at a time per
 worker, `WORKERS` workers. A check the worker has not answered within `timeout_s` is given up:
-the worker is killed, and a later check forks a new one. A tenant's checks run one at a time,
-so a tenant whose schemas are slow holds one worker and the others' checks still find one.
-Waiting (for the tenant's previous check, then for a free worker) is bounded too (`wait_s`, by
-default the same). A reply whose check was given up is served as it is, as
-for a client schema that cannot be read: the cascade escalates for the model's mistakes, not
-the client's. The router counts these in `tiergate_cascade_unchecked_total{reason}`.
+the worker is killed, and a later check forks a new one. A reply whose check was given up is
+served as it is, as for a client schema that cannot be read: the cascade escalates for the
+model's mistakes, not the client's. The router counts these in
+`tiergate_cascade_unchecked_total{reason}`.
 
-The worker's address space is capped (RLIMIT_AS) at what it had when it started plus
-`MEMORY_HEADROOM_BYTES`, so a check that allocates without end fails with MemoryError in the
-worker (given up as `out_of_memory`, the worker replaced) instead of growing the router pod
-toward its memory limit, where the kernel would OOM-kill the router itself.
+The workers are shared between tenants, and no number of tenants sending slow schemas may
+keep the others' checks waiting (tenants are the unit: without a tenants file, every client
+is the one anonymous tenant):
 
-Workers are forked from multiprocessing's fork server, which has this module (and so
-jsonschema) imported already: a new worker takes milliseconds, not an interpreter start. The
-router's own process is never forked; it has threads (the ledger's checkpointer). A reply
-without tool calls, which is most of them, is checked in process: there is nothing to
-validate.
+- A tenant's checks run one at a time, so a tenant holds one worker at most.
+- Each tenant pays for the time its checks hold a worker from a budget of worker-seconds
+  (router/request/check_budget.py). A tenant that has spent it has its checks given up at once, with
+  no worker (`over_budget`), until the budget refills; one log line says so when it starts,
+  one when its checks run again, and `tiergate_cascade_check_budget_spent_tenants` counts the
+  tenants in that state. Cheap checks barely touch the budget; checks that run to their
+  deadline spend it in a few requests.
+- A worker that frees goes to the waiting tenant with the most budget left, and a check that
+  has run for `share_s` while another tenant waits gives way (`preempted`; the worker is
+  replaced): a tenant whose checks are cheap waits about `share_s` for a worker, not for the
+  running checks' deadline, however many tenants send slow schemas (router/request/check_share.py).
+
+Waiting for a worker (behind the tenant's own earlier checks, too) is bounded (`wait_s`, by
+default `timeout_s`): past it, the check is given up as `busy`. A check given up, for any
+reason, still has its reply served: nothing the router accepted is dropped.
+
+The worker process, its memory cap (`MEMORY_HEADROOM_BYTES`, given up as `out_of_memory`)
+and how it starts are router/request/check_worker.py. A reply without tool calls, which is most of
+them, is checked in process: there is nothing to validate; no client schema ever runs on the
+event loop.
 """
 
 from __future__ import annotations
@@ -31,16 +43,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
-import resource
-import signal
-import threading
+import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext
-from multiprocessing.process import BaseProcess
 from typing import Any
 
+from tiergate.router.request.check_budget import CheckBudget
+from tiergate.router.request.check_share import FairShare, Hold
+from tiergate.router.request.check_worker import CheckWorker
 from tiergate.router.request.tool_calls import tool_call_problem, tool_calls
 
 __all__ = ["ToolCallChecker"]
@@ -49,100 +58,18 @@ log = logging.getLogger("tiergate.router")
 
 #: How long a check may take in the worker, and how long it may wait for the worker.
 CHECK_TIMEOUT_S = 1.0
-#: Worker processes: one tenant's checks use one at a time, so a tenant sending slow schemas
-#: holds one worker and leaves the others to everyone else.
+#: Worker processes: one tenant's checks use one at a time.
 WORKERS = 2
+#: How long a check may hold its worker while another tenant's check waits for one; checks of
+#: well-formed schemas take a small fraction of it.
+CHECK_SHARE_S = 0.1
+#: A tenant's budget of check time, in worker-seconds: what it may spend at once (two checks
+#: that run to their deadline), and how fast that comes back (a tenth of one worker's time).
+TENANT_CHECK_BUDGET_S = 2.0
+TENANT_CHECK_REFILL_PER_S = 0.1
 #: Address space a worker may add to what it has when it starts (jsonschema checking a tool
 #: call needs a few MB).
 MEMORY_HEADROOM_BYTES = 256 * 1024 * 1024
-
-_context_lock = threading.Lock()
-_context: ForkServerContext | None = None
-
-
-def _fork_server() -> ForkServerContext:
-    global _context
-    with _context_lock:
-        if _context is None:
-            context = multiprocessing.get_context("forkserver")
-            assert isinstance(context, ForkServerContext)
-            context.set_forkserver_preload([__name__])
-            _context = context
-        return _context
-
-
-def _serve(conn: Connection, headroom_bytes: int) -> None:
-    """The worker: answer checks until the router closes its end (or kills it)."""
-    # Ctrl-C in a terminal reaches the whole process group: the router decides when the
-    # worker ends, and the user should not see a worker's KeyboardInterrupt traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _cap_address_space(headroom_bytes)
-    while True:
-        try:
-            reply, request = conn.recv()
-        except (EOFError, OSError):
-            return
-        except MemoryError:  # the check's payload alone is past the cap; the pipe is mid-message
-            conn.send(("out_of_memory", None))
-            return
-        try:
-            answer: tuple[str, str | None] = ("ok", tool_call_problem(reply, request))
-        except MemoryError:
-            answer = ("out_of_memory", None)  # the router replaces this worker
-        except Exception as exc:  # a schema jsonschema cannot handle: not the model's fault
-            answer = ("failed", type(exc).__name__)
-        conn.send(answer)
-
-
-def _cap_address_space(headroom_bytes: int) -> None:
-    """RLIMIT_AS at the worker's address space now plus `headroom_bytes` (Linux; elsewhere,
-    where /proc is absent, the worker runs uncapped)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            pages = int(statm.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    limit = pages * resource.getpagesize() + headroom_bytes
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-class _Worker:
-    def __init__(self, headroom_bytes: int) -> None:
-        context = _fork_server()
-        self.conn, child = context.Pipe()
-        self.process: BaseProcess = context.Process(
-            target=_serve, args=(child, headroom_bytes), name="tiergate-tool-check", daemon=True
-        )
-        self.process.start()
-        child.close()
-
-    def ask(self, payload: tuple[Any, Any], timeout_s: float) -> tuple[str, str | None]:
-        """Send one check and wait for its answer (runs in a thread)."""
-        try:
-            try:
-                self.conn.send(payload)
-            except OSError:  # the worker gave up mid-message (out of memory): its last word
-                if self.conn.poll(0):
-                    last: tuple[str, str | None] = self.conn.recv()
-                    return last
-                raise
-            if not self.conn.poll(timeout_s):
-                return ("timeout", None)
-            answer: tuple[str, str | None] = self.conn.recv()
-            return answer
-        except (EOFError, OSError):
-            return ("died", None)
-
-    def kill(self) -> None:
-        """End the worker (once; later calls do nothing)."""
-        if self.conn.closed:
-            return
-        self.process.kill()
-        self.process.join(5)
-        self.conn.close()
 
 
 class ToolCallChecker:
@@ -154,26 +81,36 @@ class ToolCallChecker:
         timeout_s: float = CHECK_TIMEOUT_S,
         wait_s: float | None = None,
         workers: int = WORKERS,
+        share_s: float = CHECK_SHARE_S,
+        budget_s: float = TENANT_CHECK_BUDGET_S,
+        refill_per_s: float = TENANT_CHECK_REFILL_PER_S,
+        clock: Callable[[], float] = time.monotonic,
         on_unchecked: Callable[[str], None] = lambda reason: None,
         memory_headroom_bytes: int = MEMORY_HEADROOM_BYTES,
     ) -> None:
+        """`clock` is the budget's (how fast it refills); a check's cost is the time it held
+        its worker, on the event loop's clock."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.timeout_s = timeout_s
         self.memory_headroom_bytes = memory_headroom_bytes
         self.wait_s = timeout_s if wait_s is None else wait_s
         self._on_unchecked = on_unchecked
-        self._slots = asyncio.Semaphore(workers)
-        self._idle: list[_Worker] = []  # started, waiting for a check
-        self._busy: set[_Worker] = set()
-        # Per tenant: its lock (one check at a time) and how many checks hold or wait for it.
-        self._tenants: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._budget = CheckBudget(capacity_s=budget_s, refill_per_s=refill_per_s, clock=clock)
+        self._share = FairShare(workers, share_s=share_s, standing=self._budget.left_s)
+        self._over_budget: set[str] = set()  # tenants told (logged) to have spent theirs
+        self._idle: list[CheckWorker] = []  # started, waiting for a check
+        self._busy: set[CheckWorker] = set()
         self._stopped = False
 
     @property
-    def workers(self) -> list[_Worker]:
+    def workers(self) -> list[CheckWorker]:
         """The worker processes running now (idle or checking)."""
         return [*self._idle, *self._busy]
+
+    def tenants_over_budget(self) -> list[str]:
+        """The tenants whose checks are given up now: they spent their budget."""
+        return self._budget.spent_tenants()
 
     def start(self) -> None:
         return None  # the first check with tool calls starts a worker
@@ -189,61 +126,57 @@ class ToolCallChecker:
         self, reply: dict[str, Any], request: dict[str, Any], tenant: str = ""
     ) -> str | None:
         """`cascade.tool_call_problem(reply, request)`, or None when the check was given up.
-        A tenant's checks run one at a time, so one tenant's slow schemas hold at most one
-        worker and the others' checks still find one."""
+        A tenant's checks run one at a time, while it has budget left (see the module)."""
         tools = request.get("tools")
         if not tools or not tool_calls(reply):
             return tool_call_problem(reply, request)  # nothing to validate: no worker needed
-        lock, users = self._tenants.setdefault(tenant, (asyncio.Lock(), [0]))
-        users[0] += 1
+        if self._spent(tenant):
+            return self._unchecked("over_budget", tenant)
+        hold = await self._share.acquire(tenant, self.wait_s)
+        if hold is None:
+            return self._unchecked("busy", tenant)
+        loop = asyncio.get_running_loop()
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.wait_s
-            try:
-                await asyncio.wait_for(lock.acquire(), self.wait_s)
-            except TimeoutError:
-                return self._unchecked("busy")
-            try:
-                try:
-                    await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - loop.time()))
-                except TimeoutError:
-                    return self._unchecked("busy")
-                try:
-                    return await self._check((reply, {"tools": tools}))
-                finally:
-                    self._slots.release()
-            finally:
-                lock.release()
+            if self._spent(tenant):  # by a check of its own that ended while this one waited
+                return self._unchecked("over_budget", tenant)
+            return await self._check((reply, {"tools": tools}), hold)
         finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._tenants[tenant]
+            self._budget.charge(tenant, loop.time() - hold.started_at)
+            self._share.release(hold)
 
-    async def _check(self, payload: tuple[Any, Any]) -> str | None:
-        """One check on an idle worker (started if none is), which holds a slot."""
+    async def _check(self, payload: tuple[Any, Any], hold: Hold) -> str | None:
+        """One check on an idle worker (started if none is), in the slot `hold`."""
         if self._idle:
             worker = self._idle.pop()
         else:
             try:
-                worker = await asyncio.to_thread(_Worker, self.memory_headroom_bytes)
+                worker = await asyncio.to_thread(CheckWorker, self.memory_headroom_bytes)
             except Exception as exc:  # no processes left, no /tmp for the fork server...
-                return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}")
+                return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}", hold.tenant)
         self._busy.add(worker)
+        self._share.begin(hold)
         keep = False
         try:
             asking = asyncio.ensure_future(asyncio.to_thread(worker.ask, payload, self.timeout_s))
             try:
-                status, value = await asyncio.shield(asking)
+                await asyncio.wait((asking, hold.give_way), return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:
                 # The answer still on its way would be read by the next check: start over.
                 worker.kill()
                 with contextlib.suppress(Exception):
                     await asking
                 raise
+            if not asking.done():  # another tenant waits, and this check has had its share
+                worker.kill()
+                with contextlib.suppress(Exception):
+                    await asking
+                return self._unchecked("preempted", hold.tenant)
+            status, value = asking.result()
             keep = status in ("ok", "failed")  # timeout, died, out_of_memory: replaced
             if status == "ok":
                 return value
-            return self._unchecked(status if status != "failed" else f"failed: {value}")
+            reason = status if status != "failed" else f"failed: {value}"
+            return self._unchecked(reason, hold.tenant)
         finally:
             self._busy.discard(worker)
             if keep and not self._stopped:
@@ -251,8 +184,27 @@ class ToolCallChecker:
             else:
                 worker.kill()
 
-    def _unchecked(self, reason: str) -> str | None:
-        """Count and log a check given up; its verdict is None (serve the reply)."""
+    def _spent(self, tenant: str) -> bool:
+        """Whether the tenant's budget is spent; logs when that starts and when it ends."""
+        spent = self._budget.spent(tenant)
+        if spent and tenant not in self._over_budget:
+            self._over_budget.add(tenant)
+            log.warning(
+                "event=cascade_checks_given_up tenant=%s reason=over_budget budget_s=%g "
+                "refill_per_s=%g",
+                tenant,
+                self._budget.capacity_s,
+                self._budget.refill_per_s,
+            )
+        elif not spent and tenant in self._over_budget:
+            self._over_budget.discard(tenant)
+            log.info("event=cascade_checks_resumed tenant=%s", tenant)
+        return spent
+
+    def _unchecked(self, reason: str, tenant: str) -> str | None:
+        """Count and log a check given up; its verdict is None (serve the reply). A spent
+        budget is logged once, when it starts (`_spent`), not for every check it gives up."""
         self._on_unchecked(reason.split(":")[0])
-        log.warning("event=cascade_check_given_up reason=%s", reason)
+        if reason != "over_budget":
+            log.warning("event=cascade_check_given_up tenant=%s reason=%s", tenant, reason)
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from polling_helpers import until
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
@@ -341,8 +343,9 @@ def test_a_schema_that_would_take_forever_to_check_does_not_stall_the_router(
     router: dict[str, Any],
 ) -> None:
     """The node fills `cmd` with x's (minLength); the client's pattern backtracks
-    exponentially on them. The check is given up after its deadline, the reply is served as
-    it is, and the router answers other requests meanwhile."""
+    exponentially on them. The check is given up after its deadline (or at once, when these
+    checks have spent the tenant's budget), the reply is served as it is, and the router
+    answers other requests meanwhile."""
     evil = {"type": "function", "function": {"name": "run", "parameters": {
         "type": "object", "required": ["cmd"],
         "properties": {"cmd": {"type": "string", "minLength": 60, "pattern": "(x+x+)+y"}},
@@ -350,9 +353,10 @@ def test_a_schema_that_would_take_forever_to_check_does_not_stall_the_router(
     url = router["url"]
 
     def given_up() -> float:
+        # Timed out, or given up at once once these checks have spent the tenant's budget.
         metrics = httpx.get(url + "/metrics").text
-        line = 'tiergate_cascade_unchecked_total{reason="timeout"} '
-        return next((float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)), 0)
+        line = "tiergate_cascade_unchecked_total{"
+        return sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line))
 
     before = given_up()
     with ThreadPoolExecutor(1) as pool:
@@ -385,3 +389,93 @@ def test_the_openapi_document_lists_exactly_the_cascades_the_router_takes() -> N
         assert refused not in listed
         with pytest.raises(RouterError):
             parse_cascade(refused)
+
+
+# `cmd` is a string to the node; to the validator it must also match l0, which refers to l1
+# twice (anyOf), and so on down to an integer: a string is tried 2^40 ways.
+EXPONENTIAL_TOOL = {"type": "function", "function": {"name": "run", "parameters": {
+    "$defs": {**{f"l{n}": {"anyOf": [{"$ref": f"#/$defs/l{n + 1}"}] * 2} for n in range(40)},
+              "l40": {"type": "integer"}},
+    "type": "object", "required": ["cmd"],
+    "properties": {"cmd": {"type": "string", "$ref": "#/$defs/l0"}},
+}}}  # fmt: skip
+TENANTS = ("alice", "mallory", "trudy")
+
+
+@pytest.fixture(scope="module")
+def tenants_router(
+    tmp_path_factory: pytest.TempPathFactory, served: Served
+) -> Iterator[dict[str, Any]]:
+    """A cascade router with three tenants; `key(name)` is a tenant's API key."""
+    tmp = tmp_path_factory.mktemp("cascade-tenants")
+    tenants = tmp / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n"
+        + "".join(f"  - {{name: {t}, apiKeys: [{t}-key-0123456789]}}\n" for t in TENANTS)
+    )
+    spark = NodeConfig(serving=ServingSpec(model="frontier-spark", accelerator="wse-3", chips=2,
+                                           batching=BatchingSpec(max_num_seqs=16)))  # fmt: skip
+    full = NodeConfig(serving=ServingSpec(model="frontier", accelerator="b200", chips=8,
+                                          tensor_parallel=8, weight_dtype="fp8", kv_dtype="fp8",
+                                          batching=BatchingSpec(max_num_seqs=16)))  # fmt: skip
+    with ExitStack() as stack:
+        spark_url = stack.enter_context(served(create_app(spark)))
+        full_url = stack.enter_context(served(create_app(full)))
+        config = parse_config(
+            f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}, tenantsFile: {tenants}}}\npools:\n"
+            f"  - {{name: spark, tier: wafer-scale, model: frontier-spark, accelerator: wse-3, "
+            f"chips: 2, batching: {{maxNumSeqs: 16}}, endpoints: [{spark_url}]}}\n"
+            f"  - {{name: full, tier: premium, model: frontier, accelerator: b200, chips: 8, "
+            f"tensorParallel: 8, weightDtype: fp8, kvDtype: fp8, batching: {{maxNumSeqs: 16}}, "
+            f"endpoints: [{full_url}]}}\n"
+        )
+        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+        yield {"url": stack.enter_context(served(app))}
+
+
+def tenant_cascade(url: str, tenant: str, seed: int, tool: dict[str, Any]) -> httpx.Response:
+    body = {"model": "frontier-spark", "messages": [{"role": "user", "content": "list the files"}],
+            "tools": [tool], "seed": seed, "max_tokens": 16}  # fmt: skip
+    headers = {"x-tiergate-cascade": "wafer-scale>premium",
+               "authorization": f"Bearer {tenant}-key-0123456789"}  # fmt: skip
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def test_two_tenants_sending_exponential_schemas_leave_a_third_tenant_s_checks_alone(
+    tenants_router: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mallory and trudy send `$ref`-in-`anyOf` schemas nonstop, as many at once as the
+    checker has workers; alice's cascades are all checked meanwhile (none of hers is given
+    up, none of her malformed tool calls reaches her). Theirs spend their budgets of check
+    time and are then given up at once, which the metrics and the log say."""
+    url = tenants_router["url"]
+    caplog.set_level(logging.INFO, logger="tiergate.router")
+    abusing = True
+
+    def abuse(tenant: str, worker: int) -> int:
+        sent = 0
+        while abusing:
+            r = tenant_cascade(url, tenant, 1000 * worker + sent, EXPONENTIAL_TOOL)
+            assert r.status_code == 200, r.text  # given up or not, the reply is served
+            sent += 1
+        return sent
+
+    with ThreadPoolExecutor(4) as pool:
+        abusers = [pool.submit(abuse, t, w) for t in ("mallory", "trudy") for w in range(2)]
+        until(lambda: metric(url, "tiergate_cascade_check_budget_spent_tenants") == 2,
+              "both abusers spent their budget", within_s=60)  # fmt: skip
+        replies = [tenant_cascade(url, "alice", seed, TOOL) for seed in range(20)]
+        abusing = False
+        assert all(a.result() > 0 for a in abusers)
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies][:2]
+    kept = [r for r in replies if r.headers["x-tiergate-escalated"] == "false"]
+    escalated = [r for r in replies if r.headers["x-tiergate-escalated"] == "true"]
+    assert kept and escalated  # spark's quality is 0.73: some of its calls are malformed
+    assert all(tool_call_problem(r.json(), {"tools": [TOOL]}) is None for r in kept)
+    text = httpx.get(url + "/metrics").text
+    assert 'tiergate_cascade_unchecked_total{reason="over_budget"}' in text
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("given_up" in m and "tenant=alice" in m for m in messages)
+    spent = [m for m in messages if "event=cascade_checks_given_up" in m]
+    assert sorted(m.split("tenant=")[1].split()[0] for m in spent) == ["mallory", "trudy"]
+    assert not any("$defs" in m or "list the files" in m for m in messages)

@@ -1,9 +1,11 @@
 """The cascade's tool-call check in its worker: client schemas that take forever are given up
-while the event loop keeps serving, and the worker is replaced."""
+while the event loop keeps serving, and the worker is replaced; tenants sending them spend
+their budget of check time, and the others' checks are still answered."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -24,6 +26,12 @@ EXPONENTIAL_REFS: dict[str, Any] = {
     },
     "type": "object",
     "properties": {"cmd": {"$ref": "#/$defs/l0"}},
+}
+# The same, on a string the node (or a test) puts in `cmd`: the leaf wants an integer.
+EXPONENTIAL_STRING: dict[str, Any] = {
+    "$defs": {**EXPONENTIAL_REFS["$defs"], "l40": {"type": "integer"}},
+    "type": "object",
+    "properties": {"cmd": {"type": "string", "$ref": "#/$defs/l0"}},
 }
 PLAIN = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
 
@@ -216,4 +224,97 @@ def test_a_check_that_outgrows_the_worker_s_memory_is_given_up_and_the_worker_re
         finally:
             await checker.stop()
 
+    asyncio.run(scenario())
+
+
+async def eventually(condition: Any, what: str, within_s: float = 10.0) -> None:
+    """Return once `condition()` holds, polling; fail with `what` after `within_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not condition():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+def test_two_tenants_holding_both_workers_with_slow_schemas_do_not_starve_a_third() -> None:
+    """Two tenants' slow checks on both workers used to hold them to their deadline, so every
+    other tenant's check waited for one and was given up as busy (issue #24). A slow check
+    now gives way to a waiting tenant after its share; the third tenant's check is checked."""
+
+    async def scenario() -> None:
+        checker = Checker(timeout_s=60.0, wait_s=10.0)
+        try:
+            slow = [
+                asyncio.create_task(
+                    checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN), tenant)
+                )
+                for tenant in ("mallory", "trudy")
+            ]
+            await eventually(lambda: len(checker.workers) == 2, "both slow checks running")
+            alice = await checker.problem(reply('{"cmd": 3}'), request(PLAIN), "alice")
+            assert alice is not None and "(type)" in alice  # checked, not given up
+            assert checker.given_up == ["preempted"]  # one slow check gave way, once
+            assert sum(not task.done() for task in slow) == 1
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_tenants_sending_slow_schemas_spend_their_budget_and_the_others_are_still_checked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three tenants send `$ref`-in-`anyOf` schemas nonstop, more than the two workers can
+    hold; a fourth tenant's checks are all answered meanwhile. Each slow tenant's checks run
+    until its budget is spent, and then are given up at once, without a worker; the log says
+    so once per tenant, and never shows a schema or an argument."""
+    abusers = ("eve", "mallory", "trudy")
+    budget_s, share_s = 1.0, 0.1
+
+    async def scenario() -> None:
+        # The budget's clock stands still: a spent budget stays spent.
+        checker = Checker(timeout_s=0.5, budget_s=budget_s, share_s=share_s, clock=lambda: 0.0)
+        alice_done = False
+
+        async def abuse(tenant: str) -> list[str]:
+            """Slow checks until alice is done and this tenant is spent; then three more."""
+            while not (alice_done and tenant in checker.tenants_over_budget()):
+                await checker.problem(
+                    reply('{"cmd": "alpha"}'), request(EXPONENTIAL_STRING), tenant
+                )
+                await asyncio.sleep(0)  # a check given up at once never leaves the loop
+            before = len(checker.given_up)
+            for _ in range(3):
+                assert (
+                    await checker.problem(
+                        reply('{"cmd": "alpha"}'), request(EXPONENTIAL_STRING), tenant
+                    )
+                    is None
+                )
+            return checker.given_up[before:]
+
+        try:
+            abusing = [asyncio.create_task(abuse(t)) for t in abusers]
+            await eventually(lambda: len(checker.workers) == 2, "the slow checks running")
+            for n in range(12):
+                arguments = '{"cmd": 3}' if n % 2 else '{"cmd": "ls"}'
+                verdict = await checker.problem(reply(arguments), request(PLAIN), "alice")
+                assert (verdict is not None) == bool(n % 2), (n, verdict, checker.given_up)
+            alice_done = True
+            last = await asyncio.wait_for(asyncio.gather(*abusing), 30)
+        finally:
+            await checker.stop()
+        assert all(reasons == ["over_budget"] * 3 for reasons in last)  # no worker needed
+        assert checker.tenants_over_budget() == list(abusers)
+        assert set(checker.given_up) <= {"preempted", "timeout", "over_budget", "busy"}
+        # Each check that ran cost its tenant its share of a worker at least.
+        ran = [r for r in checker.given_up if r in ("preempted", "timeout")]
+        assert len(ran) <= len(abusers) * budget_s / share_s
+        messages = [r.getMessage() for r in caplog.records]
+        assert not any("tenant=alice" in m for m in messages)  # none of hers was given up
+        spent = sorted(m.split("tenant=")[1].split()[0] for m in messages if "over_budget" in m)
+        assert spent == sorted(abusers)
+        assert not any("$defs" in m or "alpha" in m or "cmd" in m for m in messages)
+
+    caplog.set_level(logging.INFO, logger="tiergate.router")
     asyncio.run(scenario())
