@@ -53,9 +53,9 @@ from tiergate.router.ledger.sqlite_schema import (
     ADD_TOTALS,
     DELETE,
     INSERT,
-    SCHEMA,
-    SCHEMA_VERSION_TABLE,
+    SCHEMA_VERSION,
     UPDATE,
+    migrate,
     row_values,
     totals_delta,
 )
@@ -75,7 +75,6 @@ __all__ = [
 
 log = logging.getLogger("tiergate.router")
 
-SCHEMA_VERSION = 2
 
 #: How often the checkpoint thread folds the WAL into the database file.
 CHECKPOINT_INTERVAL_S = 1.0
@@ -149,7 +148,7 @@ class Ledger:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpoint thread's job
             self._db.execute(f"PRAGMA journal_size_limit={int(wal_size_limit)}")
-            self._migrate()
+            migrate(self._db, self.path)
             self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         except sqlite3.Error as exc:
             self._db.close()
@@ -168,49 +167,6 @@ class Ledger:
         self._batches_closed = 0  # committed, or refused and held
         self.max_backlog = MAX_BACKLOG
         self.dropped = 0  # records lost: over `max_backlog`, or that the database refused
-
-    def _migrate(self) -> None:
-        """Create the schema if absent, bring an older one up to date; refuse a ledger written
-        by a newer router."""
-        db = self._db
-        # IMMEDIATE: two routers opening one new file do not both create the schema.
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute(SCHEMA_VERSION_TABLE)
-            (version,) = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
-            if version is not None and version > SCHEMA_VERSION:
-                raise LedgerError(
-                    f"the usage ledger {self.path} has schema version {version}; this router "
-                    f"understands up to {SCHEMA_VERSION}: upgrade the router"
-                )
-            for statement in SCHEMA:
-                db.execute(statement)
-            if version is None:
-                db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-            elif version == 1:
-                self._from_version_1()
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-
-    def _from_version_1(self) -> None:
-        """Version 1 kept lifetime totals per tenant and tier, and read budget periods from the
-        request rows through an index. Version 2 keeps the totals per day instead (built here
-        from every row, once), so that request rows can be pruned; the index goes."""
-        db = self._db
-        (rows,) = db.execute("SELECT COUNT(*) FROM usage").fetchone()
-        log.info("event=ledger_migrating path=%s from=1 to=2 rows=%d", self.path, rows)
-        db.execute(
-            "INSERT INTO tenant_daily SELECT tenant, CAST(time_s / 86400 AS INTEGER),"
-            " COALESCE(tier_served, ''), SUM(attempt = 1), COUNT(*), SUM(prompt_tokens),"
-            " SUM(completion_tokens), SUM(cost_usd) FROM usage"
-            " GROUP BY tenant, CAST(time_s / 86400 AS INTEGER), COALESCE(tier_served, '')"
-        )
-        db.execute("DROP TABLE IF EXISTS tenant_totals")
-        db.execute("DROP INDEX IF EXISTS usage_tenant_time")
-        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
     def close(self) -> None:
         """Close the database, after committing the open batch and a last try at writing the

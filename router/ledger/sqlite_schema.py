@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from tiergate.router.ledger.records import UsageRecord, utc_day
+import logging
+import sqlite3
+
+from tiergate.router.ledger.records import LedgerError, UsageRecord, utc_day
 
 __all__ = [
+    "SCHEMA_VERSION",
     "ADD_TOTALS",
     "DAILY_TABLE",
     "DELETE",
@@ -12,9 +16,14 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION_TABLE",
     "UPDATE",
+    "migrate",
     "row_values",
     "totals_delta",
 ]
+
+log = logging.getLogger("tiergate.router")
+
+SCHEMA_VERSION = 2
 
 SCHEMA_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 # Per tenant, UTC day (Unix days: time_s // 86400) and tier served ('' for attempts no tier
@@ -116,3 +125,46 @@ def totals_delta(usage: UsageRecord, written: UsageRecord | None) -> tuple[objec
         usage.completion_tokens - (0 if written is None else written.completion_tokens),
         usage.cost_usd - (0.0 if written is None else written.cost_usd),
     )
+
+
+def migrate(db: sqlite3.Connection, path: str) -> None:
+    """Create the schema in the ledger `db` (at `path`) if absent, bring an older one up to
+    date; LedgerError for a ledger written by a newer router."""
+    # IMMEDIATE: two routers opening one new file do not both create the schema.
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(SCHEMA_VERSION_TABLE)
+        (version,) = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        if version is not None and version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"the usage ledger {path} has schema version {version}; this router "
+                f"understands up to {SCHEMA_VERSION}: upgrade the router"
+            )
+        for statement in SCHEMA:
+            db.execute(statement)
+        if version is None:
+            db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+        elif version == 1:
+            _from_version_1(db, path)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _from_version_1(db: sqlite3.Connection, path: str) -> None:
+    """Version 1 kept lifetime totals per tenant and tier, and read budget periods from the
+    request rows through an index. Version 2 keeps the totals per day instead (built here
+    from every row, once), so that request rows can be pruned; the index goes."""
+    (rows,) = db.execute("SELECT COUNT(*) FROM usage").fetchone()
+    log.info("event=ledger_migrating path=%s from=1 to=2 rows=%d", path, rows)
+    db.execute(
+        "INSERT INTO tenant_daily SELECT tenant, CAST(time_s / 86400 AS INTEGER),"
+        " COALESCE(tier_served, ''), SUM(attempt = 1), COUNT(*), SUM(prompt_tokens),"
+        " SUM(completion_tokens), SUM(cost_usd) FROM usage"
+        " GROUP BY tenant, CAST(time_s / 86400 AS INTEGER), COALESCE(tier_served, '')"
+    )
+    db.execute("DROP TABLE IF EXISTS tenant_totals")
+    db.execute("DROP INDEX IF EXISTS usage_tenant_time")
+    db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
