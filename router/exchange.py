@@ -33,5 +33,6 @@ class Exchange:
     request: CompletionRequest | None = None
     choice: TierChoice | None = None
     guard: DisconnectGuard | None = None
-    #: Held against the tenant's budget while the request is in flight (router/tenants/budgets.py).
-    hold_usd: float = 0.0
+    #: Held against the tenant's budget while the request is in flight
+    #: (router/tenants/budgets.py); None until the budget check took a hold.
+    hold_usd: float | None = None

@@ -83,16 +83,16 @@ class Accountant:
             self._bill(ex, done, "incomplete")
         except Exception:
             self._failed(ex)
-        if ex.hold_usd:
+        if ex.hold_usd is not None:
             moved_usd = min(grew_usd, ex.hold_usd)
             self.budgets.shrink_hold(ex.tenant, moved_usd)
             ex.hold_usd -= moved_usd
 
     def release(self, ex: Exchange) -> None:
         """End the request's budget hold (its attempts' costs are counted by now)."""
-        if ex.hold_usd and ex.tenant is not None:
+        if ex.hold_usd is not None and ex.tenant is not None:
             self.budgets.release(ex.tenant, ex.hold_usd)
-        ex.hold_usd = 0.0
+        ex.hold_usd = None
 
     def _bill(self, ex: Exchange, done: Progress, outcome: Outcome) -> None:
         """Write the attempt's row as `done` says now (its first write adds it, later ones

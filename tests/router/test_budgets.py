@@ -305,3 +305,24 @@ def test_a_request_without_an_output_cap_holds_the_rest_of_the_models_context(
         capped = httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 50},
                             headers=KEY, timeout=60)  # fmt: skip
         assert capped.status_code == 200, capped.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_hold_is_released_even_one_of_nothing(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]], stream: bool
+) -> None:
+    """A free pool's requests hold $0 against a budget; each hold is still counted in and out,
+    so none is left behind once the requests end (a stream's, billed as it goes, too)."""
+    with tenant_router(
+        served,
+        tmp_path / "ledger.sqlite",
+        tmp_path,
+        budget="budgetUsd: 5, budgetPeriod: day",
+        pool="billing: {outputPerMillionUsd: 0}",
+    ) as (app, url):
+        body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3, "stream": stream}  # fmt: skip
+        for _ in range(3):
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers=KEY, timeout=60)
+            assert r.status_code == 200, r.text
+            assert app.router.budgets._held == {}
