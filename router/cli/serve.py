@@ -43,19 +43,13 @@ def run_router(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
     """Serve `app` on `sock` (bound: common.listen_socket) on a uvloop event loop until
     SIGINT/SIGTERM; False if it could not start.
 
-    uvloop (and httptools, which uvicorn picks when installed) take ~0.25 ms off every
-    proxied request on the development machine (benchmarks/router_overhead.py).
-
-    The cyclic garbage collector is what holds the event loop longest, and so sets the tail of
-    the per-token delay of many relayed streams (benchmarks/router_overhead.py, 512 streams):
-    - everything alive once the app is built (modules, catalogs, the app: ~65,000 objects) is
-      moved out of its reach (`gc.freeze`): a full collection over them took 12-17 ms;
-    - full collections run after 1,000 middle-generation ones instead of 10. With 512 live
-      streams a full collection still takes ~15 ms (their objects are live), and by default it
-      came every few seconds; now minutes apart. Young collections are unchanged, and garbage
-      freed by reference counting (nearly all of it) never waits for a collection.
-    Measured, 6 rounds each, the router's per-chunk received-minus-written p99: 1.32-3.67 ms
-    before, 1.23-2.14 ms after.
+    uvloop (and httptools, which uvicorn picks when installed) make every proxied request
+    cheaper (benchmarks/router_overhead.py). The cyclic garbage collector is what holds the
+    event loop longest, and so sets the tail of the per-token delay of many relayed streams:
+    everything alive once the app is built is moved out of its reach (`gc.freeze`), and full
+    collections run after 1,000 middle-generation ones instead of 10 (with hundreds of live
+    streams a full collection takes milliseconds). Young collections are unchanged, and
+    garbage freed by reference counting (nearly all of it) never waits for a collection.
     """
     import gc
 
