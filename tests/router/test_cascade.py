@@ -8,7 +8,8 @@ import socket
 import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -155,32 +156,41 @@ def test_as_event_stream_replays_a_whole_reply() -> None:
 Served = Callable[[Any], AbstractContextManager[str]]
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("cascade")
+@contextmanager
+def cascade_system(
+    served: Served, tmp: Path, spark_seqs: int, full_seqs: int, router: str = ""
+) -> Iterator[dict[str, Any]]:
+    """A router over a wafer-scale spark node and a premium full-model node (batch caps
+    `spark_seqs`, `full_seqs`); `router` adds settings to the router's YAML map."""
     spark = NodeConfig(
         serving=ServingSpec(model="frontier-spark", accelerator="wse-3", chips=2,
-                            batching=BatchingSpec(max_num_seqs=8)),
+                            batching=BatchingSpec(max_num_seqs=spark_seqs)),
     )  # fmt: skip
     full = NodeConfig(
         serving=ServingSpec(model="frontier", accelerator="b200", chips=8, tensor_parallel=8,
                             weight_dtype="fp8", kv_dtype="fp8",
-                            batching=BatchingSpec(max_num_seqs=4)),
+                            batching=BatchingSpec(max_num_seqs=full_seqs)),
     )  # fmt: skip
     with ExitStack() as stack:
         spark_url = stack.enter_context(served(create_app(spark)))
         full_url = stack.enter_context(served(create_app(full)))
         config = parse_config(
-            f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}}}\npools:\n"
+            f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}{router}}}\npools:\n"
             f"  - {{name: spark, tier: wafer-scale, model: frontier-spark, accelerator: wse-3, "
-            f"chips: 2, batching: {{maxNumSeqs: 8}}, endpoints: [{spark_url}]}}\n"
+            f"chips: 2, batching: {{maxNumSeqs: {spark_seqs}}}, endpoints: [{spark_url}]}}\n"
             f"  - {{name: full, tier: premium, model: frontier, accelerator: b200, chips: 8, "
-            f"tensorParallel: 8, weightDtype: fp8, kvDtype: fp8, batching: {{maxNumSeqs: 4}}, "
-            f"endpoints: [{full_url}]}}\n"
+            f"tensorParallel: 8, weightDtype: fp8, kvDtype: fp8, "
+            f"batching: {{maxNumSeqs: {full_seqs}}}, endpoints: [{full_url}]}}\n"
         )
         app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
         url = stack.enter_context(served(app))
         yield {"url": url, "ledger": tmp / "ledger.sqlite", "app": app}
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator[dict[str, Any]]:
+    with cascade_system(served, tmp_path_factory.mktemp("cascade"), 8, 4) as system:
+        yield system
 
 
 def cascade(url: str, seed: int, **fields: Any) -> httpx.Response:
@@ -413,24 +423,8 @@ def tenants_router(
         "tenants:\n"
         + "".join(f"  - {{name: {t}, apiKeys: [{t}-key-0123456789]}}\n" for t in TENANTS)
     )
-    spark = NodeConfig(serving=ServingSpec(model="frontier-spark", accelerator="wse-3", chips=2,
-                                           batching=BatchingSpec(max_num_seqs=16)))  # fmt: skip
-    full = NodeConfig(serving=ServingSpec(model="frontier", accelerator="b200", chips=8,
-                                          tensor_parallel=8, weight_dtype="fp8", kv_dtype="fp8",
-                                          batching=BatchingSpec(max_num_seqs=16)))  # fmt: skip
-    with ExitStack() as stack:
-        spark_url = stack.enter_context(served(create_app(spark)))
-        full_url = stack.enter_context(served(create_app(full)))
-        config = parse_config(
-            f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}, tenantsFile: {tenants}}}\npools:\n"
-            f"  - {{name: spark, tier: wafer-scale, model: frontier-spark, accelerator: wse-3, "
-            f"chips: 2, batching: {{maxNumSeqs: 16}}, endpoints: [{spark_url}]}}\n"
-            f"  - {{name: full, tier: premium, model: frontier, accelerator: b200, chips: 8, "
-            f"tensorParallel: 8, weightDtype: fp8, kvDtype: fp8, batching: {{maxNumSeqs: 16}}, "
-            f"endpoints: [{full_url}]}}\n"
-        )
-        app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
-        yield {"url": stack.enter_context(served(app))}
+    with cascade_system(served, tmp, 16, 16, router=f", tenantsFile: {tenants}") as system:
+        yield system
 
 
 def tenant_cascade(url: str, tenant: str, seed: int, tool: dict[str, Any]) -> httpx.Response:
