@@ -224,8 +224,13 @@ async def test_a_rollout_sends_each_name_only_to_pods_that_answer_to_it(
     )
     ip = {old: "http://10.244.1.17:8000", new: "http://10.244.3.4:8000"}
     ip[unsaid] = "http://10.244.2.9:8000"
-    await eventually(lambda: ip[new] in urls(source, "coder-batched"))
-    assert _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
+    # Both watches must have been applied: the pods' (the new pod) and the pool's (its names).
+    await eventually(
+        lambda: (
+            ip[new] in urls(source, "coder-batched")
+            and _candidates(source, "coder-2") == [ip[unsaid], ip[new]]
+        )
+    )
     assert sorted(_candidates(source, "coder")) == sorted(ip.values())
 
     # the alias goes: "coder" stays routed to the pods that still answer to it, until they go
