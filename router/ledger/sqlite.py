@@ -39,9 +39,9 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiergate.router.ledger import sqlite_reads as reads
 from tiergate.router.ledger.checkpoint import Checkpointer
 from tiergate.router.ledger.records import (
-    MAX_DAY,
     LedgerError,
     Outcome,
     TierTotals,
@@ -59,7 +59,6 @@ from tiergate.router.ledger.sqlite_schema import (
     row_values,
     totals_delta,
 )
-from tiergate.router.request.tiers import Tier
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -403,61 +402,21 @@ class Ledger:
     def tenant_totals(self, tenant: str) -> UsageTotals:
         """A tenant's totals over the whole ledger, overall and by tier served (from the daily
         totals: pruned request rows still count), the backlog included."""
-        rows = self._db.execute(
-            "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
-            " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = ?"
-            " GROUP BY tier_served",
-            (tenant,),
-        ).fetchall()
-        sums = {row[0]: list(row[1:]) for row in rows}
-        for held in self._backlog:
-            if held.record.tenant == tenant:
-                _, _, tier, *add = totals_delta(held.record, held.written)
-                total = sums.setdefault(tier, [0, 0, 0, 0, 0.0])
-                for i, value in enumerate(add):
-                    total[i] += value
-        rows = sorted((tier, *total) for tier, total in sums.items())
-        by_tier: dict[Tier, TierTotals] = {}
-        for tier, _, attempts, prompt, completion, cost in rows:
-            if tier:
-                by_tier[tier] = TierTotals(attempts, prompt, completion, cost)
-        return UsageTotals(
-            requests=sum(row[1] for row in rows),
-            attempts=sum(row[2] for row in rows),
-            prompt_tokens=sum(row[3] for row in rows),
-            completion_tokens=sum(row[4] for row in rows),
-            cost_usd=sum(row[5] for row in rows),
-            by_tier_served=by_tier,
-        )
+        return reads.tenant_totals(self._db, self._backlog, tenant)
 
     def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
         """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
         Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and
         the backlog."""
-        end = MAX_DAY if end_day is None else end_day
-        (spent,) = self._db.execute(
-            "SELECT COALESCE(SUM(cost_usd), 0.0) FROM tenant_daily"
-            " WHERE tenant = ? AND day >= ? AND day < ?",
-            (tenant, first_day, end),
-        ).fetchone()
-        held = sum(
-            e.record.cost_usd - (e.written.cost_usd if e.written is not None else 0.0)
-            for e in self._backlog
-            if e.record.tenant == tenant and first_day <= utc_day(e.record.time_s) < end
-        )
-        return float(spent) + held
+        return reads.spend_in_days(self._db, self._backlog, tenant, first_day, end_day)
 
     def used_bytes(self) -> int:
         """Bytes of the database file in use (pages not on SQLite's free list; without the WAL).
         Pruned rows free their pages for new rows: the file stops growing, it does not shrink."""
-        db = self._db
         try:
-            (pages,) = db.execute("PRAGMA page_count").fetchone()
-            (free,) = db.execute("PRAGMA freelist_count").fetchone()
-            (page_size,) = db.execute("PRAGMA page_size").fetchone()
+            return reads.used_bytes(self._db)
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot read the size of {self.path}: {exc}") from exc
-        return int((pages - free) * page_size)
 
     def prune(self, limit: int, *, before_s: float | None = None) -> int:
         """Delete request rows, oldest first: of the `limit` oldest rows, those that finished
@@ -468,14 +427,7 @@ class Ledger:
         rows are read in insertion order, which is the order they finished in.
         """
         self.commit_batch()
-        where = "" if before_s is None else " WHERE time_s < ?"
-        params: tuple[float, ...] = (limit,) if before_s is None else (limit, before_s)
         try:
-            cursor = self._db.execute(
-                "DELETE FROM usage WHERE id IN (SELECT id FROM"
-                f" (SELECT id, time_s FROM usage ORDER BY id LIMIT ?){where})",
-                params,
-            )
+            return reads.prune(self._db, limit, before_s)
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot prune the usage ledger {self.path}: {exc}") from exc
-        return cursor.rowcount

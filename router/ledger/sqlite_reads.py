@@ -1,0 +1,100 @@
+"""The SQLite ledger's reads: a tenant's totals and spend (the backlog counted in), its size,
+and pruning its oldest request rows."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from typing import Protocol
+
+from tiergate.router.ledger.records import (
+    MAX_DAY,
+    TierTotals,
+    UsageRecord,
+    UsageTotals,
+    utc_day,
+)
+from tiergate.router.ledger.sqlite_schema import totals_delta
+from tiergate.router.request.tiers import Tier
+
+__all__ = ["prune", "spend_in_days", "tenant_totals", "used_bytes"]
+
+
+class Held(Protocol):
+    """A record waiting in the backlog: what its row is to say, and what the database has."""
+
+    record: UsageRecord
+    written: UsageRecord | None
+
+
+def tenant_totals(db: sqlite3.Connection, backlog: Iterable[Held], tenant: str) -> UsageTotals:
+    """A tenant's totals by tier served, from the daily totals and the backlog."""
+    rows = db.execute(
+        "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
+        " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = ?"
+        " GROUP BY tier_served",
+        (tenant,),
+    ).fetchall()
+    sums = {row[0]: list(row[1:]) for row in rows}
+    for held in backlog:
+        if held.record.tenant == tenant:
+            _, _, tier, *add = totals_delta(held.record, held.written)
+            total = sums.setdefault(tier, [0, 0, 0, 0, 0.0])
+            for i, value in enumerate(add):
+                total[i] += value
+    rows = sorted((tier, *total) for tier, total in sums.items())
+    by_tier: dict[Tier, TierTotals] = {}
+    for tier, _, attempts, prompt, completion, cost in rows:
+        if tier:
+            by_tier[tier] = TierTotals(attempts, prompt, completion, cost)
+    return UsageTotals(
+        requests=sum(row[1] for row in rows),
+        attempts=sum(row[2] for row in rows),
+        prompt_tokens=sum(row[3] for row in rows),
+        completion_tokens=sum(row[4] for row in rows),
+        cost_usd=sum(row[5] for row in rows),
+        by_tier_served=by_tier,
+    )
+
+
+def spend_in_days(
+    db: sqlite3.Connection,
+    backlog: Iterable[Held],
+    tenant: str,
+    first_day: int,
+    end_day: int | None,
+) -> float:
+    """USD a tenant spent on UTC days [first_day, end_day) (no end: to this day)."""
+    end = MAX_DAY if end_day is None else end_day
+    (spent,) = db.execute(
+        "SELECT COALESCE(SUM(cost_usd), 0.0) FROM tenant_daily"
+        " WHERE tenant = ? AND day >= ? AND day < ?",
+        (tenant, first_day, end),
+    ).fetchone()
+    held = sum(
+        e.record.cost_usd - (e.written.cost_usd if e.written is not None else 0.0)
+        for e in backlog
+        if e.record.tenant == tenant and first_day <= utc_day(e.record.time_s) < end
+    )
+    return float(spent) + held
+
+
+def used_bytes(db: sqlite3.Connection) -> int:
+    """Bytes of the database's pages in use (not on its free list; without the WAL)."""
+    (pages,) = db.execute("PRAGMA page_count").fetchone()
+    (free,) = db.execute("PRAGMA freelist_count").fetchone()
+    (page_size,) = db.execute("PRAGMA page_size").fetchone()
+    return int((pages - free) * page_size)
+
+
+def prune(db: sqlite3.Connection, limit: int, before_s: float | None) -> int:
+    """Delete, of the `limit` oldest request rows, those that finished before `before_s` (all
+    without it); how many went."""
+    where = "" if before_s is None else " WHERE time_s < ?"
+    params: tuple[float, ...] = (limit,) if before_s is None else (limit, before_s)
+    cursor = db.execute(
+        "DELETE FROM usage WHERE id IN (SELECT id FROM"
+        f" (SELECT id, time_s FROM usage ORDER BY id LIMIT ?){where})",
+        params,
+    )
+    return cursor.rowcount
