@@ -144,8 +144,13 @@ class ToolCallChecker:
             self._budget.charge(tenant, loop.time() - hold.started_at)
             self._share.release(hold)
 
-    async def _check(self, payload: tuple[Any, Any], hold: Hold) -> str | None:
-        """One check on an idle worker (started if none is), in the slot `hold`."""
+    async def _check(
+        self, payload: tuple[Any, Any], hold: Hold, *, again_if_died: bool = True
+    ) -> str | None:
+        """One check on an idle worker (started if none is), in the slot `hold`. A worker that
+        dies under a check (it was killed, or its start went wrong) is replaced and the check
+        asked once more on a fresh one: its death says nothing of the reply; a check that
+        kills the second worker too is given up as `died`."""
         if self._idle:
             worker = self._idle.pop()
         else:
@@ -175,14 +180,18 @@ class ToolCallChecker:
             keep = status in ("ok", "failed")  # timeout, died, out_of_memory: replaced
             if status == "ok":
                 return value
-            reason = status if status != "failed" else f"failed: {value}"
-            return self._unchecked(reason, hold.tenant)
+            if status == "died" and again_if_died and not self._stopped:
+                log.warning("event=cascade_check_worker_died tenant=%s retrying=true", hold.tenant)
+            else:
+                reason = status if status != "failed" else f"failed: {value}"
+                return self._unchecked(reason, hold.tenant)
         finally:
             self._busy.discard(worker)
             if keep and not self._stopped:
                 self._idle.append(worker)
             else:
                 worker.kill()
+        return await self._check(payload, hold, again_if_died=False)
 
     def _spent(self, tenant: str) -> bool:
         """Whether the tenant's budget is spent; logs when that starts and when it ends."""

@@ -318,3 +318,27 @@ def test_tenants_sending_slow_schemas_spend_their_budget_and_the_others_are_stil
 
     caplog.set_level(logging.INFO, logger="tiergate.router")
     asyncio.run(scenario())
+
+
+def test_a_check_whose_worker_dies_under_it_is_asked_again_on_a_fresh_one() -> None:
+    """An idle worker killed from outside (the OOM killer, an operator): the next check finds
+    it dead, and is answered by a fresh worker rather than given up; a reply's verdict does
+    not depend on a worker's death."""
+
+    async def scenario() -> None:
+        checker = Checker()
+        try:
+            assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
+            (dead,) = checker.workers
+            assert dead.process.pid is not None
+            os.kill(dead.process.pid, signal.SIGKILL)
+            dead.process.join(10)
+            verdict = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
+            assert verdict is not None and "(type)" in verdict
+            assert checker.given_up == []
+            (fresh,) = checker.workers
+            assert fresh is not dead
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
