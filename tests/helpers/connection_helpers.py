@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+from tiergate.sim_nodes.commands.limited_protocol import MAX_HEAD_BYTES
+
 #: The longest a test waits for the server to close a connection before it fails.
 CLOSE_WITHIN_S = 15.0
 
@@ -59,6 +61,18 @@ def trickling(sock: socket.socket, byte: bytes, every_s: float = 0.05) -> Iterat
     finally:
         stop.set()
         thread.join(5)
+
+
+def send_growing_head(sock: socket.socket, head: bytes) -> bytes:
+    """Send `head` and then a header value that keeps growing, four times the longest head a
+    server takes (`limited_protocol.MAX_HEAD_BYTES`); the reply the server closed with."""
+    sock.sendall(head + b"x-big: ")
+    try:
+        for _ in range(4 * MAX_HEAD_BYTES // 4096):
+            sock.sendall(b"a" * 4096)
+    except OSError:
+        pass  # closed by the server while the client was still sending: as it should be
+    return read_until_closed(sock)
 
 
 def status_of(reply: bytes) -> int:
