@@ -24,6 +24,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -173,7 +174,22 @@ class RouterSettings(_Model):
     tenants_file: Path | None = Field(
         default=None, description="Tenants YAML, or a mounted Secret folder; none: open mode."
     )
-    ledger_path: Path = Field(default=Path(".tiergate/ledger.sqlite"))
+    ledger_path: Path = Field(
+        default=Path(".tiergate/ledger.sqlite"),
+        description="The SQLite ledger's file (one router process); unused with a ledger URL.",
+    )
+    ledger_url: SecretStr | None = Field(
+        default=None,
+        description=(
+            "A PostgreSQL ledger shared by every router replica and worker "
+            "(postgresql://user@host:port/database; the password from PGPASSWORD or a "
+            "passfile is better than one in the URL). Never logged. None: the SQLite ledger."
+        ),
+    )
+    ledger_url_file: Path | None = Field(
+        default=None,
+        description="A file holding the PostgreSQL ledger's URL (a mounted Secret's key).",
+    )
     ledger_retention_days: float | None = Field(
         default=None,
         gt=0,
@@ -228,6 +244,31 @@ class RouterSettings(_Model):
             "when started with --enable-fault-injection (`tiergate up` does so when this is on)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _one_ledger_url(self) -> RouterSettings:
+        if self.ledger_url is not None and self.ledger_url_file is not None:
+            raise ValueError("give ledgerUrl or ledgerUrlFile, not both")
+        return self
+
+    def ledger_dsn(self) -> str | None:
+        """The PostgreSQL ledger's URL (from `ledgerUrl` or the file `ledgerUrlFile`), or None
+        for the SQLite ledger. Raises ConfigError when the file cannot be read or holds no
+        postgresql:// URL; the message never quotes the URL."""
+        if self.ledger_url is not None:
+            dsn = self.ledger_url.get_secret_value().strip()
+            where = "router.ledgerUrl"
+        elif self.ledger_url_file is not None:
+            where = f"router.ledgerUrlFile ({self.ledger_url_file})"
+            try:
+                dsn = self.ledger_url_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{where}: cannot read it: {exc}") from None
+        else:
+            return None
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"{where}: not a postgresql:// URL")
+        return dsn
 
 
 class LocalSettings(_Model):
