@@ -1,0 +1,191 @@
+"""A real PostgreSQL server for tests: Debian's `postgresql` package (installed with apt-get
+when it is missing), on its own data directory and a free loopback port, stopped afterwards.
+
+A missing server is a failure with a clear message, never a skip. Run as root (this machine's
+CI), the server runs as the `postgres` user the package creates: PostgreSQL refuses root.
+Connections use a password (scram-sha-256), so a wrong one is refused as in production.
+(A uniquely named module: conftest names clash.)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polling_helpers import until
+
+PASSWORD = "tiergate-test"
+USER = "postgres"
+#: The longest the server may take to start or stop on a busy machine.
+START_WITHIN_S = 60.0
+
+
+class PostgresMissing(RuntimeError):
+    """No PostgreSQL server binaries, and apt-get could not install them."""
+
+
+def server_bin() -> Path:
+    """The newest /usr/lib/postgresql/*/bin with a server, installing the package if none."""
+    found = _newest_bin()
+    if found is None:
+        if shutil.which("apt-get") is None:
+            raise PostgresMissing(
+                "no PostgreSQL server under /usr/lib/postgresql/*/bin and no apt-get to install "
+                "it: install Debian's postgresql package"
+            )
+        result = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "postgresql"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            check=False,
+        )
+        found = _newest_bin()
+        if found is None:
+            raise PostgresMissing(
+                "no PostgreSQL server under /usr/lib/postgresql/*/bin, and `apt-get install "
+                f"postgresql` failed ({result.returncode}): {result.stderr.strip()[-500:]}"
+            )
+    return found
+
+
+def _newest_bin() -> Path | None:
+    bins = [Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin") if Path(p, "postgres").exists()]
+    bins.sort(key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    return bins[-1] if bins else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PostgresServer:
+    """One server: `start()`, `stop()` (and start again: same data, same port), `close()`."""
+
+    root: Path
+    bin: Path = field(default_factory=server_bin)
+    port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._as_user = os.geteuid() == 0
+        if self._as_user:
+            account = pwd.getpwnam(USER)
+            self._ids = (account.pw_uid, account.pw_gid)
+            os.chown(self.root, *self._ids)
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(PASSWORD + "\n")
+        if self._as_user:
+            os.chown(pwfile, *self._ids)
+        self._run(
+            "initdb", "-D", str(self.data), "-U", USER, f"--pwfile={pwfile}",
+            "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8",
+            "--no-sync",
+        )  # fmt: skip
+        pwfile.unlink()
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"listen_addresses = '{self.host}'\nport = {self.port}\n"
+                f"unix_socket_directories = '{self.root}'\n"
+                # A test server: durability is the ledger's to prove, not the disk's.
+                "fsync = off\nsynchronous_commit = on\nfull_page_writes = off\n"
+                "max_connections = 200\nshared_buffers = 32MB\n"
+            )
+
+    def _run(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bin / tool), *args]
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=False,
+            user=self._ids[0] if self._as_user else None,
+            group=self._ids[1] if self._as_user else None,
+            cwd=self.root,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"{tool} failed ({result.returncode}): {result.stderr.strip()[-800:]}"
+                f"\n{self.log_tail()}"
+            )
+        return result
+
+    def log_tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def start(self) -> None:
+        # -w waits until it accepts connections; pg_ctl's own timeout, not a sleep.
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w",
+            "-t", str(int(START_WITHIN_S)), "start",
+        )  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def running(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            try:
+                self.stop("immediate")
+            except RuntimeError:
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def dsn(self, database: str = "postgres", *, password: str | None = PASSWORD) -> str:
+        secret = f":{password}" if password is not None else ""
+        return f"postgresql://{USER}{secret}@{self.host}:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A new, empty database on this server; its name."""
+        name = "t_" + uuid.uuid4().hex[:12]
+        self.psql(f'CREATE DATABASE "{name}"')
+        return name
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        """Run `sql` through psql (the client binary beside the server); its output."""
+        psql = shutil.which("psql") or str(self.bin / "psql")
+        result = subprocess.run(
+            [psql, "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql,
+             self.dsn(database)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"psql failed: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+
+def started_server(prefix: str = "tiergate-pg-") -> PostgresServer:
+    """A new running server in a fresh folder under the system's temp dir."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    server = PostgresServer(root)
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    until(server.running, f"PostgreSQL did not listen on {server.port}", START_WITHIN_S)
+    return server
