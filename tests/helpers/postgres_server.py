@@ -105,6 +105,9 @@ class PostgresServer:
                 "fsync = off\nsynchronous_commit = on\nfull_page_writes = off\n"
                 "max_connections = 200\nshared_buffers = 32MB\n"
             )
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            # Pods of the e2e suite's local cluster connect from their own 127.x addresses.
+            hba.write("host all all 127.0.0.0/8 scram-sha-256\n")
 
     def _run(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
         command = [str(self.bin / tool), *args]
