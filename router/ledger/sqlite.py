@@ -36,11 +36,11 @@ import logging
 import os
 import sqlite3
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.router.ledger import sqlite_reads as reads
 from tiergate.router.ledger.checkpoint import Checkpointer
+from tiergate.router.ledger.entry import LedgerEntry
 from tiergate.router.ledger.records import (
     LedgerError,
     Outcome,
@@ -99,17 +99,6 @@ OPEN_TIMEOUT_S = 5.0
 #: Records held in memory while the database refuses writes (~300 bytes each); beyond this many,
 #: new records are dropped and counted.
 MAX_BACKLOG = 100_000
-
-
-@dataclass(slots=True, eq=False)
-class LedgerEntry:
-    """One attempt's row as the ledger writes it: `record` is what the row is to say, `rowid`
-    and `written` what the database holds (None: no row yet)."""
-
-    record: UsageRecord
-    rowid: int | None = None
-    written: UsageRecord | None = None
-    held: bool = False  # in the backlog, to be written as `record` says then
 
 
 #: An entry written in the open batch, with its `rowid` and `written` from before (restored

@@ -1,0 +1,172 @@
+"""The PostgreSQL ledger's tables, the functions budget and rate-limit leases run in, and the
+versioned migration every router replica runs at start.
+
+The request rows and daily totals are the SQLite ledger's (router/ledger/sqlite_schema.py), so
+both answer alike. Two more tables hold what replicas share: `budget_lease` (what each replica
+may have in flight of a tenant's budget) and `rate_bucket` (each tenant's token buckets). Their
+functions run each lease as one statement, under a per-tenant lock, in one round trip.
+
+Several replicas may start at once: the migration runs under an advisory lock, and a database
+of a newer schema version than this router's is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tiergate.router.ledger.records import LedgerError
+
+__all__ = ["SCHEMA_VERSION", "migrate"]
+
+log = logging.getLogger("tiergate.router")
+
+SCHEMA_VERSION = 1
+#: pg_advisory_xact_lock key held while the schema is created or migrated.
+MIGRATION_LOCK = 0x7469657267617465  # "tiergate"
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS tiergate_schema (version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    id bigserial PRIMARY KEY,
+    request_id text NOT NULL,
+    attempt integer NOT NULL,
+    time_s double precision NOT NULL,
+    tenant text NOT NULL,
+    tier_requested text NOT NULL,
+    tier_served text,
+    pool text,
+    endpoint text,
+    prompt_tokens bigint NOT NULL,
+    completion_tokens bigint NOT NULL,
+    latency_s double precision NOT NULL,
+    ttft_s double precision,
+    cost_usd double precision NOT NULL,
+    http_status integer NOT NULL,
+    outcome text NOT NULL,
+    escalated boolean NOT NULL,
+    UNIQUE (request_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS tenant_daily (
+    tenant text NOT NULL,
+    day integer NOT NULL,
+    tier_served text NOT NULL,
+    requests bigint NOT NULL,
+    attempts bigint NOT NULL,
+    prompt_tokens bigint NOT NULL,
+    completion_tokens bigint NOT NULL,
+    cost_usd double precision NOT NULL,
+    PRIMARY KEY (tenant, day, tier_served)
+);
+CREATE TABLE IF NOT EXISTS budget_lease (
+    tenant text NOT NULL,
+    holder text NOT NULL,
+    period_start double precision NOT NULL,
+    leased_usd double precision NOT NULL,
+    expires_at double precision NOT NULL,
+    PRIMARY KEY (tenant, holder)
+);
+CREATE TABLE IF NOT EXISTS rate_bucket (
+    tenant text NOT NULL,
+    kind text NOT NULL,
+    capacity double precision NOT NULL,
+    level double precision NOT NULL,
+    updated_s double precision NOT NULL,
+    PRIMARY KEY (tenant, kind)
+);
+"""
+
+#: One budget lease, under the tenant's lock. The holder has `local` USD in flight (holds and
+#: records not yet committed) and asks room for one more request's `hold`. What it may have in
+#: flight is what the budget leaves after the period's committed spend and the other holders'
+#: live leases; it is granted `local` plus a slice: at least the hold, else a quarter of the
+#: room left (so contending replicas share it out), never more than the room. A grant no
+#: larger than `local` means no room: the caller refuses the request. A negative `hold` returns
+#: all but what is in flight (a holder gone idle).
+_LEASE_BUDGET = """
+CREATE OR REPLACE FUNCTION tiergate_lease_budget(
+    p_tenant text, p_holder text, p_first_day bigint, p_end_day bigint,
+    p_period_start double precision, p_budget double precision, p_local double precision,
+    p_hold double precision, p_ttl_s double precision,
+    OUT spent double precision, OUT others double precision, OUT granted double precision,
+    OUT expires_in_s double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := extract(epoch FROM clock_timestamp());
+    room double precision;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('tiergate-budget'), hashtext(p_tenant));
+    SELECT COALESCE(SUM(cost_usd), 0) INTO spent FROM tenant_daily
+        WHERE tenant = p_tenant AND day >= p_first_day AND day < p_end_day;
+    SELECT COALESCE(SUM(leased_usd), 0) INTO others FROM budget_lease
+        WHERE tenant = p_tenant AND holder <> p_holder AND period_start = p_period_start
+        AND expires_at > now_s;
+    room := p_budget - spent - others;
+    granted := GREATEST(p_local, LEAST(room,
+        p_local + GREATEST(p_hold, (room - p_local) / 4)));
+    IF p_hold < 0 THEN
+        granted := GREATEST(p_local, 0);  -- an idle holder keeps what is in flight, no more
+    END IF;
+    INSERT INTO budget_lease VALUES (p_tenant, p_holder, p_period_start, granted, now_s + p_ttl_s)
+        ON CONFLICT (tenant, holder) DO UPDATE SET period_start = excluded.period_start,
+        leased_usd = excluded.leased_usd, expires_at = excluded.expires_at;
+    expires_in_s := p_ttl_s;
+END $$;
+"""
+
+#: Take tokens from a tenant's shared bucket (created full), refilled at capacity per minute by
+#: the database's clock. `p_give` first puts back tokens a holder did not use (never above the
+#: capacity). Then, if the bucket holds `p_need`, `granted` is up to `p_want` of it; else
+#: nothing, and `wait_s` is how long until it will.
+_TAKE_TOKENS = """
+CREATE OR REPLACE FUNCTION tiergate_take_tokens(
+    p_tenant text, p_kind text, p_capacity double precision, p_give double precision,
+    p_need double precision, p_want double precision,
+    OUT granted double precision, OUT wait_s double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := extract(epoch FROM clock_timestamp());
+    b rate_bucket%ROWTYPE;
+    lvl double precision;
+BEGIN
+    INSERT INTO rate_bucket VALUES (p_tenant, p_kind, p_capacity, p_capacity, now_s)
+        ON CONFLICT DO NOTHING;
+    SELECT * INTO b FROM rate_bucket WHERE tenant = p_tenant AND kind = p_kind FOR UPDATE;
+    lvl := LEAST(p_capacity,
+        b.level + GREATEST(0, now_s - b.updated_s) * p_capacity / 60 + GREATEST(p_give, 0));
+    granted := 0;
+    wait_s := 0;
+    IF p_need > 0 THEN
+        IF lvl >= p_need THEN
+            granted := LEAST(GREATEST(lvl, p_need), p_want);
+            lvl := lvl - granted;
+        ELSE
+            wait_s := (p_need - lvl) * 60 / p_capacity;
+        END IF;
+    END IF;
+    UPDATE rate_bucket SET capacity = p_capacity, level = lvl,
+        updated_s = GREATEST(b.updated_s, now_s)
+        WHERE tenant = p_tenant AND kind = p_kind;
+END $$;
+"""
+
+
+async def migrate(conn: Any, where: str) -> None:
+    """Create the schema in the database `conn` is connected to, if absent (`where` names it
+    in messages); LedgerError for a database of a newer schema version than this router's."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await conn.execute("CREATE TABLE IF NOT EXISTS tiergate_schema (version integer NOT NULL)")
+        version = await conn.fetchval("SELECT MAX(version) FROM tiergate_schema")
+        if version is not None and version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"the usage ledger {where} has schema version {version}; this router "
+                f"understands up to {SCHEMA_VERSION}: upgrade the router"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        log.info("event=ledger_schema_created where=%s version=%d", where, SCHEMA_VERSION)
+        await conn.execute(_TABLES)
+        await conn.execute(_LEASE_BUDGET)
+        await conn.execute(_TAKE_TOKENS)
+        await conn.execute("INSERT INTO tiergate_schema VALUES ($1)", SCHEMA_VERSION)
