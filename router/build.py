@@ -18,11 +18,17 @@ from tiergate.router.handler import Router
 from tiergate.router.http.app import RouterApp, Service
 from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.ledger.backlog import LedgerBacklogWriter
+from tiergate.router.ledger.postgres import PostgresLedger
+from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
-from tiergate.router.ledger.sqlite import Ledger, LedgerError
+from tiergate.router.ledger.sqlite import Ledger
+from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import PolicyConfig
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.fleet_budgets import FleetBudgets
+from tiergate.router.tenants.fleet_ratelimit import FleetRateLimiter
+from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.ratelimit import RateLimiter
 from tiergate.router.tenants.registry import TenantRegistry, load_tenants
 from tiergate.router.tenants.reload import TenantsReloader
@@ -49,13 +55,12 @@ def build_app(
     settings = config.router
     if settings.tenants_file is not None:
         tenants = load_tenants(settings.tenants_file)
-    ledger_path = settings.ledger_path
-    if str(ledger_path) != ":memory:":
-        try:
-            Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LedgerError(f"cannot create the usage ledger's folder: {exc}") from None
-    ledger = Ledger(ledger_path)
+    dsn = settings.ledger_dsn()
+    ledger: LedgerStore
+    if dsn is not None:
+        ledger = PostgresLedger(dsn)
+    else:
+        ledger = _sqlite_ledger(settings.ledger_path)
     if settings.tenants_file is None:  # after what may fail: its warning is no error's preface
         tenants = TenantRegistry.open()
     retention = LedgerRetention(
@@ -104,11 +109,22 @@ def build_app(
         on_unchecked=lambda reason: metrics.cascade_unchecked.labels(reason).inc()
     )
     metrics.count_check_budgets(tool_checker.tenants_over_budget)
+    budgets: Budgets
+    limiter: Limits
+    shared: list[Service] = []
+    if isinstance(ledger, PostgresLedger):
+        budgets, limiter = FleetBudgets(ledger), FleetRateLimiter(ledger, clock)
+        shared = [ledger, budgets, limiter]  # the ledger stops after its users
+    else:
+        assert isinstance(ledger, Ledger)
+        budgets = BudgetGuard(ledger, tenants=tenants.tenants.values())
+        limiter = RateLimiter(clock)
+        shared = [LedgerBacklogWriter(ledger)]
     router = Router(
         view=view,
         tenants=tenants,
-        limiter=RateLimiter(clock),
-        budgets=BudgetGuard(ledger, tenants=tenants.tenants.values()),
+        limiter=limiter,
+        budgets=budgets,
         ledger=ledger,
         upstream=upstream,
         metrics=metrics,
@@ -123,8 +139,8 @@ def build_app(
         source,
         _Closing(fetcher),
         scraper,
+        *shared,
         retention,
-        LedgerBacklogWriter(ledger),
         tool_checker,
         *(extra_services or []),
     ]
@@ -150,6 +166,15 @@ def build_app(
         ready_needs_endpoints=source.ready_needs_endpoints,
         connections=connections,
     )
+
+
+def _sqlite_ledger(path: Path) -> Ledger:
+    if str(path) != ":memory:":
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create the usage ledger's folder: {exc}") from None
+    return Ledger(path)
 
 
 class _Closing:

@@ -249,6 +249,12 @@ class RouterSettings(_Model):
     def _one_ledger_url(self) -> RouterSettings:
         if self.ledger_url is not None and self.ledger_url_file is not None:
             raise ValueError("give ledgerUrl or ledgerUrlFile, not both")
+        shared = self.ledger_url is not None or self.ledger_url_file is not None
+        if shared and self.ledger_max_size is not None:
+            raise ValueError(
+                "ledgerMaxSize applies to the SQLite ledger; with a PostgreSQL ledger use "
+                "ledgerRetentionDays (PostgreSQL reuses the space of pruned rows)"
+            )
         return self
 
     def ledger_dsn(self) -> str | None:

@@ -33,7 +33,7 @@ from tiergate.router.http.asgi import (
 from tiergate.router.http.errors import RouterError
 from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.ledger.accounting import Accountant
-from tiergate.router.ledger.sqlite import Ledger
+from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from tiergate.router.progress import Progress
 from tiergate.router.request.body import (
@@ -51,8 +51,7 @@ from tiergate.router.request.tiers import (
     openai_service_tier,
 )
 from tiergate.router.request.tool_check import ToolCallChecker
-from tiergate.router.tenants.budgets import BudgetGuard
-from tiergate.router.tenants.ratelimit import RateLimiter
+from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
@@ -79,9 +78,9 @@ class Router:
 
     view: Callable[[], PoolView]
     tenants: TenantRegistry
-    limiter: RateLimiter
-    budgets: BudgetGuard
-    ledger: Ledger
+    limiter: Limits
+    budgets: Budgets
+    ledger: LedgerStore
     upstream: Upstream
     metrics: RouterMetrics
     settings: RouterSettings
@@ -188,11 +187,15 @@ class Router:
             tier = choice.tier
         ex.choice = choice
         tiers = tiers_to_try(view, request.model, choice, tier, tenant)
-        ex.hold_usd = self.budgets.check(
-            tenant, self.wall(), most_it_may_cost(view, request, plan, tiers, tenant)
-        )
+        budgets, limiter, now_s = self.budgets, self.limiter, self.wall()
+        hold_usd = most_it_may_cost(view, request, plan, tiers, tenant)
+        if budgets.needs_lease(tenant, hold_usd, now_s):  # shared budgets: a round trip
+            await budgets.lease(tenant, hold_usd, now_s)
+        ex.hold_usd = budgets.check(tenant, now_s, hold_usd)
         estimate = request.tokens_expected
-        self.limiter.check(tenant, ex.started_s, estimate)
+        if limiter.needs_lease(tenant, estimate):
+            await limiter.lease(tenant, estimate)
+        limiter.check(tenant, ex.started_s, estimate)
         ex.done.estimated_tokens = estimate
         if plan is not None:
             if await serve_first_tier(self, ex, view, pipeline, plan):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tiergate.router.discovery.view import RoutedPool
-from tiergate.router.ledger.sqlite import LedgerEntry, Outcome
+from tiergate.router.ledger.entry import LedgerEntry
+from tiergate.router.ledger.records import Outcome
 from tiergate.router.request.tiers import Tier
 
 

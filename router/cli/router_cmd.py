@@ -7,13 +7,15 @@ InferencePools and their pods.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from pathlib import Path
 
 from tiergate.router.build import build_app, router_source
 from tiergate.router.cli.serve import connection_cap, run_router
 from tiergate.router.config import ConfigError
-from tiergate.router.ledger.sqlite import LedgerError
+from tiergate.router.ledger.postgres import open_check
+from tiergate.router.ledger.records import LedgerError
 from tiergate.router.tenants.registry import TenantConfigError
 from tiergate.sim_nodes.commands.common import (
     CliError,
@@ -40,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         config, source = router_source(args.config)
-    except ConfigError as exc:
+        dsn = config.router.ledger_dsn()
+        if dsn is not None:
+            # An unreachable database, a refused login or a newer schema: one line, before
+            # the port is taken.
+            asyncio.run(open_check(dsn))
+    except (ConfigError, LedgerError) as exc:
         raise CliError(str(exc)) from None
     host = args.host or config.router.host
     port = args.port if args.port is not None else config.router.port

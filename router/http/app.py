@@ -25,6 +25,7 @@ from tiergate.router.http.asgi import (
 from tiergate.router.http.errors import RouterError
 from tiergate.router.http.metrics import CONTENT_TYPE
 from tiergate.router.http.openapi import openapi_document
+from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.usage import usage_response
 from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
 
@@ -179,7 +180,17 @@ class RouterApp:
         except RouterError as error:
             await send_error(send, error)
             return
-        body = usage_response(self.router.ledger, tenant, self.router.budgets, self.router.wall())
+        try:
+            body = await usage_response(
+                self.router.ledger, tenant, self.router.budgets, self.router.wall()
+            )
+        except LedgerError as exc:  # the shared ledger cannot be reached
+            log.warning("event=usage_unavailable error=%s", exc)
+            unavailable = RouterError(503, "the usage ledger cannot be read now; retry shortly",
+                                      type="server_error", code="ledger_unavailable",
+                                      headers={"Retry-After": "1"})  # fmt: skip
+            await send_error(send, unavailable)
+            return
         await send_json(send, 200, body)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -11,8 +11,10 @@ from prometheus_client.registry import Collector
 
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.http.gc_pauses import GcPauses
+from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
-from tiergate.router.ledger.sqlite import Ledger, LedgerError
+from tiergate.router.ledger.sqlite import Ledger
+from tiergate.router.ledger.store import LedgerStore
 from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -26,7 +28,7 @@ class RouterMetrics:
         self,
         view: Callable[[], PoolView],
         now: Callable[[], float],
-        ledger: Ledger,
+        ledger: LedgerStore,
         retention: LedgerRetention,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -221,27 +223,12 @@ class _LiveCollector(Collector):
 
 
 class _LedgerCollector(Collector):
-    def __init__(self, ledger: Ledger, retention: LedgerRetention) -> None:
+    def __init__(self, ledger: LedgerStore, retention: LedgerRetention) -> None:
         self._ledger, self._retention = ledger, retention
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        yield GaugeMetricFamily(
-            "tiergate_ledger_wal_bytes",
-            "Size of the usage ledger's write-ahead log file; it should stay near one "
-            "checkpoint interval of records (router/ledger/sqlite.py).",
-            value=self._ledger.wal_bytes(),
-        )
-        try:
-            used = self._ledger.used_bytes()
-        except LedgerError:
-            pass  # an unreadable ledger fails records loudly; /metrics still answers
-        else:
-            yield GaugeMetricFamily(
-                "tiergate_ledger_used_bytes",
-                "Bytes of the usage ledger's database file in use (without the WAL); "
-                "router.ledgerMaxSize bounds it.",
-                value=used,
-            )
+        if isinstance(self._ledger, Ledger):
+            yield from self._sqlite(self._ledger)
         yield CounterMetricFamily(
             "tiergate_ledger_pruned_rows",
             "Request rows deleted by the ledger's retention (daily totals are kept).",
@@ -255,7 +242,7 @@ class _LedgerCollector(Collector):
         yield GaugeMetricFamily(
             "tiergate_ledger_backlog_records",
             "Records held in memory because the ledger's database refused writes (locked, "
-            "full, read-only); written once it takes them. Not durable meanwhile.",
+            "full, read-only, unreachable); written once it takes them. Not durable meanwhile.",
             value=self._ledger.backlog,
         )
         yield CounterMetricFamily(
@@ -263,3 +250,22 @@ class _LedgerCollector(Collector):
             "Records lost: the backlog was full, or the database refused the record itself.",
             value=self._ledger.dropped,
         )
+
+    def _sqlite(self, ledger: Ledger) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "tiergate_ledger_wal_bytes",
+            "Size of the usage ledger's write-ahead log file; it should stay near one "
+            "checkpoint interval of records (router/ledger/sqlite.py).",
+            value=ledger.wal_bytes(),
+        )
+        try:
+            used = ledger.used_bytes()
+        except LedgerError:
+            pass  # an unreadable ledger fails records loudly; /metrics still answers
+        else:
+            yield GaugeMetricFamily(
+                "tiergate_ledger_used_bytes",
+                "Bytes of the usage ledger's database file in use (without the WAL); "
+                "router.ledgerMaxSize bounds it.",
+                value=used,
+            )

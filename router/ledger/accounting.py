@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 from tiergate.router.exchange import Exchange
 from tiergate.router.http.metrics import RouterMetrics
-from tiergate.router.ledger.sqlite import Ledger, Outcome, UsageRecord
+from tiergate.router.ledger.records import Outcome, UsageRecord
+from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.progress import Progress
 from tiergate.router.request.tiers import DEFAULT_TIER
-from tiergate.router.tenants.budgets import BudgetGuard
-from tiergate.router.tenants.ratelimit import RateLimiter
+from tiergate.router.tenants.guards import Budgets, Limits
 
 __all__ = ["Accountant"]
 
@@ -30,9 +30,9 @@ class Accountant:
 
     def __init__(
         self,
-        ledger: Ledger,
-        budgets: BudgetGuard,
-        limiter: RateLimiter,
+        ledger: LedgerStore,
+        budgets: Budgets,
+        limiter: Limits,
         metrics: RouterMetrics,
         clock: Callable[[], float],
         wall: Callable[[], float],

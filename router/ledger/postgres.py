@@ -176,15 +176,22 @@ class PostgresLedger:
         async with self._pool_lock:
             if self._pool is None:
                 try:
-                    self._pool = await asyncpg.create_pool(
+                    pool = await asyncpg.create_pool(
                         self._dsn,
                         min_size=1,
                         max_size=self._pool_size,
                         timeout=CONNECT_TIMEOUT_S,
                         command_timeout=self._timeout_s,
                     )
+                    try:
+                        async with pool.acquire() as conn:
+                            await migrate(conn, self.where)
+                    except BaseException:
+                        await pool.close()
+                        raise
                 except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                     raise LedgerError(f"cannot reach {self.where}: {_reason(e)}") from None
+                self._pool = pool
         return self._pool
 
     # Writing.
@@ -363,24 +370,25 @@ class PostgresLedger:
             tenant,
             timeout=self._timeout_s,
         )
-        sums = {row[0]: [int(row[1]), int(row[2]), int(row[3]), int(row[4]), float(row[5])]
-                for row in rows}  # fmt: skip
+        sums: dict[str, list[float]] = {str(row[0]): [float(v) for v in row[1:]] for row in rows}
         for entry in self._not_written():
             if entry.record.tenant == tenant:
                 _, _, tier, *add = totals_delta(entry.record, entry.written)
-                total = sums.setdefault(str(tier), [0, 0, 0, 0, 0.0])
+                total = sums.setdefault(str(tier), [0.0] * 5)
                 for i, value in enumerate(add):
-                    total[i] += value  # type: ignore[assignment,operator]
+                    total[i] += cast(float, value)
         by_tier: dict[Tier, TierTotals] = {}
         for tier, (_, attempts, prompt, completion, cost) in sums.items():
             if tier:
-                by_tier[tier] = TierTotals(attempts, prompt, completion, cost)  # type: ignore[index]
+                served = cast(Tier, tier)
+                by_tier[served] = TierTotals(int(attempts), int(prompt), int(completion), cost)
+        column = [sum(t[i] for t in sums.values()) for i in range(5)]
         return UsageTotals(
-            requests=sum(t[0] for t in sums.values()),
-            attempts=sum(t[1] for t in sums.values()),
-            prompt_tokens=sum(t[2] for t in sums.values()),
-            completion_tokens=sum(t[3] for t in sums.values()),
-            cost_usd=sum(t[4] for t in sums.values()),
+            requests=int(column[0]),
+            attempts=int(column[1]),
+            prompt_tokens=int(column[2]),
+            completion_tokens=int(column[3]),
+            cost_usd=column[4],
             by_tier_served=dict(sorted(by_tier.items())),
         )
 

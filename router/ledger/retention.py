@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable
 
 from tiergate.router.background import LoopService
-from tiergate.router.ledger.sqlite import Ledger, LedgerError
+from tiergate.router.ledger.records import LedgerError
+from tiergate.router.ledger.sqlite import Ledger
+from tiergate.router.ledger.store import LedgerStore
 
 __all__ = ["LedgerRetention"]
 
@@ -48,7 +50,7 @@ class LedgerRetention(LoopService):
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: LedgerStore,
         *,
         max_age_days: float | None = None,
         max_bytes: int | None = None,
@@ -57,6 +59,8 @@ class LedgerRetention(LoopService):
         batch_rows: int = BATCH_ROWS,
         max_rows_per_round: int = MAX_ROWS_PER_ROUND,
     ) -> None:
+        if max_bytes is not None and not isinstance(ledger, Ledger):
+            raise ValueError("a size limit applies to the SQLite ledger only")
         self.ledger = ledger
         self.max_age_days = max_age_days
         self.max_bytes = max_bytes
@@ -93,14 +97,15 @@ class LedgerRetention(LoopService):
         if self.max_age_days is not None:
             before_s = self._clock() - self.max_age_days * 86400.0
             while deleted < self._max_rows:
-                n = self._prune(before_s)
+                n = await self._prune(before_s)
                 deleted += n
                 if n < self._batch_rows:
                     break
                 await asyncio.sleep(0)
         if self.max_bytes is not None:
+            assert isinstance(self.ledger, Ledger)
             while deleted < self._max_rows and self.ledger.used_bytes() > self.max_bytes:
-                n = self._prune(None)
+                n = await self._prune(None)
                 deleted += n
                 if n == 0:
                     self._say_over_size()
@@ -108,8 +113,8 @@ class LedgerRetention(LoopService):
                 await asyncio.sleep(0)
         return deleted
 
-    def _prune(self, before_s: float | None) -> int:
-        n = self.ledger.prune(self._batch_rows, before_s=before_s)
+    async def _prune(self, before_s: float | None) -> int:
+        n = await self.ledger.prune_rows(self._batch_rows, before_s)
         self.pruned_rows += n
         return n
 
@@ -120,6 +125,6 @@ class LedgerRetention(LoopService):
             self._over_size_logged = True
             log.warning(
                 "event=ledger_over_max_size used_bytes=%d max_bytes=%d request_rows=0",
-                self.ledger.used_bytes(),
+                self.ledger.used_bytes() if isinstance(self.ledger, Ledger) else 0,
                 self.max_bytes,
             )

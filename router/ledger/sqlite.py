@@ -393,6 +393,14 @@ class Ledger:
         totals: pruned request rows still count), the backlog included."""
         return reads.tenant_totals(self._db, self._backlog, tenant)
 
+    async def totals(self, tenant: str) -> UsageTotals:
+        """`tenant_totals`, as the PostgreSQL ledger answers it."""
+        return self.tenant_totals(tenant)
+
+    async def prune_rows(self, limit: int, before_s: float | None) -> int:
+        """`prune`, as the PostgreSQL ledger answers it."""
+        return self.prune(limit, before_s=before_s)
+
     def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
         """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
         Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and

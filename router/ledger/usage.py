@@ -9,24 +9,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from tiergate.router.ledger.sqlite import Ledger
+from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.request.tiers import TIERS
-from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.guards import Budgets
 from tiergate.router.tenants.registry import Tenant
 
 __all__ = ["usage_response"]
 
 
-def usage_response(
-    ledger: Ledger, tenant: Tenant, budgets: BudgetGuard, now_s: float | None = None
+async def usage_response(
+    ledger: LedgerStore, tenant: Tenant, budgets: Budgets, now_s: float | None = None
 ) -> dict[str, Any]:
     """The JSON body of `GET /v1/usage` for the calling tenant.
 
-    Period spend comes from the budget guard (in memory, the same figure it enforces);
-    totals come from the ledger's running totals. Neither scans the tenant's history.
+    Period spend comes from the budget guard (one process: in memory, the same figure it
+    enforces; a fleet: the shared ledger); totals come from the ledger's running totals.
+    Neither scans the tenant's history.
     """
-    status = budgets.status(tenant, now_s)
-    totals = ledger.tenant_totals(tenant.name)
+    status = await budgets.current(tenant, now_s)
+    totals = await ledger.totals(tenant.name)
     by_tier: dict[str, dict[str, Any]] = {}
     for tier in TIERS:
         served = totals.by_tier_served.get(tier)

@@ -33,7 +33,7 @@ from tiergate.router.http.errors import RouterError
 from tiergate.router.ledger.sqlite import Ledger, utc_day
 from tiergate.router.tenants.registry import BudgetPeriod, Tenant
 
-__all__ = ["BudgetGuard", "BudgetStatus", "period_bounds"]
+__all__ = ["BudgetGuard", "BudgetStatus", "period_bounds", "period_label"]
 
 
 def period_bounds(period: BudgetPeriod, now_s: float) -> tuple[float, float | None]:
@@ -123,7 +123,7 @@ class BudgetGuard:
             held[1] += hold_usd
             return hold_usd
         headers = {}
-        label = _label(spend.period)
+        label = period_label(spend.period)
         if spend.spent_usd < budget:
             headers["Retry-After"] = "1"
             message = (
@@ -145,6 +145,18 @@ class BudgetGuard:
         raise RouterError(
             429, message, type="insufficient_quota", code="budget_exceeded", headers=headers
         )
+
+    def needs_lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> bool:
+        """Never: one process's budgets need no database round trip (router/tenants/
+        fleet_budgets.py is the guard that does)."""
+        return False
+
+    async def lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> None:
+        return None
+
+    async def current(self, tenant: Tenant, now_s: float | None = None) -> BudgetStatus:
+        """`status`, as the fleet guard answers it."""
+        return self.status(tenant, now_s)
 
     def release(self, tenant: Tenant, hold_usd: float) -> None:
         """End the hold `check` took for a request (once it was accounted for)."""
@@ -196,5 +208,5 @@ class BudgetGuard:
         return spend
 
 
-def _label(period: BudgetPeriod) -> str:
+def period_label(period: BudgetPeriod) -> str:
     return {"day": "daily", "week": "weekly", "month": "monthly", "total": "total"}[period]

@@ -100,6 +100,13 @@ class RateLimiter:
         if buckets.tokens is not None:
             buckets.tokens.level -= estimated_tokens
 
+    def needs_lease(self, tenant: Tenant, estimated_tokens: int) -> bool:
+        """Never: one process's buckets need no database round trip."""
+        return False
+
+    async def lease(self, tenant: Tenant, estimated_tokens: int) -> None:
+        return None
+
     def settle(self, tenant: Tenant, now_s: float | None = None, token_delta: int = 0) -> None:
         """Correct the token bucket by `actual_tokens - estimated_tokens` after a request.
 

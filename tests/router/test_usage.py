@@ -1,5 +1,6 @@
 """`GET /v1/usage` body: the caller's own tenant only, JSON-ready."""
 
+import asyncio
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -39,7 +40,7 @@ def test_usage_of_the_calling_tenant_only(ledger: Ledger) -> None:
     record(ledger, "team-a", "wafer-scale", 0.1)
     record(ledger, "team-a", "premium", 0.6, attempt=2)
     record(ledger, "team-b", "batched", 99.0)
-    body = usage_response(ledger, TEAM_A, budgets, NOW)
+    body = asyncio.run(usage_response(ledger, TEAM_A, budgets, NOW))
     assert json.loads(json.dumps(body)) == body  # JSON-ready
     assert body["tenant"] == "team-a"
     assert body["budget"] == {
@@ -70,6 +71,6 @@ def test_usage_of_the_calling_tenant_only(ledger: Ledger) -> None:
 
 def test_unlimited_tenant(ledger: Ledger) -> None:
     record(ledger, "team-b", "batched", 1.5)
-    body = usage_response(ledger, TEAM_B, BudgetGuard(ledger, clock=lambda: NOW))
+    body = asyncio.run(usage_response(ledger, TEAM_B, BudgetGuard(ledger, clock=lambda: NOW)))
     assert body["budget"]["budget_usd"] is None and body["budget"]["remaining_usd"] is None
     assert body["budget"]["spent_usd"] == 1.5
