@@ -133,6 +133,7 @@ class PostgresLedger:
         self._writing: asyncio.Future[None] | None = None
         self._backlog: deque[LedgerEntry] = deque()
         self._unwritten: dict[str, float] = {}  # tenant -> USD not yet committed
+        self._committed: dict[str, float] = {}  # tenant -> USD committed since start
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -228,6 +229,10 @@ class PostgresLedger:
         """USD of `tenant`'s records not yet committed (waiting, being written, or held)."""
         return self._unwritten.get(tenant, 0.0)
 
+    def committed_usd(self, tenant: str) -> float:
+        """USD of `tenant`'s records this ledger committed since it started."""
+        return self._committed.get(tenant, 0.0)
+
     async def committed(self) -> None:
         """Return once every record added so far is committed (or held in the backlog)."""
         if self._next:
@@ -315,6 +320,9 @@ class PostgresLedger:
         entry.written = record
         entry.rowid = 0  # has a row
         self._count_written(record, before)
+        grew = record.cost_usd - (before.cost_usd if before is not None else 0.0)
+        if grew:
+            self._committed[record.tenant] = self._committed.get(record.tenant, 0.0) + grew
 
     def _count_written(self, record: UsageRecord, before: UsageRecord | None) -> None:
         grew = record.cost_usd - (before.cost_usd if before is not None else 0.0)

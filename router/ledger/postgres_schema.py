@@ -79,10 +79,11 @@ CREATE TABLE IF NOT EXISTS rate_bucket (
 #: One budget lease, under the tenant's lock. The holder has `local` USD in flight (holds and
 #: records not yet committed) and asks room for one more request's `hold`. What it may have in
 #: flight is what the budget leaves after the period's committed spend and the other holders'
-#: live leases; it is granted `local` plus a slice: at least the hold, else a quarter of the
-#: room left (so contending replicas share it out), never more than the room. A grant no
-#: larger than `local` means no room: the caller refuses the request. A negative `hold` returns
-#: all but what is in flight (a holder gone idle).
+#: live leases (`room`); it is granted `local` plus a slice: at least the hold, else a quarter
+#: of the room left (so contending replicas share it out), never more than the room. A grant
+#: no larger than `local` means no room: the caller refuses the request. A negative `hold`
+#: returns all but what is in flight (a holder gone idle). The lease row says at least `local`:
+#: what others must count, since requests in flight may still spend it.
 _LEASE_BUDGET = """
 CREATE OR REPLACE FUNCTION tiergate_lease_budget(
     p_tenant text, p_holder text, p_first_day bigint, p_end_day bigint,
@@ -102,12 +103,14 @@ BEGIN
         WHERE tenant = p_tenant AND holder <> p_holder AND period_start = p_period_start
         AND expires_at > now_s;
     room := p_budget - spent - others;
-    granted := GREATEST(p_local, LEAST(room,
-        p_local + GREATEST(p_hold, (room - p_local) / 4)));
     IF p_hold < 0 THEN
-        granted := GREATEST(p_local, 0);  -- an idle holder keeps what is in flight, no more
+        granted := LEAST(room, p_local);  -- an idle holder keeps what is in flight, no more
+    ELSE
+        granted := LEAST(room, p_local + GREATEST(p_hold, (room - p_local) / 4));
     END IF;
-    INSERT INTO budget_lease VALUES (p_tenant, p_holder, p_period_start, granted, now_s + p_ttl_s)
+    -- Others must count what this holder has in flight, granted or not.
+    INSERT INTO budget_lease VALUES (p_tenant, p_holder, p_period_start,
+        GREATEST(p_local, granted, 0), now_s + p_ttl_s)
         ON CONFLICT (tenant, holder) DO UPDATE SET period_start = excluded.period_start,
         leased_usd = excluded.leased_usd, expires_at = excluded.expires_at;
     expires_in_s := p_ttl_s;

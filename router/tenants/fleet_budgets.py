@@ -60,11 +60,13 @@ class _Lease:
     period_start_s: float
     period_end_s: float | None
     granted_usd: float = 0.0
+    base_usd: float = 0.0  # the ledger's `committed_usd` when it was granted
     spent_usd: float = 0.0  # the fleet's committed spend in the period, at the last lease
     valid_until: float = -math.inf  # monotonic; before it the lease may be used
     held_usd: float = 0.0  # holds of this replica's requests in flight
     held_requests: int = 0
     active: bool = False  # admitted a request since the last renewal
+    unreachable: bool = False  # the last round trip failed
 
 
 class FleetBudgets:
@@ -101,7 +103,7 @@ class FleetBudgets:
         return (
             lease is None
             or lease.valid_until <= self._monotonic()
-            or self._in_flight(tenant.name, lease) >= lease.granted_usd
+            or not self._admits(tenant.name, lease)
         )
 
     async def lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> None:
@@ -121,7 +123,13 @@ class FleetBudgets:
             return 0.0
         now = self._clock() if now_s is None else now_s
         lease = self._current(tenant, now)
-        if lease is None or lease.valid_until <= self._monotonic():
+        live = lease is not None and lease.valid_until > self._monotonic()
+        if lease is not None and live and self._admits(tenant.name, lease):
+            lease.held_usd += hold_usd
+            lease.held_requests += 1
+            lease.active = True
+            return hold_usd
+        if lease is None or not live or lease.unreachable:
             raise RouterError(
                 503,
                 f"the router cannot reach its budget store to check tenant {tenant.name!r}'s "
@@ -130,12 +138,6 @@ class FleetBudgets:
                 code="budget_store_unavailable",
                 headers={"Retry-After": "1"},
             )
-        in_flight = self._in_flight(tenant.name, lease)
-        if in_flight < lease.granted_usd:
-            lease.held_usd += hold_usd
-            lease.held_requests += 1
-            lease.active = True
-            return hold_usd
         spent = lease.spent_usd + self._ledger.unwritten_usd(tenant.name)
         raise self._refusal(tenant, budget, spent, lease, now)
 
@@ -182,6 +184,14 @@ class FleetBudgets:
     def _in_flight(self, name: str, lease: _Lease) -> float:
         return max(0.0, lease.held_usd) + self._ledger.unwritten_usd(name)
 
+    def _admits(self, name: str, lease: _Lease) -> bool:
+        return self._in_flight(name, lease) < self._room(name, lease)
+
+    def _room(self, name: str, lease: _Lease) -> float:
+        """What the lease still lets this replica have in flight: what it was granted, less
+        what this replica committed since (the database counts that as spend now)."""
+        return lease.granted_usd - (self._ledger.committed_usd(name) - lease.base_usd)
+
     async def _lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> bool:
         """One round trip: `hold_usd` > 0 asks room for a request, 0 renews with a fresh
         slice, < 0 gives back all but what is in flight. False if the database failed."""
@@ -196,6 +206,7 @@ class FleetBudgets:
                 lease.held_usd, lease.held_requests = old.held_usd, old.held_requests
             self._leases[tenant.name] = lease
         asked_at = self._monotonic()
+        base_usd = self._ledger.committed_usd(tenant.name)  # before the database reads spend
         try:
             pool = await self._ledger.connection_pool()
             row = await pool.fetchrow(
@@ -205,13 +216,16 @@ class FleetBudgets:
                 self._in_flight(tenant.name, lease), hold_usd, self._ttl_s,
             )  # fmt: skip
         except (LedgerError, OSError, TimeoutError) as exc:
+            lease.unreachable = True
             return self._failed(tenant, exc)
         except Exception as exc:  # asyncpg's errors
             if type(exc).__module__.startswith("asyncpg"):
+                lease.unreachable = True
                 return self._failed(tenant, exc)
             raise
         self.round_trips += 1
-        lease.granted_usd = float(row["granted"])
+        lease.unreachable = False
+        lease.granted_usd, lease.base_usd = float(row["granted"]), base_usd
         lease.spent_usd = float(row["spent"])
         lease.valid_until = asked_at + float(row["expires_in_s"]) - SAFETY_S
         return True
