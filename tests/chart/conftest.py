@@ -55,7 +55,15 @@ def persistent_manifests(helm: Helm) -> list[Manifest]:
     )
 
 
-@pytest.fixture(scope="session", params=["default", "variant", "persistent"])
+@pytest.fixture(scope="session")
+def postgres_manifests(helm: Helm) -> list[Manifest]:
+    """Three routers sharing a PostgreSQL ledger whose DSN is in a Secret."""
+    return helm.template(
+        sets=["router.ledger.postgres.existingSecret=tiergate-dsn", "router.replicas=3"]
+    )
+
+
+@pytest.fixture(scope="session", params=["default", "variant", "persistent", "postgres"])
 def any_manifests(request: pytest.FixtureRequest) -> Iterator[list[Manifest]]:
     """Each rendering in turn."""
     yield request.getfixturevalue(f"{request.param}_manifests")

@@ -39,6 +39,16 @@ def validate_all(manifests: list[Manifest]) -> set[str]:
         ([], [], []),
         ([VARIANT], [], []),
         ([], ["router.ledger.persistence.enabled=true", "router.replicas=1"], []),
+        (
+            [],
+            [
+                "router.ledger.postgres.existingSecret=tiergate-dsn",
+                "router.ledger.postgres.passwordSecret.name=tiergate-db",
+                "router.replicas=3",
+                "router.workers=4",
+            ],
+            [],
+        ),
         ([], ["operator.watchNamespaces={a,b,c}", "router.discoveryNamespace=pools"], []),
         ([], ["operator.clusterWide=true", "operator.allowedImages={a/b:1}"], []),
         (
@@ -53,6 +63,7 @@ def validate_all(manifests: list[Manifest]) -> set[str]:
         "default",
         "variant",
         "persistent-ledger",
+        "postgres-ledger-dsn-secret",
         "namespaced-operator",
         "cluster-wide-operator",
         "network-policy-extra-from",

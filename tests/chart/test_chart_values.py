@@ -75,17 +75,14 @@ def test_schema_rejects_bad_values_naming_the_field(
 @pytest.mark.parametrize(
     ("sets", "field"),
     [
-        (
-            ["router.ledger.persistence.enabled=true", "router.replicas=2"],
-            "router.ledger.persistence.enabled",
-        ),
-        (
-            ["router.ledger.persistence.enabled=true", "router.autoscaling.enabled=true"],
-            "router.ledger.persistence.enabled",
-        ),
+        # The ledger's own refusals (several replicas on SQLite, ...): test_chart_ledger.py.
         (["router.tenants.existingSecret=keys", *A_TENANT], "router.tenants"),
         (
-            ["router.autoscaling.enabled=true", "router.autoscaling.minReplicas=7"],
+            [
+                "router.ledger.postgres.existingSecret=dsn",
+                "router.autoscaling.enabled=true",
+                "router.autoscaling.minReplicas=7",
+            ],
             "router.autoscaling.minReplicas",
         ),
         (["operator.clusterWide=true", "operator.watchNamespaces={a}"], "operator.clusterWide"),

@@ -130,3 +130,58 @@ seccompProfile:
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/*
+The router's ledger: "postgres" when router.ledger.postgres names a database (existingSecret,
+or host), else "sqlite". One SQLite file serves one router process, so several replicas,
+autoscaling or several workers need PostgreSQL; these and contradictory values are refused,
+each in one line naming the value to set.
+*/}}
+{{- define "tiergate.ledgerMode" -}}
+{{- $router := .Values.router }}
+{{- $pg := $router.ledger.postgres }}
+{{- if and $pg.existingSecret $pg.host }}
+{{- fail "router.ledger.postgres: set existingSecret (a Secret holding the whole DSN) or host, not both" }}
+{{- end }}
+{{- if or $pg.existingSecret $pg.host }}
+{{- if and $pg.host (not $pg.passwordSecret.name) }}
+{{- fail "router.ledger.postgres.host needs router.ledger.postgres.passwordSecret.name (the Secret holding the database password)" }}
+{{- end }}
+{{- if $router.ledger.persistence.enabled }}
+{{- fail "router.ledger.persistence.enabled is for the SQLite ledger: set it to false with router.ledger.postgres" }}
+{{- end }}
+{{- print "postgres" }}
+{{- else }}
+{{- if $pg.passwordSecret.name }}
+{{- fail "router.ledger.postgres.passwordSecret needs router.ledger.postgres.host (or existingSecret) to say which database" }}
+{{- end }}
+{{- if $pg.sslmode }}
+{{- fail "router.ledger.postgres.sslmode needs router.ledger.postgres.host (with existingSecret, put sslmode in the DSN)" }}
+{{- end }}
+{{- if gt (int $router.replicas) 1 }}
+{{- fail (printf "router.replicas: %v needs router.ledger.postgres (one ledger shared by every replica); the SQLite ledger serves one router process" $router.replicas) }}
+{{- end }}
+{{- if $router.autoscaling.enabled }}
+{{- fail "router.autoscaling.enabled needs router.ledger.postgres (one ledger shared by every replica); the SQLite ledger serves one router process" }}
+{{- end }}
+{{- if gt (int $router.workers) 1 }}
+{{- fail (printf "router.workers: %v needs router.ledger.postgres (one ledger shared by every worker); the SQLite ledger serves one router process" $router.workers) }}
+{{- end }}
+{{- print "sqlite" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The PostgreSQL ledger's URL from router.ledger.postgres.host and the rest, without a password:
+the router's driver reads it from PGPASSWORD (the passwordSecret).
+*/}}
+{{- define "tiergate.ledgerUrl" -}}
+{{- with .Values.router.ledger.postgres -}}
+postgresql://{{ .user }}@{{ .host }}:{{ int .port }}/{{ .database }}{{ with .sslmode }}?sslmode={{ . }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* Where the router reads the DSN from router.ledger.postgres.existingSecret. */}}
+{{- define "tiergate.ledgerUrlFile" -}}
+/etc/tiergate/ledger-url
+{{- end }}
