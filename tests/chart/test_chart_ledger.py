@@ -197,6 +197,8 @@ def test_postgres_by_existing_secret_mounts_the_dsn_as_the_url_file(helm: Helm) 
     assert settings["ledgerUrlFile"] == "/etc/tiergate/ledger-url"
     assert {"ledgerPath", "ledgerUrl", "ledgerMaxSize"}.isdisjoint(settings)
     assert settings["ledgerRetentionDays"] == 90  # retention applies to either ledger
+    parsed = RouterConfig.model_validate({"router": settings, "pools": []}).router
+    assert str(parsed.ledger_url_file) == "/etc/tiergate/ledger-url"
     container = router_container(manifests)
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/tiergate"]
     (volume,) = [v for v in router_pod(manifests)["volumes"] if v["name"] == mount["name"]]
