@@ -13,14 +13,11 @@ Every failure message carries `kubectl describe` output and the pods' logs of th
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "harness"))
@@ -33,7 +30,7 @@ from cluster import (  # noqa: E402
     reap_stale_test_clusters,
     tools_bin,
 )
-from release import BACKEND, Release  # noqa: E402
+from release import BACKEND, Release, installed, namespace_for  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,22 +75,5 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture
 def release(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Release]:
     """The chart installed and ready in a fresh namespace; removed after the test."""
-    short = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40]
-    namespace = f"{short.strip('-')}-{uuid.uuid4().hex[:5]}"
-    r = Release(cluster, namespace)
-    try:
-        r.install()
-        r.wait(lambda: _ready(r), "the router's /healthz", 60)
+    with installed(cluster, namespace_for(request.node.name)) as r:
         yield r
-    finally:
-        r.close()
-        # Pools first, while their operator still runs (its sim nodes stop with them), then
-        # the release, then the namespace: the next test starts on a quiet machine.
-        ns = ("-n", namespace)
-        cluster.kubectl(*ns, "delete", "inferencepools", "--all", "--timeout=60s", check=False)
-        cluster.helm("uninstall", r.name, *ns, "--wait", "--timeout", "2m", check=False)
-        cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
-
-
-def _ready(r: Release) -> bool:
-    return httpx.get(f"{r.router_url()}/healthz", timeout=2.0).status_code == 200

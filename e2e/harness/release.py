@@ -11,7 +11,9 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -56,8 +58,16 @@ class Release:
 
     def pool_pods(self, pool: str, *, ready: bool = False) -> dict[str, str]:
         """name -> IP of the pool's pods that have an IP (with `ready`: and are Ready)."""
+        return self._pods(f"tiergate.dev/pool={pool}", ready=ready)
+
+    def router_pods(self, *, ready: bool = False) -> dict[str, str]:
+        """name -> IP of the release's router pods, as `pool_pods`."""
+        selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=router"
+        return self._pods(selector, ready=ready)
+
+    def _pods(self, selector: str, *, ready: bool) -> dict[str, str]:
         out: dict[str, str] = {}
-        for pod in self.cluster.pods(self.namespace, f"tiergate.dev/pool={pool}"):
+        for pod in self.cluster.pods(self.namespace, selector):
             meta: Any = pod["metadata"]
             status: Any = pod.get("status") or {}
             conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
@@ -164,3 +174,41 @@ class Release:
         if self._forward is not None:
             self._forward.terminate()
             self._forward.wait()
+
+
+def namespace_for(test_name: str) -> str:
+    """A fresh namespace named after the test (a DNS label)."""
+    short = re.sub(r"[^a-z0-9]+", "-", test_name.lower().removeprefix("test_"))[:40]
+    return f"{short.strip('-')}-{uuid.uuid4().hex[:5]}"
+
+
+@contextmanager
+def installed(
+    cluster: LocalCluster,
+    namespace: str,
+    *values: str,
+    prepare: Callable[[Release], None] | None = None,
+) -> Iterator[Release]:
+    """The chart installed with `values` (helm arguments) in `namespace` and its router
+    answering; `prepare` runs first, in the namespace (e.g. to create a Secret the values name).
+    Everything is removed afterwards."""
+    r = Release(cluster, namespace)
+    try:
+        if prepare is not None:
+            cluster.kubectl("create", "namespace", namespace)
+            prepare(r)
+        r.install(*values)
+        r.wait(lambda: _healthy(r), "the router's /healthz", 60)
+        yield r
+    finally:
+        r.close()
+        # Pools first, while their operator still runs (its sim nodes stop with them), then
+        # the release, then the namespace: the next test starts on a quiet machine.
+        ns = ("-n", namespace)
+        cluster.kubectl(*ns, "delete", "inferencepools", "--all", "--timeout=60s", check=False)
+        cluster.helm("uninstall", r.name, *ns, "--wait", "--timeout", "2m", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
+
+
+def _healthy(r: Release) -> bool:
+    return httpx.get(f"{r.router_url()}/healthz", timeout=2.0).status_code == 200
