@@ -264,6 +264,20 @@ def test_workers_become_the_router_s_flag(
     assert args[-2:] == ["--workers", "2"]
 
 
+def test_workers_have_a_writable_tmp_for_their_shared_metrics(
+    variant_manifests: list[Manifest],
+) -> None:
+    """`--workers` keeps the workers' metrics in a folder it makes under TMPDIR: the root
+    filesystem is read-only, so that must be the pod's /tmp emptyDir."""
+    container = router_container(variant_manifests)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TMPDIR"] == "/tmp"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in router_pod(variant_manifests)["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in volume
+
+
 def test_the_real_cli_accepts_the_workers_flag(variant_manifests: list[Manifest]) -> None:
     """`tiergate router` parses the chart's arguments. `--workers` is being added to it on
     another branch: until it lands, the rest is parsed and the flag is checked above."""
