@@ -7,6 +7,8 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
+from cluster import HarnessError
 from release import Release
 from test_pools import EXAMPLES, chat, served_by
 
@@ -96,17 +98,18 @@ def release_objects(release: Release) -> list[str]:
 
 def test_helm_upgrade_then_uninstall_leave_no_orphans(release: Release) -> None:
     assert release_objects(release), "the install created nothing labelled with the release"
-    release.install("--set", "router.replicas=2", "--set", "router.logLevel=debug")
-    router = release.get("deployment", f"{release.name}-router")
-    assert router["spec"]["replicas"] == 2
-    release.wait(
-        lambda: (
-            release.get("deployment", f"{release.name}-router")["status"].get("readyReplicas") == 2
-        ),
-        "two router replicas Ready",
-    )
+    # More routers need the shared ledger: the upgrade is refused, the release left as it was
+    # (three replicas on PostgreSQL: test_shared_ledger.py).
+    with pytest.raises(HarnessError, match=r"router\.replicas: 2 needs router\.ledger\.postgres"):
+        release.cluster.install_chart(release.namespace, release.name, "--set", "router.replicas=2")
+    assert release.get("deployment", f"{release.name}-router")["spec"]["replicas"] == 1
+    release.install(
+        "--set", "router.logLevel=debug", "--set", "router.podDisruptionBudget.enabled=true"
+    )  # fmt: skip
+    router = release.get("deployment", f"{release.name}-router")  # helm waited for it
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--log-level") + 1] == "debug"
+    assert release.exists("poddisruptionbudget", f"{release.name}-router")
     release.cluster.helm("uninstall", release.name, "-n", release.namespace, "--wait")
     release.wait(lambda: not release_objects(release), "no object of the release left", 60)
     selector = f"app.kubernetes.io/instance={release.name}"
