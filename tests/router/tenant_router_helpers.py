@@ -30,11 +30,13 @@ def tenant_router(
     pool: str = "",
     max_num_seqs: int = 4,
     premium: str | None = None,
+    node_default_max_tokens: int = 256,
 ) -> Iterator[tuple[RouterApp, str]]:
     """The router app and its URL. Tenant `alice` (key `KEY`) has `budget` (e.g. "budgetUsd:
     5, budgetPeriod: day"); model `coder` is served by pool `b` (batched, one sim node).
     `router` and `pool` add settings to the router's and the pool's YAML maps. `premium`, if
-    given, adds pool `p` (premium) on the same node with those settings (e.g. its billing)."""
+    given, adds pool `p` (premium) on the same node with those settings (e.g. its billing).
+    `node_default_max_tokens`: what the node generates for a request with no output cap."""
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(
         f"tenants:\n  - {{name: alice, apiKeys: [alice-key-0123456789], {budget}}}\n"
@@ -42,7 +44,12 @@ def tenant_router(
     serving = ServingSpec(
         model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=max_num_seqs)
     )
-    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as node:
+    node_config = NodeConfig(
+        serving=serving,
+        served_model_names=["coder"],
+        default_max_tokens=node_default_max_tokens,
+    )
+    with served(create_app(node_config)) as node:
         router_fields = ", ".join(
             x for x in (f"tenantsFile: {tenants}", f"ledgerPath: {ledger}", router) if x
         )
