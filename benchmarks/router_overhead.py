@@ -31,6 +31,10 @@ command that produced them) and stops everything on any exit:
 5. Idle gaps: the router in front of the fixed upstream replying at once and after 20 ms
    (`--reply-delay-ms`), p50/p99 at 1 connection: what a request that waits upstream, as an
    LLM request does, finds.
+6. Ledger: the router over the fixed upstream with its SQLite ledger and with a PostgreSQL
+   ledger (a private server started for the run, tests/helpers/postgres_server.py), side by
+   side; every request from one tenant with a budget and rate limits, so budgets and limits
+   are held through the ledger (leases, with PostgreSQL) on every request.
 
 `--profile` adds one 64-connection run per router under py-spy (installed into its own venv)
 and prints where the router spends its time.
@@ -91,8 +95,11 @@ TARGET_ADDED_P50_MS = 0.5
 TARGET_ADDED_P99_MS = 2.0
 TARGET_NGINX_SHARE = 0.5
 TARGET_STREAM_P99_MS = 2.0
+#: The PostgreSQL ledger against the SQLite one, in the same run.
+TARGET_POSTGRES_RPS_SHARE = 0.8
+TARGET_POSTGRES_ADDED_P50_MS = 0.2
 STALL_S = 1.0
-SECTIONS = ("fixed", "pyfixed", "sim", "stream", "endpoints", "idle")
+SECTIONS = ("fixed", "pyfixed", "sim", "stream", "endpoints", "idle", "ledger")
 #: The `idle` section's upstream delay: about an LLM's time to a short reply.
 IDLE_DELAY_MS = 20.0
 #: A direct-path p99 above this means the machine, not the router, sets the streaming figures.
@@ -205,12 +212,15 @@ def wait_ready(
     raise RuntimeError(f"not ready after {timeout_s:.0f} s ({url})")
 
 
-def post_ok(url: str, body: dict[str, Any], timeout_s: float = 30.0) -> None:
+def post_ok(
+    url: str, body: dict[str, Any], timeout_s: float = 30.0, api_key: str | None = None
+) -> None:
     """One request that must succeed (a smoke test before measuring)."""
+    headers = {"content-type": "application/json"}
+    if api_key is not None:
+        headers["authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), headers=headers
     )
     with _OPENER.open(request, timeout=timeout_s) as response:
         reply = json.loads(response.read())
@@ -283,6 +293,7 @@ class Server:
     url: str  # base URL, no trailing slash
     proc: subprocess.Popen[bytes] | None = None
     unavailable: str | None = None  # why, when it could not be started
+    api_key: str | None = None  # sent as a bearer token when set
 
 
 def start_fixed(
@@ -387,17 +398,24 @@ def start_router(
     endpoints: Sequence[str],
     max_num_seqs: int,
     pools: int = 1,
+    ledger_url: str | None = None,
+    tenants_file: Path | None = None,
+    api_key: str | None = None,
 ) -> Server:
     """The router over `endpoints`, split evenly over `pools` pools serving the same model at
-    the same tier (so every endpoint is a candidate for every request)."""
+    the same tier (so every endpoint is a candidate for every request); its ledger SQLite, or
+    PostgreSQL at `ledger_url`; open, or the tenants of `tenants_file` (`api_key` one's key)."""
     port = free_port()
     size = -(-len(endpoints) // pools)
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": port}
+    if ledger_url is not None:
+        settings["ledgerUrl"] = ledger_url
+    else:
+        settings["ledgerPath"] = str(procs.workdir / f"{name}-ledger.sqlite")
+    if tenants_file is not None:
+        settings["tenantsFile"] = str(tenants_file)
     config = {
-        "router": {
-            "host": "127.0.0.1",
-            "port": port,
-            "ledgerPath": str(procs.workdir / f"{name}-ledger.sqlite"),
-        },
+        "router": settings,
         "pools": [
             {
                 "name": "bench" if i == 0 else f"bench-{i}",
@@ -416,10 +434,10 @@ def start_router(
     cmd = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(path),
            "--log-level", "warning"]  # fmt: skip
     proc = procs.start(name, cmd)
-    server = Server(name, f"http://127.0.0.1:{port}", proc)
+    server = Server(name, f"http://127.0.0.1:{port}", proc, api_key=api_key)
     try:
         wait_ready(server.url + "/readyz", proc, 60, lambda s: s == 200)
-        post_ok(server.url, CHAT_BODY)
+        post_ok(server.url, CHAT_BODY, api_key=api_key)
     except (RuntimeError, OSError, ValueError) as exc:
         log(f"{name} failed: {exc}; its log ends:\n{procs.log_tail(name, 40)}")
         raise
@@ -446,10 +464,12 @@ class Load:
         return self.requests / self.duration_s if self.duration_s else 0.0
 
 
-def run_wrk(url: str, connections: int, duration_s: int) -> Load:
+def run_wrk(url: str, connections: int, duration_s: int, api_key: str | None = None) -> Load:
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--timeout", "10s",
            "-s", str(WRK_SCRIPT), url + "/v1/chat/completions"]  # fmt: skip
     env = {**os.environ, "TG_WRK_BODY": json.dumps(CHAT_BODY, separators=(",", ":"))}
+    if api_key is not None:
+        env["TG_WRK_API_KEY"] = api_key
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=duration_s + 60)
     match = _WRK_LINE.search(out.stdout)
     if out.returncode != 0 or match is None:
@@ -502,7 +522,7 @@ def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> Non
     """Warm each path up, then `args.rounds` rounds, paths interleaved within a round."""
     live = [r for r in rows if r.server.unavailable is None]
     for row in live:
-        run_wrk(row.server.url, args.connections, 1)
+        run_wrk(row.server.url, args.connections, 1, row.server.api_key)
     for i in range(args.rounds):
         for row in live:
             measure_round(row, args, f"[{section}] round {i + 1}/{args.rounds}")
@@ -511,10 +531,10 @@ def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> Non
 def measure_round(row: Row, args: argparse.Namespace, prefix: str) -> None:
     """One wrk run at 1 connection and one at `args.connections`, the server's CPU read
     around the second; appended to `row`."""
-    one = run_wrk(row.server.url, 1, args.duration)
+    one = run_wrk(row.server.url, 1, args.duration, row.server.api_key)
     pid = row.server.proc.pid if row.server.proc is not None else None
     user0, sys0 = cpu_times(pid) if pid is not None else (float("nan"), float("nan"))
-    many = run_wrk(row.server.url, args.connections, args.duration)
+    many = run_wrk(row.server.url, args.connections, args.duration, row.server.api_key)
     if pid is not None:
         user1, sys1 = cpu_times(pid)
         many.cpu_s, many.cpu_user_s = user1 + sys1 - user0 - sys0, user1 - user0
@@ -708,7 +728,7 @@ def profile_router(
     )  # fmt: skip
     try:
         time.sleep(0.5)
-        run_wrk(router.url, args.connections, duration)
+        run_wrk(router.url, args.connections, duration, router.api_key)
         _, err = spy.communicate(timeout=duration + 30)
     finally:
         if spy.poll() is None:
@@ -919,7 +939,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
     ]
     if targets:
-        out += ["### Targets (issue 3)", "", "| target | result |", "|---|---|"]
+        out += ["### Targets", "", "| target | result |", "|---|---|"]
         out += [f"| {name} | {verdict(ok)} |" for name, ok in targets]
     print("\n".join(header + out))
     if args.json is not None:
@@ -1008,6 +1028,8 @@ def run(
         endpoints_section(args, procs, out, raw, targets)
     if "idle" in args.sections:
         idle_section(args, procs, out, raw)
+    if "ledger" in args.sections:
+        ledger_section(args, procs, out, raw, targets)
 
 
 def idle_section(
@@ -1040,6 +1062,106 @@ def idle_section(
         "",
     ]
     raw["idle"] = {r.label: {"one": r.one} for r in rows}
+
+
+#: The ledger section's tenant: a budget and rate limits that the run never reaches, so every
+#: request is admitted through them (and, with PostgreSQL, through the replica's leases).
+LEDGER_TENANTS = """\
+tenants:
+  - name: bench
+    apiKeys: ["{key}"]
+    requestsPerMinute: 100000000
+    tokensPerMinute: 1000000000
+    budgetUsd: 1000000
+    budgetPeriod: day
+"""
+
+
+def ledger_section(
+    args: argparse.Namespace,
+    procs: Processes,
+    out: list[str],
+    raw: dict[str, Any],
+    targets: list[tuple[str, bool]],
+) -> None:
+    """The router with its SQLite ledger and with a PostgreSQL ledger, over the same fixed
+    upstream, in alternating order each round; one tenant with a budget and rate limits."""
+    sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
+    from postgres_server import started_server  # the tests' private server
+
+    log("[ledger] starting PostgreSQL, the upstream and the routers ...")
+    postgres = started_server("tiergate-bench-pg-")
+    try:
+        key = "sk-bench-" + os.urandom(8).hex()
+        tenants = procs.workdir / "ledger-tenants.yaml"
+        tenants.write_text(LEDGER_TENANTS.format(key=key))
+        upstream = start_fixed(procs, "ledger-fixed")
+        sqlite = start_router(procs, "router-sqlite", [upstream.url], 256,
+                              tenants_file=tenants, api_key=key)  # fmt: skip
+        pg = start_router(procs, "router-postgres", [upstream.url], 256,
+                          ledger_url=postgres.dsn(postgres.create_database()),
+                          tenants_file=tenants, api_key=key)  # fmt: skip
+        rows = [Row("SQLite ledger", sqlite), Row("PostgreSQL ledger", pg)]
+        for row in rows:
+            run_wrk(row.server.url, args.connections, 1, row.server.api_key)
+        for i in range(args.rounds):
+            for row in rows if i % 2 == 0 else rows[::-1]:
+                measure_round(row, args, f"[ledger] round {i + 1}/{args.rounds}")
+        out += ledger_report(rows, args, targets, postgres_version(postgres.bin))
+        raw["ledger"] = {r.label: {"one": r.one, "many": r.many} for r in rows}
+        if args.profile:
+            for row in rows:
+                log(f"[ledger] profiling the router with its {row.label} ...")
+                summary = profile_router(procs, row.server, args, f"{row.label}, tenant")
+                if summary:
+                    out += [summary, ""]
+        for server in (pg, sqlite, upstream):
+            if server.proc is not None:
+                procs.stop(server.proc)
+    finally:
+        postgres.close()
+
+
+def postgres_version(bin_dir: Path) -> str:
+    return tool_version([str(bin_dir / "postgres"), "--version"], r"\) ([0-9.]+)")
+
+
+def ledger_report(
+    rows: list[Row], args: argparse.Namespace, targets: list[tuple[str, bool]], version: str
+) -> list[str]:
+    """The two ledgers' table, the PostgreSQL row against the SQLite row, and the targets."""
+    c = args.connections
+    lines = [
+        f"### Ledger: SQLite against PostgreSQL {version} (fixed upstream, one tenant with a "
+        "budget and rate limits)",
+        "",
+        f"| ledger | p50 @1 conn (ms) | p99 @1 conn (ms) | req/s @{c} conns "
+        f"| router CPU per request @{c} conns (us) | errors |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r.label} | {r.p50():.3f} | {r.p99():.3f} | {r.rps():,.0f} "
+        f"| {r.cpu_us_per_request():.0f} | {r.errors()} |"
+        for r in rows
+    ]
+    sqlite, pg = rows
+    share = pg.rps() / sqlite.rps() if sqlite.rps() else float("nan")
+    added = pg.p50() - sqlite.p50()
+    rps_ok = share >= TARGET_POSTGRES_RPS_SHARE
+    p50_ok = added <= TARGET_POSTGRES_ADDED_P50_MS
+    lines += [
+        "",
+        f"PostgreSQL against SQLite: {100 * share:.0f}% of the throughput at {c} connections "
+        f"(target >= {100 * TARGET_POSTGRES_RPS_SHARE:.0f}%: {verdict(rps_ok)}), p50 at 1 "
+        f"connection {added:+.3f} ms (target <= +{TARGET_POSTGRES_ADDED_P50_MS} ms: "
+        f"{verdict(p50_ok)}).",
+        "",
+    ]
+    targets += [
+        (f"PostgreSQL ledger throughput at {c} clients >= 80% of SQLite's", rps_ok),
+        ("PostgreSQL ledger p50 at 1 client <= SQLite's + 0.2 ms", p50_ok),
+    ]
+    return lines
 
 
 def stream_section(

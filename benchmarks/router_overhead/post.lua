@@ -2,6 +2,9 @@
 -- exact figures (microseconds) in one machine-readable line when the run ends.
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+if os.getenv("TG_WRK_API_KEY") then
+  wrk.headers["Authorization"] = "Bearer " .. os.getenv("TG_WRK_API_KEY")
+end
 wrk.body = os.getenv("TG_WRK_BODY")
   or '{"model":"llama-3.1-8b","messages":[{"role":"user","content":"Say hello."}],"max_tokens":8}'
 
