@@ -55,26 +55,37 @@ MAX_BACKLOG = 100_000
 #: Held records written per transaction once the database is back.
 BACKLOG_BATCH = 500
 
-_UPSERT = """
-INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
-    endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
-    outcome, escalated)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-ON CONFLICT (request_id, attempt) DO UPDATE SET time_s = excluded.time_s,
-    tier_served = excluded.tier_served, pool = excluded.pool, endpoint = excluded.endpoint,
-    prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
-    latency_s = excluded.latency_s, ttft_s = excluded.ttft_s, cost_usd = excluded.cost_usd,
-    http_status = excluded.http_status, outcome = excluded.outcome,
-    escalated = excluded.escalated
-"""
-_ADD_TOTALS = """
-INSERT INTO tenant_daily VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
-    requests = tenant_daily.requests + excluded.requests,
-    attempts = tenant_daily.attempts + excluded.attempts,
-    prompt_tokens = tenant_daily.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = tenant_daily.completion_tokens + excluded.completion_tokens,
-    cost_usd = tenant_daily.cost_usd + excluded.cost_usd
+#: A batch in one statement (one round trip, atomic without BEGIN/COMMIT): its rows upserted by
+#: request id and attempt, and the daily totals moved by the differences (keys sorted by the
+#: caller, so replicas lock totals rows in one order and never deadlock).
+_WRITE_BATCH = """
+WITH written AS (
+    INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
+        endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
+        outcome, escalated)
+    SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::text[], $5::text[],
+        $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::float8[],
+        $12::float8[], $13::float8[], $14::integer[], $15::text[], $16::boolean[])
+    ON CONFLICT (request_id, attempt) DO UPDATE SET time_s = excluded.time_s,
+        tier_served = excluded.tier_served, pool = excluded.pool, endpoint = excluded.endpoint,
+        prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
+        latency_s = excluded.latency_s, ttft_s = excluded.ttft_s, cost_usd = excluded.cost_usd,
+        http_status = excluded.http_status, outcome = excluded.outcome,
+        escalated = excluded.escalated
+    RETURNING 1
+), counted AS (
+    INSERT INTO tenant_daily
+    SELECT * FROM unnest($17::text[], $18::integer[], $19::text[], $20::bigint[],
+        $21::bigint[], $22::bigint[], $23::bigint[], $24::float8[])
+    ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
+        requests = tenant_daily.requests + excluded.requests,
+        attempts = tenant_daily.attempts + excluded.attempts,
+        prompt_tokens = tenant_daily.prompt_tokens + excluded.prompt_tokens,
+        completion_tokens = tenant_daily.completion_tokens + excluded.completion_tokens,
+        cost_usd = tenant_daily.cost_usd + excluded.cost_usd
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM counted)
 """
 #: Errors of a record the database can never take: it is dropped, not held.
 _NEVER = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
@@ -127,6 +138,7 @@ class PostgresLedger:
         self.where = where(dsn)
         self._interval_s, self._timeout_s, self._pool_size = interval_s, timeout_s, pool_size
         self._pool: Any = None
+        self._writer_conn: Any = None
         self._pool_lock: asyncio.Lock | None = None
         self._next: dict[LedgerEntry, None] = {}  # to write in the next batch, in order
         self._next_done: asyncio.Future[None] | None = None
@@ -162,6 +174,9 @@ class PostgresLedger:
             log.error(
                 "event=ledger_backlog_lost where=%s records=%d", self.where, len(self._backlog)
             )
+        if self._writer_conn is not None:
+            conn, self._writer_conn = self._writer_conn, None
+            await conn.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
@@ -196,6 +211,26 @@ class PostgresLedger:
         return self._pool
 
     # Writing.
+
+    async def _writer(self) -> Any:
+        """The writer's own connection (no pool: returning one to a pool costs a round trip
+        per batch), opened again after a failure."""
+        if self._writer_conn is None or self._writer_conn.is_closed():
+            await self.connection_pool()  # the schema is made or checked with the pool
+            try:
+                self._writer_conn = await asyncio.wait_for(
+                    asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S), CONNECT_TIMEOUT_S
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise LedgerError(f"cannot reach {self.where}: {_reason(exc)}") from None
+        return self._writer_conn
+
+    def _drop_writer(self) -> None:
+        """Forget the writer's connection after a failed write (it may be broken, or inside a
+        statement a timeout cut short): the next write opens a new one."""
+        conn, self._writer_conn = self._writer_conn, None
+        if conn is not None:
+            conn.terminate()
 
     def add(self, usage: UsageRecord) -> LedgerEntry:
         """Record one attempt in the next batch; `await committed()` before the client learns
@@ -344,11 +379,17 @@ class PostgresLedger:
                 sums[i] += cast(float, value)
         daily = [(*key, *(int(v) for v in sums[:4]), float(sums[4]))
                  for key, sums in sorted(totals.items())]  # fmt: skip
-        pool = await self.connection_pool()
-        async with asyncio.timeout(self._timeout_s):
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.executemany(_UPSERT, rows)
-                await conn.executemany(_ADD_TOTALS, daily)
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        sums_by_column = [list(column) for column in zip(*daily, strict=True)]
+        conn = await self._writer()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await conn.fetchrow(_WRITE_BATCH, *columns, *sums_by_column)
+        except _NEVER:
+            raise  # the connection is fine: the record is not
+        except BaseException:
+            self._drop_writer()
+            raise
 
     def _hold(self, entry: LedgerEntry) -> None:
         if entry.held:

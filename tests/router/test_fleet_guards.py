@@ -88,8 +88,9 @@ async def test_a_burst_over_three_replicas_spends_at_most_the_budget_plus_a_hold
     assert spent <= BUDGET + REPLICAS * HOLD, outcomes
     status = await fleet[0][1].current(who)
     assert status.spent_usd == pytest.approx(spent)
-    # Little is left unspent: what the leases hold back is given back as requests end.
-    assert spent >= BUDGET - REPLICAS * HOLD, (spent, outcomes)
+    # Not a fleet that refuses everything: requests refused while others' leases held the
+    # rest may leave some unspent, never most of it.
+    assert spent >= BUDGET / 2, (spent, outcomes)
     assert set(outcomes) <= {"ok", "budget_exceeded"}
 
 
