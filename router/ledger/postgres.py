@@ -194,7 +194,9 @@ class PostgresLedger:
                 try:
                     pool = await asyncpg.create_pool(
                         self._dsn,
-                        min_size=1,
+                        # No floor: a pool keeping one would log a traceback for every
+                        # failed reconnection while the server is away.
+                        min_size=0,
                         max_size=self._pool_size,
                         timeout=CONNECT_TIMEOUT_S,
                         command_timeout=self._timeout_s,
@@ -290,9 +292,12 @@ class PostgresLedger:
             except TimeoutError:
                 pass
             self._wake.clear()
-            await self._write_next()
-            while self._backlog and not self._stopping and await self._write_backlog():
-                await asyncio.sleep(0)
+            try:
+                await self._write_next()
+                while self._backlog and not self._stopping and await self._write_backlog():
+                    await asyncio.sleep(0)
+            except Exception:  # a bug: the writer must outlive it, or every reply would wait
+                log.exception("event=ledger_writer_failed where=%s", self.where)
 
     async def _write_next(self) -> None:
         """Write the waiting batch as one transaction, or hold it."""
@@ -338,8 +343,8 @@ class PostgresLedger:
             log.error("event=ledger_record_dropped where=%s", self.where)
             self._written(entry, record)
             return True
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
-                LedgerError) as exc:  # fmt: skip
+        except Exception as exc:  # the server or the connection, in any of asyncpg's words
+            # (a server shutting down mid-statement can surface as InternalClientError)
             log.warning(
                 "event=ledger_write_failed where=%s error=%s holding=in_memory records=%d",
                 self.where, _reason(exc), len(batch),

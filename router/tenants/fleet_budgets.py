@@ -302,8 +302,11 @@ class FleetBudgets:
             if tenant is None or tenant.budget_usd is None:
                 del self._leases[name]
                 continue
-            active, lease.active = lease.active, False
-            if active:
-                await self._lease(tenant, 0.0, now_s)
-            elif lease.granted_usd > 0 or self._in_flight(name, lease) > 0:
-                await self._lease(tenant, -1.0, now_s)
+            # Under the tenant's lock: a request's lease and a renewal answered out of order
+            # would leave the replica using a grant the database no longer holds for it.
+            async with self._locks.setdefault(name, asyncio.Lock()):
+                active, lease.active = lease.active, False
+                if active:
+                    await self._lease(tenant, 0.0, now_s)
+                elif lease.granted_usd > 0 or self._in_flight(name, lease) > 0:
+                    await self._lease(tenant, -1.0, now_s)
