@@ -86,16 +86,20 @@ class ToolCallChecker:
         refill_per_s: float = TENANT_CHECK_REFILL_PER_S,
         clock: Callable[[], float] = time.monotonic,
         on_unchecked: Callable[[str], None] = lambda reason: None,
+        on_check_begun: Callable[[str], None] = lambda tenant: None,
         memory_headroom_bytes: int = MEMORY_HEADROOM_BYTES,
     ) -> None:
         """`clock` is the budget's (how fast it refills); a check's cost is the time it held
-        its worker, on the event loop's clock."""
+        its worker, on the event loop's clock. `on_unchecked(reason)` is called for each check
+        given up, `on_check_begun(tenant)` as a check starts on its worker (twice for a check
+        asked again on a fresh worker)."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.timeout_s = timeout_s
         self.memory_headroom_bytes = memory_headroom_bytes
         self.wait_s = timeout_s if wait_s is None else wait_s
         self._on_unchecked = on_unchecked
+        self._on_check_begun = on_check_begun
         self._budget = CheckBudget(capacity_s=budget_s, refill_per_s=refill_per_s, clock=clock)
         self._share = FairShare(workers, share_s=share_s, standing=self._budget.left_s)
         self._over_budget: set[str] = set()  # tenants told (logged) to have spent theirs
@@ -160,6 +164,7 @@ class ToolCallChecker:
                 return self._unchecked(f"worker_start: {type(exc).__name__}: {exc}", hold.tenant)
         self._busy.add(worker)
         self._share.begin(hold)
+        self._on_check_begun(hold.tenant)
         keep = False
         try:
             asking = asyncio.ensure_future(asyncio.to_thread(worker.ask, payload, self.timeout_s))

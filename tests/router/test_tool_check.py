@@ -47,11 +47,25 @@ def reply(arguments: str) -> dict[str, Any]:
 
 
 class Checker(ToolCallChecker):
-    """A checker that remembers why it gave up."""
+    """A checker that remembers why it gave up, and can be waited on until its checks begin."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.given_up: list[str] = []
-        super().__init__(on_unchecked=self.given_up.append, **kwargs)
+        self.begun: list[str] = []  # the tenant of each check that started on a worker
+        self._one_begun = asyncio.Event()
+        super().__init__(on_unchecked=self.given_up.append, on_check_begun=self._began, **kwargs)
+
+    def _began(self, tenant: str) -> None:
+        self.begun.append(tenant)
+        self._one_begun.set()
+
+    async def checks_begun(self, tenants: int, within_s: float = 10.0) -> None:
+        """Return once checks of `tenants` different tenants have started on a worker, as the
+        checker reports it (nothing is inferred from time passing); fail after `within_s`."""
+        async with asyncio.timeout(within_s):
+            while len(set(self.begun)) < tenants:
+                self._one_begun.clear()
+                await self._one_begun.wait()
 
 
 async def ticking_while(work: Any) -> tuple[Any, int]:
@@ -103,7 +117,7 @@ def test_a_check_that_waits_too_long_for_the_worker_is_given_up_as_busy() -> Non
             slow = asyncio.create_task(
                 checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN))
             )
-            await asyncio.sleep(0.05)
+            await checker.checks_begun(tenants=1)
             assert await checker.problem(reply('{"cmd": 3}'), request(PLAIN)) is None
             assert checker.given_up == ["busy"]
             assert await slow is None
@@ -121,7 +135,7 @@ def test_a_tenant_with_slow_schemas_holds_one_worker_and_others_still_get_checke
             slow = asyncio.create_task(
                 checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN), "mallory")
             )
-            await asyncio.sleep(0.05)
+            await checker.checks_begun(tenants=1)
             # Mallory's next check waits for her first one and is given up; Alice's is checked.
             mallory, alice = await asyncio.gather(
                 checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN), "mallory"),
@@ -173,7 +187,7 @@ def test_a_check_cancelled_midway_leaves_no_answer_behind() -> None:
             slow = asyncio.create_task(
                 checker.problem(reply(EVIL_ARGUMENTS), request(EVIL_PATTERN))
             )
-            await asyncio.sleep(0.3)
+            await checker.checks_begun(tenants=1)
             slow.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await slow
@@ -186,6 +200,13 @@ def test_a_check_cancelled_midway_leaves_no_answer_behind() -> None:
     asyncio.run(scenario())
 
 
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process `pid` ignores (Linux: the SigIgn mask in /proc/<pid>/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+
+
 def test_ctrl_c_in_the_terminal_does_not_end_the_worker() -> None:
     """Ctrl-C reaches the whole process group; the worker leaves when the router says so."""
 
@@ -195,8 +216,10 @@ def test_ctrl_c_in_the_terminal_does_not_end_the_worker() -> None:
             assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
             (worker,) = checker.workers
             assert worker.process.pid is not None
+            # The kernel drops a signal the process ignores as it is sent: once os.kill
+            # returns, the SIGINT has done all it ever will, and there is nothing to wait for.
+            assert signal.SIGINT in ignored_signals(worker.process.pid)
             os.kill(worker.process.pid, signal.SIGINT)
-            await asyncio.sleep(0.3)
             bad = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
             assert bad is not None and checker.workers == [worker] and checker.given_up == []
         finally:
@@ -227,15 +250,6 @@ def test_a_check_that_outgrows_the_worker_s_memory_is_given_up_and_the_worker_re
     asyncio.run(scenario())
 
 
-async def eventually(condition: Any, what: str, within_s: float = 10.0) -> None:
-    """Return once `condition()` holds, polling; fail with `what` after `within_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not condition():
-        assert loop.time() < deadline, what
-        await asyncio.sleep(0.02)
-
-
 def test_two_tenants_holding_both_workers_with_slow_schemas_do_not_starve_a_third() -> None:
     """Two tenants' slow checks on both workers used to hold them to their deadline, so every
     other tenant's check waited for one and was given up as busy (issue #24). A slow check
@@ -250,7 +264,7 @@ def test_two_tenants_holding_both_workers_with_slow_schemas_do_not_starve_a_thir
                 )
                 for tenant in ("mallory", "trudy")
             ]
-            await eventually(lambda: len(checker.workers) == 2, "both slow checks running")
+            await checker.checks_begun(tenants=2)  # both workers hold a slow check
             alice = await checker.problem(reply('{"cmd": 3}'), request(PLAIN), "alice")
             assert alice is not None and "(type)" in alice  # checked, not given up
             assert checker.given_up == ["preempted"]  # one slow check gave way, once
@@ -295,7 +309,7 @@ def test_tenants_sending_slow_schemas_spend_their_budget_and_the_others_are_stil
 
         try:
             abusing = [asyncio.create_task(abuse(t)) for t in abusers]
-            await eventually(lambda: len(checker.workers) == 2, "the slow checks running")
+            await checker.checks_begun(tenants=2)  # both workers hold a slow check
             for n in range(12):
                 arguments = '{"cmd": 3}' if n % 2 else '{"cmd": "ls"}'
                 verdict = await checker.problem(reply(arguments), request(PLAIN), "alice")
