@@ -258,8 +258,10 @@ async def replying(scope: dict[str, Any], receive: Any, send: Any) -> None:
         status, body = 404, b""
     elif fault == "big":
         body = b"vllm:num_requests_running 1\n" * 100_000
-    elif fault == "slow":
-        await asyncio.sleep(2)
+    elif fault == "slow":  # never answers: waits for the client to give up and leave
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        return
     elif fault == "html":
         body = b"<html>not metrics</html>"
     await send({"type": "http.response.start", "status": status, "headers": []})
