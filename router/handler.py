@@ -1,4 +1,4 @@
-"""The completion request path, stage by stage (ARCHITECTURE.md):
+"""The completion request path, stage by stage:
 
     tenant -> body -> tier -> limits and budget -> admission -> pick -> upstream -> relay -> bill
 

@@ -2,8 +2,7 @@
 
 Objects are the JSON dicts the API server sends (camelCase, as `kubectl get -o json` shows
 them), so recorded list and watch responses replay through exactly this code. Nothing here
-does I/O or knows about threads: `kube_watch` feeds it, `kube_discovery` publishes what it
-holds.
+does I/O or knows about threads: `kube_watch` feeds it, `kube` publishes what it holds.
 
 A pool's endpoints are its pods, watched directly, the way the Gateway API Inference
 Extension's endpoint picker watches the pods its InferencePool selects; not the pool

@@ -9,8 +9,8 @@ objects are carried over from the previous view by (pool, URL), so live metrics,
 counts and ejections survive a reload.
 
 Sources (`PoolSource`): `StaticSource` (a fixed list of pools, e.g. what `tiergate up`
-started), `FileSource` (a YAML file, polled for changes: hot reload) and
-`kube_discovery.KubeSource`, which builds the same view from InferencePools and their pods.
+started), `FileSource` (a YAML file, polled for changes: hot reload) and `kube.KubeSource`,
+which builds the same view from InferencePools and their pods.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Garbage-collector pauses as a Prometheus histogram: `tiergate_gc_pause_seconds{generation}`.
 
 Python's cyclic collector stops the event loop while it runs, so its pauses show up in every
-request and every relayed chunk of that moment. With hundreds of live streams a full
-collection takes milliseconds (router/cli/serve.py tunes how often one runs). This metric lets
-an operator tell a collector-made tail from a slow node.
+request and every relayed chunk of that moment, and a full collection's pause grows with the
+live streams (router/cli/serve.py tunes how often one runs). This metric lets an operator tell
+a collector-made tail from a slow node.
 
 The callback runs inside the collector, on whichever thread allocated. It only does
 arithmetic on plain lists and takes no lock, because a lock held by the interrupted code would

@@ -12,7 +12,7 @@ The endpoint's last scrape says how many sequences run and wait there; the pool'
 The other sequences' contexts are unknown, so they are assumed shaped like this request (or
 `other_context_tokens`). It is a ranking signal and an SLO estimate, not a simulation: it runs
 on the request path, so step costs are cached per pool on a grid of token counts rounded up to
-4 significant bits (at most 1/8 too high), where `step_terms` itself costs microseconds.
+4 significant bits (at most 1/8 too high) instead of asking the perf model each time.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Request ids: unique across router processes, replicas and restarts, and cheap to make.
 
-`uuid.uuid4()` reads 16 bytes from the kernel on every call: a system call on every request,
-~3% of the router's time at 64 connections (benchmarks/router_overhead.py --profile). An id
-here is 64 random bits drawn once per process (again in a forked child) followed by a 64-bit
-counter: 32 hex digits, like uuid4's. Two processes share ids only if their random halves
+`uuid.uuid4()` reads 16 bytes from the kernel on every call: a system call on every request.
+An id here is 64 random bits drawn once per process (again in a forked child) followed by a
+64-bit counter: 32 hex digits, like uuid4's. Two processes share ids only if their random halves
 collide. Ids are not secrets (the ledger keys attempts by them; a tenant sees only its own).
 """
 

@@ -1,4 +1,4 @@
-"""Tier resolution: which tier a request asks for (ARCHITECTURE.md, first match wins).
+"""Tier resolution: which tier a request asks for (first match wins).
 
 1. header `x-tiergate-tier: batched|premium|wafer-scale`
 2. Anthropic style `"speed": "fast"` -> premium

@@ -1,41 +1,33 @@
 """A cascade's tool-call check, run in a worker process with a deadline, fairly between tenants.
 
 Tool schemas come from clients, and the arguments from a model the client prompts, so one
-check can take as long as the client likes. A `pattern` such as `(a+)+$` backtracks
+check can take as long as the client likes: a `pattern` such as `(a+)+$` backtracks
 exponentially in Python's `re`, and `$ref`s inside `anyOf` let a schema of a few lines take
 2^n steps. On the event loop, one such request would stall every request the router serves.
 
-So the check (`cascade.tool_call_problem`) runs in a worker process, one check at a time per
-worker, `WORKERS` workers. A check the worker has not answered within `timeout_s` is given up:
-the worker is killed, and a later check forks a new one. A reply whose check was given up is
-served as it is, as for a client schema that cannot be read: the cascade escalates for the
-model's mistakes, not the client's. The router counts these in
-`tiergate_cascade_unchecked_total{reason}`.
+So the check (`tool_calls.tool_call_problem`) runs in a worker process
+(router/request/check_worker.py), one check at a time per worker, `WORKERS` workers. A check
+the worker has not answered within `timeout_s` is given up, and the worker killed and
+replaced. A reply whose check was given up, for any reason, is served as it is, as for a client
+schema that cannot be read: the cascade escalates for the model's mistakes, not the client's.
+The router counts these in `tiergate_cascade_unchecked_total{reason}`. A reply without tool
+calls, which is most of them, is checked in process: there is nothing to validate.
 
-The workers are shared between tenants, and no number of tenants sending slow schemas may
-keep the others' checks waiting (tenants are the unit: without a tenants file, every client
-is the one anonymous tenant):
+The workers are shared between tenants (without a tenants file, every client is the one
+anonymous tenant), and no number of tenants sending slow schemas may keep the others' checks
+waiting:
 
 - A tenant's checks run one at a time, so a tenant holds one worker at most.
 - Each tenant pays for the time its checks hold a worker from a budget of worker-seconds
-  (router/request/check_budget.py). A tenant that has spent it has its checks given up at once, with
-  no worker (`over_budget`), until the budget refills; one log line says so when it starts,
-  one when its checks run again, and `tiergate_cascade_check_budget_spent_tenants` counts the
-  tenants in that state. Cheap checks barely touch the budget; checks that run to their
-  deadline spend it in a few requests.
-- A worker that frees goes to the waiting tenant with the most budget left, and a check that
-  has run for `share_s` while another tenant waits gives way (`preempted`; the worker is
-  replaced): a tenant whose checks are cheap waits about `share_s` for a worker, not for the
-  running checks' deadline, however many tenants send slow schemas (router/request/check_share.py).
-
-Waiting for a worker (behind the tenant's own earlier checks, too) is bounded (`wait_s`, by
-default `timeout_s`): past it, the check is given up as `busy`. A check given up, for any
-reason, still has its reply served: nothing the router accepted is dropped.
-
-The worker process, its memory cap (`MEMORY_HEADROOM_BYTES`, given up as `out_of_memory`)
-and how it starts are router/request/check_worker.py. A reply without tool calls, which is most of
-them, is checked in process: there is nothing to validate; no client schema ever runs on the
-event loop.
+  (router/request/check_budget.py). A tenant that has spent it has its checks given up at
+  once, with no worker (`over_budget`), until the budget refills; one log line says so when
+  it starts, one when its checks run again.
+- A freed worker goes to the waiting tenant with the most budget left, and a check that has
+  run for `share_s` while another tenant waits gives way (`preempted`, the worker replaced):
+  a tenant whose checks are cheap waits about `share_s` for a worker, not for the running
+  checks' deadline (router/request/check_share.py).
+- Waiting for a worker (behind the tenant's own earlier checks, too) is bounded (`wait_s`,
+  by default `timeout_s`): past it, the check is given up as `busy`.
 """
 
 from __future__ import annotations
@@ -129,7 +121,7 @@ class ToolCallChecker:
     async def problem(
         self, reply: dict[str, Any], request: dict[str, Any], tenant: str = ""
     ) -> str | None:
-        """`cascade.tool_call_problem(reply, request)`, or None when the check was given up.
+        """`tool_calls.tool_call_problem(reply, request)`, or None when the check was given up.
         A tenant's checks run one at a time, while it has budget left (see the module)."""
         tools = request.get("tools")
         if not tools or not tool_calls(reply):

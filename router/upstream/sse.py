@@ -2,10 +2,9 @@
 
 Every `data: {...}` chunk gets the `service_tier` that served it (in OpenAI's vocabulary:
 router/request/tiers.py `openai_service_tier`), inserted as bytes rather than by re-encoding
-the JSON: a busy router relays
-thousands of chunks a second. The usage chunk (which the router always asks for, to bill) is
-parsed: its counts feed the ledger, and the client gets it, with `cost_usd` added, only if it
-asked for usage. Upstream error events pass through and are remembered.
+the JSON: a busy router relays thousands of chunks a second. The usage chunk (which the router
+always asks for, to bill) is parsed: its counts feed the ledger, and the client gets it, with
+`cost_usd` added, only if it asked for usage. Upstream error events pass through and are remembered.
 """
 
 from __future__ import annotations
