@@ -89,6 +89,7 @@ class CheckWorker:
         )
         self.process.start()
         child.close()
+        self._killed = False
 
     def ask(self, payload: tuple[Any, Any], timeout_s: float) -> tuple[str, str | None]:
         """Send one check and wait for its answer (runs in a thread)."""
@@ -108,9 +109,17 @@ class CheckWorker:
             return ("died", None)
 
     def kill(self) -> None:
-        """End the worker (once; later calls do nothing)."""
-        if self.conn.closed:
+        """End the worker process (once; later calls do nothing). A thread in `ask` sees it
+        end and returns; the pipe stays open for it until `close`."""
+        if self._killed:
             return
+        self._killed = True
         self.process.kill()
         self.process.join(5)
+
+    def close(self) -> None:
+        """Kill the worker and close the router's end of its pipe, once no thread is in `ask`:
+        a thread still in it would read or write whatever the descriptor's number names next,
+        such as the pipe of a worker started meanwhile."""
+        self.kill()
         self.conn.close()

@@ -113,8 +113,10 @@ class ToolCallChecker:
 
     async def stop(self) -> None:
         self._stopped = True
-        for worker in self.workers:
-            worker.kill()
+        for worker in self._busy:
+            worker.kill()  # its check, seeing it end, closes it
+        for worker in self._idle:
+            worker.close()
         self._idle.clear()
         self._busy.clear()
 
@@ -158,6 +160,7 @@ class ToolCallChecker:
         self._share.begin(hold)
         self._on_check_begun(hold.tenant)
         keep = False
+        asking: asyncio.Future[tuple[str, str | None]] | None = None
         try:
             asking = asyncio.ensure_future(asyncio.to_thread(worker.ask, payload, self.timeout_s))
             try:
@@ -186,8 +189,11 @@ class ToolCallChecker:
             self._busy.discard(worker)
             if keep and not self._stopped:
                 self._idle.append(worker)
-            else:
+            elif asking is None or asking.done():
+                worker.close()
+            else:  # cancelled again while its thread was still asking: close when it is done
                 worker.kill()
+                asking.add_done_callback(lambda _: worker.close())
         return await self._check(payload, hold, again_if_died=False)
 
     def _spent(self, tenant: str) -> bool:
