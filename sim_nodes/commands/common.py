@@ -24,12 +24,17 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def configure_logging(level: str) -> None:
-    """Structured (key=value) logs on stderr, the same for every tiergate process."""
+def configure_logging(level: str, *, context: str = "") -> None:
+    """Structured (key=value) logs on stderr, the same for every tiergate process.
+
+    `context`: key=value fields on every line of this process, e.g. a worker's `worker=1`, so
+    that the lines of processes writing to one stream can be told apart.
+    """
+    fields = f"{context.replace('%', '%%')} " if context else ""
     logging.basicConfig(
         level=level.upper(),
         stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        format=f"ts=%(asctime)s level=%(levelname)s {fields}logger=%(name)s %(message)s",
     )
     # httpx logs every request at INFO: the router's metrics scrapes alone would be two lines
     # a second per endpoint. Shown with --log-level debug.
@@ -61,6 +66,23 @@ def listen_socket(host: str, port: int) -> socket.socket:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise CliError(f"cannot listen on {host}:{port}: {reason}") from None
     sock.set_inheritable(True)
+    return sock
+
+
+def shared_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT: processes that each bind one share the
+    port, and the kernel spreads new connections over those that listen. CliError (one line)
+    when the port is held by a socket without it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CliError(f"cannot listen on {host}:{port}: {reason}") from None
     return sock
 
 
