@@ -22,11 +22,12 @@ from typing import Any
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["BUCKETS_S", "GcPauses"]
+__all__ = ["BUCKETS_S", "HELP", "GcPauses"]
 
 #: Upper bounds of the histogram's buckets, seconds.
 BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
 GENERATIONS = 3
+HELP = "Pauses of Python's cyclic garbage collector in the router process, by generation."
 
 
 class GcPauses(Collector):
@@ -37,6 +38,9 @@ class GcPauses(Collector):
         self._started = 0.0
         self._counts = [[0] * (len(BUCKETS_S) + 1) for _ in range(GENERATIONS)]
         self._sums = [0.0] * GENERATIONS
+        # Each bucket's own sum too: what worker processes need to add their pauses up
+        # (router/http/shared_metrics.py).
+        self._bucket_sums = [[0.0] * (len(BUCKETS_S) + 1) for _ in range(GENERATIONS)]
 
     def install(self) -> None:
         if self._observe not in gc.callbacks:
@@ -52,15 +56,28 @@ class GcPauses(Collector):
             return
         pause = self._clock() - self._started
         generation = info["generation"]
-        self._counts[generation][bisect_left(BUCKETS_S, pause)] += 1
+        bucket = bisect_left(BUCKETS_S, pause)
+        self._counts[generation][bucket] += 1
         self._sums[generation] += pause
+        self._bucket_sums[generation][bucket] += pause
+
+    def totals(self) -> list[list[tuple[int, float]]]:
+        """Per generation, per bucket (the last: above BUCKETS_S[-1]): the pauses counted in
+        it and their sum, seconds, since the app started."""
+        # Copied with the collector off, so that no pause is counted between a bucket's count
+        # and its sum.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            counts = [row[:] for row in self._counts]
+            sums = [row[:] for row in self._bucket_sums]
+        finally:
+            if enabled:
+                gc.enable()
+        return [list(zip(c, s, strict=True)) for c, s in zip(counts, sums, strict=True)]
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(
-            "tiergate_gc_pause_seconds",
-            "Pauses of Python's cyclic garbage collector in the router process, by generation.",
-            labels=["generation"],
-        )
+        family = HistogramMetricFamily("tiergate_gc_pause_seconds", HELP, labels=["generation"])
         for generation in range(GENERATIONS):
             cumulative = list(accumulate(self._counts[generation]))
             buckets = [(str(b), float(c)) for b, c in zip(BUCKETS_S, cumulative, strict=False)]

@@ -1,9 +1,14 @@
 """The router's Prometheus metrics, on a registry of its own (one per app, so tests can make
-many). Queue depth and endpoint health are read from the live pool view at scrape time."""
+many). Queue depth and endpoint health are read from the live pool view at scrape time.
+
+A worker of `tiergate router --workers N` exports the metrics of all of them added up
+(`share`, router/http/shared_metrics.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -11,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.http.gc_pauses import GcPauses
+from tiergate.router.http.shared_metrics import SharedMetrics
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
 from tiergate.router.ledger.sqlite import Ledger
@@ -97,25 +103,42 @@ class RouterMetrics:
         self.internal_errors = Counter(
             "tiergate_internal_errors", "Requests that hit a router bug (500).", registry=r
         )
-        r.register(_LiveCollector(view, now))
-        r.register(_LedgerCollector(ledger, retention))
+        # Collectors that read live state when scraped.
+        self._live: list[Collector] = []
+        self._read_when_scraped(_LiveCollector(view, now))
+        self._read_when_scraped(_LedgerCollector(ledger, retention))
         self._reloads = _ReloadCollector()
-        r.register(self._reloads)
+        self._read_when_scraped(self._reloads)
         # Timed from the app's start to its stop (RouterApp installs and removes it).
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
+        self._shared: SharedMetrics | None = None
 
     def exposition(self) -> bytes:
+        if self._shared is not None:
+            return self._shared.exposition()
         return generate_latest(self.registry)
+
+    def share(self, path: Path, *, restarted: bool = False) -> SharedMetrics:
+        """Export the metrics of every worker process that shares the folder `path` (this one's
+        included), added up; prometheus_client must be in multiprocess mode. The result is a
+        service of the app: it copies this worker's live values into `path` while it runs.
+        `restarted`: this worker replaces one that exited (`tiergate_worker_restarts_total`)."""
+        self._shared = SharedMetrics(path, self._live, self.gc_pauses, restarted=restarted)
+        return self._shared
+
+    def _read_when_scraped(self, collector: Collector) -> None:
+        self.registry.register(collector)
+        self._live.append(collector)
 
     def count_connections(self, gate: ConnectionGate) -> None:
         """Export the client connections `gate` counts: open, the cap, refused, timed out."""
-        self.registry.register(_ConnectionCollector(gate))
+        self._read_when_scraped(_ConnectionCollector(gate))
 
     def count_check_budgets(self, spent_tenants: Callable[[], list[str]]) -> None:
         """Export how many tenants have spent their budget of cascade check time now (their
         checks are given up at once; the log names them)."""
-        self.registry.register(_CheckBudgetCollector(spent_tenants))
+        self._read_when_scraped(_CheckBudgetCollector(spent_tenants))
 
     def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
         """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`;
