@@ -1,7 +1,8 @@
 """`tiergate router --config FILE`: serve the tier router.
 
 Pools come from the file (hot-reloaded) or, with `discovery.kubernetes`, from the cluster's
-InferencePools and their pods.
+InferencePools and their pods. With `--workers N` (N > 1), N router processes share the port
+(router/cli/supervisor.py).
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 from pathlib import Path
 
 from tiergate.router.build import build_app, router_source
 from tiergate.router.cli.serve import connection_cap, run_router
-from tiergate.router.config import ConfigError
+from tiergate.router.config import ConfigError, RouterConfig
+from tiergate.router.discovery.view import PoolSource
+from tiergate.router.http.app import RouterApp
 from tiergate.router.ledger.postgres import open_check
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.tenants.registry import TenantConfigError
@@ -22,6 +26,7 @@ from tiergate.sim_nodes.commands.common import (
     configure_logging,
     listen_socket,
     port_number,
+    positive_int,
 )
 
 log = logging.getLogger("tiergate.router")
@@ -35,36 +40,77 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--port", type=port_number, default=None, help="listen port (default: from the config)"
     )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="router processes sharing the port, to use more than one core (default 1); more "
+        "than 1 needs the PostgreSQL ledger (router.ledgerUrl or router.ledgerUrlFile)",
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    try:
-        config, source = router_source(args.config)
-        dsn = config.router.ledger_dsn()
-        if dsn is not None:
-            # An unreachable database, a refused login or a newer schema: one line, before
-            # the port is taken.
-            asyncio.run(open_check(dsn))
-    except (ConfigError, LedgerError) as exc:
-        raise CliError(str(exc)) from None
+    if args.workers > 1:
+        from tiergate.router.cli.supervisor import supervise
+
+        return supervise(
+            args.config,
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+        )
+    config, source = load(args.config)
+    check_ledger(config)  # before the port is taken
     host = args.host or config.router.host
     port = args.port if args.port is not None else config.router.port
     cap = connection_cap(config.router.connections)
     sock = listen_socket(host, port)  # a port in use is one line, before anything starts
     try:
-        try:
-            app = build_app(config, source, max_connections=cap)
-        except (ConfigError, TenantConfigError, LedgerError) as exc:
-            raise CliError(str(exc)) from None
+        app = build(config, source, cap)
         # Listening from here (uvicorn accepts what queued once it starts), so the line is true
         # and says the port chosen for `--port 0`.
         sock.listen(LISTEN_BACKLOG)
-        bound_host, bound_port = sock.getsockname()[:2]
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        log.info("event=listening url=http://%s:%d", shown, bound_port)
+        log.info("event=listening url=%s", url_of(sock))
         ok = run_router(app, sock, args.log_level)
     finally:
         sock.close()
     return 0 if ok else 1
+
+
+def load(path: Path) -> tuple[RouterConfig, PoolSource]:
+    """The configuration in `path` and its pool source; CliError (one line) when it is bad."""
+    try:
+        return router_source(path)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_ledger(config: RouterConfig) -> str | None:
+    """The PostgreSQL ledger's URL once it has been connected to and its schema created or
+    migrated (None: the SQLite ledger); CliError (one line) when it cannot be used: an
+    unreachable database, a refused login, a newer schema."""
+    try:
+        dsn = config.router.ledger_dsn()
+        if dsn is not None:
+            asyncio.run(open_check(dsn))
+    except (ConfigError, LedgerError) as exc:
+        raise CliError(str(exc)) from None
+    return dsn
+
+
+def build(config: RouterConfig, source: PoolSource, max_connections: int) -> RouterApp:
+    """The router app; CliError (one line) when its tenants or its ledger are unusable."""
+    try:
+        return build_app(config, source, max_connections=max_connections)
+    except (ConfigError, TenantConfigError, LedgerError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def url_of(sock: socket.socket) -> str:
+    """The URL a bound socket serves."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"

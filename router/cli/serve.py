@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 
 from tiergate.router.config import ConnectionSettings
 from tiergate.router.http.app import RouterApp
@@ -39,9 +40,14 @@ def connection_cap(settings: ConnectionSettings) -> int:
     return cap
 
 
-def run_router(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
+def run_router(
+    app: RouterApp,
+    sock: socket.socket,
+    log_level: str,
+    on_started: Callable[[], None] | None = None,
+) -> bool:
     """Serve `app` on `sock` (bound: common.listen_socket) on a uvloop event loop until
-    SIGINT/SIGTERM; False if it could not start.
+    SIGINT/SIGTERM; False if it could not start. `on_started` is called once it serves.
 
     uvloop (and httptools, which uvicorn picks when installed) make every proxied request
     cheaper (benchmarks/router_overhead.py). The cyclic garbage collector is what holds the
@@ -59,16 +65,27 @@ def run_router(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, 1000)
-    return uvloop.run(serve(app, sock, log_level))
+    return uvloop.run(serve(app, sock, log_level, on_started))
 
 
-async def serve(app: RouterApp, sock: socket.socket, log_level: str) -> bool:
+async def serve(
+    app: RouterApp,
+    sock: socket.socket,
+    log_level: str,
+    on_started: Callable[[], None] | None = None,
+) -> bool:
     """Run until SIGINT/SIGTERM; False if the server could not start."""
     import uvicorn
 
     from tiergate.sim_nodes.commands.limited_protocol import server_options
 
-    server = uvicorn.Server(
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and on_started is not None:
+                on_started()
+
+    server = Server(
         uvicorn.Config(
             app,
             access_log=False,

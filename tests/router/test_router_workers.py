@@ -1,0 +1,325 @@
+"""`tiergate router --workers N`: real processes on a real port. Two workers serve one port
+(the kernel spreads connections: both answer), stop gracefully on SIGTERM, are started again
+when one is killed, die with a killed supervisor, and add their metrics up. The SQLite ledger,
+a bad configuration and a worker that cannot start are each one line and exit status 2.
+
+Which worker served a connection is read from /proc: the process holding the server's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from polling_helpers import until
+from process_helpers import Running, accepting, start_router
+from process_tree import alive, children, server_end
+
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
+
+Served = Callable[[Any], AbstractContextManager[str]]
+
+CONFIG = """\
+router: {{ledgerPath: ':memory:'{ledger}}}
+pools:
+  - {{name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3, servedModelName: coder,
+      batching: {{maxNumSeqs: 64}}, endpoints: [{node}]}}
+"""
+#: The longest a worker may take to start, or to stop (the machine may be busy).
+WITHIN_S = 60.0
+CHAT = {"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture
+def node(served: Served) -> Iterator[str]:
+    """A simulated node for the router's pool."""
+    serving = ServingSpec(model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec())
+    with served(create_app(NodeConfig(serving=serving, served_model_names=["coder"]))) as url:
+        yield url
+
+
+def write_config(tmp_path: Path, node: str, dsn: str | None) -> Path:
+    """The router's configuration: a pool of `node`, the ledger in PostgreSQL at `dsn` (None:
+    SQLite, in memory)."""
+    path = tmp_path / "router.yaml"
+    path.write_text(CONFIG.format(ledger=f", ledgerUrl: '{dsn}'" if dsn else "", node=node))
+    return path
+
+
+@contextmanager
+def two_workers(config: Path, log: Path) -> Iterator[Running]:
+    """`tiergate router --workers 2`, listening (it logs the URL once both workers serve)."""
+    router = start_router(config, log, "--workers", "2")
+    try:
+        yield router
+    finally:
+        router.stop()
+
+
+def answered_by(url: str, pids: set[int], body: dict[str, Any] | None = None) -> int:
+    """Send one request on a new connection (GET /healthz, or POST `body` as a chat
+    completion); which of `pids` answered it (200)."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        if body is None:
+            connection.request("GET", "/healthz")
+        else:
+            headers = {"content-type": "application/json"}
+            connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        reply = connection.getresponse()
+        text = reply.read()
+        assert reply.status == 200, text
+        assert connection.sock is not None  # kept alive: the server's end is still open
+        return server_end(connection.sock, pids)
+    finally:
+        connection.close()
+
+
+def until_each_answers(url: str, pids: set[int], body: dict[str, Any] | None = None) -> int:
+    """Send requests on new connections until each of `pids` has answered one; how many
+    were sent (every one answered 200)."""
+    seen: set[int] = set()
+    sent = 0
+
+    def each_answered() -> bool:
+        nonlocal sent
+        seen.add(answered_by(url, pids, body))
+        sent += 1
+        return seen == pids
+
+    until(each_answered, f"not every worker of {sorted(pids)} answered: {sorted(seen)}", WITHIN_S)
+    return sent
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of every series of `name` in a /metrics exposition."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(float(value) for value in pattern.findall(text))
+
+
+def get(url: str, path: str) -> str:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        connection.request("GET", path)
+        reply = connection.getresponse()
+        assert reply.status == 200
+        return reply.read().decode()
+    finally:
+        connection.close()
+
+
+def test_two_workers_serve_one_port_and_both_answer(tmp_path: Path, node: str, pg_dsn: str) -> None:
+    log = tmp_path / "router.log"
+    with two_workers(write_config(tmp_path, node, pg_dsn), log) as router:
+        workers = children(router.process.pid)
+        assert len(workers) == 2
+        until_each_answers(router.url, workers)
+        assert get(router.url, "/readyz")  # any worker answers the probes
+        text = log.read_text()
+        assert text.count("event=listening") == 1, text
+        for pid in workers:  # each worker's lines say which it is
+            assert re.search(rf"level=INFO worker=[01] pid={pid} logger=", text), text
+    assert "Traceback" not in log.read_text()
+
+
+def test_counters_add_up_over_the_workers(tmp_path: Path, node: str, pg_dsn: str) -> None:
+    log = tmp_path / "router.log"
+    with two_workers(write_config(tmp_path, node, pg_dsn), log) as router:
+        workers = children(router.process.pid)
+        sent = until_each_answers(router.url, workers, CHAT)  # completions on both workers
+        text = get(router.url, "/metrics")
+        assert metric(text, "tiergate_requests_total") == sent, text
+        assert metric(text, "tiergate_tokens_total") > 0
+        assert metric(text, "tiergate_workers") == 2
+        cap = int(re.findall(r"event=connection_limits max_connections=(\d+)", log.read_text())[-1])
+        assert metric(text, "tiergate_connections_max") == 2 * cap  # each worker's own cap
+        assert metric(text, "tiergate_worker_restarts_total") == 0
+        assert 'tiergate_config_reloads_total{config="pools",result="applied"}' in text
+        assert "_created" not in text  # none in multiprocess mode
+
+
+def test_sigterm_lets_a_stream_finish_then_exits_0(
+    tmp_path: Path, served: Served, pg_dsn: str
+) -> None:
+    gate = threading.Event()
+    log = tmp_path / "router.log"
+    try:
+        with (
+            served(held_stream(gate)) as upstream,
+            two_workers(write_config(tmp_path, upstream, pg_dsn), log) as router,
+        ):
+            workers = children(router.process.pid)
+            parts = urlsplit(router.url)
+            client = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+            body = json.dumps({**CHAT, "stream": True})
+            client.request(
+                "POST", "/v1/chat/completions", body, {"content-type": "application/json"}
+            )
+            reply = client.getresponse()
+            assert reply.status == 200
+            assert reply.readline().startswith(b"data: ")  # the stream is under way
+            assert client.sock is not None
+            draining = server_end(client.sock, workers)
+
+            router.process.send_signal(signal.SIGTERM)
+            until(lambda: not accepting(router.url), "the workers still accept", WITHIN_S)
+            until(lambda: "Waiting for connections to close" in log.read_text(), "no drain")
+            assert alive(draining)
+            gate.set()
+            rest = reply.read()
+            assert rest.rstrip().endswith(b"data: [DONE]"), rest
+            client.close()
+            assert router.process.wait(WITHIN_S) == 0, log.read_text()
+    finally:
+        gate.set()
+    until(lambda: not any(alive(pid) for pid in workers), "a worker outlived its supervisor")
+    assert log.read_text().count("event=worker_stopped") == 2
+    assert "Traceback" not in log.read_text()
+
+
+def held_stream(gate: threading.Event) -> Callable[..., Any]:
+    """A node that streams one chunk, then the rest only once `gate` is set."""
+    chunk = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'  # noqa: E501
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] != "POST":  # the router's scrapes of /metrics: an idle node's
+            metrics = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": metrics})
+            return
+        await receive()
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, WITHIN_S)
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    return app
+
+
+def test_a_killed_worker_is_started_again_and_serving_goes_on(
+    tmp_path: Path, node: str, pg_dsn: str
+) -> None:
+    log = tmp_path / "router.log"
+    with two_workers(write_config(tmp_path, node, pg_dsn), log) as router:
+        supervisor = router.process.pid
+        killed, kept = sorted(children(supervisor))
+        os.kill(killed, signal.SIGKILL)
+        until(lambda: f"pid={killed} code=-9 signal=SIGKILL" in log.read_text(), "not noticed")
+        until(lambda: log.read_text().count("event=worker_ready") == 3, "not started again")
+        workers = children(supervisor)
+        assert kept in workers and killed not in workers and len(workers) == 2
+        until_each_answers(router.url, workers, CHAT)
+        text = get(router.url, "/metrics")
+        assert metric(text, "tiergate_workers") == 2  # the killed one's gauges are dropped
+        assert metric(text, "tiergate_worker_restarts_total") == 1
+        assert "event=worker_exited" in log.read_text()
+
+
+def test_a_killed_supervisor_leaves_no_worker_behind(
+    tmp_path: Path, node: str, pg_dsn: str
+) -> None:
+    with two_workers(write_config(tmp_path, node, pg_dsn), tmp_path / "router.log") as router:
+        workers = children(router.process.pid)
+        router.process.kill()
+        router.process.wait()
+        until(lambda: not any(alive(pid) for pid in workers), "workers outlived the supervisor")
+        assert not accepting(router.url)
+
+
+def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `tiergate ARGS...` to its end; its exit status and output."""
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "tiergate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WITHIN_S * 2,
+        check=False,
+    )
+
+
+def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if "error" in line.lower()]
+
+
+def test_the_sqlite_ledger_refuses_more_than_one_worker(tmp_path: Path) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text("router: {ledgerPath: ':memory:'}\npools: []\n")
+    result = tiergate("router", "--config", str(config), "--port", "0", "--workers", "2")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "tiergate router: error: --workers 2 needs a shared ledger (router.ledgerUrl or "
+        "router.ledgerUrlFile): with the SQLite ledger each worker would enforce budgets and "
+        "rate limits on its own"
+    )
+    assert "worker_started" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("router", "expected"),
+    [
+        ("{ledgerUrl: 'postgresql://x@127.0.0.1/db', port: [1]}", "router.port"),
+        ("{ledgerUrlFile: /nonexistent/ledger-url}", "router.ledgerUrlFile"),
+        ("{ledgerUrl: 'mysql://x@127.0.0.1/db'}", "not a postgresql:// URL"),
+    ],
+)
+def test_a_bad_configuration_is_one_line_before_any_worker_starts(
+    tmp_path: Path, router: str, expected: str
+) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text(f"router: {router}\npools: []\n")
+    result = tiergate("router", "--config", str(config), "--port", "0", "--workers", "2")
+    assert result.returncode == 2, result.stderr
+    (line,) = error_lines(result)
+    assert line.startswith("tiergate router: error: ") and expected in line, line
+    assert "worker_started" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_router_with_its_error(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """Discovery from Kubernetes without an API: the supervisor cannot tell before a worker
+    builds its router; the worker's one line is the router's, and nothing is retried."""
+    config = tmp_path / "router.yaml"
+    config.write_text(f"router: {{ledgerUrl: '{pg_dsn}'}}\ndiscovery: {{kubernetes: {{}}}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(tmp_path / "no-kubeconfig")
+    result = tiergate("router", "--config", str(config), "--port", "0", "--workers", "2", env=env)
+    assert result.returncode == 2, result.stderr
+    (line,) = error_lines(result)
+    assert line.startswith("tiergate router: error: discovery.kubernetes: no Kubernetes API")
+    assert result.stderr.splitlines()[-1] == line  # the last line: the workers have stopped
+    assert result.stderr.count("event=worker_started") == 2  # none started again
+    assert "Traceback" not in result.stderr
+
+
+def test_one_worker_is_the_router_itself(tmp_path: Path, node: str) -> None:
+    """The default (--workers 1): no supervisor, no shared metrics."""
+    router = start_router(write_config(tmp_path, node, None), tmp_path / "router.log")
+    try:
+        assert answered_by(router.url, {router.process.pid}) == router.process.pid
+        text = get(router.url, "/metrics")
+        assert "tiergate_workers" not in text and "tiergate_upstream_retries_created" in text
+    finally:
+        router.stop()
+    assert "worker=" not in (tmp_path / "router.log").read_text()
