@@ -41,6 +41,7 @@ pools:
 """
 #: The longest a worker may take to start, or to stop (the machine may be busy).
 WITHIN_S = 60.0
+COMPLETIONS = "/v1/chat/completions"
 CHAT = {"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
@@ -70,40 +71,42 @@ def two_workers(config: Path, log: Path) -> Iterator[Running]:
         router.stop()
 
 
-def answered_by(url: str, pids: set[int], body: dict[str, Any] | None = None) -> int:
-    """Send one request on a new connection (GET /healthz, or POST `body` as a chat
-    completion); which of `pids` answered it (200)."""
+def answered_by(
+    url: str, pids: set[int], path: str = "/healthz", body: dict[str, Any] | None = None
+) -> tuple[int, bytes]:
+    """Send one request on a new connection (GET `path`, or POST `body` there); which of
+    `pids` answered it (200), and its body."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
     try:
         if body is None:
-            connection.request("GET", "/healthz")
+            connection.request("GET", path)
         else:
             headers = {"content-type": "application/json"}
-            connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+            connection.request("POST", path, json.dumps(body), headers)
         reply = connection.getresponse()
         text = reply.read()
         assert reply.status == 200, text
         assert connection.sock is not None  # kept alive: the server's end is still open
-        return server_end(connection.sock, pids)
+        return server_end(connection.sock, pids), text
     finally:
         connection.close()
 
 
-def until_each_answers(url: str, pids: set[int], body: dict[str, Any] | None = None) -> int:
-    """Send requests on new connections until each of `pids` has answered one; how many
-    were sent (every one answered 200)."""
-    seen: set[int] = set()
-    sent = 0
+def each_answers(
+    url: str, pids: set[int], path: str = "/healthz", body: dict[str, Any] | None = None
+) -> dict[int, list[bytes]]:
+    """Send requests on new connections until each of `pids` has answered one (the kernel
+    picks a worker per connection); the bodies each answered, every one a 200."""
+    replies: dict[int, list[bytes]] = {}
 
     def each_answered() -> bool:
-        nonlocal sent
-        seen.add(answered_by(url, pids, body))
-        sent += 1
-        return seen == pids
+        pid, text = answered_by(url, pids, path, body)
+        replies.setdefault(pid, []).append(text)
+        return set(replies) == pids
 
-    until(each_answered, f"not every worker of {sorted(pids)} answered: {sorted(seen)}", WITHIN_S)
-    return sent
+    until(each_answered, f"not every worker of {sorted(pids)} answered", WITHIN_S)
+    return replies
 
 
 def metric(text: str, name: str) -> float:
@@ -129,8 +132,8 @@ def test_two_workers_serve_one_port_and_both_answer(tmp_path: Path, node: str, p
     with two_workers(write_config(tmp_path, node, pg_dsn), log) as router:
         workers = children(router.process.pid)
         assert len(workers) == 2
-        until_each_answers(router.url, workers)
-        assert get(router.url, "/readyz")  # any worker answers the probes
+        each_answers(router.url, workers)
+        each_answers(router.url, workers, "/readyz")  # any worker answers the probes
         text = log.read_text()
         assert text.count("event=listening") == 1, text
         for pid in workers:  # each worker's lines say which it is
@@ -142,7 +145,8 @@ def test_counters_add_up_over_the_workers(tmp_path: Path, node: str, pg_dsn: str
     log = tmp_path / "router.log"
     with two_workers(write_config(tmp_path, node, pg_dsn), log) as router:
         workers = children(router.process.pid)
-        sent = until_each_answers(router.url, workers, CHAT)  # completions on both workers
+        served = each_answers(router.url, workers, COMPLETIONS, CHAT)
+        sent = sum(len(replies) for replies in served.values())
         text = get(router.url, "/metrics")
         assert metric(text, "tiergate_requests_total") == sent, text
         assert metric(text, "tiergate_tokens_total") > 0
@@ -152,6 +156,9 @@ def test_counters_add_up_over_the_workers(tmp_path: Path, node: str, pg_dsn: str
         assert metric(text, "tiergate_worker_restarts_total") == 0
         assert 'tiergate_config_reloads_total{config="pools",result="applied"}' in text
         assert "_created" not in text  # none in multiprocess mode
+        usage = each_answers(router.url, workers, "/v1/usage")  # one ledger: one answer
+        for replies in usage.values():
+            assert all(json.loads(reply)["totals"]["requests"] == sent for reply in replies)
 
 
 def test_sigterm_lets_a_stream_finish_then_exits_0(
@@ -228,7 +235,7 @@ def test_a_killed_worker_is_started_again_and_serving_goes_on(
         until(lambda: log.read_text().count("event=worker_ready") == 3, "not started again")
         workers = children(supervisor)
         assert kept in workers and killed not in workers and len(workers) == 2
-        until_each_answers(router.url, workers, CHAT)
+        each_answers(router.url, workers, COMPLETIONS, CHAT)
         text = get(router.url, "/metrics")
         assert metric(text, "tiergate_workers") == 2  # the killed one's gauges are dropped
         assert metric(text, "tiergate_worker_restarts_total") == 1
@@ -281,6 +288,7 @@ def test_the_sqlite_ledger_refuses_more_than_one_worker(tmp_path: Path) -> None:
         ("{ledgerUrl: 'postgresql://x@127.0.0.1/db', port: [1]}", "router.port"),
         ("{ledgerUrlFile: /nonexistent/ledger-url}", "router.ledgerUrlFile"),
         ("{ledgerUrl: 'mysql://x@127.0.0.1/db'}", "not a postgresql:// URL"),
+        ("{ledgerUrl: 'postgresql://x@127.0.0.1:1/db'}", "cannot open the usage ledger"),
     ],
 )
 def test_a_bad_configuration_is_one_line_before_any_worker_starts(
@@ -317,7 +325,7 @@ def test_one_worker_is_the_router_itself(tmp_path: Path, node: str) -> None:
     """The default (--workers 1): no supervisor, no shared metrics."""
     router = start_router(write_config(tmp_path, node, None), tmp_path / "router.log")
     try:
-        assert answered_by(router.url, {router.process.pid}) == router.process.pid
+        assert answered_by(router.url, {router.process.pid})[0] == router.process.pid
         text = get(router.url, "/metrics")
         assert "tiergate_workers" not in text and "tiergate_upstream_retries_created" in text
     finally:
