@@ -194,14 +194,14 @@ class _Supervisor:
     killed: bool = False
     listening: bool = False
     failure: _Failure | None = None
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
 
     def run(self) -> int:
-        selector = selectors.DefaultSelector()
+        selector = self.selector
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         selector.register(wake_r, selectors.EVENT_READ)
-        self.selector = selector
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in handled}
         previous_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)

@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(line: str) -> None:
         if not status.closed:
-            status.write(line + "\n")
-            status.close()
+            try:
+                status.write(line + "\n")
+                status.close()
+            except OSError:  # the supervisor is gone (and this worker has its SIGTERM)
+                pass
 
     try:
         _die_with_supervisor(args.supervisor_pid)
@@ -45,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's group
         return 130
     finally:
-        status.close()
+        try:
+            status.close()
+        except OSError:
+            pass
 
 
 def serve_worker(args: argparse.Namespace, on_started: Callable[[], None]) -> int:
