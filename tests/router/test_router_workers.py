@@ -161,43 +161,71 @@ def test_counters_add_up_over_the_workers(tmp_path: Path, node: str, pg_dsn: str
             assert all(json.loads(reply)["totals"]["requests"] == sent for reply in replies)
 
 
-def test_sigterm_lets_a_stream_finish_then_exits_0(
-    tmp_path: Path, served: Served, pg_dsn: str
-) -> None:
+@contextmanager
+def a_held_stream(
+    tmp_path: Path, served: Served, dsn: str
+) -> Iterator[tuple[Running, http.client.HTTPResponse, int, threading.Event]]:
+    """Two workers, one of them relaying a stream its node holds after the first chunk until
+    the event is set: the router, the stream's reply, the worker relaying it, the event."""
     gate = threading.Event()
-    log = tmp_path / "router.log"
-    try:
-        with (
-            served(held_stream(gate)) as upstream,
-            two_workers(write_config(tmp_path, upstream, pg_dsn), log) as router,
-        ):
-            workers = children(router.process.pid)
-            parts = urlsplit(router.url)
-            client = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    with (
+        served(held_stream(gate)) as upstream,
+        two_workers(write_config(tmp_path, upstream, dsn), tmp_path / "router.log") as router,
+    ):
+        parts = urlsplit(router.url)
+        client = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+        try:
             body = json.dumps({**CHAT, "stream": True})
-            client.request(
-                "POST", "/v1/chat/completions", body, {"content-type": "application/json"}
-            )
+            client.request("POST", COMPLETIONS, body, {"content-type": "application/json"})
             reply = client.getresponse()
             assert reply.status == 200
             assert reply.readline().startswith(b"data: ")  # the stream is under way
             assert client.sock is not None
-            draining = server_end(client.sock, workers)
-
-            router.process.send_signal(signal.SIGTERM)
-            until(lambda: not accepting(router.url), "the workers still accept", WITHIN_S)
-            until(lambda: "Waiting for connections to close" in log.read_text(), "no drain")
-            assert alive(draining)
-            gate.set()
-            rest = reply.read()
-            assert rest.rstrip().endswith(b"data: [DONE]"), rest
+            relaying = server_end(client.sock, children(router.process.pid))
+            yield router, reply, relaying, gate
+        finally:
             client.close()
-            assert router.process.wait(WITHIN_S) == 0, log.read_text()
-    finally:
+            gate.set()  # the node's held request ends, so the node can stop
+
+
+def draining(router: Running) -> None:
+    """Wait until the workers no longer accept connections and one waits for its stream."""
+    until(lambda: not accepting(router.url), "the workers still accept", WITHIN_S)
+    until(lambda: "Waiting for connections to close" in router.log_text(), "no drain", WITHIN_S)
+
+
+def test_sigterm_lets_a_stream_finish_then_exits_0(
+    tmp_path: Path, served: Served, pg_dsn: str
+) -> None:
+    with a_held_stream(tmp_path, served, pg_dsn) as (router, reply, relaying, gate):
+        workers = children(router.process.pid)
+        router.process.send_signal(signal.SIGTERM)
+        draining(router)
+        assert alive(relaying)
         gate.set()
+        rest = reply.read()
+        assert rest.rstrip().endswith(b"data: [DONE]"), rest
+        assert router.process.wait(WITHIN_S) == 0, router.log_text()
     until(lambda: not any(alive(pid) for pid in workers), "a worker outlived its supervisor")
-    assert log.read_text().count("event=worker_stopped") == 2
-    assert "Traceback" not in log.read_text()
+    assert router.log_text().count("event=worker_stopped") == 2
+    assert "Traceback" not in router.log_text()
+
+
+def test_a_second_sigterm_stops_the_workers_without_waiting(
+    tmp_path: Path, served: Served, pg_dsn: str
+) -> None:
+    with a_held_stream(tmp_path, served, pg_dsn) as (router, reply, relaying, _):
+        router.process.send_signal(signal.SIGTERM)
+        draining(router)
+        router.process.send_signal(signal.SIGTERM)  # the stream's node still holds it
+        assert router.process.wait(WITHIN_S) == 0, router.log_text()
+        assert not alive(relaying)
+        try:
+            rest = reply.read()
+        except (http.client.IncompleteRead, ConnectionError):
+            rest = b""
+        assert b"[DONE]" not in rest
+    assert "Traceback" not in router.log_text()
 
 
 def held_stream(gate: threading.Event) -> Callable[..., Any]:
