@@ -279,18 +279,12 @@ def test_workers_have_a_writable_tmp_for_their_shared_metrics(
 
 
 def test_the_real_cli_accepts_the_workers_flag(variant_manifests: list[Manifest]) -> None:
-    """`tiergate router` parses the chart's arguments. `--workers` is being added to it on
-    another branch: until it lands, the rest is parsed and the flag is checked above."""
+    """`tiergate router` parses the chart's arguments, `--workers` with them."""
     from tiergate.cli import build_parser
 
-    parser = build_parser("router")
-    args = router_container(variant_manifests)["args"]
-    if "--workers" not in parser.format_help():
-        args = args[:-2]
-    parsed = parser.parse_args(args)
+    parsed = build_parser("router").parse_args(router_container(variant_manifests)["args"])
     assert str(parsed.config) == "/etc/tiergate/router.yaml"
-    if hasattr(parsed, "workers"):
-        assert parsed.workers == 2
+    assert parsed.workers == 2
 
 
 def test_notes_say_sqlite_serves_one_router_process(helm: Helm) -> None:
