@@ -27,6 +27,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one worker to its end; its exit status (2: it could not start, and said why)."""
     args = _parser().parse_args(argv)
     configure_logging(args.log_level, context=f"worker={args.index} pid={os.getpid()}")
     status = os.fdopen(args.status_fd, "w", encoding="utf-8")
