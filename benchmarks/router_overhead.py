@@ -229,10 +229,35 @@ def post_ok(
 
 
 def cpu_times(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """(user, system) CPU seconds so far of process `pid` and the processes it started (a
+    router's workers, its cascade checkers), those still running."""
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    user = system = 0.0
+    for one in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        user += int(fields[11]) / tick
+        system += int(fields[12]) / tick
+    return user, system
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def cpu_seconds(pid: int) -> float:
@@ -401,10 +426,12 @@ def start_router(
     ledger_url: str | None = None,
     tenants_file: Path | None = None,
     api_key: str | None = None,
+    workers: int = 1,
 ) -> Server:
     """The router over `endpoints`, split evenly over `pools` pools serving the same model at
     the same tier (so every endpoint is a candidate for every request); its ledger SQLite, or
-    PostgreSQL at `ledger_url`; open, or the tenants of `tenants_file` (`api_key` one's key)."""
+    PostgreSQL at `ledger_url`; open, or the tenants of `tenants_file` (`api_key` one's key);
+    `workers` processes (`--workers`, PostgreSQL only)."""
     port = free_port()
     size = -(-len(endpoints) // pools)
     settings: dict[str, Any] = {"host": "127.0.0.1", "port": port}
@@ -432,7 +459,7 @@ def start_router(
     path = procs.workdir / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=2))
     cmd = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(path),
-           "--log-level", "warning"]  # fmt: skip
+           "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
     proc = procs.start(name, cmd)
     server = Server(name, f"http://127.0.0.1:{port}", proc, api_key=api_key)
     try:
