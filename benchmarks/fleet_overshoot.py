@@ -45,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     postgres = started_server("tiergate-bench-pg-")
     rows = []
     try:
-        for mode in ("PostgreSQL, shared", "SQLite, one each"):
-            dsn = postgres.dsn(postgres.create_database()) if mode.startswith("Postgres") else None
+        for mode, shared in (("PostgreSQL, shared", True), ("SQLite, one each", False)):
+            dsn = postgres.dsn(postgres.create_database()) if shared else None
             overs, rates = [], []
-            with fleet(Path(tempfile.mkdtemp(prefix="tiergate-fleet-")), tenants, dsn) as three:
+            with (
+                tempfile.TemporaryDirectory(prefix="tiergate-fleet-") as folder,
+                fleet(Path(folder), tenants, dsn) as three,
+            ):
                 for i in range(args.rounds):
                     asyncio.run(burst(three.urls, budget_names[i], BURST, MAX_TOKENS))
                     overs.append(three.spent_usd(budget_names[i]) - BUDGET_USD)
