@@ -21,22 +21,23 @@ import asyncio
 import logging
 from collections import deque
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import asyncpg
 
 from tiergate.router.ledger.entry import LedgerEntry
-from tiergate.router.ledger.postgres_schema import migrate
+from tiergate.router.ledger.postgres_connect import (
+    CONNECT_TIMEOUT_S,
+    open_check,
+    reason,
+    where,
+)
+from tiergate.router.ledger.postgres_reads import PostgresReads
+from tiergate.router.ledger.postgres_schema import WRITE_BATCH, migrate
 from tiergate.router.ledger.records import (
-    MAX_DAY,
     LedgerError,
-    TierTotals,
     UsageRecord,
-    UsageTotals,
-    utc_day,
 )
 from tiergate.router.ledger.sqlite_schema import totals_delta
-from tiergate.router.request.tiers import Tier
 
 __all__ = ["PostgresLedger", "open_check", "where"]
 
@@ -46,8 +47,6 @@ log = logging.getLogger("tiergate.router")
 INTERVAL_S = 1.0
 #: How long one database call may take before its records are held (a hung server).
 TIMEOUT_S = 5.0
-#: How long connecting may take.
-CONNECT_TIMEOUT_S = 5.0
 #: Connections per router process: the writer, leases, `/v1/usage` and retention.
 POOL_SIZE = 4
 #: Records held in memory while the database refuses writes; beyond this, new ones are dropped.
@@ -55,75 +54,11 @@ MAX_BACKLOG = 100_000
 #: Held records written per transaction once the database is back.
 BACKLOG_BATCH = 500
 
-#: A batch in one statement (one round trip, atomic without BEGIN/COMMIT): its rows upserted by
-#: request id and attempt, and the daily totals moved by the differences (keys sorted by the
-#: caller, so replicas lock totals rows in one order and never deadlock).
-_WRITE_BATCH = """
-WITH written AS (
-    INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
-        endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
-        outcome, escalated)
-    SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::text[], $5::text[],
-        $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::float8[],
-        $12::float8[], $13::float8[], $14::integer[], $15::text[], $16::boolean[])
-    ON CONFLICT (request_id, attempt) DO UPDATE SET time_s = excluded.time_s,
-        tier_served = excluded.tier_served, pool = excluded.pool, endpoint = excluded.endpoint,
-        prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
-        latency_s = excluded.latency_s, ttft_s = excluded.ttft_s, cost_usd = excluded.cost_usd,
-        http_status = excluded.http_status, outcome = excluded.outcome,
-        escalated = excluded.escalated
-    RETURNING 1
-), counted AS (
-    INSERT INTO tenant_daily
-    SELECT * FROM unnest($17::text[], $18::integer[], $19::text[], $20::bigint[],
-        $21::bigint[], $22::bigint[], $23::bigint[], $24::float8[])
-    ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
-        requests = tenant_daily.requests + excluded.requests,
-        attempts = tenant_daily.attempts + excluded.attempts,
-        prompt_tokens = tenant_daily.prompt_tokens + excluded.prompt_tokens,
-        completion_tokens = tenant_daily.completion_tokens + excluded.completion_tokens,
-        cost_usd = tenant_daily.cost_usd + excluded.cost_usd
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM counted)
-"""
 #: Errors of a record the database can never take: it is dropped, not held.
 _NEVER = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 
 
-def where(dsn: str) -> str:
-    """The server and database a URL names, without its user or password (for messages)."""
-    parts = urlsplit(dsn)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"postgresql://{host}{port}{parts.path or '/'}"
-
-
-async def _connect(dsn: str) -> Any:
-    try:
-        return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise LedgerError(f"cannot open the usage ledger {where(dsn)}: {_reason(exc)}") from None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
-
-
-async def open_check(dsn: str) -> None:
-    """Connect once and create or migrate the schema: what `tiergate router` does before it
-    serves, so an unreachable database, a refused login or a newer schema is one line."""
-    conn = await _connect(dsn)
-    try:
-        await migrate(conn, where(dsn))
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise LedgerError(f"cannot open the usage ledger {where(dsn)}: {_reason(exc)}") from None
-    finally:
-        await conn.close()
-
-
-class PostgresLedger:
+class PostgresLedger(PostgresReads):
     """The usage ledger in the PostgreSQL database at `dsn` (a service: `start`, `stop`)."""
 
     def __init__(
@@ -208,7 +143,7 @@ class PostgresLedger:
                         await pool.close()
                         raise
                 except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-                    raise LedgerError(f"cannot reach {self.where}: {_reason(e)}") from None
+                    raise LedgerError(f"cannot reach {self.where}: {reason(e)}") from None
                 self._pool = pool
         return self._pool
 
@@ -224,7 +159,7 @@ class PostgresLedger:
                     asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S), CONNECT_TIMEOUT_S
                 )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise LedgerError(f"cannot reach {self.where}: {_reason(exc)}") from None
+                raise LedgerError(f"cannot reach {self.where}: {reason(exc)}") from None
         return self._writer_conn
 
     def _drop_writer(self) -> None:
@@ -347,7 +282,7 @@ class PostgresLedger:
             # (a server shutting down mid-statement can surface as InternalClientError)
             log.warning(
                 "event=ledger_write_failed where=%s error=%s holding=in_memory records=%d",
-                self.where, _reason(exc), len(batch),
+                self.where, reason(exc), len(batch),
             )  # fmt: skip
             return False
         for entry, record in batch:
@@ -389,12 +324,15 @@ class PostgresLedger:
         conn = await self._writer()
         try:
             async with asyncio.timeout(self._timeout_s):
-                await conn.fetchrow(_WRITE_BATCH, *columns, *sums_by_column)
+                await conn.fetchrow(WRITE_BATCH, *columns, *sums_by_column)
         except _NEVER:
             raise  # the connection is fine: the record is not
         except BaseException:
             self._drop_writer()
             raise
+
+    def _not_written(self) -> list[LedgerEntry]:
+        return [*self._next, *self._backlog]
 
     def _hold(self, entry: LedgerEntry) -> None:
         if entry.held:
@@ -407,73 +345,6 @@ class PostgresLedger:
             return
         entry.held = True
         self._backlog.append(entry)
-
-    # Reading.
-
-    def _not_written(self) -> list[LedgerEntry]:
-        return [*self._next, *self._backlog]
-
-    async def totals(self, tenant: str) -> UsageTotals:
-        """A tenant's totals over the whole ledger, overall and by tier served (every replica's
-        committed records, and this one's not yet committed)."""
-        pool = await self.connection_pool()
-        rows = await pool.fetch(
-            "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
-            " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = $1"
-            " GROUP BY tier_served",
-            tenant,
-            timeout=self._timeout_s,
-        )
-        sums: dict[str, list[float]] = {str(row[0]): [float(v) for v in row[1:]] for row in rows}
-        for entry in self._not_written():
-            if entry.record.tenant == tenant:
-                _, _, tier, *add = totals_delta(entry.record, entry.written)
-                total = sums.setdefault(str(tier), [0.0] * 5)
-                for i, value in enumerate(add):
-                    total[i] += cast(float, value)
-        by_tier: dict[Tier, TierTotals] = {}
-        for tier, (_, attempts, prompt, completion, cost) in sums.items():
-            if tier:
-                served = cast(Tier, tier)
-                by_tier[served] = TierTotals(int(attempts), int(prompt), int(completion), cost)
-        column = [sum(t[i] for t in sums.values()) for i in range(5)]
-        return UsageTotals(
-            requests=int(column[0]),
-            attempts=int(column[1]),
-            prompt_tokens=int(column[2]),
-            completion_tokens=int(column[3]),
-            cost_usd=column[4],
-            by_tier_served=dict(sorted(by_tier.items())),
-        )
-
-    async def spend_in_days(self, tenant: str, first_day: int, end_day: int | None) -> float:
-        """USD a tenant spent on UTC days [first_day, end_day) (no end: to this day), every
-        replica's committed records and this one's not yet committed."""
-        end = MAX_DAY if end_day is None else end_day
-        pool = await self.connection_pool()
-        spent = await pool.fetchval(
-            "SELECT COALESCE(SUM(cost_usd), 0) FROM tenant_daily"
-            " WHERE tenant = $1 AND day >= $2 AND day < $3::bigint",
-            tenant, first_day, end, timeout=self._timeout_s,
-        )  # fmt: skip
-        return float(spent) + sum(
-            e.record.cost_usd - (e.written.cost_usd if e.written is not None else 0.0)
-            for e in self._not_written()
-            if e.record.tenant == tenant and first_day <= utc_day(e.record.time_s) < end
-        )
-
-    async def prune_rows(self, limit: int, before_s: float | None) -> int:
-        """Delete, of the `limit` oldest request rows, those that finished before `before_s`
-        (all of them without it); how many went. Daily totals stay."""
-        where_old = "" if before_s is None else " AND time_s < $2"
-        args: tuple[Any, ...] = (limit,) if before_s is None else (limit, before_s)
-        pool = await self.connection_pool()
-        status = await pool.execute(
-            "DELETE FROM usage WHERE id IN (SELECT id FROM usage ORDER BY id LIMIT $1)" + where_old,
-            *args,
-            timeout=self._timeout_s,
-        )
-        return int(status.split()[-1])
 
 
 def _row(u: UsageRecord) -> tuple[object, ...]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tiergate.router.ledger.records import LedgerError
 
-__all__ = ["SCHEMA_VERSION", "migrate"]
+__all__ = ["SCHEMA_VERSION", "WRITE_BATCH", "migrate"]
 
 log = logging.getLogger("tiergate.router")
 
@@ -151,6 +151,40 @@ BEGIN
         updated_s = GREATEST(b.updated_s, now_s)
         WHERE tenant = p_tenant AND kind = p_kind;
 END $$;
+"""
+
+
+#: A batch in one statement (one round trip, atomic without BEGIN/COMMIT): its rows upserted by
+#: request id and attempt, and the daily totals moved by the differences (keys sorted by the
+#: caller, so replicas lock totals rows in one order and never deadlock).
+WRITE_BATCH = """
+WITH written AS (
+    INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
+        endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
+        outcome, escalated)
+    SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::text[], $5::text[],
+        $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::float8[],
+        $12::float8[], $13::float8[], $14::integer[], $15::text[], $16::boolean[])
+    ON CONFLICT (request_id, attempt) DO UPDATE SET time_s = excluded.time_s,
+        tier_served = excluded.tier_served, pool = excluded.pool, endpoint = excluded.endpoint,
+        prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
+        latency_s = excluded.latency_s, ttft_s = excluded.ttft_s, cost_usd = excluded.cost_usd,
+        http_status = excluded.http_status, outcome = excluded.outcome,
+        escalated = excluded.escalated
+    RETURNING 1
+), counted AS (
+    INSERT INTO tenant_daily
+    SELECT * FROM unnest($17::text[], $18::integer[], $19::text[], $20::bigint[],
+        $21::bigint[], $22::bigint[], $23::bigint[], $24::float8[])
+    ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
+        requests = tenant_daily.requests + excluded.requests,
+        attempts = tenant_daily.attempts + excluded.attempts,
+        prompt_tokens = tenant_daily.prompt_tokens + excluded.prompt_tokens,
+        completion_tokens = tenant_daily.completion_tokens + excluded.completion_tokens,
+        cost_usd = tenant_daily.cost_usd + excluded.cost_usd
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM counted)
 """
 
 

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sqlite3
 from collections import deque
 from pathlib import Path
 
-from tiergate.router.ledger import sqlite_reads as reads
 from tiergate.router.ledger.checkpoint import Checkpointer
 from tiergate.router.ledger.entry import LedgerEntry
 from tiergate.router.ledger.records import (
@@ -49,6 +47,7 @@ from tiergate.router.ledger.records import (
     UsageTotals,
     utc_day,
 )
+from tiergate.router.ledger.sqlite_reads import SqliteReads
 from tiergate.router.ledger.sqlite_schema import (
     ADD_TOTALS,
     DELETE,
@@ -106,7 +105,7 @@ MAX_BACKLOG = 100_000
 _Write = tuple[LedgerEntry, int | None, UsageRecord | None]
 
 
-class Ledger:
+class Ledger(SqliteReads):
     """The usage ledger at `path` (a file, or ":memory:" for tests)."""
 
     def __init__(
@@ -378,53 +377,3 @@ class Ledger:
                 self._db.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-
-    def wal_bytes(self) -> int:
-        """The size of the ledger's WAL file now (0 in memory or when there is none)."""
-        if self.path == ":memory:":
-            return 0
-        try:
-            return os.stat(self.path + "-wal").st_size
-        except OSError:
-            return 0
-
-    def tenant_totals(self, tenant: str) -> UsageTotals:
-        """A tenant's totals over the whole ledger, overall and by tier served (from the daily
-        totals: pruned request rows still count), the backlog included."""
-        return reads.tenant_totals(self._db, self._backlog, tenant)
-
-    async def totals(self, tenant: str) -> UsageTotals:
-        """`tenant_totals`, as the PostgreSQL ledger answers it."""
-        return self.tenant_totals(tenant)
-
-    async def prune_rows(self, limit: int, before_s: float | None) -> int:
-        """`prune`, as the PostgreSQL ledger answers it."""
-        return self.prune(limit, before_s=before_s)
-
-    def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
-        """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
-        Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and
-        the backlog."""
-        return reads.spend_in_days(self._db, self._backlog, tenant, first_day, end_day)
-
-    def used_bytes(self) -> int:
-        """Bytes of the database file in use (pages not on SQLite's free list; without the WAL).
-        Pruned rows free their pages for new rows: the file stops growing, it does not shrink."""
-        try:
-            return reads.used_bytes(self._db)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"cannot read the size of {self.path}: {exc}") from exc
-
-    def prune(self, limit: int, *, before_s: float | None = None) -> int:
-        """Delete request rows, oldest first: of the `limit` oldest rows, those that finished
-        before `before_s` (all of them without it). Returns how many went.
-
-        Only request rows go; the daily totals stay, so budgets, `tenant_totals` and
-        `/v1/usage` are unchanged. The work is bounded by `limit` whatever the ledger's size:
-        rows are read in insertion order, which is the order they finished in.
-        """
-        self.commit_batch()
-        try:
-            return reads.prune(self._db, limit, before_s)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"cannot prune the usage ledger {self.path}: {exc}") from exc

@@ -3,12 +3,14 @@ and pruning its oldest request rows."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable
 from typing import Protocol
 
 from tiergate.router.ledger.records import (
     MAX_DAY,
+    LedgerError,
     TierTotals,
     UsageRecord,
     UsageTotals,
@@ -17,7 +19,7 @@ from tiergate.router.ledger.records import (
 from tiergate.router.ledger.sqlite_schema import totals_delta
 from tiergate.router.request.tiers import Tier
 
-__all__ = ["prune", "spend_in_days", "tenant_totals", "used_bytes"]
+__all__ = ["SqliteReads", "prune", "spend_in_days", "tenant_totals", "used_bytes"]
 
 
 class Held(Protocol):
@@ -98,3 +100,64 @@ def prune(db: sqlite3.Connection, limit: int, before_s: float | None) -> int:
         params,
     )
     return cursor.rowcount
+
+
+class SqliteReads:
+    """The SQLite ledger's reads, as methods of the ledger (router/ledger/sqlite.py)."""
+
+    path: str
+    _db: sqlite3.Connection
+    _backlog: Iterable[Held]
+
+    def commit_batch(self) -> None:
+        raise NotImplementedError
+
+    def wal_bytes(self) -> int:
+        """The size of the ledger's WAL file now (0 in memory or when there is none)."""
+        if self.path == ":memory:":
+            return 0
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except OSError:
+            return 0
+
+    def tenant_totals(self, tenant: str) -> UsageTotals:
+        """A tenant's totals over the whole ledger, overall and by tier served (from the daily
+        totals: pruned request rows still count), the backlog included."""
+        return tenant_totals(self._db, self._backlog, tenant)
+
+    async def totals(self, tenant: str) -> UsageTotals:
+        """`tenant_totals`, as the PostgreSQL ledger answers it."""
+        return self.tenant_totals(tenant)
+
+    async def prune_rows(self, limit: int, before_s: float | None) -> int:
+        """`prune`, as the PostgreSQL ledger answers it."""
+        return self.prune(limit, before_s=before_s)
+
+    def spend_in_days(self, tenant: str, first_day: int, end_day: int | None = None) -> float:
+        """USD a tenant spent in attempts that finished on UTC days [first_day, end_day), in
+        Unix days (`utc_day`); no end: to this day. Reads one row per day and tier served, and
+        the backlog."""
+        return spend_in_days(self._db, self._backlog, tenant, first_day, end_day)
+
+    def used_bytes(self) -> int:
+        """Bytes of the database file in use (pages not on SQLite's free list; without the WAL).
+        Pruned rows free their pages for new rows: the file stops growing, it does not shrink."""
+        try:
+            return used_bytes(self._db)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the size of {self.path}: {exc}") from exc
+
+    def prune(self, limit: int, *, before_s: float | None = None) -> int:
+        """Delete request rows, oldest first: of the `limit` oldest rows, those that finished
+        before `before_s` (all of them without it). Returns how many went.
+
+        Only request rows go; the daily totals stay, so budgets, `tenant_totals` and
+        `/v1/usage` are unchanged. The work is bounded by `limit` whatever the ledger's size:
+        rows are read in insertion order, which is the order they finished in.
+        """
+        self.commit_batch()
+        try:
+            return prune(self._db, limit, before_s)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot prune the usage ledger {self.path}: {exc}") from exc
