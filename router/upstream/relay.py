@@ -170,13 +170,6 @@ async def relay_stream(
     ]
     await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
     done.status = 200
-
-    async def upstream() -> AsyncIterator[bytes]:
-        if first.head:
-            yield first.head
-        async for raw in first.chunks:
-            yield rewriter.feed(raw)
-
     client = _ClientWatch(receive)
     last_chunk_s = start_s
     billed_s: float | None = None  # when bill_so_far last ran
@@ -184,7 +177,7 @@ async def relay_stream(
     if rewriter.content_chunks:
         done.ttft_s, last_chunk_s = first.at_s - start_s, first.at_s
     try:
-        async for out in upstream():
+        async for out in _rewritten(first):
             if not out:
                 continue
             now = clock()
@@ -213,11 +206,25 @@ async def relay_stream(
     finally:
         client.stop()
     tally(done, rewriter, pool, request.prompt_tokens_estimate)
-    if done.ttft_s is not None and done.completion_tokens > 1:
-        tpot = (last_chunk_s - start_s - done.ttft_s) / (done.completion_tokens - 1)
-        metrics.tpot.labels(pool.spec.tier).observe(max(tpot, 0.0))
+    _observe_tpot(metrics, pool.spec.tier, done, last_chunk_s - start_s)
     if not client.gone:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _rewritten(first: FirstToken) -> AsyncIterator[bytes]:
+    """The stream from its first token on, as the client is to get it."""
+    if first.head:
+        yield first.head
+    async for raw in first.chunks:
+        yield first.rewriter.feed(raw)
+
+
+def _observe_tpot(metrics: RouterMetrics, tier: str, done: Progress, last_s: float) -> None:
+    """Time per output token after the first, from the first token to the last (`last_s`
+    after the router started asking upstream)."""
+    if done.ttft_s is not None and done.completion_tokens > 1:
+        tpot = (last_s - done.ttft_s) / (done.completion_tokens - 1)
+        metrics.tpot.labels(tier).observe(max(tpot, 0.0))
 
 
 async def _settle_before_done(
