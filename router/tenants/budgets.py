@@ -33,7 +33,7 @@ from tiergate.router.http.errors import RouterError
 from tiergate.router.ledger.sqlite import Ledger, utc_day
 from tiergate.router.tenants.registry import BudgetPeriod, Tenant
 
-__all__ = ["BudgetGuard", "BudgetStatus", "period_bounds", "period_label"]
+__all__ = ["BudgetGuard", "BudgetStatus", "budget_refusal", "period_bounds", "period_label"]
 
 
 def period_bounds(period: BudgetPeriod, now_s: float) -> tuple[float, float | None]:
@@ -122,28 +122,8 @@ class BudgetGuard:
             held[0] += 1
             held[1] += hold_usd
             return hold_usd
-        headers = {}
-        label = period_label(spend.period)
-        if spend.spent_usd < budget:
-            headers["Retry-After"] = "1"
-            message = (
-                f"tenant {tenant.name!r} has requests in flight that may spend the rest of its "
-                f"{label} budget (${spend.spent_usd:.4f} spent of ${budget:.2f}, "
-                f"${in_flight_usd:.4f} held for them); retry when they end"
-            )
-        else:
-            if spend.end_s is None:
-                when = "it does not reset; an administrator can raise budgetUsd"
-            else:
-                headers["Retry-After"] = str(max(1, math.ceil(spend.end_s - now)))
-                reset = datetime.fromtimestamp(spend.end_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                when = f"it resets at {reset}"
-            message = (
-                f"tenant {tenant.name!r} has spent its {label} budget "
-                f"(${spend.spent_usd:.4f} of ${budget:.2f}); {when}"
-            )
-        raise RouterError(
-            429, message, type="insufficient_quota", code="budget_exceeded", headers=headers
+        raise budget_refusal(
+            tenant, spend.period, budget, spend.spent_usd, spend.end_s, now, in_flight_usd
         )
 
     def needs_lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> bool:
@@ -206,6 +186,44 @@ class BudgetGuard:
             spend = _Spend(tenant.budget_period, start_s, end_s, spent_usd)
             self._spend[tenant.name] = spend
         return spend
+
+
+def budget_refusal(
+    tenant: Tenant,
+    period: BudgetPeriod,
+    budget_usd: float,
+    spent_usd: float,
+    end_s: float | None,
+    now_s: float,
+    held_usd: float | None = None,
+) -> RouterError:
+    """The 429 for a tenant whose budget is spent (`Retry-After` to the period's end; none for
+    `total`), or, while `spent_usd` is still under it, whose requests in flight may spend the
+    rest (`Retry-After: 1`; `held_usd`: what they hold, when known)."""
+    label = period_label(period)
+    headers = {}
+    if spent_usd < budget_usd:
+        headers["Retry-After"] = "1"
+        held = f", ${held_usd:.4f} held for them" if held_usd is not None else ""
+        message = (
+            f"tenant {tenant.name!r} has requests in flight that may spend the rest of its "
+            f"{label} budget (${spent_usd:.4f} spent of ${budget_usd:.2f}{held}); "
+            "retry when they end"
+        )
+    else:
+        if end_s is None:
+            when = "it does not reset; an administrator can raise budgetUsd"
+        else:
+            headers["Retry-After"] = str(max(1, math.ceil(end_s - now_s)))
+            reset = datetime.fromtimestamp(end_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = f"it resets at {reset}"
+        message = (
+            f"tenant {tenant.name!r} has spent its {label} budget "
+            f"(${spent_usd:.4f} of ${budget_usd:.2f}); {when}"
+        )
+    return RouterError(
+        429, message, type="insufficient_quota", code="budget_exceeded", headers=headers
+    )
 
 
 def period_label(period: BudgetPeriod) -> str:

@@ -30,12 +30,12 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
+from tiergate.router.background import LoopService
 from tiergate.router.http.errors import RouterError
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import MAX_DAY, LedgerError, utc_day
-from tiergate.router.tenants.budgets import BudgetStatus, period_bounds, period_label
+from tiergate.router.tenants.budgets import BudgetStatus, budget_refusal, period_bounds
 from tiergate.router.tenants.registry import Tenant
 
 __all__ = ["FleetBudgets", "holder_id"]
@@ -69,8 +69,10 @@ class _Lease:
     unreachable: bool = False  # the last round trip failed
 
 
-class FleetBudgets:
+class FleetBudgets(LoopService):
     """Budgets through leases in the PostgreSQL ledger (a service: `start`, `stop`)."""
+
+    task_name = "budget-leases"
 
     def __init__(
         self,
@@ -89,7 +91,6 @@ class FleetBudgets:
         self._leases: dict[str, _Lease] = {}
         self._tenants: dict[str, Tenant] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._task: asyncio.Task[None] | None = None
         self.round_trips = 0
         self.failures = 0
 
@@ -139,7 +140,7 @@ class FleetBudgets:
                 headers={"Retry-After": "1"},
             )
         spent = lease.spent_usd + self._ledger.unwritten_usd(tenant.name)
-        raise self._refusal(tenant, budget, spent, lease, now)
+        raise budget_refusal(tenant, tenant.budget_period, budget, spent, lease.period_end_s, now)
 
     def release(self, tenant: Tenant, hold_usd: float) -> None:
         lease = self._leases.get(tenant.name)
@@ -240,46 +241,11 @@ class FleetBudgets:
             )  # fmt: skip
         return False
 
-    def _refusal(
-        self, tenant: Tenant, budget: float, spent: float, lease: _Lease, now_s: float
-    ) -> RouterError:
-        label = period_label(tenant.budget_period)
-        headers = {}
-        if spent < budget:
-            headers["Retry-After"] = "1"
-            message = (
-                f"tenant {tenant.name!r} has requests in flight that may spend the rest of its "
-                f"{label} budget (${spent:.4f} spent of ${budget:.2f}); retry when they end"
-            )
-        else:
-            if lease.period_end_s is None:
-                when = "it does not reset; an administrator can raise budgetUsd"
-            else:
-                headers["Retry-After"] = str(max(1, math.ceil(lease.period_end_s - now_s)))
-                reset = datetime.fromtimestamp(lease.period_end_s, UTC)
-                when = f"it resets at {reset.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-            message = (
-                f"tenant {tenant.name!r} has spent its {label} budget "
-                f"(${spent:.4f} of ${budget:.2f}); {when}"
-            )
-        return RouterError(
-            429, message, type="insufficient_quota", code="budget_exceeded", headers=headers
-        )
-
     # Renewing.
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._renewing(), name="budget-leases")
 
     async def stop(self) -> None:
         """Stop renewing and give every lease back."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await super().stop()
         if not self._leases:
             return
         try:
@@ -288,7 +254,7 @@ class FleetBudgets:
         except Exception as exc:  # the leases expire by themselves
             log.warning("event=budget_leases_not_returned error=%s", type(exc).__name__)
 
-    async def _renewing(self) -> None:
+    async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._renew_s)
             await self.renew()

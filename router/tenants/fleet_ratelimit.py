@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.background import LoopService
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import LedgerError
-from tiergate.router.tenants.ratelimit import RateLimiter
+from tiergate.router.tenants.ratelimit import RateLimiter, rate_limited
 from tiergate.router.tenants.registry import Tenant
 
 __all__ = ["FleetRateLimiter"]
@@ -45,8 +44,10 @@ class _Slice:
     active: bool = False
 
 
-class FleetRateLimiter:
+class FleetRateLimiter(LoopService):
     """Requests/min and tokens/min per tenant over the fleet (a service: `start`, `stop`)."""
+
+    task_name = "rate-slices"
 
     def __init__(
         self,
@@ -63,7 +64,6 @@ class FleetRateLimiter:
         self._slices: dict[tuple[str, str], _Slice] = {}
         self._capacity: dict[tuple[str, str], int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._task: asyncio.Task[None] | None = None
         self.round_trips = 0
         self.failures = 0
 
@@ -151,15 +151,7 @@ class FleetRateLimiter:
             for kind, capacity, _ in short:
                 wait_s = max(wait_s, self._slices[(tenant.name, kind)].wait_s)
                 reasons.append(f"{capacity} {kind} per minute")
-            retry_after_s = max(1, math.ceil(wait_s))
-            raise RouterError(
-                429,
-                f"rate limit exceeded for tenant {tenant.name!r}: {' and '.join(reasons)}; "
-                f"retry after {retry_after_s} s",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(retry_after_s)},
-            )
+            raise rate_limited(tenant, reasons, wait_s)
         if tenant.requests_per_minute is not None:
             piece = self._slices[(tenant.name, "requests")]
             piece.level -= 1.0
@@ -187,20 +179,12 @@ class FleetRateLimiter:
 
     # Renewing.
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._renewing(), name="rate-slices")
-
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        """Stop renewing and give back every slice."""
+        await super().stop()
         await self.renew(everything=True)
 
-    async def _renewing(self) -> None:
+    async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._renew_s)
             await self.renew()

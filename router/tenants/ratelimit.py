@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from tiergate.router.http.errors import RouterError
 from tiergate.router.tenants.registry import Tenant
 
-__all__ = ["RateLimiter"]
+__all__ = ["RateLimiter", "rate_limited"]
 
 _WINDOW_S = 60.0
 
@@ -86,15 +86,7 @@ class RateLimiter:
                 wait_s = max(wait_s, token_wait_s)
                 reasons.append(f"{tpm} tokens per minute")
         if reasons:
-            retry_after_s = max(1, math.ceil(wait_s))
-            raise RouterError(
-                429,
-                f"rate limit exceeded for tenant {tenant.name!r}: {' and '.join(reasons)}; "
-                f"retry after {retry_after_s} s",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(retry_after_s)},
-            )
+            raise rate_limited(tenant, reasons, wait_s)
         if buckets.requests is not None:
             buckets.requests.level -= 1.0
         if buckets.tokens is not None:
@@ -131,6 +123,20 @@ class RateLimiter:
         if buckets is None:
             buckets = self._tenants[name] = _TenantBuckets()
         return buckets
+
+
+def rate_limited(tenant: Tenant, reasons: list[str], wait_s: float) -> RouterError:
+    """The 429 for a request the tenant's `reasons` (e.g. "60 requests per minute") refuse,
+    with an integer `Retry-After` >= 1 from `wait_s`."""
+    retry_after_s = max(1, math.ceil(wait_s))
+    return RouterError(
+        429,
+        f"rate limit exceeded for tenant {tenant.name!r}: {' and '.join(reasons)}; "
+        f"retry after {retry_after_s} s",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after_s)},
+    )
 
 
 def _refilled(bucket: _Bucket | None, capacity: int, now_s: float) -> _Bucket:
