@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from postgres_server import started_server
+from private_ledger import private_ledger
 
 from tiergate.router.http.errors import RouterError
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
@@ -156,33 +156,20 @@ async def test_a_lease_of_a_replica_that_died_is_void_after_its_time(pg_dsn: str
         await ledger.stop()
 
 
-async def test_while_the_database_is_down_a_replica_admits_within_its_lease_then_refuses(
-    tmp_path: Path,
-) -> None:
-    server = await asyncio.to_thread(started_server)
-    try:
-        dsn = server.dsn(await asyncio.to_thread(server.create_database))
-        await open_check(dsn)
-        ledger = PostgresLedger(dsn, timeout_s=2.0)
-        ledger.start()
+async def test_while_the_database_is_down_a_replica_admits_within_its_lease_then_refuses() -> None:
+    async with private_ledger(timeout_s=2.0) as (server, _, ledger):
         budgets = FleetBudgets(ledger)
         who = tenant(budget_usd=BUDGET)
-        try:
-            assert await one_request(0, budgets, ledger, who) == "ok"
-            granted = budgets._leases["acme"].granted_usd
-            await asyncio.to_thread(server.stop)
-            outcomes = [await one_request(i, budgets, ledger, who) for i in range(1, 200)]
-            admitted = outcomes.count("ok") + 1
-            # Within the lease (plus the one hold the admission rule allows), then 503s.
-            assert admitted * COST <= granted + HOLD
-            assert outcomes[-1] == "budget_store_unavailable"
-            assert set(outcomes) == {"ok", "budget_store_unavailable"}
-            assert ledger.backlog > 0
-        finally:
-            await asyncio.to_thread(server.start)
-            await ledger.stop()
-    finally:
-        await asyncio.to_thread(server.close)
+        assert await one_request(0, budgets, ledger, who) == "ok"
+        granted = budgets._leases["acme"].granted_usd
+        await asyncio.to_thread(server.stop)
+        outcomes = [await one_request(i, budgets, ledger, who) for i in range(1, 200)]
+        admitted = outcomes.count("ok") + 1
+        # Within the lease (plus the one hold the admission rule allows), then 503s.
+        assert admitted * COST <= granted + HOLD
+        assert outcomes[-1] == "budget_store_unavailable"
+        assert set(outcomes) == {"ok", "budget_store_unavailable"}
+        assert ledger.backlog > 0
 
 
 async def admit(i: int, limiter: Limits, who: Tenant, tokens: int = 0) -> bool:
@@ -227,27 +214,17 @@ async def test_per_process_rate_limits_admit_one_allowance_per_replica() -> None
     assert sum(admitted) == 3 * 60
 
 
-async def test_while_the_database_is_down_rate_limits_hold_per_replica(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(started_server)
-    try:
-        dsn = server.dsn(await asyncio.to_thread(server.create_database))
-        await open_check(dsn)
-        ledger = PostgresLedger(dsn, timeout_s=2.0)
-        ledger.start()
+async def test_while_the_database_is_down_rate_limits_hold_per_replica() -> None:
+    async with private_ledger(timeout_s=2.0) as (server, _, ledger):
         limiter = FleetRateLimiter(ledger)
         who = tenant(requests_per_minute=10)
-        try:
-            assert await admit(0, limiter, who)
-            await asyncio.to_thread(server.stop)
-            outcomes = [await admit(i, limiter, who) for i in range(1, 40)]
-            assert 1 <= sum(outcomes) <= 10 + 1  # this replica's own bucket, not unlimited
-            await asyncio.to_thread(server.start)
-            deadline = time.monotonic() + 30
-            while limiter._degraded:
-                assert time.monotonic() < deadline, "never shared again"
-                await limiter.renew()
-                await asyncio.sleep(0.1)
-        finally:
-            await ledger.stop()
-    finally:
-        await asyncio.to_thread(server.close)
+        assert await admit(0, limiter, who)
+        await asyncio.to_thread(server.stop)
+        outcomes = [await admit(i, limiter, who) for i in range(1, 40)]
+        assert 1 <= sum(outcomes) <= 10 + 1  # this replica's own bucket, not unlimited
+        await asyncio.to_thread(server.start)
+        deadline = time.monotonic() + 30
+        while limiter._degraded:
+            assert time.monotonic() < deadline, "never shared again"
+            await limiter.renew()
+            await asyncio.sleep(0.1)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest
-from postgres_server import PostgresServer, started_server
+from postgres_server import PostgresServer
+from private_ledger import private_ledger
 
 from tiergate.router.ledger.postgres import PostgresLedger, open_check, where
 from tiergate.router.ledger.postgres_schema import SCHEMA_VERSION
@@ -99,38 +99,26 @@ async def test_two_ledgers_on_one_database_are_one_ledger(pg_dsn: str) -> None:
         await b.stop()
 
 
-async def test_records_are_held_while_the_server_is_down_and_written_once_it_is_back(
-    tmp_path: Path,
-) -> None:
-    server = await asyncio.to_thread(started_server)
-    try:
-        dsn = server.dsn(await asyncio.to_thread(server.create_database))
-        await open_check(dsn)
-        ledger = PostgresLedger(dsn, interval_s=0.05, timeout_s=2.0)
-        ledger.start()
-        try:
-            ledger.add(usage("before"))
-            await ledger.committed()
-            await asyncio.to_thread(server.stop)
-            for i in range(20):
-                ledger.add(usage(f"down{i}"))
-                await ledger.committed()  # returns: the record is held
-            assert ledger.backlog == 20
-            assert ledger.unwritten_usd("acme") == pytest.approx(0.2)
-            await asyncio.to_thread(server.start)
-            deadline = time.monotonic() + 30
-            while ledger.backlog:
-                assert time.monotonic() < deadline, "the backlog was not written"
-                await asyncio.sleep(0.05)
-            got = await rows(dsn, "SELECT count(*) FROM usage")
-            assert got[0][0] == 21
-            totals = await ledger.totals("acme")
-            assert (totals.requests, totals.cost_usd) == (21, pytest.approx(0.21))
-            assert ledger.dropped == 0
-        finally:
-            await ledger.stop()
-    finally:
-        await asyncio.to_thread(server.close)
+async def test_records_are_held_while_the_server_is_down_and_written_once_it_is_back() -> None:
+    async with private_ledger(interval_s=0.05, timeout_s=2.0) as (server, dsn, ledger):
+        ledger.add(usage("before"))
+        await ledger.committed()
+        await asyncio.to_thread(server.stop)
+        for i in range(20):
+            ledger.add(usage(f"down{i}"))
+            await ledger.committed()  # returns: the record is held
+        assert ledger.backlog == 20
+        assert ledger.unwritten_usd("acme") == pytest.approx(0.2)
+        await asyncio.to_thread(server.start)
+        deadline = time.monotonic() + 30
+        while ledger.backlog:
+            assert time.monotonic() < deadline, "the backlog was not written"
+            await asyncio.sleep(0.05)
+        got = await rows(dsn, "SELECT count(*) FROM usage")
+        assert got[0][0] == 21
+        totals = await ledger.totals("acme")
+        assert (totals.requests, totals.cost_usd) == (21, pytest.approx(0.21))
+        assert ledger.dropped == 0
 
 
 async def test_stop_writes_what_is_waiting(pg_dsn: str) -> None:
