@@ -56,15 +56,7 @@ def port_number(text: str) -> int:
 def listen_socket(host: str, port: int) -> socket.socket:
     """A socket bound to host:port, for uvicorn to serve on (so a port already in use is one
     clear line, before anything else starts); inheritable by the server's workers."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except (OSError, OverflowError) as exc:
-        sock.close()
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise CliError(f"cannot listen on {host}:{port}: {reason}") from None
+    sock = _bound(host, port, reuse_port=False)
     sock.set_inheritable(True)
     return sock
 
@@ -73,10 +65,15 @@ def shared_port_socket(host: str, port: int) -> socket.socket:
     """A socket bound to host:port with SO_REUSEPORT: processes that each bind one share the
     port, and the kernel spreads new connections over those that listen. CliError (one line)
     when the port is held by a socket without it."""
+    return _bound(host, port, reuse_port=True)
+
+
+def _bound(host: str, port: int, *, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except (OSError, OverflowError) as exc:
