@@ -1,11 +1,10 @@
-"""Admission and fairness: one priority queue per tier in front of its endpoints.
+"""Admission: one queue per tier in front of its endpoints, and the saturation flags.
 
-Each tier admits at most `capacity` requests at once (the batch caps of its endpoints, plus
-some headroom so their own queues never run dry). Beyond that, requests wait at the router
-in priority order: premium before standard before flex, first come first served within a
-priority. The wait queue is bounded; when it is full, the lowest-priority, latest request is
-shed (429 with Retry-After), which may be a waiter already queued, so a premium request
-arriving at a full batched-tier queue displaces a flex one rather than being refused.
+Each tier admits at most `capacity` requests at once: the batch caps of its endpoints, so
+that requests beyond them wait here, where the tier's queue (router/tier_queue.py) orders
+them by priority and, within a priority, by tenants' weighted fair share. A request the
+router has sent on waits at its node first come, first served, so the router keeps none
+waiting there. When the wait queue is full, a request is shed (429 with Retry-After).
 
 A tier is also *saturated* when every endpoint reports (vLLM metrics) at least
 `SATURATION_WAITING` queued requests: that catches load the router does not see (other
@@ -16,105 +15,22 @@ scrape round and for each new view, and a request reads one flag instead of ever
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import get_args
+from dataclasses import dataclass
 
 from tiergate.router.discovery.state import EndpointState
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.http.errors import RouterError
 from tiergate.router.request.tiers import TIERS, Priority, Tier
+from tiergate.router.tenants.registry import Tenant
+from tiergate.router.tier_queue import AdmissionOrder, Grant, Shed, TenantQueueFull, TierQueue
 
-#: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
-PRIORITY_RANK: dict[Priority, int] = {p: rank for rank, p in enumerate(get_args(Priority))}
+__all__ = ["Admission", "AdmissionEvents", "Grant", "Saturation", "saturated", "shed_error"]
+
 #: Per-endpoint waiting requests beyond which a tier counts as saturated.
 SATURATION_WAITING = 8.0
-#: Router-side in-flight headroom over the endpoints' batch caps (keeps their queues fed).
-HEADROOM = 1.5
-
-
-class Shed(Exception):
-    """This request was shed by admission control."""
-
-
-@dataclass(order=True)
-class _Waiter:
-    rank: int
-    seq: int
-    future: asyncio.Future[None] = field(compare=False)
-
-
-class TierQueue:
-    """Admission for one tier."""
-
-    def __init__(self, tier: str, capacity: int, max_waiting: int) -> None:
-        self.tier = tier
-        self.capacity = max(capacity, 1)
-        self.max_waiting = max_waiting
-        self.active = 0
-        self._waiters: list[_Waiter] = []  # a heap: best (rank, seq) first
-        self._seq = itertools.count()
-        self.shed_count = 0
-
-    @property
-    def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.future.done())
-
-    async def acquire(self, priority: Priority) -> None:
-        """Wait for a slot; raises Shed if this request is shed (now or while waiting)."""
-        if self.active < self.capacity and not self._waiters:
-            self.active += 1
-            return
-        rank = PRIORITY_RANK[priority]
-        if len(self._waiters) >= self.max_waiting:
-            worst = max(self._waiters)
-            if (rank, math.inf) >= (worst.rank, worst.seq):
-                self.shed_count += 1
-                raise Shed
-            self._waiters.remove(worst)
-            heapq.heapify(self._waiters)
-            self.shed_count += 1
-            worst.future.set_exception(Shed())
-        waiter = _Waiter(rank, next(self._seq), asyncio.get_running_loop().create_future())
-        heapq.heappush(self._waiters, waiter)
-        try:
-            await waiter.future
-        except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                if waiter.future.exception() is None:  # given a slot as we went away
-                    self.release()
-            else:
-                self._discard(waiter)
-            raise
-
-    def release(self) -> None:
-        self.active -= 1
-        self._hand_on()
-
-    def resize(self, capacity: int, max_waiting: int) -> None:
-        """New limits (the tier's endpoints changed); waiters get the slots a larger
-        capacity frees at once, not when a running request ends. Nothing admitted or waiting
-        is shed by a smaller one: it takes effect as requests end."""
-        self.capacity = max(capacity, 1)
-        self.max_waiting = max_waiting
-        self._hand_on()
-
-    def _hand_on(self) -> None:
-        while self._waiters and self.active < self.capacity:
-            waiter = heapq.heappop(self._waiters)
-            if waiter.future.done():
-                continue
-            self.active += 1
-            waiter.future.set_result(None)
-
-    def _discard(self, waiter: _Waiter) -> None:
-        if waiter in self._waiters:
-            self._waiters.remove(waiter)
-            heapq.heapify(self._waiters)
+#: The smallest wait queue a tier has, however small its capacity.
+MIN_WAITING = 16
 
 
 class Saturation:
@@ -164,56 +80,112 @@ def shed_error(tier: str, retry_after_s: int) -> RouterError:
     )
 
 
+def tenant_queue_error(tier: str, tenant: str, waiting: int) -> RouterError:
+    return RouterError(
+        429,
+        f"tenant {tenant!r} already has {waiting} request(s) waiting for the {tier} tier "
+        "(its maxQueued); retry once some are served",
+        type="rate_limit_error",
+        code="tenant_queue_full",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _nothing(*_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEvents:
+    """What admission tells the metrics: a request shed (tier, priority); one admitted after
+    waiting (tier, tenant, seconds); one that ended (tier, tenant, tokens served)."""
+
+    shed: Callable[[Tier, Priority], None] = _nothing
+    waited: Callable[[Tier, str, float], None] = _nothing
+    served: Callable[[Tier, str, int], None] = _nothing
+
+
 class Admission:
-    """Every tier's queue, sized from the view's batch caps, and the saturation flags.
+    """Every tier's queue, sized from the view's batch caps, and the saturation flags."""
 
-    `on_shed(tier, priority)` is told of each request shed (a metric)."""
-
-    def __init__(self, saturation: Saturation, on_shed: Callable[[Tier, Priority], None]) -> None:
+    def __init__(
+        self,
+        saturation: Saturation,
+        events: AdmissionEvents | None = None,
+        order: AdmissionOrder = "fair",
+    ) -> None:
         self.saturation = saturation
+        self.order: AdmissionOrder = order
         self.queues: dict[Tier, TierQueue] = {}
-        self._on_shed = on_shed
+        self._events = events or AdmissionEvents()
 
     def resize(self, view: PoolView) -> None:
-        """Size each tier's queue for `view`: its endpoints' batch caps, with `HEADROOM`."""
+        """Size each tier's queue for `view`: its endpoints' batch caps."""
         caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         for pool in view.pools.values():
             caps[pool.spec.tier] += len(pool.endpoints) * pool.spec.batching.max_num_seqs
         for tier, cap in caps.items():
-            capacity = max(1, int(cap * HEADROOM))
+            capacity = max(1, cap)
             queue = self.queues.get(tier)
             if queue is None:
-                self.queues[tier] = TierQueue(tier, capacity, max_waiting=max(16, capacity))
+                self.queues[tier] = TierQueue(
+                    tier, capacity, max(MIN_WAITING, capacity), order=self.order
+                )
             else:
-                queue.resize(capacity, max_waiting=max(16, capacity))
+                queue.resize(capacity, max_waiting=max(MIN_WAITING, capacity))
+
+    def has_room(self, tier: Tier) -> bool:
+        """Whether `tier` would admit a request now, without it waiting."""
+        queue = self.queues[tier]
+        return queue.active < queue.capacity and not queue.waiting
 
     async def admit(
-        self, view: PoolView, model: str, priority: Priority, tiers: Sequence[Tier]
-    ) -> Tier:
+        self,
+        view: PoolView,
+        model: str,
+        priority: Priority,
+        tiers: Sequence[Tier],
+        tenant: Tenant,
+        tokens: int,
+    ) -> Grant:
         """A slot in the queue of the first of `tiers` that takes the request (more than one:
-        `service_tier: auto`, which moves on from a saturated or full tier before it waits);
-        give it back with `release`."""
+        a request that may move, which moves on from a saturated or full tier before it
+        waits in the last); give it back with `release`. `tokens` is what the request is
+        expected to cost, prompt and output (its fair-share charge)."""
         for i, candidate in enumerate(tiers):
             last = i == len(tiers) - 1
             busy = self.saturation.is_saturated(view, model, candidate)
             queue = self.queues[candidate]
             if busy and (priority == "flex" or not last):
                 if last:
-                    self._on_shed(candidate, priority)
+                    self._events.shed(candidate, priority)
                     raise shed_error(candidate, 2)
                 continue
-            if not last and queue.active >= queue.capacity:
-                continue  # full here: an auto request tries the next tier before waiting
+            if not last and not self.has_room(candidate):
+                continue  # full here: try the next tier before waiting
             try:
-                await queue.acquire(priority)
+                grant = await queue.acquire(
+                    priority,
+                    tenant.name,
+                    weight=tenant.weight,
+                    tokens=tokens,
+                    max_queued=tenant.max_queued,
+                )
+            except TenantQueueFull as full:
+                self._events.shed(candidate, priority)
+                raise tenant_queue_error(candidate, tenant.name, full.waiting) from None
             except Shed:
-                self._on_shed(candidate, priority)
+                self._events.shed(candidate, priority)
                 if last:
                     raise shed_error(candidate, 1) from None
                 continue
-            return candidate
+            self._events.waited(candidate, tenant.name, grant.waited_s)
+            return grant
         raise shed_error(tiers[0], 1)  # unreachable: the last tier either admits or raises
 
-    def release(self, tier: Tier) -> None:
-        """Give back the slot `admit` took in `tier`'s queue."""
-        self.queues[tier].release()
+    def release(self, grant: Grant, served_tokens: int | None = None) -> None:
+        """Give back the slot `admit` granted; `served_tokens` is what the request used
+        (prompt + output), when known."""
+        self.queues[grant.tier].release(grant, served_tokens)
+        if served_tokens:
+            self._events.served(grant.tier, grant.tenant, served_tokens)

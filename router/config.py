@@ -34,6 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
 from tiergate.router.policy.config import PolicyConfig, default_policy
+from tiergate.router.tier_queue import AdmissionOrder
 from tiergate.sim_nodes.commands.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from tiergate.sim_nodes.validation import first_problem, yaml_position
 
@@ -212,6 +213,13 @@ class RouterSettings(_Model):
         description="Timeouts for slow and idle client connections, and their cap.",
     )
     upstream_attempts: int = Field(default=3, ge=1, le=10)
+    admission_order: AdmissionOrder = Field(
+        default="fair",
+        description=(
+            "How a saturated tier admits waiting requests within a priority: fair (weighted "
+            "least attained service per tenant, in tokens) or fcfs (first come, first served)."
+        ),
+    )
     scrape_interval_s: float = Field(default=0.5, gt=0)
     reload_interval_s: float = Field(default=1.0, gt=0)
     policy: PolicyConfig = Field(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tiergate.router.http.asgi import Receive, Send
 from tiergate.router.progress import Progress
 from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.spill import Spill
 from tiergate.router.request.tiers import TierChoice
 from tiergate.router.tenants.registry import Tenant
 from tiergate.router.upstream.disconnect import DisconnectGuard
@@ -36,3 +37,5 @@ class Exchange:
     #: Held against the tenant's budget while the request is in flight
     #: (router/tenants/budgets.py); None until the budget check took a hold.
     hold_usd: float | None = None
+    #: Where spill-over moved the request, once it was admitted there.
+    spill: Spill | None = None

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from tiergate.router.admission import Admission, Saturation
+from tiergate.router.admission import Admission, AdmissionEvents, Saturation
 from tiergate.router.config import RouterSettings
 from tiergate.router.discovery.state import RequestContext
 from tiergate.router.discovery.view import PoolView, RoutedPool
@@ -35,6 +35,7 @@ from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.ledger.accounting import Accountant
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
+from tiergate.router.policy.latency import LatencyPredictor
 from tiergate.router.progress import Progress
 from tiergate.router.request.body import (
     CompletionRequest,
@@ -44,6 +45,7 @@ from tiergate.router.request.body import (
 )
 from tiergate.router.request.cascade import cascade_plan, serve_first_tier
 from tiergate.router.request.ids import new_request_id
+from tiergate.router.request.spill import choose_spill, spill_targets
 from tiergate.router.request.tier_choice import choose_tier, most_it_may_cost, tiers_to_try
 from tiergate.router.request.tiers import (
     Tier,
@@ -53,6 +55,7 @@ from tiergate.router.request.tiers import (
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry
+from tiergate.router.tenants.spill_policy import parse_spill_headers
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from tiergate.router.upstream.relay import (
@@ -100,14 +103,24 @@ class Router:
     _batch_caps: dict[str, int] = field(default_factory=dict)
     accountant: Accountant = field(init=False)
     admission: Admission = field(init=False)
+    #: Latency predictions for spill-over (the pools' perf models, as the pipeline's).
+    predictor: LatencyPredictor = field(init=False)
 
     def __post_init__(self) -> None:
         self.accountant = Accountant(
             self.ledger, self.budgets, self.limiter, self.metrics, self.clock, self.wall
         )
+        metrics = self.metrics
         self.admission = Admission(
-            self.saturation, lambda tier, priority: self.metrics.shed.labels(tier, priority).inc()
+            self.saturation,
+            AdmissionEvents(
+                shed=lambda tier, priority: metrics.shed.labels(tier, priority).inc(),
+                waited=lambda tier, who, s: metrics.admission_wait.labels(tier, who).observe(s),
+                served=lambda tier, who, n: metrics.attained.labels(tier, who).inc(n),
+            ),
+            order=self.settings.admission_order,
         )
+        self.predictor = LatencyPredictor(self._deployments, self._batch_caps)
 
     # -- per-view derived state ------------------------------------------------------------
 
@@ -187,8 +200,12 @@ class Router:
             tier = choice.tier
         ex.choice = choice
         tiers = tiers_to_try(view, request.model, choice, tier, tenant)
+        spill_to: tuple[Tier, ...] = ()
+        if plan is None:
+            policy = parse_spill_headers(headers, tenant.spill, tenant.allowed_tiers, tenant.name)
+            spill_to = spill_targets(view, request, tier, tenant.allowed_tiers, policy)
         budgets, limiter, now_s = self.budgets, self.limiter, self.wall()
-        hold_usd = most_it_may_cost(view, request, plan, tiers, tenant)
+        hold_usd = most_it_may_cost(view, request, plan, [*tiers, *spill_to], tenant)
         if budgets.needs_lease(tenant, hold_usd, now_s):  # shared budgets: a round trip
             await budgets.lease(tenant, hold_usd, now_s)
         ex.hold_usd = budgets.check(tenant, now_s, hold_usd)
@@ -203,12 +220,21 @@ class Router:
             request, choice = ex.request, ex.choice
             assert request is not None and choice is not None
             tiers = [choice.tier]
+        spill = choose_spill(self.admission, view, self.predictor, request, tier, spill_to)
+        if spill is not None:  # its target has a free slot: admitted there without waiting
+            tiers = [spill.to, *tiers]
         with guard.cancellable():
-            tier = await self.admission.admit(view, request.model, choice.priority, tiers)
+            grant = await self.admission.admit(
+                view, request.model, choice.priority, tiers, tenant, estimate
+            )
+        if spill is not None and grant.tier == spill.to:
+            ex.spill = spill
+            self.metrics.spills.labels(spill.origin, spill.to, spill.reason).inc()
         try:
-            await self._serve(ex, view, pipeline, tier)
+            await self._serve(ex, view, pipeline, grant.tier)
         finally:
-            self.admission.release(tier)
+            done = ex.done
+            self.admission.release(grant, done.prompt_tokens + done.completion_tokens)
 
     async def _serve(self, ex: Exchange, view: PoolView, pipeline: Pipeline, tier: Tier) -> None:
         """Open the request upstream on an endpoint of `tier` and relay its reply."""
@@ -229,7 +255,10 @@ class Router:
             "x-tiergate-pool": pool.spec.name,
             "x-tiergate-request-id": ex.request_id,
         }
-        if tier != choice.tier:
+        if ex.spill is not None:
+            reply_headers["x-tiergate-spilled-from"] = ex.spill.origin
+            reply_headers["x-tiergate-spill-reason"] = ex.spill.reason
+        elif tier != choice.tier:
             reply_headers["x-tiergate-fallback"] = "true"
         if done.escalated:
             reply_headers["x-tiergate-escalated"] = "true"

@@ -114,6 +114,11 @@ class PoolView:
         output = context if max_tokens is None else min(max_tokens, context)
         return min(prompt_tokens_most, context) * per_in + sequences * output * per_out
 
+    def output_usd_per_million(self, model: str, tier: Tier) -> float:
+        """The dearest output price, per million tokens, of the pools of `tier` serving
+        `model` (what a request served there may pay at most; 0 when none serves it)."""
+        return self._ceilings.get((model, tier), (0.0, 0.0, 0))[1] * 1e6
+
     def tiers_serving(self, model: str) -> tuple[Tier, ...]:
         return self._tiers.get(model, ())
 

@@ -69,6 +69,25 @@ class RouterMetrics:
         self.shed = Counter(
             "tiergate_shed", "Requests shed by admission control.", ["tier", "priority"], registry=r
         )
+        self.admission_wait = Histogram(
+            "tiergate_admission_wait_seconds",
+            "Time admitted requests waited in their tier's queue at the router, by tenant.",
+            ["tier", "tenant"],
+            buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.attained = Counter(
+            "tiergate_tenant_attained_tokens",
+            "Tokens (prompt + output) a tier served each tenant: its attained service.",
+            ["tier", "tenant"],
+            registry=r,
+        )
+        self.spills = Counter(
+            "tiergate_spills",
+            "Requests spilled over from their tier to another, by reason (saturated, slo).",
+            ["from_tier", "to_tier", "reason"],
+            registry=r,
+        )
         self.retries = Counter(
             "tiergate_upstream_retries", "Upstream attempts beyond the first.", registry=r
         )

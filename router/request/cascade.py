@@ -239,10 +239,12 @@ async def _first_reply(
 ) -> tuple[dict[str, Any] | None, str | None, bytes | None]:
     """The first tier's reply to `attempt` read whole, billed into `one`: (reply, what is wrong
     with it, or the node's refusal of the request itself)."""
-    assert ex.guard is not None
+    assert ex.guard is not None and ex.tenant is not None
     tier = choice.tier
     with ex.guard.cancellable():
-        await stages.admission.admit(view, attempt.model, choice.priority, [tier])
+        grant = await stages.admission.admit(
+            view, attempt.model, choice.priority, [tier], ex.tenant, attempt.tokens_expected
+        )
     try:
         with ex.guard.cancellable():
             opened, pool = await stages.open(ex, view, pipeline, attempt, tier, one)
@@ -266,7 +268,7 @@ async def _first_reply(
         one.status = error.status
         return None, error.message, None
     finally:
-        stages.admission.release(tier)
+        stages.admission.release(grant, one.prompt_tokens + one.completion_tokens)
 
 
 def _the_request_s_fault(status: int, body: bytes) -> bool:

@@ -12,6 +12,11 @@ directory holding `tenants.yaml`, which is how a mounted Kubernetes Secret looks
         tokensPerMinute: 200000             # optional: absent means unlimited
         budgetUsd: 50                       # optional: absent means unlimited
         budgetPeriod: month                 # day | week | month | total (UTC boundaries)
+        weight: 2                           # share of a busy tier against others (default 1)
+        maxQueued: 64                       # most requests waiting for one tier (default: none)
+        spillOver:                          # optional: see router/tenants/spill_policy.py
+          to: [premium]
+          maxOutputUsdPerMillion: 25
 
 Only SHA-256 digests of keys are kept. Plaintext keys are hashed while the file is parsed and no
 reference to them survives `load_tenants` (Python cannot zero an immutable string, so the text
@@ -37,6 +42,7 @@ from pydantic.alias_generators import to_camel
 
 from tiergate.router.http.errors import RouterError
 from tiergate.router.request.tiers import TIERS, Tier
+from tiergate.router.tenants.spill_policy import NO_SPILL, SpillOverSpec, SpillPolicy
 from tiergate.sim_nodes.validation import field_path
 
 __all__ = [
@@ -84,6 +90,9 @@ class Tenant:
     tokens_per_minute: int | None = None  # None: unlimited
     budget_usd: float | None = None  # None: unlimited
     budget_period: BudgetPeriod = "month"
+    weight: float = 1.0  # share of a saturated tier, against other tenants' weights
+    max_queued: int | None = None  # most requests waiting for one tier; None: no cap of its own
+    spill: SpillPolicy = NO_SPILL
 
 
 #: The tenant of every request when authentication is off.
@@ -104,6 +113,9 @@ class _TenantSpec(BaseModel):
     tokens_per_minute: Annotated[int, Field(gt=0)] | None = None
     budget_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     budget_period: BudgetPeriod = "month"
+    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
+    max_queued: Annotated[int, Field(gt=0)] | None = None
+    spill_over: SpillOverSpec | None = None
 
     @field_validator("api_keys")
     @classmethod
@@ -288,6 +300,10 @@ def parse_tenants(data: Any, *, source: str = "<tenants>") -> TenantRegistry:
                     (field, f"duplicate API key: same key as {first[0]} (tenant {first[1]!r})")
                 )
         tiers = tuple(tier for tier in TIERS if tier in entry.allowed_tiers)
+        spill = entry.spill_over.policy() if entry.spill_over is not None else NO_SPILL
+        for tier in spill.to:
+            if tier not in tiers:
+                problems.append((f"{where}.spillOver.to", f"tier {tier!r} is not in allowedTiers"))
         tenant = Tenant(
             name=entry.name,
             allowed_tiers=tiers,
@@ -295,6 +311,9 @@ def parse_tenants(data: Any, *, source: str = "<tenants>") -> TenantRegistry:
             tokens_per_minute=entry.tokens_per_minute,
             budget_usd=entry.budget_usd,
             budget_period=entry.budget_period,
+            weight=entry.weight,
+            max_queued=entry.max_queued,
+            spill=spill,
         )
         entries.append((tenant, [digest for _, digest in keyed]))
     if problems:

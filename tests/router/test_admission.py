@@ -20,15 +20,15 @@ async def test_a_larger_capacity_admits_waiters_at_once() -> None:
 
 async def test_a_smaller_capacity_sheds_nothing_and_takes_effect_as_requests_end() -> None:
     queue = TierQueue("batched", capacity=2, max_waiting=16)
-    await queue.acquire("standard")
-    await queue.acquire("standard")
+    first = await queue.acquire("standard")
+    second = await queue.acquire("standard")
     queue.resize(1, max_waiting=16)
     assert queue.active == 2
     waiter = asyncio.create_task(queue.acquire("standard"))
     await asyncio.sleep(0)
-    queue.release()  # 1 active: at capacity, the waiter still waits
+    queue.release(first)  # 1 active: at capacity, the waiter still waits
     await asyncio.sleep(0)
     assert not waiter.done() and queue.waiting == 1
-    queue.release()
+    queue.release(second)
     await asyncio.wait_for(waiter, timeout=5)
     assert queue.active == 1

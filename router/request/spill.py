@@ -1,0 +1,139 @@
+"""Spill-over: move a request from its tier to another the tenant allows and will pay for,
+when its own tier cannot serve it well.
+
+A request moves only under a spill policy (router/tenants/spill_policy.py), and only when
+its tier is
+
+- `saturated`: no free slot at the router (requests are waiting, or every slot is taken),
+  or every endpoint reports queued requests (the admission saturation flags); or
+- predicted to miss its SLO (`slo`): the request sent `x-slo-ttft-ms` / `x-slo-tpot-ms` and
+  the best endpoint of its tier is predicted to miss them, with the tier's own waiting
+  requests counted ahead of it (router/policy/latency.py).
+
+It moves to the cheapest of the policy's tiers (by output price per million tokens) that
+serves its model, is within the price cap, is not excluded for a request with tools, has a
+free slot now and is predicted to meet its SLO. When none does, it stays and waits or is
+shed in its own tier as any other request. The decision is made once, on arrival; the reply
+says where it was served (`x-tiergate-tier`, `x-tiergate-spilled-from`, the body's
+`service_tier`) and it is billed at the pool that served it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from tiergate.router.admission import Admission
+from tiergate.router.discovery.view import PoolView
+from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
+from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.tiers import Tier
+from tiergate.router.tenants.spill_policy import SpillPolicy
+
+__all__ = ["Spill", "SpillReason", "choose_spill", "spill_targets"]
+
+SpillReason = Literal["saturated", "slo"]
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """A request moved from `origin` to `to`, and why."""
+
+    origin: Tier
+    to: Tier
+    reason: SpillReason
+
+
+def spill_targets(
+    view: PoolView,
+    request: CompletionRequest,
+    asked: Tier,
+    allowed: Sequence[Tier],
+    policy: SpillPolicy,
+) -> tuple[Tier, ...]:
+    """The tiers `request` may move to from `asked`, cheapest first: the policy's (less those
+    excluded for a request with tools), serving its model, allowed to its tenant, and no
+    dearer per million output tokens than the policy's cap."""
+    if not policy.to:
+        return ()
+    serving = view.tiers_serving(request.model)
+    cap = policy.max_output_usd_per_million
+    priced = [
+        (view.output_usd_per_million(request.model, tier), tier)
+        for tier in policy.tiers_for(bool(request.body.get("tools")))
+        if tier != asked and tier in serving and tier in allowed
+    ]
+    return tuple(tier for price, tier in sorted(priced) if cap is None or price <= cap)
+
+
+def choose_spill(
+    admission: Admission,
+    view: PoolView,
+    predictor: LatencyPredictor,
+    request: CompletionRequest,
+    asked: Tier,
+    targets: Sequence[Tier],
+) -> Spill | None:
+    """Where `request` moves from `asked`, or None to stay (the module docstring)."""
+    if not targets:
+        return None
+    model = request.model
+
+    def free(tier: Tier) -> bool:
+        return admission.has_room(tier) and not admission.saturation.is_saturated(view, model, tier)
+
+    def meets_slo(tier: Tier) -> bool:
+        if request.slo is None:
+            return True
+        return _meets(request, _predict(admission, view, predictor, request, tier))
+
+    reason: SpillReason
+    if not free(asked):
+        reason = "saturated"
+    elif not meets_slo(asked):
+        reason = "slo"
+    else:
+        return None
+    for tier in targets:
+        if free(tier) and meets_slo(tier):
+            return Spill(asked, tier, reason)
+    return None
+
+
+def _predict(
+    admission: Admission,
+    view: PoolView,
+    predictor: LatencyPredictor,
+    request: CompletionRequest,
+    tier: Tier,
+) -> LatencyEstimate | None:
+    """The best latency an endpoint of `tier` is predicted to give `request`, counting the
+    requests waiting at the router for the tier as spread over its endpoints (None: the
+    perf model knows none of its pools)."""
+    endpoints = view.candidates(request.model, tier)
+    if not endpoints:
+        return None
+    queued = admission.queues[tier].waiting / len(endpoints)
+    best: LatencyEstimate | None = None
+    for endpoint in endpoints:
+        estimate = predictor.predict(
+            endpoint.pool,
+            endpoint_load(endpoint) + queued,
+            request.prompt_tokens_estimate,
+            request.output_tokens_expected,
+        )
+        if estimate is not None and (best is None or estimate.total_s < best.total_s):
+            best = estimate
+    return best
+
+
+def _meets(request: CompletionRequest, estimate: LatencyEstimate | None) -> bool:
+    """Whether `estimate` meets the request's SLO (an unknown estimate gets the benefit of
+    the doubt, as in the slo-filter)."""
+    if estimate is None or request.slo is None:
+        return True
+    ttft_slo, tpot_slo = request.slo
+    return (ttft_slo is None or estimate.ttft_s <= ttft_slo) and (
+        tpot_slo is None or estimate.tpot_s <= tpot_slo
+    )

@@ -1,0 +1,258 @@
+"""One tier's admission queue: at most `capacity` requests at once, the rest wait in order.
+
+Priorities come first: premium before standard before flex. Within a priority the order is
+the queue's `order`:
+
+- `fair` (the default): weighted least attained service, counted in tokens as the Virtual
+  Token Counter scheduler counts them (Sheng et al., "Fairness in Serving Large Language
+  Models", OSDI 2024). Each tenant has a counter of the tokens (prompt + output) the tier
+  served it, divided by its weight. A freed slot goes to the waiting tenant with the lowest
+  counter, and to that tenant's earliest request. A request is charged what it is expected
+  to cost when admitted (its prompt and `max_tokens`) and corrected to what it used when it
+  ends. A tenant that starts waiting is lifted to the lowest counter among the tenants
+  already waiting (or, in an empty queue, to the counter of the tenant served last), so idle
+  time banks no credit: a tenant cannot save up service and then take the tier over.
+- `fcfs`: first come, first served.
+
+Either way the queue is work-conserving: a free slot is never held back for a tenant that
+is not waiting.
+
+The wait queue is bounded (`max_waiting`). When it is full, an arrival pushes out a waiter of
+a lower priority; within one priority, `fair` pushes out the latest request of the tenant
+holding the most waiting requests per unit of weight (the arrival itself when that is its own
+tenant), so a tenant flooding the tier fills only the room others leave, and `fcfs` sheds
+the arrival. A tenant may also have a cap of its own (`max_queued`) on its waiting requests.
+
+Runs on one event loop; no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from tiergate.router.request.tiers import Priority, Tier
+
+__all__ = ["AdmissionOrder", "Grant", "PRIORITY_RANK", "Shed", "TenantQueueFull", "TierQueue"]
+
+AdmissionOrder = Literal["fair", "fcfs"]
+#: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
+PRIORITY_RANK: dict[Priority, int] = {p: rank for rank, p in enumerate(get_args(Priority))}
+
+
+class Shed(Exception):
+    """This request was shed: the tier's queue was full (now or while it waited)."""
+
+
+class TenantQueueFull(Shed):
+    """The tenant already has its most requests waiting for this tier (`max_queued`)."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(waiting)
+        self.waiting = waiting
+
+
+@dataclass(eq=False, slots=True)
+class Grant:
+    """A slot held in a tier's queue, until `TierQueue.release`."""
+
+    tier: Tier
+    tenant: str
+    charged_tokens: int  # what the tenant's counter was charged when admitted
+    weight: float
+    waited_s: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    seq: int
+    tenant: str
+    tokens: int
+    weight: float
+    enqueued_s: float
+    future: asyncio.Future[Grant] = field(repr=False)
+
+
+class TierQueue:
+    """Admission for one tier."""
+
+    def __init__(
+        self,
+        tier: Tier,
+        capacity: int,
+        max_waiting: int,
+        *,
+        order: AdmissionOrder = "fair",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tier = tier
+        self.capacity = max(capacity, 1)
+        self.max_waiting = max_waiting
+        self.order: AdmissionOrder = order
+        self.active = 0
+        self.shed_count = 0
+        self._clock = clock
+        self._seq = 0
+        #: Per priority rank: tenant -> its waiting requests, earliest first.
+        self._ranks: list[dict[str, deque[_Waiter]]] = [{} for _ in PRIORITY_RANK]
+        self._waiting = 0
+        #: Attained service per tenant: tokens served / weight (the fair order's counters).
+        self._service: dict[str, float] = {}
+        self._last_served = 0.0  # the counter of the tenant admitted last
+        self._weights: dict[str, float] = {}
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def waiting_of(self, tenant: str) -> int:
+        """Requests of `tenant` waiting in this queue, at any priority."""
+        return sum(len(rank.get(tenant, ())) for rank in self._ranks)
+
+    def service(self, tenant: str) -> float:
+        """`tenant`'s counter: tokens the tier served it, over its weight (and any lift)."""
+        return self._service.get(tenant, 0.0)
+
+    async def acquire(
+        self,
+        priority: Priority,
+        tenant: str = "",
+        *,
+        weight: float = 1.0,
+        tokens: int = 0,
+        max_queued: int | None = None,
+    ) -> Grant:
+        """Wait for a slot; raises Shed if this request is shed (now or while waiting).
+
+        `tokens` is what the request is expected to cost (prompt + output): the tenant's
+        counter is charged that much over `weight` when the slot is granted."""
+        self._weights[tenant] = weight
+        if self.active < self.capacity and not self._waiting:
+            self._lift(tenant)
+            self.active += 1
+            return self._grant(tenant, tokens, weight, 0.0)
+        if max_queued is not None and (mine := self.waiting_of(tenant)) >= max_queued:
+            self.shed_count += 1
+            raise TenantQueueFull(mine)
+        rank = PRIORITY_RANK[priority]
+        if self._waiting >= self.max_waiting:
+            self._push_out(rank, tenant)  # or raise Shed: this arrival is the one to go
+        if not self.waiting_of(tenant):
+            self._lift(tenant)
+        self._seq += 1
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(self._seq, tenant, tokens, weight, self._clock(), future)
+        self._ranks[rank].setdefault(tenant, deque()).append(waiter)
+        self._waiting += 1
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                if future.exception() is None:  # given a slot as we went away
+                    self.release(future.result())
+            else:
+                self._discard(rank, waiter)
+            raise
+
+    def release(self, grant: Grant, served_tokens: int | None = None) -> None:
+        """Give the slot back; `served_tokens` (prompt + output actually served, when known)
+        corrects the tenant's counter from what it was charged on admission."""
+        self.active -= 1
+        if served_tokens is not None and grant.weight > 0:
+            correction = (served_tokens - grant.charged_tokens) / grant.weight
+            self._service[grant.tenant] = self._service.get(grant.tenant, 0.0) + correction
+        self._hand_on()
+
+    def resize(self, capacity: int, max_waiting: int) -> None:
+        """New limits (the tier's endpoints changed); waiters get the slots a larger
+        capacity frees at once, not when a running request ends. Nothing admitted or waiting
+        is shed by a smaller one: it takes effect as requests end."""
+        self.capacity = max(capacity, 1)
+        self.max_waiting = max_waiting
+        self._hand_on()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _grant(self, tenant: str, tokens: int, weight: float, waited_s: float) -> Grant:
+        served = self._service.get(tenant, 0.0) + (tokens / weight if weight > 0 else 0.0)
+        self._service[tenant] = served
+        self._last_served = served
+        return Grant(self.tier, tenant, tokens, weight, waited_s)
+
+    def _lift(self, tenant: str) -> None:
+        """A tenant that was not waiting starts no lower than those that were (VTC)."""
+        if self.order != "fair":
+            return
+        floors = [self._service.get(t, 0.0) for rank in self._ranks for t in rank]
+        floor = min(floors) if floors else self._last_served
+        if self._service.get(tenant, 0.0) < floor:
+            self._service[tenant] = floor
+
+    def _next_tenant(self, rank: dict[str, deque[_Waiter]]) -> str:
+        """The tenant whose request is served next within one priority."""
+        if self.order == "fcfs":
+            return min(rank, key=lambda t: rank[t][0].seq)
+        service = self._service
+        return min(rank, key=lambda t: (service.get(t, 0.0), rank[t][0].seq))
+
+    def _hand_on(self) -> None:
+        while self._waiting and self.active < self.capacity:
+            rank = next(r for r in self._ranks if r)
+            tenant = self._next_tenant(rank)
+            waiter = self._pop(rank, tenant, latest=False)
+            if waiter.future.done():
+                continue  # cancelled; its task will find it gone
+            self.active += 1
+            waited = self._clock() - waiter.enqueued_s
+            waiter.future.set_result(self._grant(tenant, waiter.tokens, waiter.weight, waited))
+
+    def _push_out(self, rank: int, tenant: str) -> None:
+        """Make room in a full queue for an arrival of `rank` from `tenant`, or raise Shed
+        when the arrival itself is the request to go."""
+        worst = max(r for r, tenants in enumerate(self._ranks) if tenants)
+        if rank > worst:
+            self._shed_arrival()
+        tenants = self._ranks[worst]
+        if self.order == "fcfs":
+            if rank == worst:
+                self._shed_arrival()
+            victim = max(tenants, key=lambda t: tenants[t][-1].seq)
+        else:
+
+            def excess(t: str) -> float:
+                mine = len(tenants.get(t, ())) + (1 if t == tenant and rank == worst else 0)
+                return mine / max(self._weights.get(t, 1.0), 1e-9)
+
+            candidates = [*tenants, tenant] if rank == worst else list(tenants)
+            # On a tie the arrival goes, not a request that waited already.
+            victim = max(candidates, key=lambda t: (excess(t), t == tenant and rank == worst))
+            if victim == tenant and rank == worst:
+                self._shed_arrival()
+        waiter = self._pop(tenants, victim, latest=True)
+        self.shed_count += 1
+        if not waiter.future.done():
+            waiter.future.set_exception(Shed())
+
+    def _shed_arrival(self) -> None:
+        self.shed_count += 1
+        raise Shed
+
+    def _pop(self, rank: dict[str, deque[_Waiter]], tenant: str, *, latest: bool) -> _Waiter:
+        waiters = rank[tenant]
+        waiter = waiters.pop() if latest else waiters.popleft()
+        if not waiters:
+            del rank[tenant]
+        self._waiting -= 1
+        return waiter
+
+    def _discard(self, rank: int, waiter: _Waiter) -> None:
+        waiters = self._ranks[rank].get(waiter.tenant)
+        if waiters is not None and waiter in waiters:
+            waiters.remove(waiter)
+            if not waiters:
+                del self._ranks[rank][waiter.tenant]
+            self._waiting -= 1
