@@ -7,11 +7,12 @@ the queue's `order`:
   Token Counter scheduler counts them (Sheng et al., "Fairness in Serving Large Language
   Models", OSDI 2024). Each tenant has a counter of the tokens (prompt + output) the tier
   served it, divided by its weight. A freed slot goes to the waiting tenant with the lowest
-  counter, and to that tenant's earliest request. A request is charged what it is expected
-  to cost when admitted (its prompt and `max_tokens`) and corrected to what it used when it
-  ends. A tenant that starts waiting is lifted to the lowest counter among the tenants
-  already waiting (or, in an empty queue, to the counter of the tenant served last), so idle
-  time banks no credit: a tenant cannot save up service and then take the tier over.
+  counter (on a tie, the one with fewer requests waiting), and to its earliest request. A
+  request is charged what it is expected to cost when admitted (its prompt and `max_tokens`)
+  and corrected to what it used when it ends. A tenant that starts waiting is lifted to the
+  lowest counter among the tenants already waiting (or, in an empty queue, to the counter of
+  the tenant served last), so idle time banks no credit: a tenant cannot save up service and
+  then take the tier over.
 - `fcfs`: first come, first served.
 
 Either way the queue is work-conserving: a free slot is never held back for a tenant that
@@ -197,7 +198,7 @@ class TierQueue:
         if self.order == "fcfs":
             return min(rank, key=lambda t: rank[t][0].seq)
         service = self._service
-        return min(rank, key=lambda t: (service.get(t, 0.0), rank[t][0].seq))
+        return min(rank, key=lambda t: (service.get(t, 0.0), len(rank[t]), rank[t][0].seq))
 
     def _hand_on(self) -> None:
         while self._waiting and self.active < self.capacity:

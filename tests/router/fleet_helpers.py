@@ -20,7 +20,7 @@ from process_helpers import ROUTER_LISTENING, Running, launch, start_sim_node, w
 #: hold (`most_it_may_cost`: prompt x input price + max_tokens x output price) is exactly
 #: `max_tokens` x this, whatever its prompt.
 PRICE_PER_TOKEN_USD = 0.001
-#: Batch cap of the node; the routers admit 1.5 x this at once and queue as many (admission).
+#: Batch cap of the node; each router admits this many at once and queues as many (admission).
 MAX_NUM_SEQS = 64
 
 CONFIG = """\
