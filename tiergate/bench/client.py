@@ -9,7 +9,8 @@ What tiergate's router adds to a reply, read when present (a plain OpenAI-compat
 sends none of it, and the requested tier then counts as served):
 response headers `x-tiergate-tier` (tier served), `x-tiergate-pool`, `x-tiergate-escalated`,
 `x-tiergate-cost-usd`; and `usage.cost_usd` in the final usage chunk (preferred: the cost is
-only known once the stream is over).
+only known once the stream is over). A 429's `Retry-After` (in seconds) is kept on the result,
+for the caller to pause by.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "POOL_HEADER",
     "RequestResult",
     "check_tool_call",
+    "retry_after_s",
     "send_request",
 ]
 
@@ -52,6 +54,7 @@ class _Stream:
     first_delta_s: float | None = None
     chunks_with_delta: int = 0
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None
     cost_usd: float | None = None
     served_tier: str | None = None
     tool_names: dict[int, str] = field(default_factory=dict)
@@ -114,6 +117,8 @@ async def _exchange(
         result.escalated = rsp.headers.get(ESCALATED_HEADER, "").strip().lower() == "true"
         header_cost = _cost(rsp.headers.get(COST_HEADER))
         if rsp.status_code >= 400:
+            if rsp.status_code == 429:
+                result.retry_after_s = retry_after_s(rsp.headers.get("retry-after"))
             await rsp.aread()
             _fail(result, str(rsp.status_code), _error_message(rsp.text))
             return
@@ -130,6 +135,7 @@ async def _exchange(
     result.completion_tokens = (
         stream.usage_tokens if stream.usage_tokens is not None else stream.chunks_with_delta
     )
+    result.prompt_tokens = stream.prompt_tokens or 0
     result.cost_usd = stream.cost_usd if stream.cost_usd is not None else header_cost
     if stream.error is not None:
         _fail(result, "stream", stream.error)
@@ -164,9 +170,8 @@ def _on_data(stream: _Stream, data: str, elapsed_s: float) -> None:
         stream.served_tier = tier
     usage = chunk.get("usage")
     if isinstance(usage, dict):
-        tokens = usage.get("completion_tokens")
-        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
-            stream.usage_tokens = tokens
+        stream.usage_tokens = _count(usage.get("completion_tokens"), stream.usage_tokens)
+        stream.prompt_tokens = _count(usage.get("prompt_tokens"), stream.prompt_tokens)
         cost = _cost(usage.get("cost_usd"))
         if cost is not None:
             stream.cost_usd = cost
@@ -226,6 +231,25 @@ def _fail(result: RequestResult, kind: str, message: str) -> None:
     result.error = kind
     result.error_message = message[:300]
     result.tool_call_valid = None
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A `Retry-After` header's seconds, or None when absent or not a number of seconds (an
+    HTTP date included: the router sends seconds)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _count(value: object, otherwise: int | None) -> int | None:
+    """A token count from a usage field, else `otherwise`."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return otherwise
 
 
 def _cost(value: object) -> float | None:

@@ -1,5 +1,6 @@
 """`tiergate bench`: drive load through a tiergate router (or any OpenAI-compatible URL)
-and print, per tier served, latency, speed, throughput, cost, tool-call errors, escalations.
+and print, per tier served, latency, speed, throughput, cost, tool-call errors, escalations;
+with --tenants, also each tenant's share of the tokens served and its TTFT.
 
 Exit status: 0 when the run completed (some requests may have failed: see the table), 1 when
 every request failed, 2 for a user error (bad flags, unreachable URL, --plot without
@@ -23,6 +24,7 @@ from tiergate.bench.report import render_table, require_matplotlib, write_json, 
 from tiergate.bench.results import RequestResult
 from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
 from tiergate.bench.stats import BenchReport
+from tiergate.bench.tenants import BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_mix
 from tiergate.sim_nodes.commands.common import positive_float, positive_int, unit_interval
 
@@ -30,6 +32,8 @@ __all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
 
 DEFAULT_ROUTER = "http://127.0.0.1:8080"
 API_KEY_ENV = "TIERGATE_API_KEY"
+DEFAULT_REQUESTS = 100
+DEFAULT_CONCURRENCY = 8
 #: The exit status of a run stopped by a signal (128 + SIGINT, as shells report Ctrl-C).
 INTERRUPTED = 130
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -53,16 +57,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key", help=f"bearer API key (default: ${API_KEY_ENV}; none if unset)"
     )
     target.add_argument(
+        "--tenants", type=Path, metavar="FILE",
+        help="send as several tenants: a YAML file of tenants, each with its key and "
+        "concurrency (see README); replaces --api-key and --concurrency and adds a "
+        "per-tenant table of the service each got",
+    )  # fmt: skip
+    target.add_argument(
         "--timeout", type=positive_float, default=120.0, metavar="S",
         help="seconds one request may take, stream included (default 120)",
     )  # fmt: skip
     load = parser.add_argument_group("load")
     load.add_argument(
-        "--requests", type=positive_int, default=100, metavar="N", help="(default 100)"
-    )
+        "--requests", type=positive_int, metavar="N",
+        help=f"requests in all, tenants together (default {DEFAULT_REQUESTS}; "
+        "with --duration: no limit)",
+    )  # fmt: skip
     load.add_argument(
-        "--concurrency", type=positive_int, default=8, metavar="N",
-        help="requests in flight at once (default 8)",
+        "--duration", type=positive_float, metavar="S",
+        help="stop sending after S seconds (requests in flight then finish and are counted)",
+    )  # fmt: skip
+    load.add_argument(
+        "--concurrency", type=positive_int, metavar="N",
+        help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})",
     )  # fmt: skip
     load.add_argument("--mix", default=DEFAULT_MIX, help=f"tier weights (default {DEFAULT_MIX})")
     load.add_argument(
@@ -88,6 +104,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench as `args` say; print the table (stdout) and progress (stderr)."""
+    tenants: list[BenchTenant] = []
+    if args.tenants is not None:
+        for flag, value in (("--concurrency", args.concurrency), ("--api-key", args.api_key)):
+            if value is not None:
+                raise BenchError(f"{flag} cannot be given with --tenants: each tenant has its own")
+        tenants = load_tenants(args.tenants)
+    requests = args.requests
+    if requests is None and args.duration is None:
+        requests = DEFAULT_REQUESTS
     workload = Workload(
         mix=parse_mix(args.mix),
         input_tokens=args.input_tokens,
@@ -97,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
     )
     settings = BenchSettings(
         url=normalize_url(args.router),
-        requests=args.requests,
-        concurrency=args.concurrency,
+        requests=requests,
+        concurrency=args.concurrency or DEFAULT_CONCURRENCY,
         workload=workload,
         model=args.model,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=None if tenants else args.api_key or os.environ.get(API_KEY_ENV) or None,
         timeout_s=args.timeout,
+        duration_s=args.duration,
+        tenants=tuple(tenants),
     )
     # Fail before sending load, not after it.
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -113,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"--plot {args.plot}: name an image file, such as {args.plot}.png")
         require_matplotlib()
 
-    progress = make_progress(settings.requests)
+    progress = make_progress(settings.requests, duration_s=settings.duration_s)
     try:
         report = asyncio.run(_run_until_interrupted(settings, progress.update))
     except BenchInterrupted as exc:

@@ -27,10 +27,16 @@ class ServedModel:
     tiers: tuple[str, ...] | None
 
 
-async def discover_models(client: httpx.AsyncClient, base_url: str) -> list[ServedModel] | None:
+async def discover_models(
+    client: httpx.AsyncClient,
+    base_url: str,
+    *,
+    key_hint: str | None = None,
+) -> list[ServedModel] | None:
     """The served models, or None when the server has no usable model list.
 
-    Raises BenchError when the server cannot be reached or refuses the API key.
+    Raises BenchError when the server cannot be reached or refuses the API key (the message
+    then ends with `key_hint`, what to do about it: by default, pass --api-key).
     """
     try:
         response = await client.get("/v1/models")
@@ -45,7 +51,8 @@ async def discover_models(client: httpx.AsyncClient, base_url: str) -> list[Serv
     if response.status_code in (401, 403):
         raise BenchError(
             f"{base_url} refused the API key ({response.status_code}): "
-            f"{_error_message(response)}; pass --api-key or set TIERGATE_API_KEY"
+            f"{_error_message(response)}; "
+            f"{key_hint or 'pass --api-key or set TIERGATE_API_KEY'}"
         )
     if response.status_code != 200:
         return None

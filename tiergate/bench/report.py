@@ -1,4 +1,5 @@
-"""Showing a `BenchReport`: the per-tier table, the JSON file, the speed-vs-cost chart.
+"""Showing a `BenchReport`: the per-tier (and per-tenant) tables, the JSON file, the
+speed-vs-cost chart.
 
 The chart needs matplotlib, an optional extra (``pip install 'tiergate[plot]'``);
 `require_matplotlib` checks for it up front so a run is not wasted on a missing plotter.
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tiergate.bench.errors import BenchError
+from tiergate.bench.fairness import TenantStats
 from tiergate.bench.stats import BenchReport, TierStats
 from tiergate.sim_nodes.commands.common import table
 
@@ -31,20 +33,31 @@ _HEADERS = (
     "escalations",
 )
 
+_TENANT_HEADERS = (
+    "tenant",
+    "concurrency",
+    "sent",
+    "ok",
+    "429",
+    "errors",
+    "tokens served",
+    "share",
+    "tokens/s",
+    "TTFT p50 ms",
+    "TTFT p90 ms",
+    "tiers",
+)
+
 
 def render_table(report: BenchReport) -> str:
-    """The human-readable report: the per-tier table, then error kinds if any."""
+    """The human-readable report: the per-tier table, error kinds if any, then the per-tenant
+    table of a --tenants run."""
     rows = [_row(s) for s in report.tiers]
     if len(report.tiers) > 1:
         rows.append(_row(report.total))
     run = report.run
-    sent = (
-        f"{report.total.requests} of {run.requests} requests (interrupted)"
-        if run.interrupted
-        else f"{run.requests} requests"
-    )
     lines = [
-        f"{sent} to {run.url} in {report.wall_s:.2f}s "
+        f"{_sent(report)} to {run.url} in {report.wall_s:.2f}s "
         f"(concurrency {run.concurrency}, max_tokens {run.max_tokens})",
         table(_HEADERS, rows),
     ]
@@ -52,7 +65,20 @@ def render_table(report: BenchReport) -> str:
         for kind, count in s.errors_by_kind.items():
             example = s.error_examples.get(kind, "")
             lines.append(f"errors: {s.tier}: {kind} x{count}" + (f": {example}" if example else ""))
+    if report.tenants:
+        lines += ["", "per tenant (tokens served = prompt + completion of successful requests)"]
+        lines.append(table(_TENANT_HEADERS, [_tenant_row(t) for t in report.tenants]))
     return "\n".join(lines)
+
+
+def _sent(report: BenchReport) -> str:
+    """`100 requests`, `57 of 100 requests (--duration 10s)`, `12 of 100 requests (interrupted)`."""
+    run, done = report.run, report.total.requests
+    planned = run.requests
+    sent = f"{done} of {planned} requests" if planned not in (None, done) else f"{done} requests"
+    if run.duration_s is not None:
+        sent += f" (--duration {run.duration_s:g}s)"
+    return sent + (" (interrupted)" if run.interrupted else "")
 
 
 def _row(s: TierStats) -> list[str]:
@@ -70,6 +96,24 @@ def _row(s: TierStats) -> list[str]:
         _number(s.cost_per_million_output_tokens_usd, ".2f"),
         tool,
         str(s.escalations),
+    ]
+
+
+def _tenant_row(t: TenantStats) -> list[str]:
+    share = t.tokens_served_share_pct
+    return [
+        t.tenant,
+        str(t.concurrency),
+        str(t.requests),
+        str(t.ok),
+        str(t.shed),
+        str(t.errors),
+        str(t.tokens_served),
+        "n/a" if share is None else f"{share:.1f}%",
+        f"{t.tokens_served_per_s:.1f}",
+        _number(t.ttft_p50_ms, ".1f"),
+        _number(t.ttft_p90_ms, ".1f"),
+        ",".join(t.tiers) or "-",
     ]
 
 
@@ -128,7 +172,7 @@ def write_plot(report: BenchReport, path: Path) -> None:
     axes.margins(0.2)  # room for the labels of the outermost points
     axes.set_xlabel("output tokens/s per stream (p50)")
     axes.set_ylabel("USD per 1M output tokens")
-    axes.set_title(f"tiergate bench: speed vs cost ({report.run.requests} requests)")
+    axes.set_title(f"tiergate bench: speed vs cost ({report.total.requests} requests)")
     axes.grid(True, which="both", alpha=0.3)
     skipped = [t for t, x, y in points if x is None or y is None]
     if skipped:

@@ -22,11 +22,14 @@ class RequestResult:
     ttft_s: float | None = None
     e2e_s: float | None = None
     completion_tokens: int = 0
+    prompt_tokens: int = 0  # from the reply's usage; 0 when it has none
     cost_usd: float | None = None
     tool_call_expected: bool = False
     tool_call_valid: bool | None = None  # None: no tools sent, or the request failed
     tool_call_problem: str | None = None
     escalated: bool = False
+    tenant: str | None = None  # the --tenants entry that sent it; None without --tenants
+    retry_after_s: float | None = None  # a 429's Retry-After, when it gave a number of seconds
 
     @property
     def ok(self) -> bool:

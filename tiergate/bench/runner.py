@@ -1,13 +1,16 @@
-"""Running a bench: one shared client, `concurrency` workers, the planned requests, a report.
+"""Running a bench: per caller (one, or each `--tenants` entry) a client with its key and
+`concurrency` workers in a closed loop; the planned requests; a report.
 
 `run_bench` is the whole run as a coroutine (the CLI only parses flags and prints); tests
-pass a `transport` to drive it in-process, or point it at a real socket.
+pass a `transport` to drive it in-process, or point it at a real socket, and may pass the
+`clock` of an event loop of virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,10 +20,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from tiergate.bench.client import send_request
-from tiergate.bench.discovery import choose_models, discover_models
+from tiergate.bench.discovery import ServedModel, choose_models, discover_models
 from tiergate.bench.errors import BenchError, BenchInterrupted
+from tiergate.bench.pacing import Schedule, pause_after_429
 from tiergate.bench.results import RequestResult
 from tiergate.bench.stats import BenchReport, RunInfo, summarize
+from tiergate.bench.tenants import BenchTenant
 from tiergate.bench.workload import Workload
 
 T = TypeVar("T")
@@ -33,15 +38,34 @@ _CONNECT_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class BenchSettings:
-    """Everything a run needs besides the workload."""
+    """Everything a run needs besides the workload.
+
+    `requests` is the total of the run (None: as many as `duration_s` allows). With `tenants`,
+    each tenant's key and concurrency are used instead of `api_key` and `concurrency`.
+    """
 
     url: str
-    requests: int
+    requests: int | None
     concurrency: int
     workload: Workload
     model: str | None = None
     api_key: str | None = None
     timeout_s: float = 120.0
+    duration_s: float | None = None
+    tenants: tuple[BenchTenant, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.requests is None and self.duration_s is None:
+            raise BenchError("a run needs a number of requests or a duration")
+
+
+@dataclass(frozen=True, slots=True)
+class _Caller:
+    """Who sends a share of the load: a tenant, or (name None) the run's single caller."""
+
+    name: str | None
+    api_key: str | None
+    concurrency: int
 
 
 def normalize_url(url: str) -> str:
@@ -70,26 +94,30 @@ async def run_bench(
 ) -> BenchReport:
     """Run the bench and summarize it. Raises BenchError if the server is unreachable.
 
-    `stop` set (Ctrl-C): no request is sent after it, those in flight are abandoned, and the
-    report covers the requests that finished, marked as interrupted.
+    A worker whose request got a 429 waits its Retry-After (`pacing.pause_after_429`) before
+    sending again. `stop` set (Ctrl-C): no request is sent after it, those in flight are
+    abandoned, and the report covers the requests that finished, marked as interrupted.
     """
     url = normalize_url(settings.url)
-    headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    limits = httpx.Limits(
-        max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
-    )
-    timeout = httpx.Timeout(settings.timeout_s, connect=min(_CONNECT_TIMEOUT_S, settings.timeout_s))
+    callers = _callers(settings)
     workload = settings.workload
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, limits=limits, timeout=timeout, transport=transport
-    ) as client:
-        served = await _unless_stopped(discover_models(client, url), stop)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(_client(url, caller, settings, transport))
+            for caller in callers
+        ]
+        served = await _unless_stopped(_discover(url, callers, clients), stop)
         models = choose_models(workload.mix, settings.model, served, url)
-        planned = iter(workload.plan(settings.requests))
+        planned = workload.stream()
+        if settings.requests is not None:
+            planned = itertools.islice(planned, settings.requests)
         results: list[RequestResult] = []
+        start = last_reply_at = clock()
+        schedule = Schedule(planned, clock, duration_s=settings.duration_s)
 
-        async def worker() -> None:
-            for request in planned:  # a shared iterator: each request is taken once
+        async def worker(caller: _Caller, client: httpx.AsyncClient) -> None:
+            nonlocal last_reply_at
+            while (request := schedule.next_request()) is not None:
                 result = await send_request(
                     client,
                     workload,
@@ -98,25 +126,35 @@ async def run_bench(
                     timeout_s=settings.timeout_s,
                     clock=clock,
                 )
+                result.tenant = caller.name
                 results.append(result)
+                last_reply_at = max(last_reply_at, clock())
                 if on_result is not None:
                     on_result(result)
+                if result.status == 429:  # a closed loop must not spin on a full queue
+                    pause_s = schedule.pause_s(pause_after_429(result.retry_after_s))
+                    if pause_s > 0:
+                        await asyncio.sleep(pause_s)
 
-        start = clock()
         async with asyncio.TaskGroup() as group:
             workers = [
-                group.create_task(worker())
-                for _ in range(min(settings.concurrency, settings.requests))
+                group.create_task(worker(caller, client))
+                for caller, client in zip(callers, clients, strict=True)
+                for _ in range(caller.concurrency)
             ]
             if stop is not None:
                 group.create_task(_cancel_on(stop, workers))
-        wall_s = clock() - start
+        # To the last reply, not to the last worker's end: one still pausing after a 429 when
+        # the others took the last requests sends nothing more.
+        wall_s = last_reply_at - start
 
     run = RunInfo(
         interrupted=stop is not None and stop.is_set(),
         url=url,
         requests=settings.requests,
-        concurrency=settings.concurrency,
+        duration_s=settings.duration_s,
+        concurrency=sum(caller.concurrency for caller in callers),
+        tenants={t.name: t.concurrency for t in settings.tenants},
         mix=workload.mix,
         models=models,
         input_tokens=workload.input_tokens,
@@ -126,6 +164,45 @@ async def run_bench(
     )
     results.sort(key=lambda r: r.index)
     return summarize(results, run, wall_s)
+
+
+async def _discover(
+    url: str, callers: list[_Caller], clients: list[httpx.AsyncClient]
+) -> list[ServedModel] | None:
+    """The first caller's model list, every caller's key checked on the way (a refused one
+    stops the run before any load is sent, naming its tenant)."""
+    served: list[ServedModel] | None = None
+    for index, (caller, client) in enumerate(zip(callers, clients, strict=True)):
+        hint = None if caller.name is None else f"check the key of tenant {caller.name!r}"
+        listed = await discover_models(client, url, key_hint=hint)
+        served = listed if index == 0 else served
+    return served
+
+
+def _callers(settings: BenchSettings) -> list[_Caller]:
+    """Who sends the load: each tenant, or the one caller of --api-key and --concurrency."""
+    if settings.tenants:
+        return [_Caller(t.name, t.api_key, t.concurrency) for t in settings.tenants]
+    # No more workers than requests: the others would have nothing to send.
+    concurrency = min(settings.concurrency, settings.requests or settings.concurrency)
+    return [_Caller(None, settings.api_key, concurrency)]
+
+
+def _client(
+    url: str,
+    caller: _Caller,
+    settings: BenchSettings,
+    transport: httpx.AsyncBaseTransport | None,
+) -> httpx.AsyncClient:
+    """A caller's client: its key, a connection per worker."""
+    headers = {"authorization": f"Bearer {caller.api_key}"} if caller.api_key else {}
+    limits = httpx.Limits(
+        max_connections=caller.concurrency, max_keepalive_connections=caller.concurrency
+    )
+    timeout = httpx.Timeout(settings.timeout_s, connect=min(_CONNECT_TIMEOUT_S, settings.timeout_s))
+    return httpx.AsyncClient(
+        base_url=url, headers=headers, limits=limits, timeout=timeout, transport=transport
+    )
 
 
 async def _cancel_on(stop: asyncio.Event, workers: list[asyncio.Task[None]]) -> None:

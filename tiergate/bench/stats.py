@@ -1,4 +1,5 @@
-"""From request results to the per-tier figures the bench reports. Pure: no I/O, no clock.
+"""From request results to the figures the bench reports: per tier, and per tenant with
+--tenants (`fairness`). Pure: no I/O, no clock.
 
 Rows are keyed by the tier that *served* a request (a request that failed before any tier
 said so counts for the tier it asked for). Escalations are the exception: a cascade starts
@@ -7,14 +8,14 @@ on the requested tier and is counted there, whichever tier finally served the re
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tiergate.bench.fairness import TenantStats, tenant_stats
+from tiergate.bench.figures import in_tier_order, ms, percentile
 from tiergate.bench.results import RequestResult
-from tiergate.router.request.tiers import TIERS
 
 __all__ = [
     "BenchReport",
@@ -65,8 +66,14 @@ class RunInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     url: str
-    requests: int
-    concurrency: int
+    requests: int | None = Field(description="Requests planned; None: as many as fit duration_s.")
+    duration_s: float | None = Field(
+        default=None, description="How long the run sent requests (--duration), if limited."
+    )
+    concurrency: int = Field(description="Requests in flight at once, all tenants together.")
+    tenants: dict[str, int] = Field(
+        default_factory=dict, description="Concurrency of each tenant (--tenants), in file order."
+    )
     mix: dict[str, float]
     models: dict[str, str] = Field(description="Model asked for, per requested tier.")
     input_tokens: int
@@ -88,17 +95,9 @@ class BenchReport(BaseModel):
     wall_s: float
     tiers: list[TierStats] = Field(description="One row per tier, in tier order.")
     total: TierStats
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q`-th percentile (0..100) of `values`, linearly interpolated; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    tenants: list[TenantStats] = Field(
+        default_factory=list, description="One row per tenant of --tenants, in file order."
+    )
 
 
 def tokens_per_s_per_stream(result: RequestResult) -> float | None:
@@ -114,17 +113,18 @@ def summarize(results: Iterable[RequestResult], run: RunInfo, wall_s: float) -> 
     results = list(results)
     escalations = Counter(r.requested_tier for r in results if r.escalated)
     tiers = {r.served_tier for r in results} | set(escalations)
-    ordered = sorted(tiers, key=lambda t: (TIERS.index(t) if t in TIERS else len(TIERS), t))
     rows = [
         _tier_stats(tier, [r for r in results if r.served_tier == tier], escalations[tier], wall_s)
-        for tier in ordered
+        for tier in in_tier_order(tiers)
     ]
     total = _tier_stats("all", results, sum(escalations.values()), wall_s)
-    return BenchReport(run=run, wall_s=wall_s, tiers=rows, total=total)
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else value * 1000.0
+    return BenchReport(
+        run=run,
+        wall_s=wall_s,
+        tiers=rows,
+        total=total,
+        tenants=tenant_stats(results, run.tenants, wall_s),
+    )
 
 
 def _tier_stats(
@@ -149,9 +149,9 @@ def _tier_stats(
         error_examples=_first_messages(results),
         pools=sorted({r.pool for r in results if r.pool}),
         output_tokens=output_tokens,
-        ttft_p50_ms=_ms(percentile(ttfts, 50)),
-        ttft_p95_ms=_ms(percentile(ttfts, 95)),
-        e2e_p50_ms=_ms(percentile(e2es, 50)),
+        ttft_p50_ms=ms(percentile(ttfts, 50)),
+        ttft_p95_ms=ms(percentile(ttfts, 95)),
+        e2e_p50_ms=ms(percentile(e2es, 50)),
         output_tokens_per_s_per_stream_p50=percentile(speeds, 50),
         throughput_output_tokens_per_s=output_tokens / wall_s if wall_s > 0 else 0.0,
         cost_usd=cost,

@@ -1,12 +1,15 @@
 """What the bench sends: the tier mix, synthetic prompts, the tool, per-request draws.
 
-Pure and seeded: `Workload.plan(n)` with the same seed always yields the same requests, so
-a bench run is reproducible down to the sim nodes' replies (each request carries a `seed`).
+Pure and seeded: `Workload.stream()` (and `plan(n)`, its first n) with the same seed always
+yields the same requests, so a bench run is reproducible down to the sim nodes' replies (each
+request carries a `seed`).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,18 +83,21 @@ class Workload:
     seed: int
 
     def plan(self, requests: int) -> list[PlannedRequest]:
-        """`requests` planned requests, drawn from one `random.Random(seed)`."""
+        """The first `requests` requests of `stream()`."""
+        return list(itertools.islice(self.stream(), requests))
+
+    def stream(self) -> Iterator[PlannedRequest]:
+        """Planned requests without end (a run by duration), drawn from one
+        `random.Random(seed)`: the same seed gives the same sequence."""
         rng = random.Random(self.seed)
         tiers = list(self.mix)
         weights = [self.mix[t] for t in tiers]
-        planned = []
-        for index in range(requests):
+        for index in itertools.count():
             tier = rng.choices(tiers, weights)[0]
             with_tools = rng.random() < self.tools_fraction
             request_seed = rng.getrandbits(31)
             prompt = synthetic_prompt(self.input_tokens, random.Random(request_seed))
-            planned.append(PlannedRequest(index, tier, with_tools, request_seed, prompt))
-        return planned
+            yield PlannedRequest(index, tier, with_tools, request_seed, prompt)
 
     def body(self, request: PlannedRequest, model: str) -> dict[str, Any]:
         """The streaming chat-completion body of `request` for `model`."""

@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 
+from tiergate.bench.results import RequestResult
+from tiergate.bench.stats import RunInfo
 from tiergate.bench.workload import TOOL_NAME, Workload
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -74,3 +76,49 @@ def small_workload(**overrides: Any) -> Workload:
     }
     fields.update(overrides)
     return Workload(**fields)
+
+
+class TickingClock:
+    """Advances one second per reading: TTFT and e2e are exact, and a timed run of replies
+    that take no time still ends."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def run_info(**overrides: Any) -> RunInfo:
+    """The RunInfo of a small run of batched requests."""
+    fields: dict[str, Any] = {
+        "url": "http://router",
+        "requests": 0,
+        "concurrency": 1,
+        "mix": {"batched": 1.0},
+        "models": {"batched": "m"},
+        "input_tokens": 10,
+        "max_tokens": 10,
+        "tools_fraction": 0.0,
+        "seed": 0,
+    }
+    fields.update(overrides)
+    return RunInfo(**fields)
+
+
+def request_result(tier: str = "batched", **fields: Any) -> RequestResult:
+    """A successful result of `tier` (TTFT 0.1 s, e2e 1.1 s, 11 completion tokens) but for
+    `fields`."""
+    base: dict[str, Any] = {
+        "index": 0,
+        "requested_tier": tier,
+        "served_tier": tier,
+        "model": "m",
+        "status": 200,
+        "ttft_s": 0.1,
+        "e2e_s": 1.1,
+        "completion_tokens": 11,
+    }
+    base.update(fields)
+    return RequestResult(**base)

@@ -8,7 +8,14 @@ import json
 
 import httpx
 import pytest
-from bench_helpers import Handler, small_workload, sse, text_chunks, tool_chunks
+from bench_helpers import (
+    Handler,
+    TickingClock,
+    small_workload,
+    sse,
+    text_chunks,
+    tool_chunks,
+)
 
 from tiergate.bench.client import check_tool_call, send_request
 from tiergate.bench.results import RequestResult
@@ -17,24 +24,13 @@ from tiergate.bench.workload import TOOL_NAME
 SSE_HEADERS = {"content-type": "text/event-stream"}
 
 
-class FakeClock:
-    """Advances one second per reading, so TTFT and e2e are exact."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
-
 async def send(handler: Handler, *, tools: bool = False, timeout_s: float = 5.0) -> RequestResult:
     workload = small_workload(tools_fraction=1.0 if tools else 0.0)
     request = workload.plan(1)[0]
     transport = httpx.MockTransport(handler)
     async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
         return await send_request(
-            client, workload, request, "m", timeout_s=timeout_s, clock=FakeClock()
+            client, workload, request, "m", timeout_s=timeout_s, clock=TickingClock()
         )
 
 
@@ -94,7 +90,29 @@ async def test_the_body_service_tier_is_a_fallback_for_the_header() -> None:
 
 async def test_without_usage_each_delta_counts_as_a_token() -> None:
     r = await send(reply(sse(*text_chunks(4)[:-1])))
-    assert r.ok and r.completion_tokens == 4
+    assert r.ok and r.completion_tokens == 4 and r.prompt_tokens == 0
+
+
+async def test_prompt_tokens_come_from_the_usage_chunk() -> None:
+    r = await send(reply(sse(*text_chunks(3))))
+    assert (r.prompt_tokens, r.completion_tokens) == (5, 3)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("3", 3.0), (" 0.5 ", 0.5), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+     ("-1", None), ("nan", None)],
+)  # fmt: skip
+async def test_a_429_keeps_its_retry_after(header: str | None, seconds: float | None) -> None:
+    body = json.dumps({"error": {"message": "tier queue full"}}).encode()
+    headers = {"retry-after": header} if header is not None else {}
+    r = await send(reply(body, status=429, headers=headers))
+    assert (r.error, r.error_message, r.retry_after_s) == ("429", "tier queue full", seconds)
+
+
+async def test_only_a_429_s_retry_after_is_kept() -> None:
+    r = await send(reply(b"{}", status=503, headers={"retry-after": "1"}))
+    assert r.error == "503" and r.retry_after_s is None
 
 
 async def test_an_http_error_is_counted_by_status() -> None:

@@ -68,7 +68,8 @@ def test_a_run_against_a_sim_node(
     assert code == 0, err
     data = json.loads(report_path.read_text())
 
-    assert set(data) == {"run", "wall_s", "tiers", "total"}
+    assert set(data) == {"run", "wall_s", "tiers", "total", "tenants"}
+    assert data["tenants"] == [] and data["run"]["tenants"] == {}  # no --tenants
     assert data["run"]["models"] == {t: MODEL for t in ("batched", "premium", "wafer-scale")}
     total = data["total"]
     assert total["requests"] == 400 and total["errors"] == 0
@@ -105,6 +106,70 @@ def test_the_same_seed_gives_the_same_counts(
     keys = ("tier", "requests", "output_tokens", "tool_calls", "tool_call_errors")
     rows = [[{k: row[k] for k in keys} for row in r["tiers"]] for r in reports]
     assert rows[0] == rows[1]
+
+
+def test_two_tenants_get_a_row_each(
+    node_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sim node ignores API keys and shares nothing fairly: this is the report's shape on a
+    real socket, not the router's fair share."""
+    monkeypatch.setenv("TIERGATE_TEST_HEAVY_KEY", "sk-heavy-from-env")
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n"
+        "  - {name: heavy, apiKeyEnv: TIERGATE_TEST_HEAVY_KEY, concurrency: 6}\n"
+        "  - {name: light, apiKey: sk-light-in-file, concurrency: 1}\n"
+    )
+    report_path = tmp_path / "bench.json"
+    code, out, err = bench(
+        capsys,
+        "--router", node_url,
+        "--tenants", str(tenants),
+        "--requests", "120",
+        "--mix", "premium=1",
+        "--tools-fraction", "0",
+        "--input-tokens", "64",
+        "--max-tokens", "8",
+        "--json", str(report_path),
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(report_path.read_text())
+    assert data["run"]["tenants"] == {"heavy": 6, "light": 1} and data["run"]["concurrency"] == 7
+    rows = {row["tenant"]: row for row in data["tenants"]}
+    assert list(rows) == ["heavy", "light"]
+    assert sum(row["requests"] for row in rows.values()) == 120 == data["total"]["requests"]
+    for row in rows.values():
+        assert row["requests"] > 0 and row["ok"] == row["requests"]
+        assert row["shed"] == 0 and row["errors"] == 0
+        assert row["prompt_tokens"] == 64 * row["ok"]  # the node's usage, prompt included
+        assert row["tokens_served"] == row["prompt_tokens"] + row["completion_tokens"]
+        assert row["ttft_p50_ms"] > 0 and row["tiers"] == ["premium"]
+    assert rows["heavy"]["requests"] > rows["light"]["requests"]  # 6 workers against 1
+    shares = [row["tokens_served_share_pct"] for row in rows.values()]
+    assert sum(shares) == pytest.approx(100.0)
+
+    tenant_table = out.split("per tenant", 1)[1].splitlines()
+    assert [line.split()[0] for line in tenant_table[3:]] == ["heavy", "light"]
+    assert "sk-" not in out + err
+
+
+def test_a_timed_run_against_a_sim_node(
+    node_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report_path = tmp_path / "bench.json"
+    code, out, err = bench(
+        capsys, "--router", node_url, "--duration", "0.5", "--concurrency", "2",
+        "--max-tokens", "4", "--json", str(report_path),
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(report_path.read_text())
+    assert data["run"]["requests"] is None and data["run"]["duration_s"] == 0.5
+    assert data["total"]["requests"] > 0 and data["total"]["errors"] == 0
+    assert f"{data['total']['requests']} requests (--duration 0.5s) to {node_url}" in out
+    assert "s of 0.5s" in err  # progress in seconds: there is no total of requests
 
 
 def test_failing_requests_are_counted_not_fatal(

@@ -2,44 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from bench_helpers import request_result, run_info
 
-from tiergate.bench.results import RequestResult
 from tiergate.bench.stats import (
-    RunInfo,
     percentile,
     summarize,
     tokens_per_s_per_stream,
 )
 
-RUN = RunInfo(
-    url="http://router",
-    requests=0,
-    concurrency=1,
-    mix={"batched": 1.0},
-    models={"batched": "m"},
-    input_tokens=10,
-    max_tokens=10,
-    tools_fraction=0.0,
-    seed=0,
-)
-
-
-def result(tier: str = "batched", **fields: Any) -> RequestResult:
-    base: dict[str, Any] = {
-        "index": 0,
-        "requested_tier": tier,
-        "served_tier": tier,
-        "model": "m",
-        "status": 200,
-        "ttft_s": 0.1,
-        "e2e_s": 1.1,
-        "completion_tokens": 11,
-    }
-    base.update(fields)
-    return RequestResult(**base)
+RUN = run_info()
+result = request_result
 
 
 def test_percentile_interpolates_linearly() -> None:
