@@ -122,6 +122,7 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
         "ledgerPath": "/var/lib/tiergate/ledger.sqlite",
         "ledgerRetentionDays": 90,
         "ledgerMaxSize": "768Mi",
+        "admissionOrder": "fair",
     }
     assert config["discovery"] == {"kubernetes": {"namespace": NAMESPACE}}
     assert config["pools"] == []
@@ -144,7 +145,9 @@ def test_router_config_with_tenants_and_a_discovery_namespace(
     config = router_config(variant_manifests)
     assert config["router"]["tenantsFile"] == "/etc/tiergate/tenants"
     assert config["discovery"] == {"kubernetes": {"namespace": "pools"}}
-    assert str(validate_with_router(config).router.tenants_file) == "/etc/tiergate/tenants"
+    router = validate_with_router(config).router
+    assert str(router.tenants_file) == "/etc/tiergate/tenants"
+    assert router.admission_order == "fcfs"
 
 
 def test_router_policy_values_become_the_router_s_policy(
@@ -185,7 +188,9 @@ def test_inline_tenants_become_a_secret_the_router_can_load(
     secret = one(variant_manifests, "Secret", f"{ROUTER}-tenants")
     text = base64.b64decode(secret["data"]["tenants.yaml"]).decode()
     registry: TenantRegistry = parse_tenants(yaml.safe_load(text), source="chart")
-    assert registry.authenticate("Bearer sk-team-a-test-key").name == "team-a"
+    team_a = registry.authenticate("Bearer sk-team-a-test-key")
+    assert (team_a.name, team_a.weight, team_a.max_queued) == ("team-a", 2, 32)
+    assert (team_a.spill.to, team_a.spill.max_output_usd_per_million) == (("premium",), 25)
     team_b = registry.authenticate("Bearer sk-team-b-test-key")
     assert team_b.allowed_tiers == ("wafer-scale",) and team_b.budget_usd == 50
     # Mounted where tenantsFile points: the router reads tenants.yaml inside that folder.
