@@ -102,7 +102,9 @@ class TierQueue:
         self._waiting = 0
         #: Attained service per tenant: tokens served / weight (the fair order's counters).
         self._service: dict[str, float] = {}
-        self._last_served = 0.0  # the counter of the tenant admitted last
+        #: The tenant admitted last: its counter now (corrected as its requests end) is the
+        #: floor of a tenant arriving at an empty queue.
+        self._last_tenant = ""
         self._weights: dict[str, float] = {}
 
     @property
@@ -180,7 +182,7 @@ class TierQueue:
     def _grant(self, tenant: str, tokens: int, weight: float, waited_s: float) -> Grant:
         served = self._service.get(tenant, 0.0) + (tokens / weight if weight > 0 else 0.0)
         self._service[tenant] = served
-        self._last_served = served
+        self._last_tenant = tenant
         return Grant(self.tier, tenant, tokens, weight, waited_s)
 
     def _lift(self, tenant: str) -> None:
@@ -188,7 +190,7 @@ class TierQueue:
         if self.order != "fair":
             return
         floors = [self._service.get(t, 0.0) for rank in self._ranks for t in rank]
-        floor = min(floors) if floors else self._last_served
+        floor = min(floors) if floors else self._service.get(self._last_tenant, 0.0)
         if self._service.get(tenant, 0.0) < floor:
             self._service[tenant] = floor
 

@@ -118,6 +118,21 @@ async def test_a_tenant_arriving_at_an_empty_queue_starts_at_the_last_served_cou
     tier.queue.release(grant, TOKENS)
 
 
+async def test_a_newcomer_is_lifted_to_the_last_tenant_s_corrected_counter() -> None:
+    """Charged 100,000 tokens (its max_tokens) and corrected to the 10 it used, a's request
+    must not leave the floor at 100,000: b, arriving at an idle tier, would start 100,000
+    tokens behind a and wait while a was served that much more."""
+    tier = QueueDriver()
+    tier.queue.release(await tier.hold("a", tokens=100_000), 10)
+    assert tier.queue.service("a") == 10
+    await tier.hold("b", tokens=TOKENS)  # straight in, lifted to a's counter
+    assert tier.queue.service("b") == 10 + TOKENS
+    for tenant in ("a", "b", "a", "b", "a", "b"):
+        await tier.wait(tenant, tokens=TOKENS)
+    assert await tier.serve(6, served_tokens=TOKENS) == ["a", "b", "a", "b", "a", "b"]
+    await tier.close()
+
+
 @pytest.mark.parametrize(("a_used", "then"), [(None, "b"), (10, "a")])
 async def test_the_served_tokens_correction_changes_the_order(
     a_used: int | None, then: str
