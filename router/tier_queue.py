@@ -154,8 +154,8 @@ class TierQueue:
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
-                if future.exception() is None:  # given a slot as we went away
-                    self.release(future.result())
+                if future.exception() is None:  # given a slot as we went away: served nothing
+                    self.release(future.result(), served_tokens=0)
             else:
                 self._discard(rank, waiter)
             raise

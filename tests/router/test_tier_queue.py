@@ -275,6 +275,18 @@ async def test_a_waiter_cancelled_as_it_is_granted_gives_its_slot_back() -> None
     assert tier.queue.active == 1 and tier.queue.waiting == 0
 
 
+async def test_a_waiter_cancelled_as_it_is_granted_is_not_charged() -> None:
+    tier = QueueDriver()
+    holder = await tier.hold()
+    unlucky = await tier.wait("a", tokens=1000)
+    await tier.wait("b")
+    tier.queue.release(holder)
+    unlucky.cancel()
+    await asyncio.gather(unlucky, return_exceptions=True)
+    assert tier.queue.service("a") == 0  # served nothing: charged nothing
+    await tier.close()
+
+
 async def test_a_pushed_out_waiter_cancelled_before_it_ran_leaves_nothing_behind() -> None:
     tier = QueueDriver(max_waiting=1)
     await tier.hold()
