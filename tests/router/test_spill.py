@@ -141,6 +141,15 @@ def test_the_price_cap_keeps_the_tiers_at_or_below_it(
     assert Decision().targets(SpillPolicy(TIERS, cap)) == targets
 
 
+@pytest.mark.parametrize("price", [7.7, 0.97, 3.83, 15.3])
+def test_a_cap_equal_to_the_tier_s_price_takes_it(price: float) -> None:
+    """The price a tenant reads in the pool file is within a cap of the same figure (a price
+    per token times a million is a few ulps over it for many prices)."""
+    decision = Decision(pool("b", "batched", "a100-40gb", 1), pool("pp", "premium", "wse-3", price))
+    assert decision.targets(SpillPolicy(("premium",), price)) == ("premium",)
+    assert decision.view.output_usd_per_million("coder", "premium") == price
+
+
 def test_the_dearest_pool_of_a_tier_is_its_price() -> None:
     decision = Decision(*VIEW_POOLS, pool("pcheap", "premium", "wse-3", 2))
     assert decision.targets(SpillPolicy(TIERS, 15)) == ("wafer-scale",)
