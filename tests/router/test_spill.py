@@ -171,6 +171,15 @@ def test_only_tiers_serving_the_model() -> None:
     assert decision.targets() == ("premium",)
 
 
+def test_never_a_tier_without_endpoints() -> None:
+    """A pool scaled to zero still names its model; its tier has a router slot (every queue has
+    one) and no node to report it saturated: a request moved there would be refused 503."""
+    decision = Decision(pool("b", "batched", "a100-40gb", 1), pool("pp", "premium", "wse-3", 20, 0))
+    assert decision.targets() == ()
+    with decision.full("batched"):
+        assert decision.choose(targets=decision.targets()) is None
+
+
 # -- choose_spill ------------------------------------------------------------------------------
 
 
