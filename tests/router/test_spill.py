@@ -6,8 +6,8 @@ predicted to miss its SLO."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -91,23 +91,17 @@ class Decision:
             self.admission, self.view, self.predictor, req or request(), asked, targets
         )
 
-    @contextmanager
-    def full(self, tier: Tier) -> Iterator[list[Grant]]:
-        """Every router slot of `tier` taken (nobody waiting)."""
+    @asynccontextmanager
+    async def full(self, tier: Tier) -> AsyncIterator[list[Grant]]:
+        """Every router slot of `tier` taken by another tenant (nobody waiting)."""
         queue = self.admission.queues[tier]
-        grants = [self._take(tier) for _ in range(queue.capacity)]
+        grants = [await queue.acquire("standard", "other") for _ in range(queue.capacity)]
         assert not self.admission.has_room(tier)
         try:
             yield grants
         finally:
             for grant in grants:
                 self.admission.release(grant)
-
-    def _take(self, tier: Tier) -> Grant:
-        queue = self.admission.queues[tier]
-        assert queue.active < queue.capacity
-        queue.active += 1  # what acquire's fast path does, without an event loop
-        return Grant(tier, "other", 0, 1.0)
 
     def queued_at_nodes(self, tier: Tier, waiting: float) -> None:
         """Every endpoint of `tier` reports `waiting` queued requests (a scrape round)."""
@@ -171,12 +165,12 @@ def test_only_tiers_serving_the_model() -> None:
     assert decision.targets() == ("premium",)
 
 
-def test_never_a_tier_without_endpoints() -> None:
+async def test_never_a_tier_without_endpoints() -> None:
     """A pool scaled to zero still names its model; its tier has a router slot (every queue has
     one) and no node to report it saturated: a request moved there would be refused 503."""
     decision = Decision(pool("b", "batched", "a100-40gb", 1), pool("pp", "premium", "wse-3", 20, 0))
     assert decision.targets() == ()
-    with decision.full("batched"):
+    async with decision.full("batched"):
         assert decision.choose(targets=decision.targets()) is None
 
 
@@ -187,19 +181,19 @@ def test_a_tier_with_room_keeps_its_request() -> None:
     assert Decision().choose() is None
 
 
-def test_no_targets_nothing_moves() -> None:
+async def test_no_targets_nothing_moves() -> None:
     decision = Decision()
-    with decision.full("batched"):
+    async with decision.full("batched"):
         assert decision.choose(targets=()) is None
 
 
-def test_a_full_tier_moves_its_request_to_the_cheapest_target_with_room() -> None:
+async def test_a_full_tier_moves_its_request_to_the_cheapest_target_with_room() -> None:
     decision = Decision()
-    with decision.full("batched"):
+    async with decision.full("batched"):
         assert decision.choose() == Spill("batched", "wafer-scale", "saturated")
-        with decision.full("wafer-scale"):
+        async with decision.full("wafer-scale"):
             assert decision.choose() == Spill("batched", "premium", "saturated")
-            with decision.full("premium"):
+            async with decision.full("premium"):
                 assert decision.choose() is None  # stays, and waits or is shed as any other
 
 
@@ -213,17 +207,17 @@ def test_a_tier_whose_nodes_all_queue_is_saturated() -> None:
     assert decision.choose() is None
 
 
-def test_an_slo_the_tier_is_predicted_to_miss_moves_the_request() -> None:
+async def test_an_slo_the_tier_is_predicted_to_miss_moves_the_request() -> None:
     decision = Decision()
     # Idle: a100 prefill takes ~14 ms; the wafer chips' ~0.6 ms.
     assert decision.choose(request(slo_ms=3)) == Spill("batched", "wafer-scale", "slo")
     assert decision.choose(request(slo_ms=1000)) is None  # met where it is
     assert decision.choose(request(slo_ms=0.01)) is None  # met nowhere: it stays
-    with decision.full("wafer-scale"):  # a target must have room too
+    async with decision.full("wafer-scale"):  # a target must have room too
         assert decision.choose(request(slo_ms=3)) == Spill("batched", "premium", "slo")
 
 
-def test_saturation_is_the_reason_when_both_hold() -> None:
+async def test_saturation_is_the_reason_when_both_hold() -> None:
     decision = Decision()
-    with decision.full("batched"):
+    async with decision.full("batched"):
         assert decision.choose(request(slo_ms=3)) == Spill("batched", "wafer-scale", "saturated")
