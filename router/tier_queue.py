@@ -103,7 +103,9 @@ class TierQueue:
         self._waiting = 0
         #: Attained service per tenant: tokens served / weight (the fair order's counters).
         self._service: dict[str, float] = {}
-        self._last_served = 0.0  # the counter of the tenant admitted last
+        #: The tenant admitted last: its counter now (corrected as its requests end) is the
+        #: floor of a tenant arriving at an empty queue.
+        self._last_tenant = ""
         self._weights: dict[str, float] = {}
 
     @property
@@ -153,8 +155,8 @@ class TierQueue:
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
-                if future.exception() is None:  # given a slot as we went away
-                    self.release(future.result())
+                if future.exception() is None:  # given a slot as we went away: served nothing
+                    self.release(future.result(), served_tokens=0)
             else:
                 self._discard(rank, waiter)
             raise
@@ -181,7 +183,7 @@ class TierQueue:
     def _grant(self, tenant: str, tokens: int, weight: float, waited_s: float) -> Grant:
         served = self._service.get(tenant, 0.0) + (tokens / weight if weight > 0 else 0.0)
         self._service[tenant] = served
-        self._last_served = served
+        self._last_tenant = tenant
         return Grant(self.tier, tenant, tokens, weight, waited_s)
 
     def _lift(self, tenant: str) -> None:
@@ -189,7 +191,7 @@ class TierQueue:
         if self.order != "fair":
             return
         floors = [self._service.get(t, 0.0) for rank in self._ranks for t in rank]
-        floor = min(floors) if floors else self._last_served
+        floor = min(floors) if floors else self._service.get(self._last_tenant, 0.0)
         if self._service.get(tenant, 0.0) < floor:
             self._service[tenant] = floor
 

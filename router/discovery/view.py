@@ -52,6 +52,12 @@ class RoutedPool:
             + completion_tokens * self.output_price_per_token_usd
         )
 
+    @property
+    def output_usd_per_million(self) -> float:
+        """The output price per million tokens as the pool states it (its billing, else its
+        envelope's cost): the figure a tenant's price cap is compared with, exactly."""
+        return _output_usd_per_million(self.spec, self.envelope)
+
 
 class PoolView:
     """Every pool and endpoint, indexed for the request path."""
@@ -62,6 +68,8 @@ class PoolView:
         tiers: dict[str, set[Tier]] = {}
         #: (model, tier) -> the dearest input and output prices and the longest context.
         self._ceilings: dict[tuple[str, Tier], tuple[float, float, int]] = {}
+        #: (model, tier) -> the dearest output price per million tokens, as pools state it.
+        self._output_prices: dict[tuple[str, Tier], float] = {}
         for pool in self.pools.values():
             for name in pool.spec.names:
                 key = (name, pool.spec.tier)
@@ -87,6 +95,9 @@ class PoolView:
             max(held[0], pool.input_price_per_token_usd),
             max(held[1], pool.output_price_per_token_usd),
             max(held[2], pool.deployment.model.max_context_tokens),
+        )
+        self._output_prices[key] = max(
+            self._output_prices.get(key, 0.0), pool.output_usd_per_million
         )
 
     def candidates(self, model: str, tier: Tier) -> CandidateSet:
@@ -117,7 +128,7 @@ class PoolView:
     def output_usd_per_million(self, model: str, tier: Tier) -> float:
         """The dearest output price, per million tokens, of the pools of `tier` serving
         `model` (what a request served there may pay at most; 0 when none serves it)."""
-        return self._ceilings.get((model, tier), (0.0, 0.0, 0))[1] * 1e6
+        return self._output_prices.get((model, tier), 0.0)
 
     def tiers_serving(self, model: str) -> tuple[Tier, ...]:
         return self._tiers.get(model, ())
@@ -154,9 +165,7 @@ def build_pool(
     deployment, envelope = performance.deployment, performance.result
     if not envelope.fits:
         raise ConfigError(f"pool {spec.name}: does not fit: {envelope.reason}")
-    out_price = spec.billing.output_per_million_usd
-    if out_price is None:
-        out_price = envelope.cost_per_million_output_tokens_usd
+    out_price = _output_usd_per_million(spec, envelope)
     previous = previous or {}
     answers_to = answers_to or {}
     endpoints = []
@@ -177,6 +186,12 @@ def build_pool(
         tuple(endpoints),
         (performance.model_source, performance.accelerator_source),
     )
+
+
+def _output_usd_per_million(spec: PoolSpec, envelope: PerfResult) -> float:
+    """A pool's output price per million tokens: its billing's, else its envelope's cost."""
+    stated = spec.billing.output_per_million_usd
+    return stated if stated is not None else envelope.cost_per_million_output_tokens_usd
 
 
 def _endpoint(

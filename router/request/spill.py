@@ -53,16 +53,16 @@ def spill_targets(
     policy: SpillPolicy,
 ) -> tuple[Tier, ...]:
     """The tiers `request` may move to from `asked`, cheapest first: the policy's (less those
-    excluded for a request with tools), serving its model, allowed to its tenant, and no
-    dearer per million output tokens than the policy's cap."""
+    excluded for a request with tools), with endpoints serving its model (a pool scaled to
+    zero still names it), allowed to its tenant, and no dearer per million output tokens than
+    the policy's cap."""
     if not policy.to:
         return ()
-    serving = view.tiers_serving(request.model)
-    cap = policy.max_output_usd_per_million
+    model, cap = request.model, policy.max_output_usd_per_million
     priced = [
-        (view.output_usd_per_million(request.model, tier), tier)
+        (view.output_usd_per_million(model, tier), tier)
         for tier in policy.tiers_for(bool(request.body.get("tools")))
-        if tier != asked and tier in serving and tier in allowed
+        if tier != asked and tier in allowed and view.candidates(model, tier)
     ]
     return tuple(tier for price, tier in sorted(priced) if cap is None or price <= cap)
 

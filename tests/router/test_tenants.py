@@ -2,6 +2,7 @@
 
 import hashlib
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tiergate.router.tenants.registry import (
     load_tenants,
     parse_tenants,
 )
+from tiergate.router.tenants.spill_policy import NO_SPILL, SpillPolicy
 
 KEY_A = "sk-team-a-0123456789abcdef"
 KEY_B = "sk-team-b-fedcba9876543210"
@@ -189,3 +191,85 @@ def test_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(TenantConfigError, match=r"line \d+, column \d+") as caught:
         load_tenants(bad)
     assert KEY_A not in str(caught.value)
+
+
+# -- weight, maxQueued and spillOver ---------------------------------------------------------
+
+
+def test_admission_fields_default_to_an_equal_share_no_cap_and_no_spill(
+    registry: TenantRegistry,
+) -> None:
+    team_b = registry.tenants["team-b"]
+    assert (team_b.weight, team_b.max_queued, team_b.spill) == (1.0, None, NO_SPILL)
+    assert team_b.spill.to == () and team_b.spill.tiers_for(has_tools=False) == ()
+
+
+def test_admission_fields_as_written() -> None:
+    entry = {
+        "name": "a",
+        "apiKeys": ["sk-valid-1"],
+        "weight": 2.5,
+        "maxQueued": 64,
+        "spillOver": {
+            "to": ["wafer-scale", "premium"],
+            "maxOutputUsdPerMillion": 25,
+            "notForTools": ["wafer-scale"],
+        },
+    }
+    tenant = parse_tenants({"tenants": [entry]}).tenants["a"]
+    assert (tenant.weight, tenant.max_queued) == (2.5, 64)
+    assert tenant.spill == SpillPolicy(
+        to=("premium", "wafer-scale"),  # TIERS order, whatever the file's
+        max_output_usd_per_million=25.0,
+        not_for_tools=("wafer-scale",),
+    )
+    assert tenant.spill.tiers_for(has_tools=True) == ("premium",)
+    assert tenant.spill.tiers_for(has_tools=False) == ("premium", "wafer-scale")
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "words"),
+    [
+        ({"weight": 0}, "tenants[1].weight", "greater than 0"),
+        ({"weight": -2}, "tenants[1].weight", "greater than 0"),
+        ({"weight": math.nan}, "tenants[1].weight", "finite"),
+        ({"weight": math.inf}, "tenants[1].weight", "finite"),
+        ({"weight": "heavy"}, "tenants[1].weight", "valid number"),
+        ({"maxQueued": 0}, "tenants[1].maxQueued", "greater than 0"),
+        ({"maxQueued": 2.5}, "tenants[1].maxQueued", "valid integer"),
+        ({"spillOver": {"to": ["premium"], "later": 1}}, "tenants[1].spillOver.later",
+         "not permitted"),
+        ({"spillOver": {"to": ["premium"], "max_output_usd_per_million": 1}},
+         "tenants[1].spillOver.max_output_usd_per_million", "not permitted"),
+        ({"spillOver": {"to": ["fast"]}}, "tenants[1].spillOver.to[0]", "wafer-scale"),
+        ({"spillOver": {"to": []}}, "tenants[1].spillOver.to", "at least 1"),
+        ({"spillOver": {}}, "tenants[1].spillOver.to", "required"),
+        ({"spillOver": {"to": "premium"}}, "tenants[1].spillOver.to", "valid list"),
+        ({"spillOver": {"to": ["premium"], "notForTools": ["fast"]}},
+         "tenants[1].spillOver.notForTools[0]", "wafer-scale"),
+        ({"spillOver": {"to": ["premium"], "maxOutputUsdPerMillion": -1}},
+         "tenants[1].spillOver.maxOutputUsdPerMillion", "greater than or equal to 0"),
+        ({"spillOver": {"to": ["premium"], "maxOutputUsdPerMillion": math.nan}},
+         "tenants[1].spillOver.maxOutputUsdPerMillion", "finite"),
+        ({"allowedTiers": ["batched"], "spillOver": {"to": ["premium"]}},
+         "tenants[1].spillOver.to", "'premium' is not in allowedTiers"),
+    ],
+)  # fmt: skip
+def test_bad_admission_fields_are_one_problem_naming_the_field(
+    entry: dict[str, object], field: str, words: str
+) -> None:
+    good = {"name": "first", "apiKeys": ["sk-valid-0"]}
+    error = _error({"tenants": [good, {"name": "a", "apiKeys": ["sk-valid-1"]} | entry]})
+    assert len(error.problems) == 1, error.problems
+    assert error.field == field
+    assert words in str(error)
+
+
+def test_a_spill_tier_not_allowed_is_named_once_per_tier() -> None:
+    entry = {"name": "a", "apiKeys": ["sk-1"], "allowedTiers": ["batched"],
+             "spillOver": {"to": ["wafer-scale", "premium"]}}  # fmt: skip
+    error = _error({"tenants": [entry]})
+    assert error.problems == [
+        ("tenants[0].spillOver.to", "tier 'premium' is not in allowedTiers"),
+        ("tenants[0].spillOver.to", "tier 'wafer-scale' is not in allowedTiers"),
+    ]

@@ -1,0 +1,223 @@
+"""Where spill-over moves a request (router/request/spill.py), decided over a pool view, the
+tiers' admission queues and the latency predictor, with no node and no I/O: the targets a
+policy allows, cheapest first, and the one a request goes to when its tier is saturated or
+predicted to miss its SLO."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from tiergate.router.admission import Admission, Grant, Saturation
+from tiergate.router.config import parse_config
+from tiergate.router.discovery.view import PoolView, build_view
+from tiergate.router.policy.latency import LatencyPredictor
+from tiergate.router.request.body import CompletionRequest, parse_completion
+from tiergate.router.request.spill import Spill, choose_spill, spill_targets
+from tiergate.router.request.tiers import TIERS, Tier
+from tiergate.router.tenants.spill_policy import SpillPolicy
+from tiergate.sim_nodes.catalogs import default_catalog
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+EVERYWHERE = SpillPolicy(to=TIERS)
+
+
+def pool(name: str, tier: Tier, accelerator: str, price: float, endpoints: int = 1) -> str:
+    urls = ", ".join(f"http://10.0.{len(name)}.{i}:8000" for i in range(endpoints))
+    return (
+        f"  - {{name: {name}, tier: {tier}, model: llama-3.1-8b, accelerator: {accelerator},"
+        f" servedModelName: coder, batching: {{maxNumSeqs: 2}}, endpoints: [{urls}],"
+        f" billing: {{outputPerMillionUsd: {price}}}}}\n"
+    )
+
+
+def view_of(*pools: str) -> PoolView:
+    config = parse_config("router: {}\npools:\n" + "".join(pools))
+    return build_view(config.pools, default_catalog())
+
+
+#: batched on slow GPUs at $1, wafer-scale at $10 and premium at $20 (both on wafer chips).
+VIEW_POOLS = (
+    pool("b", "batched", "a100-40gb", 1),
+    pool("pp", "premium", "wse-3", 20),
+    pool("www", "wafer-scale", "wse-3", 10),
+)
+
+
+def request(*, slo_ms: float | None = None, tools: bool = False) -> CompletionRequest:
+    body: dict[str, object] = {
+        "model": "coder",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 16,
+    }
+    if tools:
+        body["tools"] = [TOOL]
+    parsed = parse_completion(json.dumps(body).encode(), chat=True)
+    parsed.slo = None if slo_ms is None else (slo_ms / 1000, None)
+    return parsed
+
+
+class Decision:
+    """A view, its tiers' queues and the predictor the router would build for it."""
+
+    def __init__(self, *pools: str) -> None:
+        self.view = view_of(*(pools or VIEW_POOLS))
+        self.admission = Admission(Saturation())
+        self.admission.resize(self.view)
+        self.predictor = LatencyPredictor(
+            {name: p.deployment for name, p in self.view.pools.items()},
+            {name: p.spec.batching.max_num_seqs for name, p in self.view.pools.items()},
+        )
+
+    def targets(
+        self,
+        policy: SpillPolicy = EVERYWHERE,
+        asked: Tier = "batched",
+        allowed: tuple[Tier, ...] = TIERS,
+        req: CompletionRequest | None = None,
+    ) -> tuple[Tier, ...]:
+        return spill_targets(self.view, req or request(), asked, allowed, policy)
+
+    def choose(
+        self,
+        req: CompletionRequest | None = None,
+        asked: Tier = "batched",
+        targets: tuple[Tier, ...] = ("wafer-scale", "premium"),
+    ) -> Spill | None:
+        return choose_spill(
+            self.admission, self.view, self.predictor, req or request(), asked, targets
+        )
+
+    @asynccontextmanager
+    async def full(self, tier: Tier) -> AsyncIterator[list[Grant]]:
+        """Every router slot of `tier` taken by another tenant (nobody waiting)."""
+        queue = self.admission.queues[tier]
+        grants = [await queue.acquire("standard", "other") for _ in range(queue.capacity)]
+        assert not self.admission.has_room(tier)
+        try:
+            yield grants
+        finally:
+            for grant in grants:
+                self.admission.release(grant)
+
+    def queued_at_nodes(self, tier: Tier, waiting: float) -> None:
+        """Every endpoint of `tier` reports `waiting` queued requests (a scrape round)."""
+        for endpoint in self.view.candidates("coder", tier):
+            endpoint.waiting = waiting
+        self.admission.saturation.refresh(self.view)
+
+
+# -- spill_targets -----------------------------------------------------------------------------
+
+
+def test_targets_are_cheapest_first_and_never_the_asked_tier() -> None:
+    decision = Decision()
+    assert decision.targets() == ("wafer-scale", "premium")
+    assert decision.targets(asked="wafer-scale") == ("batched", "premium")
+
+
+def test_no_policy_no_targets() -> None:
+    assert Decision().targets(SpillPolicy()) == ()
+
+
+@pytest.mark.parametrize(
+    ("cap", "targets"),
+    [(None, ("wafer-scale", "premium")), (100, ("wafer-scale", "premium")),
+     (20, ("wafer-scale", "premium")), (19.99, ("wafer-scale",)), (10, ("wafer-scale",)),
+     (9.99, ()), (0, ())],
+)  # fmt: skip
+def test_the_price_cap_keeps_the_tiers_at_or_below_it(
+    cap: float | None, targets: tuple[Tier, ...]
+) -> None:
+    assert Decision().targets(SpillPolicy(TIERS, cap)) == targets
+
+
+@pytest.mark.parametrize("price", [7.7, 0.97, 3.83, 15.3])
+def test_a_cap_equal_to_the_tier_s_price_takes_it(price: float) -> None:
+    """The price a tenant reads in the pool file is within a cap of the same figure (a price
+    per token times a million is a few ulps over it for many prices)."""
+    decision = Decision(pool("b", "batched", "a100-40gb", 1), pool("pp", "premium", "wse-3", price))
+    assert decision.targets(SpillPolicy(("premium",), price)) == ("premium",)
+    assert decision.view.output_usd_per_million("coder", "premium") == price
+
+
+def test_the_dearest_pool_of_a_tier_is_its_price() -> None:
+    decision = Decision(*VIEW_POOLS, pool("pcheap", "premium", "wse-3", 2))
+    assert decision.targets(SpillPolicy(TIERS, 15)) == ("wafer-scale",)
+
+
+def test_tools_exclude_the_not_for_tools_tiers() -> None:
+    policy = SpillPolicy(TIERS, None, not_for_tools=("wafer-scale",))
+    decision = Decision()
+    assert decision.targets(policy, req=request(tools=True)) == ("premium",)
+    assert decision.targets(policy, req=request()) == ("wafer-scale", "premium")
+
+
+def test_only_tiers_the_tenant_may_use() -> None:
+    assert Decision().targets(allowed=("batched", "premium")) == ("premium",)
+
+
+def test_only_tiers_serving_the_model() -> None:
+    decision = Decision(pool("b", "batched", "a100-40gb", 1), pool("pp", "premium", "wse-3", 20))
+    assert decision.targets() == ("premium",)
+
+
+async def test_never_a_tier_without_endpoints() -> None:
+    """A pool scaled to zero still names its model; its tier has a router slot (every queue has
+    one) and no node to report it saturated: a request moved there would be refused 503."""
+    decision = Decision(pool("b", "batched", "a100-40gb", 1), pool("pp", "premium", "wse-3", 20, 0))
+    assert decision.targets() == ()
+    async with decision.full("batched"):
+        assert decision.choose(targets=decision.targets()) is None
+
+
+# -- choose_spill ------------------------------------------------------------------------------
+
+
+def test_a_tier_with_room_keeps_its_request() -> None:
+    assert Decision().choose() is None
+
+
+async def test_no_targets_nothing_moves() -> None:
+    decision = Decision()
+    async with decision.full("batched"):
+        assert decision.choose(targets=()) is None
+
+
+async def test_a_full_tier_moves_its_request_to_the_cheapest_target_with_room() -> None:
+    decision = Decision()
+    async with decision.full("batched"):
+        assert decision.choose() == Spill("batched", "wafer-scale", "saturated")
+        async with decision.full("wafer-scale"):
+            assert decision.choose() == Spill("batched", "premium", "saturated")
+            async with decision.full("premium"):
+                assert decision.choose() is None  # stays, and waits or is shed as any other
+
+
+def test_a_tier_whose_nodes_all_queue_is_saturated() -> None:
+    decision = Decision()
+    decision.queued_at_nodes("batched", 8)
+    assert decision.choose() == Spill("batched", "wafer-scale", "saturated")
+    decision.queued_at_nodes("wafer-scale", 8)  # a saturated target is passed over
+    assert decision.choose() == Spill("batched", "premium", "saturated")
+    decision.queued_at_nodes("batched", 7)
+    assert decision.choose() is None
+
+
+async def test_an_slo_the_tier_is_predicted_to_miss_moves_the_request() -> None:
+    decision = Decision()
+    # Idle: a100 prefill takes ~14 ms; the wafer chips' ~0.6 ms.
+    assert decision.choose(request(slo_ms=3)) == Spill("batched", "wafer-scale", "slo")
+    assert decision.choose(request(slo_ms=1000)) is None  # met where it is
+    assert decision.choose(request(slo_ms=0.01)) is None  # met nowhere: it stays
+    async with decision.full("wafer-scale"):  # a target must have room too
+        assert decision.choose(request(slo_ms=3)) == Spill("batched", "premium", "slo")
+
+
+async def test_saturation_is_the_reason_when_both_hold() -> None:
+    decision = Decision()
+    async with decision.full("batched"):
+        assert decision.choose(request(slo_ms=3)) == Spill("batched", "wafer-scale", "saturated")
