@@ -200,12 +200,17 @@ class Router:
             tier = choice.tier
         ex.choice = choice
         tiers = tiers_to_try(view, request.model, choice, tier, tenant)
-        spill_to: tuple[Tier, ...] = ()
-        if plan is None:
-            policy = parse_spill_headers(headers, tenant.spill, tenant.allowed_tiers, tenant.name)
+        policy = parse_spill_headers(headers, tenant.spill, tenant.allowed_tiers, tenant.name)
+        spill = None
+        if plan is None and choice.priority != "flex":  # flex asked to wait, not to pay more
             spill_to = spill_targets(view, request, tier, tenant.allowed_tiers, policy)
+            spill = choose_spill(
+                self.admission, view, self.predictor, request, tier, spill_to, self.clock()
+            )
+        if spill is not None:  # its target had a free slot: it is tried first
+            tiers = [spill.to, *tiers]
         budgets, limiter, now_s = self.budgets, self.limiter, self.wall()
-        hold_usd = most_it_may_cost(view, request, plan, [*tiers, *spill_to], tenant)
+        hold_usd = most_it_may_cost(view, request, plan, tiers, tenant)
         if budgets.needs_lease(tenant, hold_usd, now_s):  # shared budgets: a round trip
             await budgets.lease(tenant, hold_usd, now_s)
         ex.hold_usd = budgets.check(tenant, now_s, hold_usd)
@@ -220,9 +225,6 @@ class Router:
             request, choice = ex.request, ex.choice
             assert request is not None and choice is not None
             tiers = [choice.tier]
-        spill = choose_spill(self.admission, view, self.predictor, request, tier, spill_to)
-        if spill is not None:  # its target has a free slot: admitted there without waiting
-            tiers = [spill.to, *tiers]
         with guard.cancellable():
             grant = await self.admission.admit(
                 view, request.model, choice.priority, tiers, tenant, estimate

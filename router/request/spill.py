@@ -12,8 +12,11 @@ its tier is
 
 It moves to the cheapest of the policy's tiers (by output price per million tokens) that
 serves its model, is within the price cap, is not excluded for a request with tools, has a
-free slot now and is predicted to meet its SLO. When none does, it stays and waits or is
-shed in its own tier as any other request. The decision is made once, on arrival; the reply
+free slot now and an endpoint that is not ejected, and is predicted to meet its SLO. When
+none does, it stays and waits or is shed in its own tier as any other request. A flex request
+(it asked to be served late and cheap) and a cascade never move. The decision is made once,
+on arrival, before the budget holds the request's most possible cost: at the target's price
+only when it is moving there. The reply
 says where it was served (`x-tiergate-tier`, `x-tiergate-spilled-from`, the body's
 `service_tier`) and it is billed at the pool that served it.
 """
@@ -74,8 +77,10 @@ def choose_spill(
     request: CompletionRequest,
     asked: Tier,
     targets: Sequence[Tier],
+    now_s: float,
 ) -> Spill | None:
-    """Where `request` moves from `asked`, or None to stay (the module docstring)."""
+    """Where `request` moves from `asked`, or None to stay (the module docstring). `now_s`
+    is the router's clock, for endpoint ejections."""
     if not targets:
         return None
     model = request.model
@@ -86,7 +91,10 @@ def choose_spill(
     def meets_slo(tier: Tier) -> bool:
         if request.slo is None:
             return True
-        return _meets(request, _predict(admission, view, predictor, request, tier))
+        return _meets(request, _predict(admission, view, predictor, request, tier, now_s))
+
+    def reachable(tier: Tier) -> bool:
+        return any(not e.is_ejected(now_s) for e in view.candidates(model, tier))
 
     reason: SpillReason
     if not free(asked):
@@ -96,7 +104,7 @@ def choose_spill(
     else:
         return None
     for tier in targets:
-        if free(tier) and meets_slo(tier):
+        if free(tier) and reachable(tier) and meets_slo(tier):
             return Spill(asked, tier, reason)
     return None
 
@@ -107,11 +115,12 @@ def _predict(
     predictor: LatencyPredictor,
     request: CompletionRequest,
     tier: Tier,
+    now_s: float,
 ) -> LatencyEstimate | None:
-    """The best latency an endpoint of `tier` is predicted to give `request`, counting the
-    requests waiting at the router for the tier as spread over its endpoints (None: the
-    perf model knows none of its pools)."""
-    endpoints = view.candidates(request.model, tier)
+    """The best latency an endpoint of `tier` that is not ejected is predicted to give
+    `request`, counting the requests waiting at the router for the tier as spread over its
+    endpoints (None: no such endpoint, or the perf model knows none of their pools)."""
+    endpoints = [e for e in view.candidates(request.model, tier) if not e.is_ejected(now_s)]
     if not endpoints:
         return None
     queued = admission.queues[tier].waiting / len(endpoints)

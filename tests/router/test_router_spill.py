@@ -369,3 +369,30 @@ def test_a_bad_spill_header_is_an_openai_error_and_bills_nothing(
     assert (row["outcome"], row["http_status"], row["tier_served"]) == ("rejected", status, None)
     assert row["cost_usd"] == 0 and usage["totals"]["cost_usd"] == 0
     assert usage["budget"]["spent_usd"] == 0
+
+
+def test_a_flex_request_never_spills(served: Served, tmp_path: Path) -> None:
+    """Flex asked to be served late and cheap: it waits for its own tier, never a dearer one."""
+    with (
+        spill_router(served, tmp_path, SPILL) as (app, url),
+        ThreadPoolExecutor(1) as pool,
+        batched_held(app, url) as closers,
+    ):
+        pending = pool.submit(ask, url, {**BODY, "service_tier": "flex"})
+        until(lambda: app.router.admission.queues["batched"].waiting == 1, "flex never queued")
+        assert app.router.admission.queues["premium"].active == 0
+        closers[0]()
+        reply = pending.result()
+        assert reply.headers["x-tiergate-tier"] == "batched"
+        assert reply.json()["service_tier"] == "flex" and spills_metric(url) == {}
+
+
+def test_a_request_that_stays_holds_only_its_own_tier_s_price(
+    served: Served, tmp_path: Path
+) -> None:
+    """The budget holds the dearest tier a request will be tried in: premium only when it is
+    moving there. $0.01 covers 1000 tokens at batched's $1 per million, not at premium's $20."""
+    tenant = f"budgetUsd: 0.01, budgetPeriod: day, {SPILL}"
+    with spill_router(served, tmp_path, tenant) as (app, url):
+        reply = ask(url, {**BODY, "max_tokens": 1000})
+    assert_stayed(reply)

@@ -23,6 +23,8 @@ from tiergate.sim_nodes.catalogs import default_catalog
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 EVERYWHERE = SpillPolicy(to=TIERS)
+#: The router's clock at every decision here.
+NOW_S = 100.0
 
 
 def pool(name: str, tier: Tier, accelerator: str, price: float, endpoints: int = 1) -> str:
@@ -88,7 +90,7 @@ class Decision:
         targets: tuple[Tier, ...] = ("wafer-scale", "premium"),
     ) -> Spill | None:
         return choose_spill(
-            self.admission, self.view, self.predictor, req or request(), asked, targets
+            self.admission, self.view, self.predictor, req or request(), asked, targets, NOW_S
         )
 
     @asynccontextmanager
@@ -221,3 +223,13 @@ async def test_saturation_is_the_reason_when_both_hold() -> None:
     decision = Decision()
     async with decision.full("batched"):
         assert decision.choose(request(slo_ms=3)) == Spill("batched", "wafer-scale", "saturated")
+
+
+async def test_a_tier_whose_endpoints_are_all_ejected_is_passed_over() -> None:
+    decision = Decision()
+    (wafer,) = decision.view.candidates("coder", "wafer-scale")
+    wafer.ejected_until_s = NOW_S + 5  # failing: outlier detection ejected it
+    async with decision.full("batched"):
+        assert decision.choose() == Spill("batched", "premium", "saturated")
+        wafer.ejected_until_s = NOW_S  # its ejection is over
+        assert decision.choose() == Spill("batched", "wafer-scale", "saturated")

@@ -241,7 +241,8 @@ async def test_max_queued_refuses_a_tenant_s_extra_waiter_only() -> None:
     await tier.wait("b", max_queued=2)  # another tenant's cap is its own
     assert tier.queue.waiting == 3
     # max_queued counts waiters only: with a free slot, a request is admitted whatever its cap.
-    assert await tier.serve(3) == ["a", "b", "a"]
+    # (a and b start level: on the tie, b, with fewer waiting, goes first.)
+    assert await tier.serve(3) == ["b", "a", "a"]
     tier.queue.release(tier.granted[-1])
     grant = await tier.queue.acquire("standard", "a", tokens=TOKENS, max_queued=1)
     assert grant.tenant == "a" and tier.queue.waiting == 0
