@@ -24,6 +24,7 @@ from tiergate.router.request.body import (
 )
 from tiergate.router.request.cascade import CASCADE_HEADER
 from tiergate.router.request.tiers import TIER_HEADER, TIERS, Tier
+from tiergate.router.tenants.spill_policy import SPILL_PRICE_HEADER, SPILL_TO_HEADER
 
 
 class _Open(BaseModel):
@@ -112,7 +113,7 @@ _ERRORS = {
     "404": "Model not served here (the message lists the served models).",
     "405": "Method not allowed (see the Allow header).",
     "413": "Body too large.",
-    "429": "Rate limit, budget or a saturated tier; see Retry-After.",
+    "429": "Rate limit, budget, a saturated tier or the tenant's maxQueued; see Retry-After.",
     "500": "A router bug (logged, counted in tiergate_internal_errors_total).",
     "502": "The serving node's reply was malformed or cut short (bad_upstream_reply).",
     "503": "No endpoint could serve the request (no_capacity, upstream_unavailable), or the "
@@ -130,7 +131,14 @@ _REPLY_HEADERS = {
     "x-tiergate-fallback": "true when service_tier auto moved the request to another tier.",
     "x-tiergate-escalated": "With a cascade: true when the first tier's reply was not usable "
     "and the second tier's is returned (both attempts are billed).",
+    "x-tiergate-spilled-from": "The tier the request asked for, when spill-over moved it to "
+    "the tier that served it (and billed it).",
+    "x-tiergate-spill-reason": "Why it moved: saturated (its tier had no free slot, or every "
+    "endpoint queued) or slo (its tier was predicted to miss the SLO headers).",
 }
+
+#: A comma-separated list of tier names, or `none`.
+_SPILL_TO_PATTERN = rf"^\s*(none|({'|'.join(TIERS)})(\s*,\s*({'|'.join(TIERS)}))*)\s*$"
 
 _REQUEST_HEADERS: list[tuple[str, dict[str, Any], str]] = [
     (TIER_HEADER, {"type": "string", "enum": list(TIERS)},
@@ -143,6 +151,12 @@ _REQUEST_HEADERS: list[tuple[str, dict[str, Any], str]] = [
      "is predicted to meet it."),
     (SLO_TPOT_HEADER, {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": MAX_SLO_MS},
      "Time per output token the client needs (ms), likewise."),
+    (SPILL_TO_HEADER, {"type": "string", "pattern": _SPILL_TO_PATTERN},
+     "Tiers this request may move to when its own is saturated or predicted to miss its SLO "
+     "(comma-separated, or none), in place of the tenant's spillOver.to."),
+    (SPILL_PRICE_HEADER, {"type": "number", "minimum": 0},
+     "The most this request may cost per million output tokens where it moves, in place of "
+     "the tenant's spillOver.maxOutputUsdPerMillion."),
 ]  # fmt: skip
 
 
