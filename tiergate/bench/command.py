@@ -26,7 +26,12 @@ from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
 from tiergate.bench.stats import BenchReport
 from tiergate.bench.tenants import BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_mix
-from tiergate.sim_nodes.commands.common import positive_float, positive_int, unit_interval
+from tiergate.sim_nodes.commands.common import (
+    non_negative_float,
+    positive_float,
+    positive_int,
+    unit_interval,
+)
 
 __all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
 
@@ -80,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=positive_int, metavar="N",
         help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})",
     )  # fmt: skip
+    load.add_argument(
+        "--pause", type=non_negative_float, default=0.0, metavar="S",
+        help="seconds each worker waits after a reply before its next request (default 0: "
+        "back to back)",
+    )  # fmt: skip
     load.add_argument("--mix", default=DEFAULT_MIX, help=f"tier weights (default {DEFAULT_MIX})")
     load.add_argument(
         "--tools-fraction", type=unit_interval, default=0.2, metavar="F",
@@ -130,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         duration_s=args.duration,
         tenants=tuple(tenants),
+        pause_s=args.pause,
     )
     # Fail before sending load, not after it.
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

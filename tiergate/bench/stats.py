@@ -80,6 +80,9 @@ class RunInfo(BaseModel):
     max_tokens: int
     tools_fraction: float
     seed: int
+    pause_s: float = Field(
+        default=0.0, description="What each worker waited after a reply (--pause), seconds."
+    )
     interrupted: bool = Field(
         default=False,
         description="Stopped early (Ctrl-C): the figures are those of the requests finished.",
