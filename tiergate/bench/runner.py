@@ -163,6 +163,7 @@ async def run_bench(
         models=models,
         input_tokens=workload.input_tokens,
         max_tokens=workload.max_tokens,
+        min_max_tokens=workload.min_max_tokens,
         pause_s=settings.pause_s,
         tools_fraction=workload.tools_fraction,
         seed=workload.seed,
