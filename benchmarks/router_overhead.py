@@ -67,7 +67,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -319,6 +319,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     unavailable: str | None = None  # why, when it could not be started
     api_key: str | None = None  # sent as a bearer token when set
+    api_keys: tuple[str, ...] = ()  # or these, one per request in turn (wrk rotates them)
 
 
 def start_fixed(
@@ -341,12 +342,19 @@ def start_fixed(
 
 
 def start_sim_node(
-    procs: Processes, name: str, model: str, accelerator: str, max_num_seqs: int
+    procs: Processes,
+    name: str,
+    model: str,
+    accelerator: str,
+    max_num_seqs: int,
+    extra_args: Sequence[str] = (),
 ) -> Server:
+    """A sim node serving `model` as MODEL; `extra_args` are more `tiergate sim-node` flags."""
     port = free_port()
     cmd = [sys.executable, "-P", "-m", "tiergate", "sim-node", "--model", model,
            "--accelerator", accelerator, "--max-num-seqs", str(max_num_seqs),
-           "--served-model-name", MODEL, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+           "--served-model-name", MODEL, "--port", str(port), "--log-level", "warning",
+           *extra_args]  # fmt: skip
     proc = procs.start(name, cmd)
     server = Server(name, f"http://127.0.0.1:{port}", proc)
     wait_ready(server.url + "/ready", proc, 60, lambda s: s == 200)
@@ -427,14 +435,19 @@ def start_router(
     tenants_file: Path | None = None,
     api_key: str | None = None,
     workers: int = 1,
+    api_keys: Sequence[str] = (),
+    extra_settings: Mapping[str, Any] | None = None,
+    pool_fields: Mapping[str, Any] | None = None,
 ) -> Server:
     """The router over `endpoints`, split evenly over `pools` pools serving the same model at
     the same tier (so every endpoint is a candidate for every request); its ledger SQLite, or
-    PostgreSQL at `ledger_url`; open, or the tenants of `tenants_file` (`api_key` one's key);
-    `workers` processes (`--workers`, PostgreSQL only)."""
+    PostgreSQL at `ledger_url`; open, or the tenants of `tenants_file` (`api_key` one's key,
+    or `api_keys` several tenants' keys, sent in turn); `workers` processes (`--workers`,
+    PostgreSQL only). `extra_settings` go under `router:` (e.g. `admissionOrder`),
+    `pool_fields` into every pool (e.g. the `model` and `accelerator` a sim node serves)."""
     port = free_port()
     size = -(-len(endpoints) // pools)
-    settings: dict[str, Any] = {"host": "127.0.0.1", "port": port}
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": port, **(extra_settings or {})}
     if ledger_url is not None:
         settings["ledgerUrl"] = ledger_url
     else:
@@ -452,6 +465,7 @@ def start_router(
                 "servedModelName": MODEL,
                 "batching": {"maxNumSeqs": max_num_seqs},
                 "endpoints": list(endpoints[i * size : (i + 1) * size]),
+                **(pool_fields or {}),
             }
             for i in range(pools)
         ],
@@ -461,10 +475,13 @@ def start_router(
     cmd = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(path),
            "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
     proc = procs.start(name, cmd)
-    server = Server(name, f"http://127.0.0.1:{port}", proc, api_key=api_key)
+    server = Server(
+        name, f"http://127.0.0.1:{port}", proc, api_key=api_key, api_keys=tuple(api_keys)
+    )
     try:
         wait_ready(server.url + "/readyz", proc, 60, lambda s: s == 200)
-        post_ok(server.url, CHAT_BODY, api_key=api_key)
+        for key in api_keys or [api_key]:
+            post_ok(server.url, CHAT_BODY, api_key=key)
     except (RuntimeError, OSError, ValueError) as exc:
         log(f"{name} failed: {exc}; its log ends:\n{procs.log_tail(name, 40)}")
         raise
@@ -491,12 +508,21 @@ class Load:
         return self.requests / self.duration_s if self.duration_s else 0.0
 
 
-def run_wrk(url: str, connections: int, duration_s: int, api_key: str | None = None) -> Load:
+def run_wrk(
+    url: str,
+    connections: int,
+    duration_s: int,
+    api_key: str | None = None,
+    api_keys: Sequence[str] = (),
+) -> Load:
+    """`api_key` on every request, or `api_keys` one per request in turn."""
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--timeout", "10s",
            "-s", str(WRK_SCRIPT), url + "/v1/chat/completions"]  # fmt: skip
     env = {**os.environ, "TG_WRK_BODY": json.dumps(CHAT_BODY, separators=(",", ":"))}
     if api_key is not None:
         env["TG_WRK_API_KEY"] = api_key
+    if api_keys:
+        env["TG_WRK_API_KEYS"] = ",".join(api_keys)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=duration_s + 60)
     match = _WRK_LINE.search(out.stdout)
     if out.returncode != 0 or match is None:
@@ -549,7 +575,7 @@ def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> Non
     """Warm each path up, then `args.rounds` rounds, paths interleaved within a round."""
     live = [r for r in rows if r.server.unavailable is None]
     for row in live:
-        run_wrk(row.server.url, args.connections, 1, row.server.api_key)
+        run_wrk(row.server.url, args.connections, 1, row.server.api_key, row.server.api_keys)
     for i in range(args.rounds):
         for row in live:
             measure_round(row, args, f"[{section}] round {i + 1}/{args.rounds}")
@@ -558,10 +584,11 @@ def measure_rows(rows: list[Row], args: argparse.Namespace, section: str) -> Non
 def measure_round(row: Row, args: argparse.Namespace, prefix: str) -> None:
     """One wrk run at 1 connection and one at `args.connections`, the server's CPU read
     around the second; appended to `row`."""
-    one = run_wrk(row.server.url, 1, args.duration, row.server.api_key)
+    keys = row.server.api_keys
+    one = run_wrk(row.server.url, 1, args.duration, row.server.api_key, keys)
     pid = row.server.proc.pid if row.server.proc is not None else None
     user0, sys0 = cpu_times(pid) if pid is not None else (float("nan"), float("nan"))
-    many = run_wrk(row.server.url, args.connections, args.duration, row.server.api_key)
+    many = run_wrk(row.server.url, args.connections, args.duration, row.server.api_key, keys)
     if pid is not None:
         user1, sys1 = cpu_times(pid)
         many.cpu_s, many.cpu_user_s = user1 + sys1 - user0 - sys0, user1 - user0
@@ -755,7 +782,7 @@ def profile_router(
     )  # fmt: skip
     try:
         time.sleep(0.5)
-        run_wrk(router.url, args.connections, duration, router.api_key)
+        run_wrk(router.url, args.connections, duration, router.api_key, router.api_keys)
         _, err = spy.communicate(timeout=duration + 30)
     finally:
         if spy.poll() is None:

@@ -8,6 +8,20 @@ end
 wrk.body = os.getenv("TG_WRK_BODY")
   or '{"model":"llama-3.1-8b","messages":[{"role":"user","content":"Say hello."}],"max_tokens":8}'
 
+-- TG_WRK_API_KEYS="k1,k2,...": one key per request, in turn (several tenants sending).
+local keys = {}
+for key in string.gmatch(os.getenv("TG_WRK_API_KEYS") or "", "[^,]+") do
+  keys[#keys + 1] = key
+end
+if #keys > 0 then
+  local turn = 0
+  request = function()
+    turn = turn % #keys + 1
+    wrk.headers["Authorization"] = "Bearer " .. keys[turn]
+    return wrk.format()
+  end
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

@@ -25,8 +25,13 @@ from tiergate.bench.results import RequestResult
 from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
 from tiergate.bench.stats import BenchReport
 from tiergate.bench.tenants import BenchTenant, load_tenants
-from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_mix
-from tiergate.sim_nodes.commands.common import positive_float, positive_int, unit_interval
+from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_max_tokens, parse_mix
+from tiergate.sim_nodes.commands.common import (
+    non_negative_float,
+    positive_float,
+    positive_int,
+    unit_interval,
+)
 
 __all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
 
@@ -80,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=positive_int, metavar="N",
         help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})",
     )  # fmt: skip
+    load.add_argument(
+        "--pause", type=non_negative_float, default=0.0, metavar="S",
+        help="seconds each worker waits after a reply before its next request (default 0: "
+        "back to back)",
+    )  # fmt: skip
     load.add_argument("--mix", default=DEFAULT_MIX, help=f"tier weights (default {DEFAULT_MIX})")
     load.add_argument(
         "--tools-fraction", type=unit_interval, default=0.2, metavar="F",
@@ -90,8 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt tokens per request, about (default 512)",
     )  # fmt: skip
     load.add_argument(
-        "--max-tokens", type=positive_int, default=128, metavar="N",
-        help="output tokens per request (default 128; tool requests get at least 64)",
+        "--max-tokens", default="128", metavar="N|LOW-HIGH",
+        help="output tokens per request, or a range each request's is drawn from (default "
+        "128; tool requests get at least 64)",
     )  # fmt: skip
     load.add_argument("--seed", type=int, default=0, help="seed of tiers, prompts, tool draws")
     out = parser.add_argument_group("output")
@@ -113,10 +124,12 @@ def run(args: argparse.Namespace) -> int:
     requests = args.requests
     if requests is None and args.duration is None:
         requests = DEFAULT_REQUESTS
+    min_max_tokens, max_tokens = parse_max_tokens(args.max_tokens)
     workload = Workload(
         mix=parse_mix(args.mix),
         input_tokens=args.input_tokens,
-        max_tokens=args.max_tokens,
+        max_tokens=max_tokens,
+        min_max_tokens=min_max_tokens,
         tools_fraction=args.tools_fraction,
         seed=args.seed,
     )
@@ -130,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         duration_s=args.duration,
         tenants=tuple(tenants),
+        pause_s=args.pause,
     )
     # Fail before sending load, not after it.
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

@@ -13,7 +13,7 @@ from typing import Any
 
 from tiergate.bench.errors import BenchError
 from tiergate.bench.fairness import TenantStats
-from tiergate.bench.stats import BenchReport, TierStats
+from tiergate.bench.stats import BenchReport, RunInfo, TierStats
 from tiergate.sim_nodes.commands.common import table
 
 __all__ = ["PLOT_INSTALL_HINT", "render_table", "require_matplotlib", "write_json", "write_plot"]
@@ -49,6 +49,11 @@ _TENANT_HEADERS = (
 )
 
 
+def _caps(run: RunInfo) -> str:
+    low = run.min_max_tokens
+    return str(run.max_tokens) if low is None else f"{low}-{run.max_tokens}"
+
+
 def render_table(report: BenchReport) -> str:
     """The human-readable report: the per-tier table, error kinds if any, then the per-tenant
     table of a --tenants run."""
@@ -58,7 +63,7 @@ def render_table(report: BenchReport) -> str:
     run = report.run
     lines = [
         f"{_sent(report)} to {run.url} in {report.wall_s:.2f}s "
-        f"(concurrency {run.concurrency}, max_tokens {run.max_tokens})",
+        f"(concurrency {run.concurrency}, max_tokens {_caps(run)})",
         table(_HEADERS, rows),
     ]
     for s in report.tiers:

@@ -53,6 +53,7 @@ class BenchSettings:
     timeout_s: float = 120.0
     duration_s: float | None = None
     tenants: tuple[BenchTenant, ...] = ()
+    pause_s: float = 0.0  # what each worker waits after a reply before its next request
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -94,9 +95,10 @@ async def run_bench(
 ) -> BenchReport:
     """Run the bench and summarize it. Raises BenchError if the server is unreachable.
 
-    A worker whose request got a 429 waits its Retry-After (`pacing.pause_after_429`) before
-    sending again. `stop` set (Ctrl-C): no request is sent after it, those in flight are
-    abandoned, and the report covers the requests that finished, marked as interrupted.
+    A worker waits `settings.pause_s` after each reply, or the Retry-After of a 429 if longer
+    (`pacing.pause_after_429`), before sending again. `stop` set (Ctrl-C): no request is sent
+    after it, those in flight are abandoned, and the report covers the requests that finished,
+    marked as interrupted.
     """
     url = normalize_url(settings.url)
     callers = _callers(settings)
@@ -131,10 +133,12 @@ async def run_bench(
                 last_reply_at = max(last_reply_at, clock())
                 if on_result is not None:
                     on_result(result)
+                wanted_s = settings.pause_s
                 if result.status == 429:  # a closed loop must not spin on a full queue
-                    pause_s = schedule.pause_s(pause_after_429(result.retry_after_s))
-                    if pause_s > 0:
-                        await asyncio.sleep(pause_s)
+                    wanted_s = max(wanted_s, pause_after_429(result.retry_after_s))
+                pause_s = schedule.pause_s(wanted_s)
+                if pause_s > 0:
+                    await asyncio.sleep(pause_s)
 
         async with asyncio.TaskGroup() as group:
             workers = [
@@ -159,6 +163,8 @@ async def run_bench(
         models=models,
         input_tokens=workload.input_tokens,
         max_tokens=workload.max_tokens,
+        min_max_tokens=workload.min_max_tokens,
+        pause_s=settings.pause_s,
         tools_fraction=workload.tools_fraction,
         seed=workload.seed,
     )

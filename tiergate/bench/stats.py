@@ -77,9 +77,15 @@ class RunInfo(BaseModel):
     mix: dict[str, float]
     models: dict[str, str] = Field(description="Model asked for, per requested tier.")
     input_tokens: int
-    max_tokens: int
+    max_tokens: int = Field(description="Output cap per request (the highest, with a range).")
+    min_max_tokens: int | None = Field(
+        default=None, description="The lowest cap of a range (--max-tokens LOW-HIGH), if any."
+    )
     tools_fraction: float
     seed: int
+    pause_s: float = Field(
+        default=0.0, description="What each worker waited after a reply (--pause), seconds."
+    )
     interrupted: bool = Field(
         default=False,
         description="Stopped early (Ctrl-C): the figures are those of the requests finished.",

@@ -23,6 +23,7 @@ __all__ = [
     "TOOL_SCHEMA",
     "PlannedRequest",
     "Workload",
+    "parse_max_tokens",
     "parse_mix",
     "synthetic_prompt",
     "tool_definition",
@@ -70,17 +71,22 @@ class PlannedRequest:
     with_tools: bool
     seed: int
     prompt: str
+    max_tokens: int | None = None  # drawn for this request (a range of caps), else the run's
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """The shape of the load: tier mix, prompt size, output cap, share of tool requests."""
+    """The shape of the load: tier mix, prompt size, output cap, share of tool requests.
+
+    With `min_max_tokens`, each request's output cap is drawn from `min_max_tokens` to
+    `max_tokens` (replies of varied lengths end at different times, as real ones do)."""
 
     mix: dict[str, float]
     input_tokens: int
     max_tokens: int
     tools_fraction: float
     seed: int
+    min_max_tokens: int | None = None
 
     def plan(self, requests: int) -> list[PlannedRequest]:
         """The first `requests` requests of `stream()`."""
@@ -96,17 +102,21 @@ class Workload:
             tier = rng.choices(tiers, weights)[0]
             with_tools = rng.random() < self.tools_fraction
             request_seed = rng.getrandbits(31)
-            prompt = synthetic_prompt(self.input_tokens, random.Random(request_seed))
-            yield PlannedRequest(index, tier, with_tools, request_seed, prompt)
+            # Drawn from the request's own generator: a range leaves the other draws as they were.
+            own = random.Random(request_seed)
+            prompt = synthetic_prompt(self.input_tokens, own)
+            cap = None
+            if self.min_max_tokens is not None:
+                cap = own.randint(self.min_max_tokens, self.max_tokens)
+            yield PlannedRequest(index, tier, with_tools, request_seed, prompt, cap)
 
     def body(self, request: PlannedRequest, model: str) -> dict[str, Any]:
         """The streaming chat-completion body of `request` for `model`."""
+        cap = self.max_tokens if request.max_tokens is None else request.max_tokens
         body: dict[str, Any] = {
             "model": model,
             "messages": [{"role": "user", "content": request.prompt}],
-            "max_tokens": max(self.max_tokens, TOOL_MIN_MAX_TOKENS)
-            if request.with_tools
-            else self.max_tokens,
+            "max_tokens": max(cap, TOOL_MIN_MAX_TOKENS) if request.with_tools else cap,
             "stream": True,
             "stream_options": {"include_usage": True},
             "seed": request.seed,
@@ -134,6 +144,19 @@ def synthetic_prompt(input_tokens: int, rng: random.Random) -> str:
     """A user message of about `input_tokens` prompt tokens (chat overhead included)."""
     words = max(1, input_tokens - _CHAT_OVERHEAD_TOKENS)
     return "".join(rng.choice(_WORDS) if i == 0 else " " + rng.choice(_WORDS) for i in range(words))
+
+
+def parse_max_tokens(text: str) -> tuple[int | None, int]:
+    """`--max-tokens`: `N` -> (None, N); `LOW-HIGH` -> (LOW, HIGH), each request's cap drawn
+    between them. Raises BenchError unless they are whole numbers with 1 <= LOW <= HIGH."""
+    low_text, dash, high_text = text.strip().partition("-")
+    try:
+        low, high = int(low_text), int(high_text if dash else low_text)
+    except ValueError:
+        raise BenchError(f"--max-tokens: expected N or LOW-HIGH, got {text!r}") from None
+    if not 1 <= low <= high:
+        raise BenchError(f"--max-tokens: expected 1 <= LOW <= HIGH, got {text!r}")
+    return (low if dash else None), high
 
 
 def parse_mix(text: str) -> dict[str, float]:

@@ -159,6 +159,26 @@ def test_a_worker_still_pausing_does_not_lengthen_a_run_of_n_requests() -> None:
     assert report.total.requests == 4 and report.wall_s == 0.0
 
 
+def test_pause_spaces_each_worker_s_requests_and_a_longer_retry_after_wins() -> None:
+    """--pause 4 over 20 virtual seconds: each worker sends at 0, 4, ..., 16; after a 429
+    saying 5 s, it waits the 5 s instead."""
+    served = Router()
+    report = run_in_virtual_time(served, requests=None, duration_s=20.0, pause_s=4.0)
+    assert served.chats == {"Bearer key-heavy": 3 * 5, "Bearer key-light": 5}
+    assert report.run.pause_s == 4.0 and report.total.errors == 0
+    shed = Router(429, {"retry-after": "5"})
+    run_in_virtual_time(shed, requests=None, duration_s=20.0, pause_s=4.0)
+    assert shed.chats == {"Bearer key-heavy": 3 * 4, "Bearer key-light": 4}
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_a_pause_must_be_a_number_of_seconds(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    code, out, err = cli(capsys, "--pause", value)
+    assert code == 2 and out == "" and "--pause" in err
+
+
 def test_the_pause_after_a_429_is_capped_and_ends_with_the_run() -> None:
     assert pause_after_429(None) == 1.0
     assert pause_after_429(0.5) == 0.5 and pause_after_429(3600) == MAX_RETRY_AFTER_S

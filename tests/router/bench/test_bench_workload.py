@@ -12,6 +12,7 @@ from tiergate.bench.workload import (
     TOOL_MIN_MAX_TOKENS,
     TOOL_NAME,
     Workload,
+    parse_max_tokens,
     parse_mix,
     synthetic_prompt,
 )
@@ -105,3 +106,27 @@ def test_body_is_a_streaming_chat_with_usage_and_a_forced_tool() -> None:
     plain = workload(tools_fraction=0.0)
     body = plain.body(plain.plan(1)[0], "m")
     assert "tools" not in body and body["max_tokens"] == 16
+
+
+def test_a_range_of_caps_draws_each_request_s_from_it_and_leaves_other_draws_alone() -> None:
+    ranged = workload(min_max_tokens=8, max_tokens=24, tools_fraction=0.0)
+    plan = ranged.plan(400)
+    caps = Counter(ranged.body(r, "m")["max_tokens"] for r in plan)
+    assert set(caps) == set(range(8, 25))  # every cap of the range, none outside it
+    assert plan == ranged.plan(400)  # seeded
+    fixed = workload(tools_fraction=0.0).plan(400)
+    assert [(r.tier, r.seed, r.prompt) for r in plan] == [(r.tier, r.seed, r.prompt) for r in fixed]
+    assert {r.max_tokens for r in fixed} == {None}
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"), [("128", (None, 128)), ("8-24", (8, 24)), (" 5-5 ", (5, 5))]
+)
+def test_max_tokens_is_a_number_or_a_range(text: str, parsed: tuple[int | None, int]) -> None:
+    assert parse_max_tokens(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["0", "24-8", "0-4", "8-", "-8", "lots", "1.5"])
+def test_a_bad_max_tokens_is_a_cli_error(text: str) -> None:
+    with pytest.raises(BenchError, match="--max-tokens: expected"):
+        parse_max_tokens(text)
