@@ -45,17 +45,12 @@ from tiergate.router.request.body import (
 )
 from tiergate.router.request.cascade import cascade_plan, serve_first_tier
 from tiergate.router.request.ids import new_request_id
-from tiergate.router.request.spill import choose_spill, spill_targets
+from tiergate.router.request.spill import spill_over
 from tiergate.router.request.tier_choice import choose_tier, most_it_may_cost, tiers_to_try
-from tiergate.router.request.tiers import (
-    Tier,
-    TierChoice,
-    openai_service_tier,
-)
+from tiergate.router.request.tiers import Tier, TierChoice, openai_service_tier
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry
-from tiergate.router.tenants.spill_policy import parse_spill_headers
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
 from tiergate.router.upstream.relay import (
@@ -200,13 +195,10 @@ class Router:
             tier = choice.tier
         ex.choice = choice
         tiers = tiers_to_try(view, request.model, choice, tier, tenant)
-        policy = parse_spill_headers(headers, tenant.spill, tenant.allowed_tiers, tenant.name)
-        spill = None
-        if plan is None and choice.priority != "flex":  # flex asked to wait, not to pay more
-            spill_to = spill_targets(view, request, tier, tenant.allowed_tiers, policy)
-            spill = choose_spill(
-                self.admission, view, self.predictor, request, tier, spill_to, self.clock()
-            )
+        spill = spill_over(
+            self.admission, view, self.predictor, headers, request, tenant, tier,
+            choice.priority, self.clock(), cascade=plan is not None,
+        )  # fmt: skip
         if spill is not None:  # its target had a free slot: it is tried first
             tiers = [spill.to, *tiers]
         budgets, limiter, now_s = self.budgets, self.limiter, self.wall()

@@ -23,7 +23,7 @@ says where it was served (`x-tiergate-tier`, `x-tiergate-spilled-from`, the body
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,10 +31,11 @@ from tiergate.router.admission import Admission
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
 from tiergate.router.request.body import CompletionRequest
-from tiergate.router.request.tiers import Tier
-from tiergate.router.tenants.spill_policy import SpillPolicy
+from tiergate.router.request.tiers import Priority, Tier
+from tiergate.router.tenants.registry import Tenant
+from tiergate.router.tenants.spill_policy import SpillPolicy, parse_spill_headers
 
-__all__ = ["Spill", "SpillReason", "choose_spill", "spill_targets"]
+__all__ = ["Spill", "SpillReason", "choose_spill", "spill_over", "spill_targets"]
 
 SpillReason = Literal["saturated", "slo"]
 
@@ -46,6 +47,30 @@ class Spill:
     origin: Tier
     to: Tier
     reason: SpillReason
+
+
+def spill_over(
+    admission: Admission,
+    view: PoolView,
+    predictor: LatencyPredictor,
+    headers: Mapping[str, str],
+    request: CompletionRequest,
+    tenant: Tenant,
+    asked: Tier,
+    priority: Priority,
+    now_s: float,
+    *,
+    cascade: bool,
+) -> Spill | None:
+    """Where `request` moves from `asked`, under its tenant's policy and its own spill
+    headers (checked on every request: a bad one is a 400 even where nothing may move), or
+    None to stay. A flex request (it asked to wait, not to pay more) and a cascade never
+    move."""
+    policy = parse_spill_headers(headers, tenant.spill, tenant.allowed_tiers, tenant.name)
+    if cascade or priority == "flex":
+        return None
+    targets = spill_targets(view, request, asked, tenant.allowed_tiers, policy)
+    return choose_spill(admission, view, predictor, request, asked, targets, now_s)
 
 
 def spill_targets(
