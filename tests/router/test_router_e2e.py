@@ -284,7 +284,8 @@ def test_models_health_and_openapi(system: dict[str, Any]) -> None:
     # What the router reads and sends is what the document says.
     op = spec["paths"]["/v1/chat/completions"]["post"]
     assert {p["name"] for p in op["parameters"]} == {
-        "x-tiergate-tier", "x-tiergate-cascade", "x-slo-ttft-ms", "x-slo-tpot-ms"
+        "x-tiergate-tier", "x-tiergate-cascade", "x-slo-ttft-ms", "x-slo-tpot-ms",
+        "x-tiergate-spill-to", "x-tiergate-spill-max-usd-per-mtok",
     }  # fmt: skip
     documented = set(op["responses"]["200"]["headers"])
     for headers in ({}, {"x-tiergate-cascade": "wafer-scale>premium"}):
