@@ -133,10 +133,13 @@ def test_while_a_request_that_may_spend_the_rest_runs_no_other_is_admitted(
         assert r.status_code == 200, r.read()
         lines = r.iter_lines()  # kept: a dropped iterator closes the stream
         assert next(line for line in lines if line.startswith("data: "))
-        # In flight, holding more than the budget: even a one-token request waits.
+        # In flight, holding more than the budget: even a one-token request waits. The stream's
+        # bill is brought up to date every second while it runs, so on a machine slow to send
+        # this request it may already be past the budget: refused for that instead.
         refused = httpx.post(system.url + path, json=small, headers=key(name), timeout=60)
         error = assert_refused(refused, 429, "budget_exceeded", system)
-        assert "in flight" in error["message"] and refused.headers["retry-after"] == "1"
+        if "has spent" not in error["message"]:
+            assert "in flight" in error["message"] and refused.headers["retry-after"] == "1"
         events = [
             json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"
         ]
