@@ -12,7 +12,7 @@ TYPEVIEW := $(VENV)/typecheck-view
 # Runs a phase and prints how long it took (CI's log shows where the time goes).
 PHASE = bash tools/phase.sh
 
-.PHONY: install demo test test-fast unit e2e e2e-tools cluster cluster-down lint typecheck view bench k8s-tools clean
+.PHONY: install demo test test-fast unit e2e e2e-tools cluster cluster-down lint typecheck view docs docs-reference bench k8s-tools clean
 
 install: $(STAMP)
 
@@ -29,10 +29,12 @@ demo: install
 	@echo
 	$(BIN)/tiergate demo
 
-# Every check, each phase timed: lint + types, unit/integration tests, then the e2e suite on a
-# real API server (local backend; builds the Kubernetes binaries on first use, see e2e/README.md).
+# Every check, each phase timed: lint + types, the docs site, unit/integration tests, then the e2e
+# suite on a real API server (local backend; builds the Kubernetes binaries on first use, see
+# e2e/README.md).
 test: install
 	@$(PHASE) lint $(MAKE) --no-print-directory lint typecheck
+	@$(PHASE) docs $(MAKE) --no-print-directory docs
 	@$(PHASE) unit $(MAKE) --no-print-directory unit
 	@$(PHASE) e2e $(MAKE) --no-print-directory e2e
 
@@ -49,6 +51,17 @@ lint: install view
 
 typecheck: install view
 	cd $(TYPEVIEW) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tiergate
+
+# The docs site into build/site: the generated reference pages must be current, and a broken
+# link, a missing page or a page left out of the nav fails the build (mkdocs.yml).
+docs: install
+	$(BIN)/python -P tools/reference_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Rewrite the reference pages generated from the code (docs/reference: InferencePool, router
+# configuration, tenants file, CLI, HTTP API).
+docs-reference: install
+	$(BIN)/python -P tools/reference_docs.py
 
 view:
 	@rm -rf $(TYPEVIEW) && mkdir -p $(TYPEVIEW)/tiergate

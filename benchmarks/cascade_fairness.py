@@ -1,5 +1,5 @@
 """Benchmark: a well-behaved tenant's cascade throughput while other tenants send schemas that
-take forever to check (issue #24, item 8), before and after a change, in one run.
+take forever to check, before and after a change, in one run.
 
 Starts two sim nodes (frontier-spark on wse-3 for the cascade's first tier, frontier on b200
 for the second) and one router per code version on 127.0.0.1, each with the same tenants

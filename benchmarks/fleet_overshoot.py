@@ -1,6 +1,6 @@
 """How far a burst over three routers on one PostgreSQL ledger goes past a tenant's budget and
-rate limit, against the bounds the README states, and what the same burst does to three
-routers each on its own SQLite ledger.
+rate limit, against the bounds docs/concepts/budgets.md states, and what the same burst does
+to three routers each on its own SQLite ledger.
 
 Each round gives a fresh tenant a budget of 40 requests' holds (or 60 requests a minute) and
 sends it 300 requests at once, round robin over the three routers, every other one a stream

@@ -17,7 +17,7 @@ time per record p50 / p99 / max (for groups: per group, which is what each of it
 waits), and the largest WAL file seen. Then, on the new file, what
 retention costs (router/ledger/retention.py): the rows are pruned in its batches of
 `BATCH_ROWS`, oldest first, and each batch is timed: that is how long it holds the event loop.
-Not a test: the figures go into the README and the two modules' docstrings.
+Not a test: the figures go into benchmarks/README.md.
 
     .venv/bin/python -P benchmarks/ledger_record.py [--records 19000] [--rounds 3]
         [--groups 4,16] [--dir /tmp]

@@ -13,7 +13,8 @@
 
 The upstream is `benchmarks/router_overhead/fixed_upstream.py` in its own process, so its CPU
 is not counted. Each figure is the median of `--rounds` rounds. Not a test: the figures back
-the explanations in the README and in router/upstream/proxy.py and router/discovery/scraper.py.
+the explanations in benchmarks/README.md, router/upstream/proxy.py and
+router/discovery/scraper.py.
 
     .venv/bin/python -P benchmarks/router_parts.py [--rounds 5]
 """

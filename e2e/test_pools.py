@@ -1,4 +1,4 @@
-"""The chart, the operator and the router on a real API server (issue 5's suite)."""
+"""The chart, the operator and the router on a real API server."""
 
 from __future__ import annotations
 

@@ -65,8 +65,12 @@ class _Model(BaseModel):
 class Billing(_Model):
     """What the router charges per token served by a pool (default: the envelope's cost)."""
 
-    output_per_million_usd: float | None = Field(default=None, ge=0)
-    input_per_million_usd: float = Field(default=0.0, ge=0)
+    output_per_million_usd: float | None = Field(
+        default=None, ge=0, description="USD per million output tokens; none: the envelope's."
+    )
+    input_per_million_usd: float = Field(
+        default=0.0, ge=0, description="USD per million prompt tokens."
+    )
 
 
 class PoolSpec(InferencePoolSpec):
@@ -170,8 +174,10 @@ class ConnectionSettings(_Model):
 class RouterSettings(_Model):
     """How the router itself runs."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="Address the router listens on.")
+    port: int = Field(
+        default=8080, ge=0, le=65535, description="Port the router listens on; 0: any free one."
+    )
     tenants_file: Path | None = Field(
         default=None, description="Tenants YAML, or a mounted Secret folder; none: open mode."
     )
@@ -207,12 +213,22 @@ class RouterSettings(_Model):
             "(e.g. 768Mi); keep it below the volume's size. None: no limit."
         ),
     )
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="Largest request body; larger: 413."
+    )
     connections: ConnectionSettings = Field(
         default_factory=ConnectionSettings,
         description="Timeouts for slow and idle client connections, and their cap.",
     )
-    upstream_attempts: int = Field(default=3, ge=1, le=10)
+    upstream_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description=(
+            "Endpoints tried for one request, before the first token of a stream or the first "
+            "byte of a whole reply."
+        ),
+    )
     admission_order: AdmissionOrder = Field(
         default="fair",
         description=(
@@ -220,8 +236,17 @@ class RouterSettings(_Model):
             "least attained service per tenant, in tokens) or fcfs (first come, first served)."
         ),
     )
-    scrape_interval_s: float = Field(default=0.5, gt=0)
-    reload_interval_s: float = Field(default=1.0, gt=0)
+    scrape_interval_s: float = Field(
+        default=0.5, gt=0, description="How often each endpoint's metrics (its load) are read."
+    )
+    reload_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "How often the configuration and tenants files are looked at; a change is applied "
+            "once it has held still for one interval."
+        ),
+    )
     policy: PolicyConfig = Field(
         default_factory=default_policy,
         description=(
@@ -288,8 +313,10 @@ class RouterSettings(_Model):
 class LocalSettings(_Model):
     """`tiergate up`: where the sim nodes listen."""
 
-    host: str = "127.0.0.1"
-    first_port: int = Field(default=9000, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="Address the sim nodes listen on.")
+    first_port: int = Field(
+        default=9000, ge=1, le=65535, description="The first node's port; the others follow."
+    )
 
 
 class KubernetesDiscovery(_Model):
@@ -317,15 +344,21 @@ class Discovery(_Model):
 class RouterConfig(_Model):
     """A whole configuration file."""
 
-    router: RouterSettings = Field(default_factory=RouterSettings)
-    local: LocalSettings = Field(default_factory=LocalSettings)
+    router: RouterSettings = Field(
+        default_factory=RouterSettings, description="How the router itself runs."
+    )
+    local: LocalSettings = Field(
+        default_factory=LocalSettings, description="`tiergate up`: where the sim nodes listen."
+    )
     discovery: Discovery = Field(
         default_factory=Discovery, description="Pool sources other than `pools`."
     )
     pools: list[PoolSpec] = Field(
         default_factory=list, description="The pools (required unless discovery is set)."
     )
-    kind: Literal["TiergateConfig"] = "TiergateConfig"
+    kind: Literal["TiergateConfig"] = Field(
+        default="TiergateConfig", description="Optional; names the file's kind."
+    )
 
     @model_validator(mode="after")
     def _one_pool_source(self) -> RouterConfig:

@@ -17,7 +17,8 @@ __all__ = ["LedgerBacklogWriter"]
 
 #: Seconds between tries while records are held.
 INTERVAL_S = 1.0
-#: Records per batch: each is its own transaction, ~25 us (benchmarks/ledger_record.py).
+#: Records per batch, each its own transaction: small, so the event loop is soon free again
+#: (benchmarks/ledger_record.py times a record).
 BATCH_ROWS = 200
 
 

@@ -1,7 +1,6 @@
 """Ledger retention: prune old request rows so that the usage ledger stops growing.
 
-Every request adds a row (~150 bytes with its share of pages), so without a limit the ledger
-fills its volume: the chart's default 1 GiB holds about seven million requests. Two limits,
+Every request adds a row, so without a limit the ledger fills its volume. Two limits,
 each optional, from the router's settings:
 - `ledgerRetentionDays`: request rows that finished longer ago than this go;
 - `ledgerMaxSize`: while the database's pages in use exceed this, the oldest rows go.

@@ -104,18 +104,45 @@ class _TenantSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
 
-    name: Annotated[str, Field(pattern=_NAME_PATTERN)]
+    name: Annotated[str, Field(pattern=_NAME_PATTERN)] = Field(
+        description="The tenant's name, in logs, metric labels and the ledger."
+    )
     # SecretStr keeps plaintext keys out of reprs and validation messages.
-    api_keys: list[SecretStr] = []
-    api_key_sha256: list[str] = []
-    allowed_tiers: Annotated[list[Tier], Field(min_length=1)] = list(TIERS)
-    requests_per_minute: Annotated[int, Field(gt=0)] | None = None
-    tokens_per_minute: Annotated[int, Field(gt=0)] | None = None
-    budget_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    budget_period: BudgetPeriod = "month"
-    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
-    max_queued: Annotated[int, Field(gt=0)] | None = None
-    spill_over: SpillOverSpec | None = None
+    api_keys: list[SecretStr] = Field(
+        default=[], description="Plaintext API keys, hashed when the file is read."
+    )
+    api_key_sha256: list[str] = Field(
+        default=[], description="API keys as hex SHA-256 digests (preferred to apiKeys)."
+    )
+    allowed_tiers: Annotated[list[Tier], Field(min_length=1)] = Field(
+        default=list(TIERS), description="Tiers the tenant may use; another is refused (403)."
+    )
+    requests_per_minute: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="Requests a minute (a token bucket); none: unlimited."
+    )
+    tokens_per_minute: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description="Tokens a minute (prompt + output cap, corrected after the reply); "
+        "none: unlimited.",
+    )
+    budget_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None, description="Spend allowed per budget period, USD; none: unlimited."
+    )
+    budget_period: BudgetPeriod = Field(
+        default="month", description="The budget's period, on UTC boundaries."
+    )
+    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        default=1.0, description="The tenant's share of a busy tier against other tenants'."
+    )
+    max_queued: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description="Most of its requests waiting for one tier (429 tenant_queue_full past "
+        "it); none: no cap of its own.",
+    )
+    spill_over: SpillOverSpec | None = Field(
+        default=None,
+        description="Tiers a request may move to when its own is busy; none: it never moves.",
+    )
 
     @field_validator("api_keys")
     @classmethod

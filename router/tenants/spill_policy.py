@@ -64,9 +64,18 @@ class SpillOverSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
 
-    to: Annotated[list[Tier], Field(min_length=1)]
-    max_output_usd_per_million: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    not_for_tools: list[Tier] = []
+    to: Annotated[list[Tier], Field(min_length=1)] = Field(
+        description="Tiers a request may move to (within allowedTiers); "
+        "the header x-tiergate-spill-to replaces it for one request."
+    )
+    max_output_usd_per_million: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="The most a moved request may cost per million output tokens; "
+        "x-tiergate-spill-max-usd-per-mtok replaces it. None: no cap.",
+    )
+    not_for_tools: list[Tier] = Field(
+        default=[], description="Tiers a request with tools never moves to."
+    )
 
     def policy(self) -> SpillPolicy:
         return SpillPolicy(

@@ -1,4 +1,7 @@
-"""`tiergate perf`: steady-state prediction for one configuration (see the README for fields)."""
+"""`tiergate perf`: steady-state prediction for one configuration.
+
+docs/performance-model.md describes the output and the `--json` fields.
+"""
 
 from __future__ import annotations
 

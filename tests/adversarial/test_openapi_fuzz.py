@@ -1,7 +1,8 @@
 """The router fuzzed from its own OpenAPI document: benchmarks/openapi_fuzz.py, run whole (a real
 router and sim nodes on loopback, `tiergate up`) with a fixed seed and a bounded number of
 cases, positive and negative, over every operation: no server error, and every error reply is
-the OpenAI error envelope. The benchmark's longer run, and its figures, are in the README.
+the OpenAI error envelope. The benchmark's longer run, and its figures, are in
+benchmarks/README.md.
 
 tests/router/test_openapi_conformance.py checks the document against the router's parsing
 (what one allows the other accepts); this checks the router's replies to what it generates.

@@ -1,4 +1,4 @@
-"""Issue #18's "Done when" on real processes: three `tiergate router` processes (each on
+"""The shared ledger's bounds on real processes: three `tiergate router` processes (each on
 `--port 0`, one config with one ledgerUrl, one tenants file) in front of one sim node.
 
 - A burst of 300 requests spread round robin over them spends at most a tenant's budget plus

@@ -1,4 +1,4 @@
-"""A request's routing work is bounded by the sample, not by the pool (issue 3's target).
+"""A request's routing work is bounded by the sample, not by the pool.
 
 Endpoints that count every read of their fields show which ones a request touched: for a
 pool of 300, admission's saturation check and the default pipeline touch at most the sample

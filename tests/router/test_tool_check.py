@@ -252,7 +252,7 @@ def test_a_check_that_outgrows_the_worker_s_memory_is_given_up_and_the_worker_re
 
 def test_two_tenants_holding_both_workers_with_slow_schemas_do_not_starve_a_third() -> None:
     """Two tenants' slow checks on both workers used to hold them to their deadline, so every
-    other tenant's check waited for one and was given up as busy (issue #24). A slow check
+    other tenant's check waited for one and was given up as busy. A slow check
     now gives way to a waiting tenant after its share; the third tenant's check is checked."""
 
     async def scenario() -> None:

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--tenants", type=Path, metavar="FILE",
         help="send as several tenants: a YAML file of tenants, each with its key and "
-        "concurrency (see README); replaces --api-key and --concurrency and adds a "
+        "concurrency (docs/tutorials/local.md); replaces --api-key and --concurrency and adds a "
         "per-tenant table of the service each got",
     )  # fmt: skip
     target.add_argument(
