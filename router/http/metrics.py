@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -22,9 +23,12 @@ from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
 from tiergate.router.ledger.sqlite import Ledger
 from tiergate.router.ledger.store import LedgerStore
+from tiergate.router.request.spill import SpillReason
+from tiergate.router.request.tiers import TIERS
 from tiergate.router.tenants.guards import Budgets
 from tiergate.router.tenants.registry import Tenant
 from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
+from tiergate.sim_nodes.tiers import Priority
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -91,6 +95,15 @@ class RouterMetrics:
             ["from_tier", "to_tier", "reason"],
             registry=r,
         )
+        # Series that exist before their first event, at zero, so rate() and increase() see
+        # that event (Prometheus cannot tell a new series' first increment from its start).
+        for tier in TIERS:
+            for priority in get_args(Priority):
+                self.shed.labels(tier, priority)
+            for to_tier in TIERS:
+                for reason in get_args(SpillReason):
+                    if to_tier != tier:
+                        self.spills.labels(tier, to_tier, reason)
         self.retries = Counter(
             "tiergate_upstream_retries", "Upstream attempts beyond the first.", registry=r
         )

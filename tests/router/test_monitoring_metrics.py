@@ -76,3 +76,14 @@ def test_every_pool_lists_every_state_zeros_included(tmp_path: Path) -> None:
     endpoint.scrape_failures = 0
     found = samples(app.router.metrics.exposition().decode(), "tiergate_pool_endpoints")
     assert found[(("pool", "alive"), ("state", "ready"), ("tier", "batched"))] == 1
+
+
+def test_shed_and_spill_series_exist_at_zero_before_their_first_event(tmp_path: Path) -> None:
+    """rate() and increase() need a sample before an event to count it."""
+    config = parse_config(f"router: {{ledgerPath: {tmp_path / 'ledger.sqlite'}}}\npools: []", "t")
+    app = build_app(config, StaticSource(build_view([], default_catalog())))
+    text = app.router.metrics.exposition().decode()
+    shed = samples(text, "tiergate_shed_total")
+    assert len(shed) == 9 and set(shed.values()) == {0.0}  # 3 tiers x 3 priorities
+    spills = samples(text, "tiergate_spills_total")
+    assert len(spills) == 12 and set(spills.values()) == {0.0}  # 6 tier pairs x 2 reasons
