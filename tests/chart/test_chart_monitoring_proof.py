@@ -1,9 +1,10 @@
 """The chart's dashboard and alerts, proven on a real Prometheus: `tiergate up` runs the three
-seed tiers, a real Prometheus scrapes the router and every sim node (labelled with pool and
-tier, as the chart's PodMonitor labels them) and loads the chart's rendered PrometheusRule;
-a short mixed load goes through the router. Then every dashboard query returns data, every
-alert's expression passes `promtool check rules` and evaluates, the alerts the load should not
-trigger are quiet, and two fire on purpose: a tenant's budget spent, and a pool whose only
+seed tiers, a real Prometheus scrapes the router, every sim node (labelled with pool and tier,
+as the chart's PodMonitor labels them) and the operator's metrics endpoint (served here
+without a cluster), and loads the chart's rendered PrometheusRule; a short mixed load goes
+through the router. Then every dashboard query returns data, every alert's expression passes
+`promtool check rules` and evaluates, the alerts the load should not trigger are quiet, and
+three fire on purpose: a tenant's budget spent, a failed reconciliation, and a pool whose only
 node was stopped.
 """
 
@@ -33,6 +34,7 @@ from process_tree import children
 from prometheus_server import PrometheusMissing, PrometheusServer, binaries, check_rules
 
 from tiergate.local.up_cmd import default_config_text
+from tiergate.operator.metrics import OperatorMetrics
 
 DASHBOARD = CHART / "dashboards" / "tiergate.json"
 #: What Grafana would put in for the template variables: every tier, pool and tenant; a rate
@@ -117,11 +119,8 @@ def system(tmp_path_factory: Any) -> Iterator[System]:
     )
     (root / "up.yaml").write_text(yaml.safe_dump(config))
     replicas = [(p["name"], p["tier"]) for p in config["pools"] for _ in range(p["replicas"])]
-    first_node, router_port = free_ports(len(replicas)), 0
-    while router_port == 0 or first_node <= router_port < first_node + len(replicas):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            router_port = int(s.getsockname()[1])
+    first_node = free_ports(len(replicas) + 1)  # the nodes', then the router's
+    router_port = first_node + len(replicas)
     log = (root / "up.log").open("wb")
     argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(root / "up.yaml"),
             "--port", str(router_port), "--first-node-port", str(first_node)]  # fmt: skip
@@ -149,11 +148,31 @@ def system(tmp_path_factory: Any) -> Iterator[System]:
             up.wait()
 
 
+@dataclass
+class Operator:
+    metrics: OperatorMetrics
+    target: str
+
+
+@pytest.fixture(scope="module")
+def operator() -> Iterator[Operator]:
+    """The operator's metrics endpoint, as `tiergate operator --metrics-port` serves it."""
+    port = free_ports(1)
+    metrics = OperatorMetrics()
+    server = metrics.serve(port, host="127.0.0.1")
+    try:
+        yield Operator(metrics, f"127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="module")
 def prometheus(
-    system: System, rules_file: Path, tmp_path_factory: Any
+    system: System, operator: Operator, rules_file: Path, tmp_path_factory: Any
 ) -> Iterator[PrometheusServer]:
     scrape_configs = [
+        {"job_name": "tiergate-operator", "static_configs": [{"targets": [operator.target]}]},
         {"job_name": "tiergate-router",
          "static_configs": [{"targets": [system.router.removeprefix("http://")]}]},
         {"job_name": "tiergate-sim-nodes",
@@ -219,7 +238,7 @@ def load(system: System, prometheus: PrometheusServer) -> Load:
 
     until(scraped, "Prometheus did not scrape the load's requests", within_s=30)
     end_s = time.time()
-    targets = 1 + len(system.nodes)
+    targets = 2 + len(system.nodes)  # the router, the operator, the nodes
     until(lambda: len(prometheus.query("up == 1")) == targets, "a scrape target is down")
 
     def scraped_since_end(scrapes: int) -> bool:
@@ -289,6 +308,18 @@ def test_alerts_the_load_should_not_trigger_are_quiet(
     until(lambda: firing() == EXPECTED, f"firing: {firing()}, expected {EXPECTED}", within_s=30)
     (budget,) = prometheus.firing()
     assert budget["annotations"]["runbook_url"].endswith("#tiergatebudgetnearexhaustion")
+
+
+def test_a_failed_reconciliation_fires_the_operator_alert(
+    operator: Operator, prometheus: PrometheusServer, load: Load
+) -> None:
+    operator.metrics.count("resync", "error")
+
+    def fired() -> bool:
+        names = {a["labels"]["alertname"] for a in prometheus.firing()}
+        return "TiergateOperatorReconcileErrors" in names
+
+    until(fired, "TiergateOperatorReconcileErrors did not fire", within_s=30)
 
 
 def test_a_stopped_node_fires_no_ready_endpoint_for_its_pool(
