@@ -257,12 +257,16 @@ def panel_queries() -> list[tuple[str, str]]:
     queries = []
     for panel in board["panels"]:
         for target in panel.get("targets", []):
-            expr = target["expr"]
-            for name, value in sorted(VARIABLES.items(), key=lambda kv: -len(kv[0])):
-                expr = expr.replace(name, value)
+            expr = fill(target["expr"])
             assert "$" not in expr, f"{panel['title']}: a variable left in {expr}"
             queries.append((f"{panel['title']} [{target['refId']}]", expr))
     return queries
+
+
+def fill(expr: str) -> str:
+    for name, value in sorted(VARIABLES.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(name, value)
+    return expr
 
 
 def has_values(series: list[dict[str, Any]]) -> bool:
@@ -278,6 +282,18 @@ def test_every_dashboard_query_returns_data(prometheus: PrometheusServer, load: 
         if not has_values(series):
             empty.append(f"{title}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_every_template_variable_lists_values(prometheus: PrometheusServer, load: Load) -> None:
+    board = json.loads(DASHBOARD.read_text())
+    variables = [v for v in board["templating"]["list"] if v["type"] == "query"]
+    assert {v["name"] for v in variables} == {"tier", "pool", "tenant"}
+    for variable in variables:
+        found = re.fullmatch(r"label_values\((.+), (\w+)\)", fill(variable["query"]))
+        assert found, variable["query"]
+        selector, label = found.groups()
+        values = prometheus.api(f"label/{label}/values", **{"match[]": selector})
+        assert values, f"variable {variable['name']}: no values of {label} in {selector}"
 
 
 def alert_rules(rules_file: Path) -> list[dict[str, Any]]:
