@@ -20,7 +20,7 @@ from tiergate.sim_nodes.commands.common import CliError
 from .errors import PlanError
 from .pools import write_pools
 from .report import render
-from .search import plan_fleet
+from .search import NO_PROGRESS, plan_fleet
 from .spec import load_plan
 from .traffic import plan_traffic
 
@@ -74,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
         traffic = plan_traffic(plan, base)
         bar = _Bar() if sys.stderr.isatty() and not args.no_progress else None
         try:
-            report = plan_fleet(
-                plan, traffic, default_catalog(), **({"progress": bar} if bar else {})
-            )
+            report = plan_fleet(plan, traffic, default_catalog(), bar or NO_PROGRESS)
         finally:
             if bar is not None:
                 bar.close()
