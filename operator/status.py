@@ -202,5 +202,5 @@ def conditions(
             last_transition_time=now if changed or old is None else old.last_transition_time,
             observed_generation=generations.get(kind, generation),
         )
-    order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded"]
+    order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded", "Autoscaling"]
     return [by_type[k] for k in order if k in by_type]
