@@ -119,6 +119,11 @@ class AutoscalingStatus(Api):
         default=None, description="Why (ScaledUp, ScaledDown, OutOfRange, ...)."
     )
     last_scale_message: str | None = Field(default=None, description="From, to and why.")
+    observing_since: str | None = Field(
+        default=None,
+        description="Since when recommendations were kept without a gap longer than the "
+        "window: a scale-down waits until the window has been observed whole.",
+    )
     recommendations: list[Recommendation] = Field(
         default_factory=list,
         description="Recommendations within the scale-down window (survive restarts).",
