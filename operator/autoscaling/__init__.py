@@ -1,8 +1,21 @@
-"""Autoscaling of InferencePools: one replica's capacity at the SLO (capacity) and the pure
-decision from observed load and the last status (decide). The kopf timer that reads the
-pods' metrics and writes the decision is built on these."""
+"""Autoscaling of InferencePools: one replica's capacity at the SLO (capacity), the load the
+pods report (load) and the pure decision from both and the last status (decide). The kopf
+timer that scrapes the pods and writes the decision is built on these."""
 
 from .capacity import Capacity, RequestShape, replica_capacity
 from .decide import Decision, ObservedLoad, decide
+from .load import MetricsError, PodMetrics, observed_load, observed_shape, parse_pod_metrics
 
-__all__ = ["Capacity", "Decision", "ObservedLoad", "RequestShape", "decide", "replica_capacity"]
+__all__ = [
+    "Capacity",
+    "Decision",
+    "MetricsError",
+    "ObservedLoad",
+    "PodMetrics",
+    "RequestShape",
+    "decide",
+    "observed_load",
+    "observed_shape",
+    "parse_pod_metrics",
+    "replica_capacity",
+]
