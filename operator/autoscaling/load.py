@@ -33,9 +33,10 @@ MIN_FINISHED_FOR_SHAPE = 20
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 BACKGROUND = "tiergate_background_sequences"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-FINISHED = "vllm:request_success_total"
+# Counters by their family names (as the sim node defines them); their samples carry `_total`.
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+FINISHED = "vllm:request_success"
 
 
 class MetricsError(ValueError):
@@ -72,9 +73,9 @@ def parse_pod_metrics(text: str) -> PodMetrics:
     return PodMetrics(
         running=max(running, 0),
         waiting=max(round(sums[WAITING]), 0),
-        prompt_tokens=sums.get(PROMPT_TOKENS, 0.0),
-        generation_tokens=sums.get(GENERATION_TOKENS, 0.0),
-        finished=sums.get(FINISHED, 0.0),
+        prompt_tokens=sums.get(f"{PROMPT_TOKENS}_total", 0.0),
+        generation_tokens=sums.get(f"{GENERATION_TOKENS}_total", 0.0),
+        finished=sums.get(f"{FINISHED}_total", 0.0),
     )
 
 
