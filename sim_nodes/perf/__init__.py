@@ -1,6 +1,6 @@
 """The performance model: pure functions from (model, hardware, batch) to time and cost."""
 
-from .capacity import SloCapacity, slo_capacity
+from .capacity import Resident, SloCapacity, slo_capacity
 from .deployment import (
     Deployment,
     PerfConfigError,
@@ -30,6 +30,7 @@ __all__ = [
     "PricingSpec",
     "ProfileSource",
     "ServingSpec",
+    "Resident",
     "SloCapacity",
     "SpeculativeSpec",
     "build_deployment",

@@ -3,7 +3,14 @@
 import pytest
 
 from tiergate.sim_nodes.catalogs import Catalog
-from tiergate.sim_nodes.perf import Batching, Deployment, Workload, evaluate, slo_capacity
+from tiergate.sim_nodes.perf import (
+    Batching,
+    Deployment,
+    Resident,
+    Workload,
+    evaluate,
+    slo_capacity,
+)
 
 SHAPE = Workload(1024, 256, 0, None)
 
@@ -50,3 +57,21 @@ def test_a_model_that_does_not_fit_has_no_capacity(catalog: Catalog) -> None:
     d = Deployment(catalog.model("llama-3.1-405b"), catalog.accelerator("a100-40gb"))
     found = slo_capacity(d, SHAPE, Batching(), 1.0, 1.0)
     assert not found.alone.fits and found.concurrency == 0
+
+
+def test_resident_sequences_take_slots_and_count_in_every_step(catalog: Catalog) -> None:
+    batching = Batching(max_num_seqs=32)
+    resident = Resident(sequences=8, context_tokens=SHAPE.tokens_per_sequence)
+    free = slo_capacity(d8b(catalog), SHAPE, batching, None, None, resident)
+    assert free.concurrency == free.room == 24
+    found = slo_capacity(d8b(catalog), SHAPE, batching, 0.5, 0.02, resident)
+    # Brute force: the requests plus the resident sequences are the batch the SLO sees.
+    assert found.concurrency == brute_force(d8b(catalog), batching, 0.5, 0.02) - 8
+    assert found.at_capacity is not None
+    assert found.at_capacity.concurrency == found.concurrency + 8
+    assert found.requests_per_s == pytest.approx(
+        found.at_capacity.throughput_output_tokens_per_s
+        * found.concurrency
+        / (found.concurrency + 8)
+        / SHAPE.output_tokens
+    )
