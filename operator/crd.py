@@ -264,6 +264,7 @@ def inference_pool_crd(catalog: Catalog) -> Schema:
         ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("ModelProfile", "string", ".status.envelope.modelSource", 1),
         ("AcceleratorProfile", "string", ".status.envelope.acceleratorSource", 1),
+        ("Desired", "integer", ".status.autoscaling.desiredReplicas", 1),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

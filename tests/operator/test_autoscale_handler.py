@@ -14,12 +14,14 @@ from operator_helpers import CATALOG, IMAGE, FakeCluster, conditions, pool
 from tiergate.operator.autoscale import MetricsScraper
 from tiergate.operator.handlers import OperatorMemo, inferencepool_autoscale
 from tiergate.operator.kube import PodAddress
+from tiergate.operator.reconcile import reconcile
 from tiergate.sim_nodes.server.metrics import NodeMetrics
 
 NS, NAME = "team-a", "frontier-premium"
 START = datetime.datetime(2026, 11, 21, tzinfo=datetime.UTC)
 TICK = datetime.timedelta(seconds=15)
-# One replica of the premium example carries 4 requests; at the default 0.8 utilisation, 3.2.
+# One replica of the premium example carries 2 requests beside its 2 background sequences
+# (batch cap 4); at the default 0.8 utilisation, 1.6.
 
 
 class Engine:
@@ -106,7 +108,7 @@ def status(cluster: FakeCluster) -> dict[str, Any]:
 def test_scales_up_at_once_writing_the_status_first() -> None:
     cluster, fleet, clock, events = setup()
     memo = memo_of(cluster, fleet, clock, events)
-    fleet.set((4, 6))  # 10 requests / 3.2 per replica: 4 replicas
+    fleet.set((4, 6))  # 10 requests / 1.6 per replica: 7, held to maxReplicas 4
     tick(cluster, memo)
     assert [(what, value) for what, _, value in cluster.writes][1:] == [("scale", 4)]
     written = cluster.writes[0][2]
@@ -196,3 +198,22 @@ def test_a_pool_without_autoscaling_is_left_alone() -> None:
     fleet.set((4, 6))
     tick(cluster, memo_of(cluster, fleet, clock, events))
     assert cluster.writes == [] and events == []
+
+
+def test_removing_autoscaling_clears_its_status_and_condition() -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((4, 6))
+    tick(cluster, memo)
+    stored = cluster.pools[(NS, NAME)]
+    kept = reconcile(stored, cluster, CATALOG, IMAGE, lambda: "2026-11-21T00:01:00Z").status
+    assert "Autoscaling" in conditions(kept)  # still set: the timer's, left as it is
+    assert "autoscaling" not in kept
+    del stored["spec"]["autoscaling"]
+    cleared = reconcile(stored, cluster, CATALOG, IMAGE, lambda: "2026-11-21T00:02:00Z").status
+    assert cleared["autoscaling"] is None  # a merge patch's null removes status.autoscaling
+    assert "Autoscaling" not in conditions(cleared)
+    assert {"Ready", "Fits", "Progressing"} <= set(conditions(cleared))
+    cluster.patch_pool_status(NS, NAME, cleared)
+    again = reconcile(stored, cluster, CATALOG, IMAGE, lambda: "2026-11-21T00:03:00Z").status
+    assert "autoscaling" not in again  # nothing left to clear: not written again
