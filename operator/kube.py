@@ -23,6 +23,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from .api import GROUP, KIND, PLURAL, VERSION, label_selector, pool_selector_labels
+from .autoscaling import HpaUnknown
 from .render import FIELD_MANAGER
 
 __all__ = [
@@ -68,7 +69,7 @@ class Cluster(Protocol):
 
     def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]: ...
 
-    def hpa_targeting(self, namespace: str, pool: str) -> str | None: ...
+    def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None: ...
 
     def scale_pool(self, namespace: str, pool: str, replicas: int) -> None: ...
 
@@ -226,13 +227,17 @@ class KubeCluster:
             found.append(PodAddress(str(meta.name), ip, ready))
         return found
 
-    def hpa_targeting(self, namespace: str, pool: str) -> str | None:
-        """The name of a HorizontalPodAutoscaler whose target is the pool (None: none is)."""
+    def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:
+        """The name of a HorizontalPodAutoscaler whose target is the pool (None: none is;
+        HpaUnknown: the operator may not list them, so it cannot tell)."""
         try:
             hpas = self._autoscaling.list_namespaced_horizontal_pod_autoscaler(
                 namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as exc:
+            if exc.status == 403:
+                grant = f"list horizontalpodautoscalers.autoscaling in {namespace}"
+                return HpaUnknown(grant)
             raise _temporary(f"list HorizontalPodAutoscalers in {namespace}", exc) from None
         for hpa in hpas.items or []:
             target = hpa.spec.scale_target_ref

@@ -3,12 +3,13 @@ pods report (load) and the pure decision from both and the last status (decide).
 timer that scrapes the pods and writes the decision is built on these."""
 
 from .capacity import Capacity, RequestShape, replica_capacity
-from .decide import Decision, ObservedLoad, decide
+from .decide import Decision, HpaUnknown, ObservedLoad, decide
 from .load import MetricsError, PodMetrics, observed_load, observed_shape, parse_pod_metrics
 
 __all__ = [
     "Capacity",
     "Decision",
+    "HpaUnknown",
     "MetricsError",
     "ObservedLoad",
     "PodMetrics",

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from ..api import AutoscalingSpec, AutoscalingStatus, Recommendation
 from .capacity import Capacity
 
-__all__ = ["Decision", "ObservedLoad", "decide"]
+__all__ = ["Decision", "HpaUnknown", "ObservedLoad", "decide"]
+
+
+@dataclass(frozen=True, slots=True)
+class HpaUnknown:
+    """Whether a HorizontalPodAutoscaler scales the pool cannot be told: the operator may not
+    list them. Not "none": an HPA it cannot see would fight it over spec.replicas."""
+
+    #: The grant that is missing, in RBAC's words.
+    missing: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +51,7 @@ class Decision:
     current: int
     desired: int
     #: ScaledUp, ScaledDown, OutOfRange, ManualScaleOverridden, Holding, AtMaximum,
-    #: NoMetrics, HpaConflict, or the capacity's problem (InvalidSpec, ModelDoesNotFit,
+    #: NoMetrics, HpaConflict, HpaUnknown, or the capacity's problem (InvalidSpec, ModelDoesNotFit,
     #: SloUnreachable).
     reason: str
     message: str
@@ -62,10 +71,11 @@ def decide(
     current: int,
     previous: AutoscalingStatus | None,
     now: datetime.datetime,
-    hpa: str | None = None,
+    hpa: str | HpaUnknown | None = None,
 ) -> Decision:
     """The decision for one pool at `now` (timezone-aware). `current`: spec.replicas;
-    `load` None: no pod could be read; `hpa`: the name of an HPA targeting the pool."""
+    `load` None: no pod could be read; `hpa`: the name of an HPA targeting the pool, or
+    HpaUnknown when the HPAs could not be listed."""
     previous = previous or AutoscalingStatus()
     window = datetime.timedelta(seconds=policy.stabilization_s)
     kept = [r for r in previous.recommendations if _time(r.time) > now - window]
@@ -93,6 +103,12 @@ def decide(
         held = status.model_copy(update={"desired_replicas": current})
         return Decision(current, current, reason, message, active, held)
 
+    if isinstance(hpa, HpaUnknown):
+        message = (
+            "cannot tell whether a HorizontalPodAutoscaler also scales this pool: the "
+            f"operator may not {hpa.missing}; holding (grant it, as the chart's Role does)"
+        )
+        return hold("HpaUnknown", message, False)
     if hpa is not None:
         message = (
             f"HorizontalPodAutoscaler {hpa} also scales this pool: tiergate stands down "

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
 from tiergate.operator.kube import ApplyRejected, PodAddress
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -31,7 +32,8 @@ class FakeCluster:
         self.existing: dict[tuple[str, str, str], dict[str, Any]] = {}  # kind, ns, name
         self.rejects: dict[str, str] = {}  # kind -> the API server's message
         self.pods: dict[tuple[str, str], list[PodAddress]] = {}  # ns, pool -> its pods
-        self.hpas: dict[tuple[str, str], str] = {}  # ns, pool -> the HPA targeting it
+        # ns, pool -> the HPA targeting it, or HpaUnknown (the operator may not list them)
+        self.hpas: dict[tuple[str, str], str | HpaUnknown] = {}
         self.writes: list[tuple[str, str, Any]] = []  # (what, pool, value), in order
 
     def apply(self, manifest: dict[str, Any]) -> None:
@@ -61,7 +63,7 @@ class FakeCluster:
     def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
         return list(self.pods.get((namespace, pool), []))
 
-    def hpa_targeting(self, namespace: str, pool: str) -> str | None:
+    def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:
         return self.hpas.get((namespace, pool))
 
     def scale_pool(self, namespace: str, pool: str, replicas: int) -> None:

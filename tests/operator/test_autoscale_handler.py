@@ -12,6 +12,7 @@ import kopf
 from operator_helpers import CATALOG, IMAGE, FakeCluster, conditions, pool
 
 from tiergate.operator.autoscale import MetricsScraper
+from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.handlers import OperatorMemo, inferencepool_autoscale
 from tiergate.operator.kube import PodAddress
 from tiergate.operator.reconcile import reconcile
@@ -161,6 +162,24 @@ def test_an_hpa_is_reported_once_and_nothing_scaled() -> None:
     assert (condition["status"], condition["reason"]) == ("False", "HpaConflict")
     assert "premium-hpa" in condition["message"]
     assert [(kind, reason) for kind, reason, _ in events] == [("Warning", "HpaConflict")]
+
+
+def test_hpas_the_operator_may_not_list_hold_the_pool_and_say_which_grant_is_missing() -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    cluster.hpas[(NS, NAME)] = HpaUnknown(f"list horizontalpodautoscalers.autoscaling in {NS}")
+    fleet.set((4, 6))
+    for _ in range(3):
+        tick(cluster, memo)
+        clock.now += TICK
+    assert [what for what, _, _ in cluster.writes] == ["status"] * 3  # never scaled
+    condition = conditions(status(cluster))["Autoscaling"]
+    assert (condition["status"], condition["reason"]) == ("False", "HpaUnknown")
+    assert f"list horizontalpodautoscalers.autoscaling in {NS}" in condition["message"]
+    assert [(kind, reason) for kind, reason, _ in events] == [("Warning", "HpaUnknown")]
+    del cluster.hpas[(NS, NAME)]  # granted: the autoscaler acts on the next tick
+    tick(cluster, memo)
+    assert replicas(cluster) == 4
 
 
 def test_an_unreachable_slo_warns_once_with_numbers_and_scales_nothing() -> None:

@@ -12,6 +12,7 @@ from tiergate.operator.api import AutoscalingSpec, AutoscalingStatus, InferenceP
 from tiergate.operator.autoscaling import (
     Capacity,
     Decision,
+    HpaUnknown,
     ObservedLoad,
     RequestShape,
     decide,
@@ -127,6 +128,12 @@ def test_an_hpa_on_the_pool_makes_tiergate_stand_down() -> None:
     d = decide(POLICY, TEN, load(95), 1, None, T0, hpa="web")
     assert (d.desired, d.reason, d.active) == (1, "HpaConflict", False)
     assert "HorizontalPodAutoscaler web" in d.message
+
+
+def test_hpas_that_cannot_be_listed_hold_the_pool_whatever_the_load() -> None:
+    d = decide(POLICY, TEN, load(95), 1, None, T0, hpa=HpaUnknown("list them in team-a"))
+    assert (d.desired, d.reason, d.active) == (1, "HpaUnknown", False)
+    assert "list them in team-a" in d.message and "holding" in d.message
 
 
 def test_target_utilization_leaves_headroom() -> None:
