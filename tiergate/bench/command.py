@@ -23,7 +23,7 @@ from tiergate.bench.progress import make_progress
 from tiergate.bench.report import render_table, require_matplotlib, write_json, write_plot
 from tiergate.bench.results import RequestResult
 from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
-from tiergate.bench.stats import BenchReport
+from tiergate.bench.stats import BenchReport, SloTargets
 from tiergate.bench.tenants import BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_max_tokens, parse_mix
 from tiergate.sim_nodes.commands.common import (
@@ -105,6 +105,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "128; tool requests get at least 64)",
     )  # fmt: skip
     load.add_argument("--seed", type=int, default=0, help="seed of tiers, prompts, tool draws")
+    slo = parser.add_argument_group("service level (adds the share of requests within it)")
+    slo.add_argument(
+        "--slo-ttft-ms", type=positive_float, metavar="MS",
+        help="time to first token a request must not exceed",
+    )  # fmt: skip
+    slo.add_argument(
+        "--slo-tpot-ms", type=positive_float, metavar="MS",
+        help="time per output token (after the first) a request must not exceed",
+    )  # fmt: skip
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     out.add_argument(
@@ -144,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         tenants=tuple(tenants),
         pause_s=args.pause,
+        slo=(
+            None
+            if args.slo_ttft_ms is None and args.slo_tpot_ms is None
+            else SloTargets(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+        ),
     )
     # Fail before sending load, not after it.
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
