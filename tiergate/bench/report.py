@@ -59,7 +59,8 @@ def render_table(report: BenchReport) -> str:
     table of a --tenants run."""
     run = report.run
     stats = [*report.tiers, report.total] if len(report.tiers) > 1 else report.tiers
-    headers, rows = _HEADERS, [_row(s) for s in stats]
+    headers: tuple[str, ...] = _HEADERS
+    rows = [_row(s) for s in stats]
     if run.slo is not None:
         headers = (*_HEADERS, f"SLO met ({_targets(run.slo)})")
         rows = [
