@@ -17,7 +17,7 @@ from typing import Literal
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.perf import PerfConfigError, Resident, Workload, slo_capacity
 
-from ..api import InferencePoolSpec, ReferenceWorkload, predict
+from ..api import InferencePoolSpec, predict
 
 __all__ = ["Capacity", "RequestShape", "replica_capacity"]
 
@@ -54,13 +54,10 @@ def replica_capacity(
         shape = RequestShape(w.input_tokens, w.output_tokens, "spec")
     cached_share = w.cached_input_tokens / w.input_tokens
     cached = min(round(shape.input_tokens * cached_share), shape.input_tokens - 1)
-    reference = ReferenceWorkload(
-        input_tokens=shape.input_tokens,
-        cached_input_tokens=cached,
-        output_tokens=shape.output_tokens,
-    )
     try:
-        performance = predict(spec, reference, catalog)
+        # The layout the pods run (chips: auto is sized by the spec's workload, as the
+        # operator rendered them), under the observed shape.
+        performance = predict(spec, w, catalog)
         workload = Workload(shape.input_tokens, shape.output_tokens, cached, None)
         ttft_s, tpot_s = _targets_s(spec)
         found = slo_capacity(

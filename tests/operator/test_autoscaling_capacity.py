@@ -9,7 +9,7 @@ from typing import Any
 from operator_helpers import pool
 
 from tiergate.operator.api import InferencePoolSpec
-from tiergate.operator.autoscaling import replica_capacity
+from tiergate.operator.autoscaling import RequestShape, replica_capacity
 from tiergate.sim_nodes.catalogs import default_catalog
 
 
@@ -60,3 +60,12 @@ def test_the_background_takes_its_kv_cache_off_the_capacity() -> None:
     beside = replica_capacity(premium(**big, background=background), default_catalog())
     assert alone.concurrency is not None and beside.concurrency is not None
     assert beside.concurrency == alone.concurrency - 10
+
+
+def test_the_capacity_is_of_the_layout_the_pods_run_not_one_sized_for_the_observed_shape() -> None:
+    # wafer-scale.yaml: chips auto, sized by its workload (30,000-token prompts) so that the
+    # KV cache holds the background's 4 sequences of 30,000 tokens beside the requests. Short
+    # observed requests must not shrink the wafers the capacity is computed on.
+    spec = InferencePoolSpec.model_validate(pool("wafer-scale")["spec"])
+    short = RequestShape(512, 200, "observed")
+    assert replica_capacity(spec, default_catalog(), short).concurrency == 4  # 8 slots - 4
