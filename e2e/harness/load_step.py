@@ -1,24 +1,29 @@
 """A load step on an autoscaled pool, as the autoscaling e2e test and the step-response
-benchmark drive it: `tiergate bench` runs back to back through the router while a recorder
-samples the pool's replicas once a second.
+benchmark drive it: one `tiergate bench` run through the router while a recorder samples the
+pool's replicas once a second.
 
-`BenchLoop` keeps each run's report (SLO attainment, TTFT) with the pool's ready replicas at its
-start and end, so attainment before and after scaling can be told apart. `Timeline` keeps
-(time, spec.replicas, readyReplicas) samples read from the API server with the official client.
+`StepLoad` logs every request with the time it was sent, so SLO attainment can be counted over
+any stretch (one replica, four) of one continuous load. `Timeline` keeps (time, spec.replicas,
+readyReplicas) samples read from the API server with the official client.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cluster import REPO
 from kubernetes import client, config
+
+from tiergate.bench.results import RequestResult
+from tiergate.bench.stats import SloTargets
 
 TIERGATE = REPO / ".venv" / "bin" / "tiergate"
 GROUP, VERSION, PLURAL = "tiergate.dev", "v1alpha1", "inferencepools"
@@ -26,7 +31,7 @@ GROUP, VERSION, PLURAL = "tiergate.dev", "v1alpha1", "inferencepools"
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    at: float  # time.monotonic()
+    at: float  # Unix time, as the bench logs when each request was sent
     replicas: int  # spec.replicas
     ready: int  # status.readyReplicas
 
@@ -53,7 +58,7 @@ class Timeline:
             if obj is not None:
                 status = obj.get("status") or {}
                 self.samples.append(Sample(
-                    time.monotonic(),
+                    time.time(),
                     int(obj["spec"].get("replicas") or 0),
                     int(status.get("readyReplicas") or 0),
                 ))  # fmt: skip
@@ -80,69 +85,55 @@ class Timeline:
         return changes
 
 
-@dataclass
-class Run:
-    """One bench run of the loop and the pool's ready replicas around it."""
+class StepLoad:
+    """One `tiergate bench` run through the router for as long as the step lasts (stopped
+    with SIGINT, as Ctrl-C), each request logged as it finishes (--requests-jsonl)."""
 
-    started: float
-    ended: float
-    ready_at_start: int
-    ready_at_end: int
-    report: dict[str, Any]
-
-    @property
-    def attainment(self) -> float | None:
-        value = self.report["total"].get("slo_attainment")
-        return None if value is None else float(value)
-
-    @property
-    def requests(self) -> int:
-        return int(self.report["total"]["requests"])
-
-
-@dataclass
-class BenchLoop:
-    """`tiergate bench` runs of `seconds` each, back to back, until `stop()`."""
-
-    router: str
-    bench_args: list[str]
-    seconds: float
-    timeline: Timeline
-    workdir: Path
-    runs: list[Run] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.started_at: float | None = None
-
-    def _ready(self) -> int:
-        return self.timeline.samples[-1].ready if self.timeline.samples else 0
-
-    def _run(self) -> None:
-        index = 0
-        while not self._stop.is_set():
-            out = self.workdir / f"bench-{index}.json"
-            started, ready = time.monotonic(), self._ready()
-            done = subprocess.run(
-                [str(TIERGATE), "bench", "--router", self.router, "--duration", str(self.seconds),
-                 "--json", str(out), *self.bench_args],
-                capture_output=True, text=True, check=False, timeout=self.seconds + 120,
-            )  # fmt: skip
-            if done.returncode != 0 or not out.exists():
-                self.failures.append(f"bench exited {done.returncode}: {done.stderr[-800:]}")
-                time.sleep(1)
-            else:
-                report = json.loads(out.read_text())
-                self.runs.append(Run(started, time.monotonic(), ready, self._ready(), report))
-            index += 1
+    def __init__(self, router: str, bench_args: list[str], workdir: Path) -> None:
+        self.log = workdir / "requests.jsonl"
+        self.report = workdir / "bench.json"
+        self.argv = [
+            str(TIERGATE),
+            "bench",
+            "--router",
+            router,
+            "--duration",
+            "3600",
+            "--requests-jsonl",
+            str(self.log),
+            "--json",
+            str(self.report),
+            *bench_args,
+        ]
+        self.process: subprocess.Popen[str] | None = None
+        self.started_at = 0.0
+        self.output = ""
 
     def start(self) -> None:
-        self.started_at = time.monotonic()
-        self._thread.start()
+        self.started_at = time.time()
+        self.process = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
-    def stop(self) -> None:
-        """Stop after the run in progress (its requests finish and are counted)."""
-        self._stop.set()
-        self._thread.join(self.seconds + 180)
+    def stop(self) -> int:
+        """Stop sending (requests in flight are abandoned, as Ctrl-C does); the exit status
+        (130: interrupted, as expected)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        self.output, _ = self.process.communicate(timeout=120)
+        return self.process.returncode
+
+    def requests(self, sent_from: float = 0.0, sent_to: float = math.inf) -> list[RequestResult]:
+        """The requests sent within [sent_from, sent_to) (Unix time) that finished."""
+        found = []
+        for line in self.log.read_text().splitlines():
+            result = RequestResult(**json.loads(line))
+            if result.sent_at is not None and sent_from <= result.sent_at < sent_to:
+                found.append(result)
+        return found
+
+
+def attainment(results: list[RequestResult], slo: SloTargets) -> float:
+    """Share of `results` within `slo`, as `tiergate bench` counts it (a failure misses)."""
+    assert results, "no request in the stretch"
+    return sum(map(slo.met_by, results)) / len(results)

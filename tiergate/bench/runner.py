@@ -121,6 +121,7 @@ async def run_bench(
         async def worker(caller: _Caller, client: httpx.AsyncClient) -> None:
             nonlocal last_reply_at
             while (request := schedule.next_request()) is not None:
+                sent_at = time.time()
                 result = await send_request(
                     client,
                     workload,
@@ -130,6 +131,7 @@ async def run_bench(
                     clock=clock,
                 )
                 result.tenant = caller.name
+                result.sent_at = sent_at
                 results.append(result)
                 last_reply_at = max(last_reply_at, clock())
                 if on_result is not None:
