@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from gate_clock import GateClock
 
 from tiergate.operator.autoscaling.load import (
     MetricsError,
@@ -24,22 +25,6 @@ from tiergate.sim_nodes.server import NodeConfig, create_app, running
 
 MODEL = "llama-3.1-8b"
 Node = Callable[..., Awaitable[httpx.AsyncClient]]
-
-
-class GateClock:
-    """A virtual clock whose steps end only once the gate is open: requests stay running."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-        self.gate = asyncio.Event()
-
-    def now(self) -> float:
-        return self.now_s
-
-    async def sleep_until(self, deadline_s: float) -> None:
-        await self.gate.wait()
-        self.now_s = max(self.now_s, deadline_s)
-        await asyncio.sleep(0)
 
 
 @pytest.fixture

@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress = make_progress(settings.requests, duration_s=settings.duration_s)
     with contextlib.ExitStack() as stack:
-        on_result = progress.update
+        on_result: Callable[[RequestResult], None] = progress.update
         if args.requests_jsonl is not None:
             lines = stack.enter_context(args.requests_jsonl.open("w", encoding="utf-8"))
             on_result = _also_logged(progress.update, lines)
