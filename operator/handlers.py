@@ -206,12 +206,18 @@ def inferencepool_autoscale(body: kopf.Body, memo: OperatorMemo, **_: Any) -> No
     if namespace is None or name is None:
         return
     cluster = memo.api()
-    tick = autoscale(dict(body), cluster, memo.catalog, memo.scrape, memo.clock())
-    if tick is None:
-        return
-    cluster.patch_pool_status(namespace, name, tick.status)
+    try:
+        tick = autoscale(dict(body), cluster, memo.catalog, memo.scrape, memo.clock())
+        if tick is None:
+            return
+        cluster.patch_pool_status(namespace, name, tick.status)
+        if tick.replicas is not None:
+            cluster.scale_pool(namespace, name, tick.replicas)
+    except Exception:
+        memo.metrics.count_decision("error")
+        raise
+    memo.metrics.count_decision(tick.decision.reason)
     if tick.replicas is not None:
-        cluster.scale_pool(namespace, name, tick.replicas)
         log.info(
             "event=pool_scaled pool=%s/%s replicas=%d reason=%s",
             namespace, name, tick.replicas, tick.decision.reason,

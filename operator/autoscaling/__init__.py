@@ -3,10 +3,11 @@ pods report (load) and the pure decision from both and the last status (decide).
 timer that scrapes the pods and writes the decision is built on these."""
 
 from .capacity import Capacity, RequestShape, replica_capacity
-from .decide import Decision, HpaUnknown, ObservedLoad, decide
+from .decide import REASONS, Decision, HpaUnknown, ObservedLoad, decide
 from .load import MetricsError, PodMetrics, observed_load, observed_shape, parse_pod_metrics
 
 __all__ = [
+    "REASONS",
     "Capacity",
     "Decision",
     "HpaUnknown",

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from ..api import AutoscalingSpec, AutoscalingStatus, Recommendation
 from .capacity import Capacity
 
-__all__ = ["Decision", "HpaUnknown", "ObservedLoad", "decide"]
+__all__ = ["REASONS", "Decision", "HpaUnknown", "ObservedLoad", "decide"]
+
+#: Every reason a decision can give: the autoscaler acting (the first five) or holding because
+#: it cannot (the rest).
+REASONS = (
+    "ScaledUp", "ScaledDown", "OutOfRange", "ManualScaleOverridden", "Holding", "AtMaximum",
+    "NoMetrics", "HpaConflict", "HpaUnknown", "InvalidSpec", "ModelDoesNotFit", "SloUnreachable",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +57,7 @@ class Decision:
 
     current: int
     desired: int
-    #: ScaledUp, ScaledDown, OutOfRange, ManualScaleOverridden, Holding, AtMaximum,
-    #: NoMetrics, HpaConflict, HpaUnknown, or the capacity's problem (InvalidSpec, ModelDoesNotFit,
-    #: SloUnreachable).
+    #: One of REASONS.
     reason: str
     message: str
     #: The Autoscaling condition's status: False when the autoscaler cannot act.

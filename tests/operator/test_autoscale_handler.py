@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import kopf
+import pytest
 from operator_helpers import CATALOG, IMAGE, FakeCluster, conditions, pool
 
 from tiergate.operator.autoscale import MetricsScraper
@@ -236,3 +237,32 @@ def test_removing_autoscaling_clears_its_status_and_condition() -> None:
     cluster.patch_pool_status(NS, NAME, cleared)
     again = reconcile(stored, cluster, CATALOG, IMAGE, lambda: "2026-11-21T00:03:00Z").status
     assert "autoscaling" not in again  # nothing left to clear: not written again
+
+
+def decisions(memo: OperatorMemo) -> dict[str, float]:
+    found = {}
+    for family in memo.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "tiergate_operator_autoscale_decisions_total" and sample.value:
+                found[sample.labels["reason"]] = sample.value
+    return found
+
+
+class DownCluster(FakeCluster):
+    def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
+        raise ConnectionError("the API server is down")
+
+
+def test_each_tick_is_counted_by_its_reason_and_a_failed_one_as_error() -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((4, 6))
+    tick(cluster, memo)
+    tick(cluster, memo)
+    assert decisions(memo) == {"ScaledUp": 1, "AtMaximum": 1}
+    down = DownCluster()
+    down.pools = cluster.pools
+    broken = memo_of(down, fleet, clock, events)
+    with pytest.raises(ConnectionError):
+        tick(down, broken)
+    assert decisions(broken) == {"error": 1}
