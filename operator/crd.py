@@ -30,6 +30,7 @@ from tiergate.sim_nodes.tiers import (
 from .api import (
     GROUP,
     KIND,
+    MIN_ABOVE_MAX,
     PLURAL,
     VERSION,
     InferencePool,
@@ -181,6 +182,14 @@ ACCELERATOR_PROFILE_RULES: list[Schema] = [
     },
 ]
 
+AUTOSCALING_RULES: list[Schema] = [
+    {
+        "rule": "self.minReplicas <= self.maxReplicas",
+        "message": MIN_ABOVE_MAX,
+        "fieldPath": ".minReplicas",
+    },
+]
+
 _CHIPS_RULE = {
     "rule": "type(self) == int ? int(self) >= 1 : self == 'auto'",
     "message": 'chips must be a positive integer or "auto"',
@@ -193,6 +202,7 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     props["chips"]["x-kubernetes-validations"] = [_CHIPS_RULE]
     props["modelProfile"]["x-kubernetes-validations"] = MODEL_PROFILE_RULES
     props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
+    props["autoscaling"]["x-kubernetes-validations"] = AUTOSCALING_RULES
     spec["x-kubernetes-validations"] = spec_rules(catalog)
     # The one default the schema states: the scale subresource (kubectl scale, an HPA) reads
     # .spec.replicas and fails on a pool that left it out.
@@ -254,6 +264,7 @@ def inference_pool_crd(catalog: Catalog) -> Schema:
         ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("ModelProfile", "string", ".status.envelope.modelSource", 1),
         ("AcceleratorProfile", "string", ".status.envelope.acceleratorSource", 1),
+        ("Desired", "integer", ".status.autoscaling.desiredReplicas", 1),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

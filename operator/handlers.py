@@ -5,6 +5,8 @@
   or edited Deployment is re-applied) and refreshes readiness in the status.
 - `deployment_changed`: a Deployment the operator owns changed (pods became ready, someone
   deleted it): reconcile its pool at once rather than at the next timer.
+- `inferencepool_autoscale`: a timer on pools with `spec.autoscaling`, every
+  `AUTOSCALE_INTERVAL_S`: performs `autoscale`'s tick (status first, then the scale).
 
 Operator settings (`configure`): watch timeouts so a silently stalled watch is re-opened,
 progress kept in annotations (the CRD's structural schema would prune kopf's `status.kopf`),
@@ -24,6 +26,7 @@ import kopf
 from tiergate.sim_nodes.catalogs import Catalog
 
 from .api import GROUP, PLURAL, VERSION
+from .autoscale import AUTOSCALE_INTERVAL_S, MetricsScraper, Scrape, autoscale
 from .images import ImagePolicy
 from .kube import Cluster, KubeCluster
 from .metrics import Handler, OperatorMetrics, result_of
@@ -46,7 +49,11 @@ WATCH_CLIENT_TIMEOUT_S = 300
 #: pool (every RESYNC_S) and every change of every Deployment (its pods' readiness): routine,
 #: so shown only when the operator logs at DEBUG. Failures are always shown.
 ROUTINE_SUCCESSES = frozenset(
-    {"Timer 'inferencepool_resync' succeeded.", "Handler 'deployment_changed' succeeded."}
+    {
+        "Timer 'inferencepool_resync' succeeded.",
+        "Timer 'inferencepool_autoscale' succeeded.",
+        "Handler 'deployment_changed' succeeded.",
+    }
 )
 
 
@@ -68,8 +75,11 @@ class OperatorMemo:
     images: ImagePolicy
     cluster: Cluster | None = None  # built on first use (needs the kube config loaded)
     warn: Callable[..., None] = kopf.warn  # posts a Warning event on the pool (tests: a list)
+    inform: Callable[..., None] = kopf.info  # posts a Normal event on the pool
     namespaced: bool = False  # watching named namespaces only (no cluster-wide permissions)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    scrape: Scrape = field(default_factory=MetricsScraper)  # a pod's /metrics text
+    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -180,3 +190,38 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
     cluster.patch_pool_status(namespace, pool, outcome.status)
     _alert(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))
+
+
+def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("autoscaling"))
+
+
+@kopf.timer(
+    GROUP, VERSION, PLURAL, interval=AUTOSCALE_INTERVAL_S, initial_delay=AUTOSCALE_INTERVAL_S,
+    when=_autoscaled,
+)  # fmt: skip
+def inferencepool_autoscale(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    """Decide the pool's replicas; write the status, then scale, then tell."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    if namespace is None or name is None:
+        return
+    cluster = memo.api()
+    try:
+        tick = autoscale(dict(body), cluster, memo.catalog, memo.scrape, memo.clock())
+        if tick is None:
+            return
+        cluster.patch_pool_status(namespace, name, tick.status)
+        if tick.replicas is not None:
+            cluster.scale_pool(namespace, name, tick.replicas)
+    except Exception:
+        memo.metrics.count_decision("error")
+        raise
+    memo.metrics.count_decision(tick.decision.reason)
+    if tick.replicas is not None:
+        log.info(
+            "event=pool_scaled pool=%s/%s replicas=%d reason=%s",
+            namespace, name, tick.replicas, tick.decision.reason,
+        )  # fmt: skip
+    for kind, reason, message in tick.events:
+        post = memo.inform if kind == "Normal" else memo.warn
+        post(body, reason=reason, message=message)

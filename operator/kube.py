@@ -6,11 +6,15 @@ status. `KubeCluster` is the real one (the official `kubernetes` client; kopf ru
 handlers in threads); tests pass a fake. A transient API failure raises `kopf.TemporaryError`
 so kopf retries with backoff; a manifest the API server refuses as invalid raises
 `ApplyRejected`, which retrying cannot mend.
+
+The autoscaler reads the pool's pods (address, readiness) and the HPAs of its namespace, and
+writes `spec.replicas` through the pool's scale subresource, as an HPA would.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,10 +22,18 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .api import GROUP, PLURAL, VERSION
+from .api import GROUP, KIND, PLURAL, VERSION, label_selector, pool_selector_labels
+from .autoscaling import HpaUnknown
 from .render import FIELD_MANAGER
 
-__all__ = ["ApplyRejected", "Cluster", "KubeCluster", "current_namespace", "load_kube_config"]
+__all__ = [
+    "ApplyRejected",
+    "Cluster",
+    "KubeCluster",
+    "PodAddress",
+    "current_namespace",
+    "load_kube_config",
+]
 
 Manifest = dict[str, Any]
 
@@ -35,6 +47,15 @@ class ApplyRejected(Exception):
     help; the spec it was rendered from has to change."""
 
 
+@dataclass(frozen=True, slots=True)
+class PodAddress:
+    """One of a pool's pods, as the autoscaler scrapes it."""
+
+    name: str
+    ip: str | None
+    ready: bool
+
+
 class Cluster(Protocol):
     def apply(self, manifest: Manifest) -> None: ...
 
@@ -45,6 +66,12 @@ class Cluster(Protocol):
     def pool(self, namespace: str, name: str) -> Manifest | None: ...
 
     def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None: ...
+
+    def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]: ...
+
+    def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None: ...
+
+    def scale_pool(self, namespace: str, pool: str, replicas: int) -> None: ...
 
 
 def load_kube_config(kubeconfig: str | None = None) -> None:
@@ -98,6 +125,7 @@ class KubeCluster:
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
+        self._autoscaling = client.AutoscalingV2Api(api_client)
 
     def apply(self, manifest: Manifest) -> None:
         meta = manifest["metadata"]
@@ -175,3 +203,56 @@ class KubeCluster:
         except ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing to report on
                 raise _temporary(f"patch InferencePool {namespace}/{name} status", exc) from None
+
+    def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
+        """The pool's sim-node pods (by its selector labels); ready: the pod's Ready
+        condition is True and it is not being deleted."""
+        selector = label_selector(pool_selector_labels(pool))
+        try:
+            pods = self._core.list_namespaced_pod(
+                namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            raise _temporary(f"list the pods of InferencePool {namespace}/{pool}", exc) from None
+        found = []
+        for pod in pods.items or []:
+            status, meta = pod.status, pod.metadata
+            if meta is None:
+                continue
+            ready = meta.deletion_timestamp is None and any(
+                c.type == "Ready" and c.status == "True"
+                for c in (status.conditions if status else None) or []
+            )
+            ip = status.pod_ip if status else None
+            found.append(PodAddress(str(meta.name), ip, ready))
+        return found
+
+    def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:
+        """The name of a HorizontalPodAutoscaler whose target is the pool (None: none is;
+        HpaUnknown: the operator may not list them, so it cannot tell)."""
+        try:
+            hpas = self._autoscaling.list_namespaced_horizontal_pod_autoscaler(
+                namespace, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 403:
+                grant = f"list horizontalpodautoscalers.autoscaling in {namespace}"
+                return HpaUnknown(grant)
+            raise _temporary(f"list HorizontalPodAutoscalers in {namespace}", exc) from None
+        for hpa in hpas.items or []:
+            target = hpa.spec.scale_target_ref
+            api_version = str(target.api_version or "")
+            if target.kind == KIND and target.name == pool and api_version.startswith(GROUP):
+                return str(hpa.metadata.name if hpa.metadata else "(unnamed)")
+        return None
+
+    def scale_pool(self, namespace: str, pool: str, replicas: int) -> None:
+        """spec.replicas through the scale subresource (what `kubectl scale` and HPAs use)."""
+        try:
+            self._custom.patch_namespaced_custom_object_scale(
+                GROUP, VERSION, namespace, PLURAL, pool, {"spec": {"replicas": replicas}},
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing to scale
+                raise _temporary(f"scale InferencePool {namespace}/{pool}", exc) from None

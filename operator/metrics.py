@@ -1,5 +1,6 @@
-"""The operator's Prometheus metrics: reconciliations by handler and result, served on their
-own port (`tiergate operator --metrics-port`); kopf exports none.
+"""The operator's Prometheus metrics: reconciliations by handler and result, and autoscaling
+decisions by reason, served on their own port (`tiergate operator --metrics-port`); kopf
+exports none.
 
 Results: `ok`; `invalid_spec` (the pool's spec cannot work: its status and a Warning event
 say why; the user's to fix); `not_applied` (its objects could not be applied, e.g. a name
@@ -14,6 +15,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from .autoscaling import REASONS
 from .reconcile import Outcome
 
 __all__ = ["HANDLERS", "RESULTS", "OperatorMetrics", "result_of"]
@@ -49,9 +51,22 @@ class OperatorMetrics:
         for handler in HANDLERS:
             for result in RESULTS:
                 self.reconciles.labels(handler, result)
+        self.autoscale_decisions = Counter(
+            "tiergate_operator_autoscale_decisions",
+            "Autoscaling decisions of InferencePools by reason (the Autoscaling condition's: "
+            "ScaledUp, Holding, SloUnreachable, ...; error: the tick raised).",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in (*REASONS, "error"):
+            self.autoscale_decisions.labels(reason)
 
     def count(self, handler: Handler, result: Result) -> None:
         self.reconciles.labels(handler, result).inc()
+
+    def count_decision(self, reason: str) -> None:
+        """One autoscaling tick, by its decision's reason (`error`: it raised)."""
+        self.autoscale_decisions.labels(reason).inc()
 
     def serve(self, port: int, host: str = "0.0.0.0") -> WSGIServer:
         """Serve /metrics on `port` from a daemon thread (for the life of the process, or

@@ -92,12 +92,25 @@ def _status(
         except ValidationError:
             continue  # someone wrote garbage: replace it
     generation = body["metadata"].get("generation")
-    merged = conditions(previous, values, now=now, generation=generation, generations=generations)
+    # The autoscaler's timer owns status.autoscaling and the Autoscaling condition while
+    # spec.autoscaling is set (kept here as the body has them); once it is removed the timer
+    # stops, so clearing them falls to reconcile.
+    autoscaled = bool((body.get("spec") or {}).get("autoscaling"))
+    drop: list[Any] = [] if autoscaled else ["Autoscaling"]
+    merged = conditions(
+        previous, values, now=now, generation=generation, generations=generations, drop=drop
+    )
+    if not autoscaled and (old.get("autoscaling") is not None or _has_autoscaling(previous)):
+        fields = {**fields, "autoscaling": None}  # a merge patch's null deletes it
     return {
         "observedGeneration": generation,
         "conditions": [c.model_dump(by_alias=True, exclude_none=True) for c in merged],
         **fields,
     }
+
+
+def _has_autoscaling(previous: list[Condition]) -> bool:
+    return any(c.type == "Autoscaling" for c in previous)
 
 
 def reconcile(

@@ -11,7 +11,7 @@ Messages name an inline profile as such, and say when it shadows a catalog entry
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -185,11 +185,13 @@ def conditions(
     now: str,
     generation: int | None,
     generations: Mapping[ConditionType, int | None] | None = None,
+    drop: Collection[ConditionType] = (),
 ) -> list[Condition]:
     """`previous` with `values` applied; a condition's transition time moves only when its
-    status does. Conditions not in `values` are kept as they are. Each is about `generation`
-    unless `generations` names another for it (Ready, while pods of an earlier spec serve)."""
-    by_type = {c.type: c for c in previous}
+    status does. Conditions not in `values` are kept as they are, unless named in `drop`
+    (their feature is gone from the spec). Each is about `generation` unless `generations`
+    names another for it (Ready, while pods of an earlier spec serve)."""
+    by_type = {c.type: c for c in previous if c.type not in drop}
     generations = generations or {}
     for kind, value in values.items():
         old = by_type.get(kind)
@@ -202,5 +204,5 @@ def conditions(
             last_transition_time=now if changed or old is None else old.last_transition_time,
             observed_generation=generations.get(kind, generation),
         )
-    order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded"]
+    order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded", "Autoscaling"]
     return [by_type[k] for k in order if k in by_type]

@@ -7,6 +7,14 @@ labels and port name the operator puts on them); the operator's handlers build o
 
 from tiergate.sim_nodes.replica_spec import BackgroundLoad
 
+from .autoscaling import (
+    DEFAULT_SCALE_DOWN_STABILIZATION_S,
+    DEFAULT_TARGET_UTILIZATION,
+    MIN_ABOVE_MAX,
+    AutoscalingSpec,
+    AutoscalingStatus,
+    Recommendation,
+)
 from .envelope import Layout, PoolPerformance, predict
 from .inference_pool import (
     API_VERSION,
@@ -42,6 +50,9 @@ from .sim_node_pods import (
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_SCALE_DOWN_STABILIZATION_S",
+    "DEFAULT_TARGET_UTILIZATION",
+    "MIN_ABOVE_MAX",
     "DNS_LABEL",
     "GROUP",
     "HTTP_PORT_NAME",
@@ -53,6 +64,8 @@ __all__ = [
     "SIM_NODE_NAME",
     "SIM_NODE_SELECTOR",
     "VERSION",
+    "AutoscalingSpec",
+    "AutoscalingStatus",
     "BackgroundLoad",
     "Condition",
     "ConditionType",
@@ -62,6 +75,7 @@ __all__ = [
     "InferencePoolStatus",
     "Layout",
     "PoolPerformance",
+    "Recommendation",
     "ReferenceWorkload",
     "Resources",
     "SloSpec",

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import ProfileSource
 from tiergate.sim_nodes.replica_spec import ReplicaSpec
 from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, tier_problem
+
+from .autoscaling import AutoscalingSpec, AutoscalingStatus
+from .base import Api
 
 GROUP = "tiergate.dev"
 VERSION = "v1alpha1"
@@ -35,11 +37,7 @@ PLURAL = "inferencepools"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
-class _Api(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
-
-class ReferenceWorkload(_Api):
+class ReferenceWorkload(Api):
     """The request shape a pool's performance envelope (and so its price) is computed for."""
 
     input_tokens: int = Field(default=2048, ge=1, description="Prompt tokens per request.")
@@ -49,14 +47,14 @@ class ReferenceWorkload(_Api):
     output_tokens: int = Field(default=512, ge=1, description="Generated tokens per request.")
 
 
-class SloSpec(_Api):
+class SloSpec(Api):
     """Latency targets for the pool; the envelope is checked against them (condition Ready)."""
 
     ttft_ms: float | None = Field(default=None, gt=0, description="Time to first token, ms.")
     tpot_ms: float | None = Field(default=None, gt=0, description="Time per output token, ms.")
 
 
-class Toleration(_Api):
+class Toleration(Api):
     """A pod toleration (core/v1 Toleration)."""
 
     key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
@@ -72,14 +70,14 @@ class Toleration(_Api):
     )
 
 
-class Resources(_Api):
+class Resources(Api):
     """Container resources (core/v1 ResourceRequirements); quantities as strings."""
 
     requests: dict[str, str] = Field(default_factory=dict, description="e.g. cpu: 100m.")
     limits: dict[str, str] = Field(default_factory=dict, description="e.g. memory: 256Mi.")
 
 
-class TemplateSpec(_Api):
+class TemplateSpec(Api):
     """Overrides of the pods the operator renders for the pool."""
 
     image: str | None = Field(
@@ -114,6 +112,14 @@ class InferencePoolSpec(ReplicaSpec):
     )
     slo: SloSpec | None = Field(default=None, description="Latency targets.")
     template: TemplateSpec | None = Field(default=None, description="Pod overrides.")
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "Replicas that follow the load, sized by the performance model to hold spec.slo. "
+            "While set, the operator writes spec.replicas: a manual `kubectl scale` is "
+            "overridden at its next decision (with an event)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _follows_its_tier(self) -> InferencePoolSpec:
@@ -132,13 +138,13 @@ class InferencePoolSpec(ReplicaSpec):
         return self
 
 
-ConditionType = Literal["Ready", "Fits", "Progressing", "Degraded"]
+ConditionType = Literal["Ready", "Fits", "Progressing", "Degraded", "Autoscaling"]
 
 
-class Condition(_Api):
+class Condition(Api):
     """A Kubernetes API condition."""
 
-    type: ConditionType = Field(description="Ready, Fits, Progressing or Degraded.")
+    type: ConditionType = Field(description="Ready, Fits, Progressing, Degraded or Autoscaling.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word, for machines.")
     message: str = Field(description="What happened, for people.")
@@ -148,7 +154,7 @@ class Condition(_Api):
     )
 
 
-class Envelope(_Api):
+class Envelope(Api):
     """The performance model's prediction for one replica under the reference workload,
     with its batch as full as the batch cap and KV cache allow."""
 
@@ -177,7 +183,7 @@ class Envelope(_Api):
     )
 
 
-class InferencePoolStatus(_Api):
+class InferencePoolStatus(Api):
     """What the operator observed and predicted."""
 
     observed_generation: int | None = Field(
@@ -188,9 +194,12 @@ class InferencePoolStatus(_Api):
     ready_replicas: int | None = Field(default=None, description="Replicas passing readiness.")
     envelope: Envelope | None = Field(default=None, description="Predicted performance.")
     selector: str | None = Field(default=None, description="Label selector of the pods.")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="What the autoscaler observed and decided."
+    )
 
 
-class InferencePool(_Api):
+class InferencePool(Api):
     """A pool of simulated inference replicas of one tier."""
 
     api_version: Literal["tiergate.dev/v1alpha1"] = Field(

@@ -1,5 +1,6 @@
 """The performance model: pure functions from (model, hardware, batch) to time and cost."""
 
+from .capacity import Resident, SloCapacity, slo_capacity
 from .deployment import (
     Deployment,
     PerfConfigError,
@@ -29,6 +30,8 @@ __all__ = [
     "PricingSpec",
     "ProfileSource",
     "ServingSpec",
+    "Resident",
+    "SloCapacity",
     "SpeculativeSpec",
     "build_deployment",
     "layered_catalog",
@@ -47,6 +50,7 @@ __all__ = [
     "default_tensor_parallel",
     "evaluate",
     "max_running",
+    "slo_capacity",
     "step_terms",
     "touched_expert_fraction",
 ]

@@ -46,7 +46,9 @@ def policies(manifests: list[Manifest]) -> dict[str, Manifest]:
     return {p["metadata"]["namespace"]: p for p in find(manifests, "NetworkPolicy", POLICY)}
 
 
-def test_only_the_router_s_pods_reach_the_sim_nodes(default_manifests: list[Manifest]) -> None:
+def test_only_the_router_s_and_operator_s_pods_reach_the_sim_nodes(
+    default_manifests: list[Manifest],
+) -> None:
     (policy,) = policies(default_manifests).values()
     spec = policy["spec"]
     assert policy["metadata"]["namespace"] == NAMESPACE
@@ -54,11 +56,16 @@ def test_only_the_router_s_pods_reach_the_sim_nodes(default_manifests: list[Mani
     pod = sim_node_pod(NAMESPACE)
     assert selects(spec["podSelector"]["matchLabels"], pod["metadata"]["labels"])
     (rule,) = spec["ingress"]
-    (peer,) = rule["from"]
+    peer, operator_peer = rule["from"]
     router_pod = one(default_manifests, "Deployment", ROUTER)["spec"]["template"]
     assert selects(peer["podSelector"]["matchLabels"], router_pod["metadata"]["labels"])
-    # The router's namespace, by the label Kubernetes puts on every namespace.
-    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    # The autoscaler scrapes each pod's metrics.
+    operator = one(default_manifests, "Deployment", f"{RELEASE}-tiergate-operator")
+    operator_labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert selects(operator_peer["podSelector"]["matchLabels"], operator_labels)
+    # The release's namespace, by the label Kubernetes puts on every namespace.
+    release = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert peer["namespaceSelector"] == operator_peer["namespaceSelector"] == release
     # The one port the node serves, requests and the metrics the router scrapes alike.
     (container,) = pod["spec"]["containers"]
     assert container["ports"] == [
@@ -79,15 +86,17 @@ def test_the_policy_selects_no_pod_of_the_chart(default_manifests: list[Manifest
 def test_the_router_s_selector_does_not_match_the_other_pods(
     default_manifests: list[Manifest],
 ) -> None:
-    (peer,) = one(default_manifests, "NetworkPolicy", POLICY)["spec"]["ingress"][0]["from"]
+    peer, operator_peer = one(default_manifests, "NetworkPolicy", POLICY)["spec"]["ingress"][0][
+        "from"
+    ]
     operator = one(default_manifests, "Deployment", f"{RELEASE}-tiergate-operator")
+    router = one(default_manifests, "Deployment", ROUTER)
     test_pod = one(default_manifests, "Pod", f"{RELEASE}-tiergate-test-request")
-    for labels in (
-        operator["spec"]["template"]["metadata"]["labels"],
-        test_pod["metadata"]["labels"],
-        sim_node_pod(NAMESPACE)["metadata"]["labels"],
-    ):
+    others = (test_pod["metadata"]["labels"], sim_node_pod(NAMESPACE)["metadata"]["labels"])
+    for labels in (operator["spec"]["template"]["metadata"]["labels"], *others):
         assert not selects(peer["podSelector"]["matchLabels"], labels)  # fmt: skip
+    for labels in (router["spec"]["template"]["metadata"]["labels"], *others):
+        assert not selects(operator_peer["podSelector"]["matchLabels"], labels)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -115,7 +124,7 @@ def test_extra_sources_are_added_beside_the_router(helm: Helm) -> None:
     monitoring = "networkPolicy.extraFrom[0].namespaceSelector.matchLabels"
     manifests = helm.template(sets=[f"{monitoring}.kubernetes\\.io/metadata\\.name=monitoring"])
     peers = one(manifests, "NetworkPolicy", POLICY)["spec"]["ingress"][0]["from"]
-    assert len(peers) == 2
-    assert peers[1] == {
+    assert len(peers) == 3  # the router, the operator, the extra
+    assert peers[2] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     }

@@ -15,6 +15,10 @@ WRITE_CHILDREN = {"get", "list", "watch", "create", "patch", "update", "delete"}
 OPERATOR_NAMESPACED = {
     ("tiergate.dev", "inferencepools"): {"get", "list", "watch", "patch", "update"},
     ("tiergate.dev", "inferencepools/status"): {"get", "patch", "update"},
+    # the autoscaler: scale, scrape the pods, stand down for an HPA
+    ("tiergate.dev", "inferencepools/scale"): {"patch"},
+    ("", "pods"): {"list"},
+    ("autoscaling", "horizontalpodautoscalers"): {"list"},
     ("apps", "deployments"): WRITE_CHILDREN,
     ("", "services"): WRITE_CHILDREN,
     ("", "events"): {"create", "patch"},

@@ -10,8 +10,9 @@ from typing import Any
 
 import yaml
 
+from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
-from tiergate.operator.kube import ApplyRejected
+from tiergate.operator.kube import ApplyRejected, PodAddress
 from tiergate.sim_nodes.catalogs import default_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +31,10 @@ class FakeCluster:
         self.status_patches: list[tuple[str, dict[str, Any]]] = []
         self.existing: dict[tuple[str, str, str], dict[str, Any]] = {}  # kind, ns, name
         self.rejects: dict[str, str] = {}  # kind -> the API server's message
+        self.pods: dict[tuple[str, str], list[PodAddress]] = {}  # ns, pool -> its pods
+        # ns, pool -> the HPA targeting it, or HpaUnknown (the operator may not list them)
+        self.hpas: dict[tuple[str, str], str | HpaUnknown] = {}
+        self.writes: list[tuple[str, str, Any]] = []  # (what, pool, value), in order
 
     def apply(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
@@ -48,7 +53,25 @@ class FakeCluster:
         return self.pools.get((namespace, name))
 
     def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Recorded, and merged into the stored pool (top-level fields, as a merge patch)."""
         self.status_patches.append((name, status))
+        self.writes.append(("status", name, copy.deepcopy(status)))
+        stored = self.pools.get((namespace, name))
+        if stored is not None:
+            stored.setdefault("status", {}).update(copy.deepcopy(status))
+
+    def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
+        return list(self.pods.get((namespace, pool), []))
+
+    def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:
+        return self.hpas.get((namespace, pool))
+
+    def scale_pool(self, namespace: str, pool: str, replicas: int) -> None:
+        """Recorded, and written to the stored pool's spec.replicas."""
+        self.writes.append(("scale", pool, replicas))
+        stored = self.pools.get((namespace, pool))
+        if stored is not None:
+            stored["spec"]["replicas"] = replicas
 
 
 def pool(name: str = "premium", **spec_changes: Any) -> dict[str, Any]:

@@ -62,6 +62,9 @@ def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names[:8] == ["Tier", "Model", "Accelerator", "Replicas", "Ready", "Tok/s",
                          "$/Mtok", "Age"]  # fmt: skip
+    desired = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Desired")
+    assert desired == {"name": "Desired", "type": "integer", "priority": 1,
+                       "jsonPath": ".status.autoscaling.desiredReplicas"}  # fmt: skip
     assert crd["spec"]["names"]["plural"] == "inferencepools"
 
 

@@ -170,6 +170,23 @@ def test_json_is_the_report_and_pools_validate_and_round_trip(
     assert InferencePool.model_validate(dumped) == pool
 
 
+def test_autoscaled_pools_follow_their_load_up_to_the_planned_replicas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pools = tmp_path / "pools"
+    plan = str(write_plan(tmp_path, tiny_plan()))
+    code, out, err = run(capsys, plan, "--json", "--emit-pools", str(pools), "--autoscale")
+    assert code == 0, err
+    planned = PlanReport.model_validate(json.loads(out)).tiers[0].plan
+    manifest = yaml.safe_load((pools / "tiny-batched.yaml").read_text(encoding="utf-8"))
+    assert problems(generated_crd(), manifest) == []
+    autoscaling = InferencePool.model_validate(manifest).spec.autoscaling
+    assert planned is not None and autoscaling is not None
+    assert (autoscaling.min_replicas, autoscaling.max_replicas) == (1, planned.replicas)
+    code, out, err = run(capsys, plan, "--autoscale")
+    assert (code, out) == (2, "") and "--autoscale needs --emit-pools" in err
+
+
 def test_a_trace_with_a_tier_per_request_is_planned(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
+import json
 import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from tiergate.bench.errors import BenchError, BenchInterrupted
 from tiergate.bench.progress import make_progress
 from tiergate.bench.report import render_table, require_matplotlib, write_json, write_plot
 from tiergate.bench.results import RequestResult
 from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
-from tiergate.bench.stats import BenchReport
+from tiergate.bench.stats import BenchReport, SloTargets
 from tiergate.bench.tenants import BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_max_tokens, parse_mix
 from tiergate.sim_nodes.commands.common import (
@@ -105,8 +109,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "128; tool requests get at least 64)",
     )  # fmt: skip
     load.add_argument("--seed", type=int, default=0, help="seed of tiers, prompts, tool draws")
+    slo = parser.add_argument_group("service level (adds the share of requests within it)")
+    slo.add_argument(
+        "--slo-ttft-ms", type=positive_float, metavar="MS",
+        help="time to first token a request must not exceed",
+    )  # fmt: skip
+    slo.add_argument(
+        "--slo-tpot-ms", type=positive_float, metavar="MS",
+        help="time per output token (after the first) a request must not exceed",
+    )  # fmt: skip
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    out.add_argument(
+        "--requests-jsonl", type=Path, metavar="FILE",
+        help="write one JSON line per request as it finishes (when it was sent, tier, pool, "
+        "status, TTFT, e2e, tokens): figures over any stretch of a long run",
+    )  # fmt: skip
     out.add_argument(
         "--plot", type=Path, metavar="FILE.png",
         help="chart speed vs cost per tier (needs: pip install 'tiergate[plot]')",
@@ -144,9 +162,18 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         tenants=tuple(tenants),
         pause_s=args.pause,
+        slo=(
+            None
+            if args.slo_ttft_ms is None and args.slo_tpot_ms is None
+            else SloTargets(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+        ),
     )
     # Fail before sending load, not after it.
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    for flag, path in (
+        ("--json", args.json),
+        ("--plot", args.plot),
+        ("--requests-jsonl", args.requests_jsonl),
+    ):
         if path is not None:
             _check_writable(flag, path)
     if args.plot is not None:
@@ -155,13 +182,18 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
 
     progress = make_progress(settings.requests, duration_s=settings.duration_s)
-    try:
-        report = asyncio.run(_run_until_interrupted(settings, progress.update))
-    except BenchInterrupted as exc:
-        print(f"tiergate bench: {exc}", file=sys.stderr)
-        return INTERRUPTED
-    finally:
-        progress.close()
+    with contextlib.ExitStack() as stack:
+        on_result: Callable[[RequestResult], None] = progress.update
+        if args.requests_jsonl is not None:
+            lines = stack.enter_context(args.requests_jsonl.open("w", encoding="utf-8"))
+            on_result = _also_logged(progress.update, lines)
+        try:
+            report = asyncio.run(_run_until_interrupted(settings, on_result))
+        except BenchInterrupted as exc:
+            print(f"tiergate bench: {exc}", file=sys.stderr)
+            return INTERRUPTED
+        finally:
+            progress.close()
     print(render_table(report))
     if args.json is not None:
         write_json(report, args.json)
@@ -175,6 +207,19 @@ def run(args: argparse.Namespace) -> int:
     if report.run.interrupted:
         return INTERRUPTED
     return 1 if report.total.errors == report.total.requests else 0
+
+
+def _also_logged(
+    update: Callable[[RequestResult], None], lines: TextIO
+) -> Callable[[RequestResult], None]:
+    """`update`, and the result written as one JSON line (flushed: a reader may follow it)."""
+
+    def on_result(result: RequestResult) -> None:
+        update(result)
+        lines.write(json.dumps(dataclasses.asdict(result)) + "\n")
+        lines.flush()
+
+    return on_result
 
 
 async def _run_until_interrupted(

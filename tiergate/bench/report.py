@@ -13,7 +13,7 @@ from typing import Any
 
 from tiergate.bench.errors import BenchError
 from tiergate.bench.fairness import TenantStats
-from tiergate.bench.stats import BenchReport, RunInfo, TierStats
+from tiergate.bench.stats import BenchReport, RunInfo, SloTargets, TierStats
 from tiergate.sim_nodes.commands.common import table
 
 __all__ = ["PLOT_INSTALL_HINT", "render_table", "require_matplotlib", "write_json", "write_plot"]
@@ -57,14 +57,19 @@ def _caps(run: RunInfo) -> str:
 def render_table(report: BenchReport) -> str:
     """The human-readable report: the per-tier table, error kinds if any, then the per-tenant
     table of a --tenants run."""
-    rows = [_row(s) for s in report.tiers]
-    if len(report.tiers) > 1:
-        rows.append(_row(report.total))
     run = report.run
+    stats = [*report.tiers, report.total] if len(report.tiers) > 1 else report.tiers
+    headers: tuple[str, ...] = _HEADERS
+    rows = [_row(s) for s in stats]
+    if run.slo is not None:
+        headers = (*_HEADERS, f"SLO met ({_targets(run.slo)})")
+        rows = [
+            [*row, _number(s.slo_attainment, ".1%")] for row, s in zip(rows, stats, strict=True)
+        ]
     lines = [
         f"{_sent(report)} to {run.url} in {report.wall_s:.2f}s "
         f"(concurrency {run.concurrency}, max_tokens {_caps(run)})",
-        table(_HEADERS, rows),
+        table(headers, rows),
     ]
     for s in report.tiers:
         for kind, count in s.errors_by_kind.items():
@@ -74,6 +79,12 @@ def render_table(report: BenchReport) -> str:
         lines += ["", "per tenant (tokens served = prompt + completion of successful requests)"]
         lines.append(table(_TENANT_HEADERS, [_tenant_row(t) for t in report.tenants]))
     return "\n".join(lines)
+
+
+def _targets(slo: SloTargets) -> str:
+    """`TTFT <= 800 ms, TPOT <= 25 ms`, naming only the targets given."""
+    named = (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms))
+    return ", ".join(f"{name} <= {value:g} ms" for name, value in named if value is not None)
 
 
 def _sent(report: BenchReport) -> str:

@@ -30,6 +30,7 @@ class RequestResult:
     escalated: bool = False
     tenant: str | None = None  # the --tenants entry that sent it; None without --tenants
     retry_after_s: float | None = None  # a 429's Retry-After, when it gave a number of seconds
+    sent_at: float | None = None  # when it was sent, Unix time (for --requests-jsonl)
 
     @property
     def ok(self) -> bool:

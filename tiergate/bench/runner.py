@@ -24,7 +24,7 @@ from tiergate.bench.discovery import ServedModel, choose_models, discover_models
 from tiergate.bench.errors import BenchError, BenchInterrupted
 from tiergate.bench.pacing import Schedule, pause_after_429
 from tiergate.bench.results import RequestResult
-from tiergate.bench.stats import BenchReport, RunInfo, summarize
+from tiergate.bench.stats import BenchReport, RunInfo, SloTargets, summarize
 from tiergate.bench.tenants import BenchTenant
 from tiergate.bench.workload import Workload
 
@@ -54,6 +54,7 @@ class BenchSettings:
     duration_s: float | None = None
     tenants: tuple[BenchTenant, ...] = ()
     pause_s: float = 0.0  # what each worker waits after a reply before its next request
+    slo: SloTargets | None = None  # what each tier's SLO attainment is counted against
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -120,6 +121,7 @@ async def run_bench(
         async def worker(caller: _Caller, client: httpx.AsyncClient) -> None:
             nonlocal last_reply_at
             while (request := schedule.next_request()) is not None:
+                sent_at = time.time()
                 result = await send_request(
                     client,
                     workload,
@@ -129,6 +131,7 @@ async def run_bench(
                     clock=clock,
                 )
                 result.tenant = caller.name
+                result.sent_at = sent_at
                 results.append(result)
                 last_reply_at = max(last_reply_at, clock())
                 if on_result is not None:
@@ -167,6 +170,7 @@ async def run_bench(
         pause_s=settings.pause_s,
         tools_fraction=workload.tools_fraction,
         seed=workload.seed,
+        slo=settings.slo,
     )
     results.sort(key=lambda r: r.index)
     return summarize(results, run, wall_s)

@@ -20,6 +20,7 @@ from tiergate.bench.results import RequestResult
 __all__ = [
     "BenchReport",
     "RunInfo",
+    "SloTargets",
     "TierStats",
     "percentile",
     "summarize",
@@ -58,6 +59,34 @@ class TierStats(BaseModel):
     tool_call_errors: int
     tool_call_error_rate: float | None
     escalations: int = Field(description="Requests asking for this tier that were escalated.")
+    slo_attainment: float | None = Field(
+        default=None,
+        description="Share of the tier's requests that succeeded within every --slo-* target "
+        "(a failed request missed them); None without targets.",
+    )
+
+
+class SloTargets(BaseModel):
+    """What a request must meet to count as served within the SLO (--slo-ttft-ms,
+    --slo-tpot-ms); a target left out is not checked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ttft_ms: float | None = Field(default=None, description="Time to first token, at most.")
+    tpot_ms: float | None = Field(
+        default=None,
+        description="Time per output token after the first, at most: (e2e - TTFT) / "
+        "(completion tokens - 1).",
+    )
+
+    def met_by(self, result: RequestResult) -> bool:
+        """The request succeeded within every target."""
+        if not result.ok or result.ttft_s is None:
+            return False
+        if self.ttft_ms is not None and result.ttft_s * 1000 > self.ttft_ms:
+            return False
+        speed = tokens_per_s_per_stream(result)
+        return self.tpot_ms is None or speed is None or 1000 / speed <= self.tpot_ms
 
 
 class RunInfo(BaseModel):
@@ -90,6 +119,9 @@ class RunInfo(BaseModel):
         default=False,
         description="Stopped early (Ctrl-C): the figures are those of the requests finished.",
     )
+    slo: SloTargets | None = Field(
+        default=None, description="The targets each tier's slo_attainment counts against."
+    )
 
 
 class BenchReport(BaseModel):
@@ -120,10 +152,12 @@ def summarize(results: Iterable[RequestResult], run: RunInfo, wall_s: float) -> 
     escalations = Counter(r.requested_tier for r in results if r.escalated)
     tiers = {r.served_tier for r in results} | set(escalations)
     rows = [
-        _tier_stats(tier, [r for r in results if r.served_tier == tier], escalations[tier], wall_s)
+        _tier_stats(
+            tier, [r for r in results if r.served_tier == tier], escalations[tier], wall_s, run.slo
+        )
         for tier in in_tier_order(tiers)
     ]
-    total = _tier_stats("all", results, sum(escalations.values()), wall_s)
+    total = _tier_stats("all", results, sum(escalations.values()), wall_s, run.slo)
     return BenchReport(
         run=run,
         wall_s=wall_s,
@@ -134,7 +168,11 @@ def summarize(results: Iterable[RequestResult], run: RunInfo, wall_s: float) -> 
 
 
 def _tier_stats(
-    tier: str, results: list[RequestResult], escalations: int, wall_s: float
+    tier: str,
+    results: list[RequestResult],
+    escalations: int,
+    wall_s: float,
+    slo: SloTargets | None,
 ) -> TierStats:
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -166,6 +204,9 @@ def _tier_stats(
         tool_call_errors=tool_errors,
         tool_call_error_rate=tool_errors / len(tool) if tool else None,
         escalations=escalations,
+        slo_attainment=(
+            sum(map(slo.met_by, results)) / len(results) if slo is not None and results else None
+        ),
     )
 
 

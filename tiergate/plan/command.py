@@ -41,6 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write an InferencePool YAML per met tier into DIR (for kubectl apply)",
     )
     p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="with --emit-pools: each pool's replicas follow its load (spec.autoscaling from 1 "
+        "to the planned replicas)",
+    )
+    p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
     )
 
@@ -78,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if bar is not None:
                 bar.close()
-        written = write_pools(report, Path(args.emit_pools)) if args.emit_pools else []
+        if args.autoscale and not args.emit_pools:
+            raise PlanError("--autoscale needs --emit-pools DIR: it shapes the pools written")
+        written = (
+            write_pools(report, Path(args.emit_pools), args.autoscale) if args.emit_pools else []
+        )
     except PlanError as exc:
         raise CliError(str(exc)) from None
     print(report.model_dump_json(indent=2) if args.json else render(report))

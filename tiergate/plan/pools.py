@@ -20,8 +20,10 @@ from .report import PlanReport, TierPlan
 __all__ = ["pool_manifest", "write_pools"]
 
 
-def pool_manifest(plan_name: str, tier: TierPlan) -> dict[str, Any]:
-    """The InferencePool of a met tier's plan (validated: a ValidationError is a bug here)."""
+def pool_manifest(plan_name: str, tier: TierPlan, autoscale: bool = False) -> dict[str, Any]:
+    """The InferencePool of a met tier's plan (validated: a ValidationError is a bug here).
+    With `autoscale`, its replicas follow the load from 1 to the planned count (the plan is
+    sized for the plan's rates: the most the pool should need)."""
     if tier.plan is None:
         raise ValueError(f"tier {tier.tier} has no plan to emit")
     c = tier.plan.configuration
@@ -43,6 +45,8 @@ def pool_manifest(plan_name: str, tier: TierPlan) -> dict[str, Any]:
         },
         "slo": {"ttftMs": tier.slo_ttft_ms, "tpotMs": tier.slo_tpot_ms},
     }
+    if autoscale:
+        spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": tier.plan.replicas}
     if c.draft_model is not None:
         spec["speculativeDecoding"] = {
             "draftModel": c.draft_model,
@@ -62,8 +66,9 @@ def pool_manifest(plan_name: str, tier: TierPlan) -> dict[str, Any]:
     return manifest
 
 
-def write_pools(report: PlanReport, folder: Path) -> list[Path]:
-    """One `<name>-<tier>.yaml` per met tier in `folder` (created); the paths written."""
+def write_pools(report: PlanReport, folder: Path, autoscale: bool = False) -> list[Path]:
+    """One `<name>-<tier>.yaml` per met tier in `folder` (created); the paths written.
+    `autoscale`: see `pool_manifest`."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -72,7 +77,7 @@ def write_pools(report: PlanReport, folder: Path) -> list[Path]:
     for tier in report.tiers:
         if tier.plan is None:
             continue
-        manifest = pool_manifest(report.name, tier)
+        manifest = pool_manifest(report.name, tier, autoscale)
         path = folder / f"{manifest['metadata']['name']}.yaml"
         header = f"# Planned by `tiergate plan` ({report.name}): {tier.verdict}\n"
         body = yaml.safe_dump(manifest, sort_keys=False)

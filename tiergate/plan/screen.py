@@ -21,8 +21,7 @@ from tiergate.sim_nodes.perf import (
     PerfResult,
     Workload,
     build_deployment,
-    evaluate,
-    max_running,
+    slo_capacity,
 )
 
 from .space import Candidate
@@ -68,17 +67,12 @@ def screen(
     """Screen `candidate` for traffic of mean `shape` at `rate_per_s` under `slo`."""
     spec = candidate.serving_spec()
     d = build_deployment(spec, catalog)
-    batching = spec.batching.to_batching()
-    alone = evaluate(d, _at(shape, 1), batching)
+    found = slo_capacity(d, shape, spec.batching.to_batching(), slo.ttft_s, slo.tpot_s)
+    alone = found.alone
     if not alone.fits:
         return Screen(candidate, d, "unfit", alone.reason or "does not fit")
     slowness = max(alone.ttft_s / slo.ttft_s, alone.tpot_s / slo.tpot_s)
-
-    def meets(c: int) -> PerfResult | None:
-        r = alone if c == 1 else evaluate(d, _at(shape, c), batching)
-        return r if r.ttft_s <= slo.ttft_s and r.tpot_s <= slo.tpot_s else None
-
-    if meets(1) is None:
+    if found.at_capacity is None:
         what = []
         if alone.ttft_s > slo.ttft_s:
             what.append(f"TTFT {alone.ttft_s * 1000:.1f} ms > {slo.ttft_ms:g} ms")
@@ -86,21 +80,7 @@ def screen(
             what.append(f"TPOT {alone.tpot_s * 1000:.2f} ms > {slo.tpot_ms:g} ms")
         reason = "too slow even at batch 1: " + ", ".join(what)
         return Screen(candidate, d, "too-slow", reason, alone, slowness=slowness)
-    # TTFT and TPOT grow with the batch: bisect for the largest concurrency that meets both.
-    low, high = 1, max_running(d, _at(shape, None), batching)
-    best = alone
-    while low < high:
-        mid = (low + high + 1) // 2
-        found = meets(mid)
-        if found is None:
-            high = mid - 1
-        else:
-            low, best = mid, found
-    capacity = best.throughput_output_tokens_per_s / shape.output_tokens
+    low, best, capacity = found.concurrency, found.at_capacity, found.requests_per_s
     floor = max(1, math.ceil(rate_per_s / capacity - 1e-9))
     reason = f"meets the SLO in steady state up to {low} streams ({capacity:.3g} req/s each)"
     return Screen(candidate, d, "feasible", reason, alone, low, capacity, floor, best, slowness)
-
-
-def _at(shape: Workload, concurrency: int | None) -> Workload:
-    return Workload(shape.input_tokens, shape.output_tokens, shape.cached_input_tokens, concurrency)

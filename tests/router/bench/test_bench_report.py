@@ -146,6 +146,8 @@ def test_plot_without_matplotlib_fails_first_with_the_install_hint(
         (["--requests", "0"], "at least 1"),
         (["--tools-fraction", "1.5"], "must be in [0, 1]"),
         (["--timeout", "-1"], "must be a positive number"),
+        (["--slo-ttft-ms", "0"], "must be a positive number"),
+        (["--slo-tpot-ms", "fast"], "expected a number"),
     ],
 )
 def test_bad_flags_are_one_line(

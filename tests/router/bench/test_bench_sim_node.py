@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -26,6 +27,7 @@ from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
 MODEL = "llama-3.1-8b"
+TIERS = ("batched", "premium", "wafer-scale")
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -170,6 +172,27 @@ def test_a_timed_run_against_a_sim_node(
     assert data["total"]["requests"] > 0 and data["total"]["errors"] == 0
     assert f"{data['total']['requests']} requests (--duration 0.5s) to {node_url}" in out
     assert "s of 0.5s" in err  # progress in seconds: there is no total of requests
+
+
+def test_each_request_is_logged_as_a_json_line_with_when_it_was_sent(
+    node_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines_path, report_path = tmp_path / "requests.jsonl", tmp_path / "bench.json"
+    before = time.time()
+    code, _, err = bench(
+        capsys, "--router", node_url, "--requests", "30", "--concurrency", "3",
+        "--max-tokens", "5", "--slo-ttft-ms", "60000", "--requests-jsonl", str(lines_path),
+        "--json", str(report_path),
+    )  # fmt: skip
+    assert code == 0, err
+    lines = [json.loads(line) for line in lines_path.read_text().splitlines()]
+    assert sorted(line["index"] for line in lines) == list(range(30))
+    for line in lines:
+        assert before <= line["sent_at"] <= time.time()
+        assert line["status"] == 200 and line["error"] is None and line["ttft_s"] > 0
+        assert line["completion_tokens"] >= 1 and line["requested_tier"] in TIERS
+    total = json.loads(report_path.read_text())["total"]
+    assert total["slo_attainment"] == 1.0  # a minute to the first token: every one met it
 
 
 def test_failing_requests_are_counted_not_fatal(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from bench_helpers import request_result, run_info
 
+from tiergate.bench.report import render_table
 from tiergate.bench.stats import (
+    SloTargets,
     percentile,
     summarize,
     tokens_per_s_per_stream,
@@ -121,3 +123,27 @@ def test_an_empty_run_reports_nothing_without_failing() -> None:
     report = summarize([], RUN, wall_s=0.0)
     assert report.tiers == [] and report.total.requests == 0
     assert report.total.throughput_output_tokens_per_s == 0.0
+
+
+def test_slo_attainment_counts_requests_within_every_target_and_failures_as_misses() -> None:
+    results = [
+        result(ttft_s=0.1, e2e_s=1.1, completion_tokens=11),  # TTFT 100 ms, TPOT 100 ms
+        result(ttft_s=0.5, e2e_s=1.5, completion_tokens=11),  # TTFT 500 ms: misses TTFT
+        result(ttft_s=0.1, e2e_s=3.1, completion_tokens=11),  # TPOT 300 ms: misses TPOT
+        result(error="503", status=503, ttft_s=None, e2e_s=None),  # failed: a miss
+        result(ttft_s=0.2, e2e_s=0.2, completion_tokens=1),  # one token: no TPOT to miss
+    ]
+    both = run_info(slo=SloTargets(ttft_ms=300, tpot_ms=150))
+    assert summarize(results, both, wall_s=1.0).tiers[0].slo_attainment == pytest.approx(2 / 5)
+    ttft_only = run_info(slo=SloTargets(ttft_ms=300))
+    assert summarize(results, ttft_only, wall_s=1.0).total.slo_attainment == pytest.approx(3 / 5)
+    assert summarize(results, RUN, wall_s=1.0).tiers[0].slo_attainment is None
+
+
+def test_the_table_names_the_targets_only_when_given() -> None:
+    results = [result(), result("premium", ttft_s=0.9)]
+    table = render_table(summarize(results, run_info(slo=SloTargets(ttft_ms=500)), 1.0))
+    header, *rows = table.splitlines()[1:]
+    assert "SLO met (TTFT <= 500 ms)" in header
+    assert rows[-1].rstrip().endswith("50.0%")  # the total: one of two
+    assert "SLO met" not in render_table(summarize(results, RUN, 1.0))

@@ -23,23 +23,6 @@ MODEL = "llama-3.1-8b"
 ClientFactory = Callable[..., Awaitable[httpx.AsyncClient]]
 
 
-class GateClock:
-    """A virtual clock whose steps end only once the gate is open: while it is shut, the
-    engine's current step never finishes, so requests stay running (visible in metrics)."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-        self.gate = asyncio.Event()
-
-    def now(self) -> float:
-        return self.now_s
-
-    async def sleep_until(self, deadline_s: float) -> None:
-        await self.gate.wait()
-        self.now_s = max(self.now_s, deadline_s)
-        await asyncio.sleep(0)
-
-
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
     """Poll `check` until true (yielding to the loop), failing after `timeout_s`."""
     async with asyncio.timeout(timeout_s):

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 import httpx
-from sim_server_helpers import MODEL, ClientFactory, GateClock, app_of, chat, eventually, metric
+from gate_clock import GateClock
+from sim_server_helpers import MODEL, ClientFactory, app_of, chat, eventually, metric
 
 VLLM_NAMES = [
     "vllm:num_requests_running",

@@ -6,6 +6,17 @@
 - apiGroups: [tiergate.dev]
   resources: [inferencepools/status]
   verbs: [get, patch, update]
+# The autoscaler: it scales through the scale subresource (as kubectl scale and HPAs do),
+# reads the pool's pods to scrape them, and stands down for an HPA that targets the pool.
+- apiGroups: [tiergate.dev]
+  resources: [inferencepools/scale]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list]
 # The sim nodes of each pool.
 - apiGroups: [apps]
   resources: [deployments]

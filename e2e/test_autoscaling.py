@@ -1,0 +1,209 @@
+"""Pools that follow their load: `spec.autoscaling` through a load step driven through the
+router, an operator killed mid-way, and the inputs the autoscaler must refuse or report."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from load_step import StepLoad, Timeline, attainment
+from release import Release
+from test_pools import EXAMPLES, warning_reasons
+
+from tiergate.bench.stats import SloTargets
+from tiergate.operator.api.autoscaling import MIN_ABOVE_MAX
+from tiergate.operator.autoscale import AUTOSCALE_INTERVAL_S
+
+POOL = "chat-autoscaled"
+EXAMPLE = EXAMPLES / "autoscaling" / f"{POOL}.yaml"
+MODEL = "llama-3.1-8b"
+WINDOW_S = 30  # the example's scale-down window, shortened to keep the test short
+#: 12 clients on a pool whose replica carries 4 * 0.8 requests at its SLO: 4 replicas
+#: (its maximum; 9 would need only 3: the margin keeps the recommendation off its edge).
+#: One replica's batch of 4 leaves 8 waiting at the router.
+BENCH = [
+    "--mix", "batched=1", "--model", MODEL, "--concurrency", "12", "--input-tokens", "512",
+    "--max-tokens", "100", "--tools-fraction", "0",
+]  # fmt: skip
+SLO = SloTargets(ttft_ms=500)  # the example's spec.slo
+
+
+def pool_yaml(**autoscaling: Any) -> str:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["autoscaling"].update(autoscaling)
+    return yaml.safe_dump(doc)
+
+
+def served(release: Release) -> bool:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    reply = httpx.post(f"{release.router_url()}/v1/chat/completions", json=body, timeout=30.0)
+    return reply.status_code == 200
+
+
+def autoscaling(release: Release, pool: str) -> dict[str, Any]:
+    status = release.get("inferencepool", pool).get("status") or {}
+    return dict(status.get("autoscaling") or {})
+
+
+def normal_reasons(release: Release, name: str) -> list[str]:
+    out = release.kubectl(
+        "get", "events", "--field-selector", f"involvedObject.name={name},type=Normal",
+        "-o", "jsonpath={.items[*].reason}",
+    )  # fmt: skip
+    return out.split()
+
+
+def operator_pods(release: Release) -> set[str]:
+    out = release.kubectl(
+        "get", "pods", "-l", "app.kubernetes.io/component=operator", "-o", "name"
+    )  # fmt: skip
+    return set(out.split())
+
+
+def test_a_load_step_scales_the_pool_up_holds_through_an_operator_restart_and_back_down(
+    release: Release, tmp_path: Path
+) -> None:
+    release.kubectl("apply", "-f", "-", input=pool_yaml(scaleDownStabilizationS=WINDOW_S))
+    release.wait(lambda: served(release), f"the router to serve {MODEL}", 120)
+    # The autoscaler has read the idle pool once: the timer runs before the step.
+    release.wait(
+        lambda: (release.condition(POOL, "Autoscaling") or {}).get("reason") == "Holding",
+        f"{POOL} Autoscaling=True Holding",
+        3 * AUTOSCALE_INTERVAL_S,
+    )
+    assert release.get("inferencepool", POOL)["spec"]["replicas"] == 1
+
+    with Timeline(release.cluster.kubeconfig, release.namespace, POOL) as timeline:
+        load = StepLoad(release.router_url(), BENCH, tmp_path)
+        load.start()
+        try:
+            # Up: the requests reach the pods within a second or two; the next tick sees them.
+            release.wait(lambda: timeline.first(lambda s: s.replicas > 1) is not None,
+                         "a scale-up", 3 * AUTOSCALE_INTERVAL_S)  # fmt: skip
+            first_up = timeline.first(lambda s: s.replicas > 1)
+            assert first_up is not None
+            assert first_up.at - load.started_at <= 2 * AUTOSCALE_INTERVAL_S + 5, (
+                f"first scale-up {first_up.at - load.started_at:.1f} s after the step"
+            )
+            release.wait(lambda: release.ready_replicas(POOL) == 4, "4 ready replicas", 180)
+            at_four = time.time()
+
+            # The operator killed while the load holds: the new one decides the same.
+            old = operator_pods(release)
+            release.kubectl("delete", "pod", *(p.removeprefix("pod/") for p in old))
+            release.wait(lambda: bool(operator_pods(release) - old), "a new operator pod", 60)
+            release.wait(
+                lambda: release.get("deployment", f"{release.name}-operator")["status"].get(
+                    "readyReplicas") == 1,
+                "the new operator ready", 60,
+            )  # fmt: skip
+            time.sleep(2 * AUTOSCALE_INTERVAL_S + 2)  # two of the new operator's ticks
+            since = {s.replicas for s in timeline.samples if s.at >= at_four}
+            assert since == {4}, f"replicas moved under a steady load: {timeline.samples}"
+            assert autoscaling(release, POOL).get("observedPods") == 4
+        finally:
+            status = load.stop()
+        stopped = time.time()
+        assert status == 130, load.output  # stopped as Ctrl-C stops it, not failed
+
+        # Down: to minReplicas once the window has seen the load gone, not before.
+        release.wait(
+            lambda: timeline.first(lambda s: s.replicas == 1, after=stopped) is not None,
+            "the scale-down to minReplicas",
+            WINDOW_S + 4 * AUTOSCALE_INTERVAL_S + 30,
+        )
+    down = timeline.first(lambda s: s.replicas < 4, after=stopped)
+    assert down is not None
+    assert down.at - stopped >= WINDOW_S - AUTOSCALE_INTERVAL_S, (
+        f"scaled down {down.at - stopped:.1f} s after the load stopped, inside the "
+        f"{WINDOW_S} s window"
+    )
+    # One way up, one way down: no flapping, never beyond [1, 4].
+    changes = timeline.replica_changes()
+    peak = changes.index(max(changes))
+    assert changes[: peak + 1] == sorted(changes[: peak + 1]), changes
+    assert changes[peak:] == sorted(changes[peak:], reverse=True), changes
+    assert (max(changes), changes[0], changes[-1]) == (4, 1, 1), changes
+
+    # SLO attainment: requests sent on one replica against those sent on four.
+    before = load.requests(load.started_at, first_up.at)
+    after = load.requests(at_four, stopped)
+    assert attainment(before, SLO) < 0.7, f"the step did not overload one replica: {before}"
+    assert attainment(after, SLO) >= 0.9, [r for r in after if not SLO.met_by(r)]
+    assert all(r.ok for r in after), [r for r in after if not r.ok]
+
+    # What the operator said: status, condition and events.
+    status = autoscaling(release, POOL)
+    assert (status["desiredReplicas"], status["lastScaleReason"]) == (1, "ScaledDown"), status
+    assert status["shapeSource"] == "observed" and status["observedOutputTokens"] <= 100, status
+    condition = release.condition(POOL, "Autoscaling") or {}
+    assert condition.get("status") == "True", condition
+    reasons = normal_reasons(release, POOL)
+    assert "ScaledUp" in reasons and "ScaledDown" in reasons, reasons
+    assert "Autoscaling" not in " ".join(warning_reasons(release, POOL))
+
+
+UNREACHABLE = """
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: too-strict}
+spec:
+  tier: batched
+  model: llama-3.1-8b
+  accelerator: h100-sxm
+  chips: 1
+  replicas: 2
+  slo: {tpotMs: 1}
+  autoscaling: {minReplicas: 1, maxReplicas: 4}
+"""
+
+DOES_NOT_FIT = """
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata: {name: too-small}
+spec:
+  tier: batched
+  model: frontier
+  accelerator: h100-sxm
+  chips: 1
+  weightDtype: bf16
+  autoscaling: {minReplicas: 2, maxReplicas: 4}
+"""
+
+
+def test_autoscaling_refuses_or_reports_what_it_cannot_do_and_scales_nothing(
+    release: Release,
+) -> None:
+    done = subprocess.run(
+        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
+        input=pool_yaml(minReplicas=5, maxReplicas=2),
+        capture_output=True, text=True, env=release.cluster.env, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and MIN_ABOVE_MAX in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not release.exists("inferencepool", POOL)
+
+    release.kubectl("apply", "-f", "-", input=UNREACHABLE)
+    release.kubectl("apply", "-f", "-", input=DOES_NOT_FIT)
+    for pool, reason in (("too-strict", "SloUnreachable"), ("too-small", "ModelDoesNotFit")):
+        release.wait(
+            lambda p=pool, r=reason: (release.condition(p, "Autoscaling") or {}).get("reason") == r,
+            f"{pool} Autoscaling=False {reason}",
+            4 * AUTOSCALE_INTERVAL_S,
+        )
+        release.wait(lambda p=pool, r=reason: r in warning_reasons(release, p), f"a {reason} event")
+    strict = release.condition("too-strict", "Autoscaling") or {}
+    assert strict["status"] == "False" and "TPOT" in strict["message"], strict
+    assert "> target 1 ms" in strict["message"], strict
+    small = release.condition("too-small", "Autoscaling") or {}
+    assert small["status"] == "False" and " GB" in small["message"], small
+    time.sleep(2 * AUTOSCALE_INTERVAL_S)  # more ticks: still nothing scaled, one event each
+    assert release.get("inferencepool", "too-strict")["spec"]["replicas"] == 2
+    assert release.get("deployment", "too-strict")["spec"]["replicas"] == 2
+    assert release.get("inferencepool", "too-small")["spec"]["replicas"] == 1
+    assert not release.exists("deployment", "too-small")  # nothing rolled out
+    assert warning_reasons(release, "too-strict").count("SloUnreachable") == 1
+    assert warning_reasons(release, "too-small").count("ModelDoesNotFit") >= 1

@@ -1,0 +1,181 @@
+"""`KubeCluster`'s autoscaling calls on the official client, over HTTP: the pool's pods, the
+HPAs of its namespace and the scale subresource, answered by a small API server with the
+bodies and statuses the real one gives (200, 403 Forbidden, 404, 500)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kopf
+import pytest
+from kubernetes import client
+
+from tiergate.operator.autoscaling import HpaUnknown
+from tiergate.operator.kube import KubeCluster, PodAddress
+
+NS = "team-a"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+HPAS = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
+SCALE = f"/apis/tiergate.dev/v1alpha1/namespaces/{NS}/inferencepools/frontier-premium/scale"
+
+
+def pod(name: str, ip: str | None, ready: str, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-25T10:00:00Z"
+    status: dict[str, Any] = {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": ready},
+    ]}  # fmt: skip
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": meta, "spec": {"containers": [{"name": "node", "image": "x"}]},
+            "status": status}  # fmt: skip
+
+
+def hpa(name: str, kind: str, target: str, api_version: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"kind": kind, "name": target, "apiVersion": api_version},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+        },
+    }
+
+
+def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+            "reason": reason, "code": code}  # fmt: skip
+
+
+class ApiServer:
+    """Answers GET and PATCH by path from `answers`; records (method, path, query, headers,
+    body) of every request."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, str], tuple[int, Any]] = {}
+        self.requests: list[tuple[str, str, dict[str, str], dict[str, str], Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                self._answer("GET")
+
+            def do_PATCH(self) -> None:
+                self._answer("PATCH")
+
+            def _answer(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                server.requests.append((method, parts.path, query, headers, body))
+                code, answer = server.answers.get(
+                    (method, parts.path), (404, status_body(404, "NotFound", "not found"))
+                )
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    server = ApiServer()
+    thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()
+
+
+def cluster_of(api: ApiServer) -> KubeCluster:
+    configuration = client.Configuration()
+    configuration.host = api.url
+    return KubeCluster(client.ApiClient(configuration))
+
+
+def test_the_pool_pods_are_listed_by_its_selector_and_read_as_ready_or_not(
+    api: ApiServer,
+) -> None:
+    api.answers[("GET", PODS)] = (200, {"kind": "PodList", "apiVersion": "v1", "items": [
+        pod("a", "10.0.0.1", "True"),
+        pod("b", "10.0.0.2", "False"),
+        pod("c", "10.0.0.3", "True", deleting=True),
+        pod("d", None, "False"),
+    ]})  # fmt: skip
+    pods = cluster_of(api).pool_pods(NS, "frontier-premium")
+    assert pods == [
+        PodAddress("a", "10.0.0.1", True),
+        PodAddress("b", "10.0.0.2", False),
+        PodAddress("c", "10.0.0.3", False),  # being deleted: not ready, whatever it says
+        PodAddress("d", None, False),
+    ]
+    (_, _, query, _, _) = api.requests[-1]
+    selector = query["labelSelector"].split(",")
+    assert sorted(selector) == ["app.kubernetes.io/name=tiergate-sim-node",
+                                "tiergate.dev/pool=frontier-premium"]  # fmt: skip
+
+
+def test_only_an_hpa_on_this_pool_of_our_group_counts(api: ApiServer) -> None:
+    items = [
+        hpa("web", "Deployment", "frontier-premium", "apps/v1"),
+        hpa("other", "InferencePool", "another-pool", "tiergate.dev/v1alpha1"),
+        hpa("foreign", "InferencePool", "frontier-premium", "example.com/v1"),
+    ]
+    api.answers[("GET", HPAS)] = (200, {"kind": "HorizontalPodAutoscalerList", "items": items})
+    cluster = cluster_of(api)
+    assert cluster.hpa_targeting(NS, "frontier-premium") is None
+    items.append(hpa("mine", "InferencePool", "frontier-premium", "tiergate.dev/v1alpha1"))
+    assert cluster.hpa_targeting(NS, "frontier-premium") == "mine"
+
+
+def test_hpas_the_operator_may_not_list_are_unknown_not_absent(api: ApiServer) -> None:
+    forbidden = status_body(
+        403,
+        "Forbidden",
+        'horizontalpodautoscalers.autoscaling is forbidden: User "system:serviceaccount:'
+        'team-a:tiergate-operator" cannot list resource "horizontalpodautoscalers"',
+    )
+    api.answers[("GET", HPAS)] = (403, forbidden)
+    found = cluster_of(api).hpa_targeting(NS, "frontier-premium")
+    assert found == HpaUnknown(f"list horizontalpodautoscalers.autoscaling in {NS}")
+
+
+def test_other_failures_to_list_hpas_are_retried(api: ApiServer) -> None:
+    api.answers[("GET", HPAS)] = (500, status_body(500, "InternalError", "etcd is away"))
+    with pytest.raises(kopf.TemporaryError, match="etcd is away"):
+        cluster_of(api).hpa_targeting(NS, "frontier-premium")
+
+
+def test_the_scale_subresource_is_patched_and_a_deleted_pool_is_no_error(
+    api: ApiServer,
+) -> None:
+    scale = {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": {"name": "x"},
+             "spec": {"replicas": 3}, "status": {"replicas": 1}}  # fmt: skip
+    api.answers[("PATCH", SCALE)] = (200, scale)
+    cluster = cluster_of(api)
+    cluster.scale_pool(NS, "frontier-premium", 3)
+    (method, path, _, headers, body) = api.requests[-1]
+    assert (method, path, body) == ("PATCH", SCALE, {"spec": {"replicas": 3}})
+    assert headers["content-type"] == "application/merge-patch+json"
+    del api.answers[("PATCH", SCALE)]  # 404: the pool was deleted meanwhile
+    cluster.scale_pool(NS, "frontier-premium", 2)
+    api.answers[("PATCH", SCALE)] = (409, status_body(409, "Conflict", "try again"))
+    with pytest.raises(kopf.TemporaryError, match="try again"):
+        cluster.scale_pool(NS, "frontier-premium", 2)
