@@ -10,10 +10,12 @@ from typing import Any
 
 import yaml
 
+from tiergate.operator.api import InferencePoolSpec, predict
 from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
 from tiergate.operator.kube import ApplyRejected, PodAddress
 from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.perf import Workload, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = default_catalog()
@@ -88,3 +90,12 @@ def clock() -> Callable[[], str]:
 
 def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in status["conditions"]}
+
+
+def tpot_ms(streams: int) -> float:
+    """The premium replica's steady-state TPOT at `streams` streams of its workload."""
+    spec = InferencePoolSpec.model_validate(pool("premium", background=None)["spec"])
+    w = spec.workload
+    deployment = predict(spec, w, CATALOG).deployment
+    shape = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, streams)
+    return evaluate(deployment, shape, spec.batching.to_batching()).tpot_s * 1e3

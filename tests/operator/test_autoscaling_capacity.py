@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from operator_helpers import pool
+from operator_helpers import pool, tpot_ms
 
 from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.autoscaling import RequestShape, replica_capacity
@@ -25,21 +25,24 @@ def test_the_background_takes_its_batch_slots_off_the_capacity() -> None:
 
 
 def test_the_background_slows_every_step_so_the_slo_holds_fewer_requests() -> None:
-    # Steady-state TPOT of this replica: 5.49 ms at 2 streams, 5.65 at 3, 5.81 at 4. The
-    # background's 2 sequences are 2 of those streams.
-    slo = {"tpotMs": 5.7}
+    # A TPOT target met at 3 streams, not at 4: alone, 3 requests; beside the background's 2
+    # sequences (2 of the streams), 1.
+    assert tpot_ms(3) < tpot_ms(4)
+    slo = {"tpotMs": (tpot_ms(3) + tpot_ms(4)) / 2}
     assert replica_capacity(premium(slo=slo, background=None), default_catalog()).concurrency == 3
     assert replica_capacity(premium(slo=slo), default_catalog()).concurrency == 1
 
 
 def test_an_slo_only_met_without_the_background_is_unreachable() -> None:
-    slo = {"tpotMs": 5.5}
+    slo = {"tpotMs": (tpot_ms(2) + tpot_ms(3)) / 2}  # met at 2 streams, not at 3
     assert replica_capacity(premium(slo=slo, background=None), default_catalog()).concurrency == 2
     capacity = replica_capacity(premium(slo=slo), default_catalog())
     assert capacity.concurrency is None and capacity.problem is not None
     reason, message = capacity.problem
     assert reason == "SloUnreachable"
-    assert "even at batch 1 beside the background" in message and "TPOT 5.65 ms" in message
+    # Batch 1 beside the background is 3 streams.
+    assert "even at batch 1 beside the background" in message
+    assert f"TPOT {tpot_ms(3):.2f} ms" in message
 
 
 def test_a_background_that_leaves_no_slot_is_reported() -> None:
