@@ -5,6 +5,7 @@ Warning per problem, and a restarted operator deciding the same."""
 from __future__ import annotations
 
 import datetime
+import threading
 from typing import Any
 
 import httpx
@@ -44,6 +45,7 @@ class Fleet:
         self.cluster = cluster
         self.load: dict[str, tuple[int, int]] = {}
         self.down: set[str] = set()
+        self.together: threading.Barrier | None = None  # scrapes that must be in flight at once
 
     def set(self, *loads: tuple[int, int], ready: bool = True) -> None:
         self.load = {f"10.0.0.{i + 1}": load for i, load in enumerate(loads)}
@@ -55,6 +57,11 @@ class Fleet:
             host = request.url.host
             if host in self.down:
                 raise httpx.ConnectError("connection refused", request=request)
+            if self.together is not None:
+                try:
+                    self.together.wait()
+                except threading.BrokenBarrierError:
+                    raise httpx.ReadTimeout("no answer", request=request) from None
             metrics = NodeMetrics("frontier")
             metrics.attach_engine(Engine(*self.load[host], background=2))
             return httpx.Response(200, content=metrics.render())
@@ -266,3 +273,14 @@ def test_each_tick_is_counted_by_its_reason_and_a_failed_one_as_error() -> None:
     with pytest.raises(ConnectionError):
         tick(down, broken)
     assert decisions(broken) == {"error": 1}
+
+
+def test_the_pods_are_scraped_at_once_not_one_after_another() -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((1, 0), (1, 0), (1, 0))
+    # Each pod answers only once all three are being scraped: one after another, each would
+    # wait for the others until the barrier gives up, and none would report.
+    fleet.together = threading.Barrier(3, timeout=10)
+    tick(cluster, memo)
+    assert status(cluster)["autoscaling"]["observedPods"] == 3
