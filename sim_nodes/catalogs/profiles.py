@@ -71,6 +71,12 @@ class Accelerator(BaseModel):
     layer_latency_us: float = Field(
         ge=0, description="Fixed latency per layer per step (dataflow chips); 0 for GPUs."
     )
+    grouped_gemm_efficiency: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Fraction of the dense roofline MoE expert matmuls (grouped GEMMs) reach.",
+    )
     usable_memory_fraction: float = Field(
         gt=0, le=1, description="Fraction of memory the engine may use (gpu_memory_utilization)."
     )
