@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -26,6 +26,7 @@ from tiergate.sim_nodes.catalogs import Catalog
 from .api import GROUP, PLURAL, VERSION
 from .images import ImagePolicy
 from .kube import Cluster, KubeCluster
+from .metrics import Handler, OperatorMetrics, result_of
 from .reconcile import Outcome, reconcile
 from .render import FIELD_MANAGER
 
@@ -68,6 +69,7 @@ class OperatorMemo:
     cluster: Cluster | None = None  # built on first use (needs the kube config loaded)
     warn: Callable[..., None] = kopf.warn  # posts a Warning event on the pool (tests: a list)
     namespaced: bool = False  # watching named namespaces only (no cluster-wide permissions)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -109,7 +111,7 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
     """Reconcile and write the status; with `report`, post Warning events and raise
     PermanentError for a spec that cannot work (the timer re-checks silently: one event per
     change, not one per resync)."""
-    outcome = reconcile(dict(body), memo.api(), memo.catalog, memo.images, _now)
+    outcome = _reconcile(dict(body), memo, "reconcile" if report else "resync")
     patch.status.update(outcome.status)
     _alert(body, outcome, memo)
     if not report:
@@ -118,6 +120,17 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
         memo.warn(body, reason=reason, message=message)
     if outcome.permanent_error is not None:
         raise kopf.PermanentError(outcome.permanent_error)
+
+
+def _reconcile(pool: dict[str, Any], memo: OperatorMemo, handler: Handler) -> Outcome:
+    """`reconcile`, counted in the operator's metrics by its result."""
+    try:
+        outcome = reconcile(pool, memo.api(), memo.catalog, memo.images, _now)
+    except Exception:
+        memo.metrics.count(handler, "error")
+        raise
+    memo.metrics.count(handler, result_of(outcome))
+    return outcome
 
 
 def _alert(pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMemo) -> None:
@@ -163,7 +176,7 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
     obj = cluster.pool(namespace, pool)
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
         return  # the pool is gone: garbage collection removes its objects
-    outcome = reconcile(obj, cluster, memo.catalog, memo.images, _now)
+    outcome = _reconcile(obj, memo, "deployment_changed")
     cluster.patch_pool_status(namespace, pool, outcome.status)
     _alert(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))

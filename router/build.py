@@ -134,6 +134,10 @@ def build_app(
         saturation=saturation,
         tool_checker=tool_checker,
     )
+    # Read through `router`: a reload swaps its tenants.
+    metrics.count_budgets(
+        lambda: router.tenants.tenants.values(), lambda: router.budgets, lambda: router.wall()
+    )
     # The source first: services stop in reverse order, so discovery stops last.
     services: list[Service] = [
         source,

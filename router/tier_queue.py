@@ -106,7 +106,6 @@ class TierQueue:
         #: The tenant admitted last: its counter now (corrected as its requests end) is the
         #: floor of a tenant arriving at an empty queue.
         self._last_tenant = ""
-        self._weights: dict[str, float] = {}
 
     @property
     def waiting(self) -> int:
@@ -133,7 +132,6 @@ class TierQueue:
 
         `tokens` is what the request is expected to cost (prompt + output): the tenant's
         counter is charged that much over `weight` when the slot is granted."""
-        self._weights[tenant] = weight
         if self.active < self.capacity and not self._waiting:
             self._lift(tenant)
             self.active += 1
@@ -143,7 +141,7 @@ class TierQueue:
             raise TenantQueueFull(mine)
         rank = PRIORITY_RANK[priority]
         if self._waiting >= self.max_waiting:
-            self._push_out(rank, tenant)  # or raise Shed: this arrival is the one to go
+            self._push_out(rank, tenant, weight)  # or raise Shed: this arrival is the one to go
         if not self.waiting_of(tenant):
             self._lift(tenant)
         self._seq += 1
@@ -213,9 +211,10 @@ class TierQueue:
             waited = self._clock() - waiter.enqueued_s
             waiter.future.set_result(self._grant(tenant, waiter.tokens, waiter.weight, waited))
 
-    def _push_out(self, rank: int, tenant: str) -> None:
-        """Make room in a full queue for an arrival of `rank` from `tenant`, or raise Shed
-        when the arrival itself is the request to go."""
+    def _push_out(self, rank: int, tenant: str, weight: float) -> None:
+        """Make room in a full queue for an arrival of `rank` from `tenant` (of `weight`), or
+        raise Shed when the arrival itself is the request to go. A waiting tenant's weight is
+        its latest request's."""
         worst = max(r for r, tenants in enumerate(self._ranks) if tenants)
         if rank > worst:
             self._shed_arrival()
@@ -228,7 +227,8 @@ class TierQueue:
 
             def excess(t: str) -> float:
                 mine = len(tenants.get(t, ())) + (1 if t == tenant and rank == worst else 0)
-                return mine / max(self._weights.get(t, 1.0), 1e-9)
+                of = weight if t == tenant else tenants[t][-1].weight
+                return mine / max(of, 1e-9)
 
             candidates = [*tenants, tenant] if rank == worst else list(tenants)
             # On a tie the arrival goes, not a request that waited already.

@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tiergate.sim_nodes.commands.simulate_cmd",
         "run a workload through replicas of the batching engine in virtual time",
     ),
+    "plan": (
+        "tiergate.plan.command",
+        "plan the cheapest pools per tier that meet latency SLOs (steady state + simulator)",
+    ),
     "router": (
         "tiergate.router.cli.router_cmd",
         "serve the tier router; pools from a (hot-reloaded) file or from Kubernetes",

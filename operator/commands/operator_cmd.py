@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="another image a pool's spec.template.image may name (repeatable; "
                         "whole references; default: only --image)")  # fmt: skip
     p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
+    p.add_argument("--metrics-port", type=int, default=8082,
+                   help="Prometheus metrics: GET /metrics (0: none)")  # fmt: skip
     p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
@@ -99,5 +101,10 @@ def run(args: argparse.Namespace) -> int:
     memo = handlers.OperatorMemo(
         catalog=catalog, images=image_policy(args), namespaced=not options["clusterwide"]
     )
+    if args.metrics_port:
+        try:
+            memo.metrics.serve(args.metrics_port)
+        except OSError as exc:
+            raise CliError(f"cannot serve metrics on port {args.metrics_port}: {exc}") from None
     asyncio.run(kopf.operator(memo=memo, **options))
     return 0

@@ -7,21 +7,28 @@ A worker of `tiergate router --workers N` exports the metrics of all of them add
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tiergate.router.discovery.view import PoolView
+from tiergate.router.http.budget_metrics import BudgetCollector
 from tiergate.router.http.gc_pauses import GcPauses
 from tiergate.router.http.shared_metrics import SharedMetrics
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
 from tiergate.router.ledger.sqlite import Ledger
 from tiergate.router.ledger.store import LedgerStore
+from tiergate.router.request.spill import SpillReason
+from tiergate.router.request.tiers import TIERS
+from tiergate.router.tenants.guards import Budgets
+from tiergate.router.tenants.registry import Tenant
 from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
+from tiergate.sim_nodes.tiers import Priority
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -88,6 +95,15 @@ class RouterMetrics:
             ["from_tier", "to_tier", "reason"],
             registry=r,
         )
+        # Series that exist before their first event, at zero, so rate() and increase() see
+        # that event (Prometheus cannot tell a new series' first increment from its start).
+        for tier in TIERS:
+            for priority in get_args(Priority):
+                self.shed.labels(tier, priority)
+            for to_tier in TIERS:
+                for reason in get_args(SpillReason):
+                    if to_tier != tier:
+                        self.spills.labels(tier, to_tier, reason)
         self.retries = Counter(
             "tiergate_upstream_retries", "Upstream attempts beyond the first.", registry=r
         )
@@ -158,6 +174,16 @@ class RouterMetrics:
         """Export how many tenants have spent their budget of cascade check time now (their
         checks are given up at once; the log names them)."""
         self._read_when_scraped(_CheckBudgetCollector(spent_tenants))
+
+    def count_budgets(
+        self,
+        tenants: Callable[[], Iterable[Tenant]],
+        budgets: Callable[[], Budgets],
+        now: Callable[[], float],
+    ) -> None:
+        """Export each tenant's budget and its spend in the current period (wall-clock
+        `now`: budget periods are calendar periods)."""
+        self._read_when_scraped(BudgetCollector(tenants, budgets, now))
 
     def count_reloads(self, config: str, reloads: Callable[[], tuple[int, int]]) -> None:
         """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`;
@@ -244,11 +270,30 @@ class _LiveCollector(Collector):
         inflight = GaugeMetricFamily(
             "tiergate_inflight_requests", "Requests the router has open, by tier.", labels=["tier"]
         )
+        pool_endpoints = GaugeMetricFamily(
+            "tiergate_pool_endpoints",
+            "Endpoints of each pool by state: ejected (by outlier detection), unreachable "
+            "(its last scrape of /metrics failed) or ready; every state of every pool is "
+            "listed, zeros included, so a pool with no ready endpoint shows as 0.",
+            labels=["pool", "tier", "state"],
+        )
         now = self._now()
+        view = self._view()
+        for pool in view.pools.values():
+            counts = dict.fromkeys(("ready", "ejected", "unreachable"), 0)
+            for e in pool.endpoints:
+                if e.is_ejected(now):
+                    counts["ejected"] += 1
+                elif e.scrape_failures:
+                    counts["unreachable"] += 1
+                else:
+                    counts["ready"] += 1
+            for state, count in counts.items():
+                pool_endpoints.add_metric([pool.spec.name, pool.spec.tier, state], count)
         depth: dict[str, float] = {}
         states: dict[tuple[str, str], int] = {}
         open_: dict[str, int] = {}
-        for e in self._view().endpoints():
+        for e in view.endpoints():
             depth[e.tier] = depth.get(e.tier, 0.0) + (e.waiting or 0.0)
             state = "ejected" if e.is_ejected(now) else "ready"
             states[(e.tier, state)] = states.get((e.tier, state), 0) + 1
@@ -262,6 +307,7 @@ class _LiveCollector(Collector):
         yield waiting
         yield endpoints
         yield inflight
+        yield pool_endpoints
 
 
 class _LedgerCollector(Collector):

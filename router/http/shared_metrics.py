@@ -53,6 +53,9 @@ GAUGE_MODES: dict[str, GaugeMode] = {
     "tiergate_ledger_wal_bytes": "livemax",
     "tiergate_ledger_used_bytes": "livemax",
     "tiergate_endpoints": "livemax",
+    "tiergate_pool_endpoints": "livemax",
+    "tiergate_tenant_budget_usd": "livemax",
+    "tiergate_tenant_budget_spent_usd": "livemax",
     "tiergate_cascade_check_budget_spent_tenants": "livemax",
 }
 #: A gauge not listed: each worker's value, with a `pid` label.

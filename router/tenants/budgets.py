@@ -175,6 +175,13 @@ class BudgetGuard:
             spend.period, spend.start_s, spend.end_s, spend.spent_usd, tenant.budget_usd
         )
 
+    def spent_usd(self, tenant: Tenant, now_s: float) -> float | None:
+        """The tenant's spend in its current period (read from the ledger at a period's
+        start, as `check` does); None for a tenant without a budget."""
+        if tenant.budget_usd is None:
+            return None
+        return self._tracked(tenant, now_s).spent_usd
+
     def _tracked(self, tenant: Tenant, now_s: float) -> _Spend:
         spend = self._spend.get(tenant.name)
         if spend is None or spend.period != tenant.budget_period or not spend.contains(now_s):

@@ -170,6 +170,18 @@ class FleetBudgets(LoopService):
         )
         return BudgetStatus(tenant.budget_period, start_s, end_s, spent, tenant.budget_usd)
 
+    def spent_usd(self, tenant: Tenant, now_s: float) -> float | None:
+        """The fleet's spend as of this replica's last lease, plus what this replica has
+        committed since; None while it holds no lease for the current period (it has not
+        served the tenant)."""
+        lease = self._leases.get(tenant.name)
+        if lease is None or not (
+            lease.period_start_s <= now_s
+            and (lease.period_end_s is None or now_s < lease.period_end_s)
+        ):
+            return None
+        return lease.spent_usd + self._ledger.committed_usd(tenant.name) - lease.base_usd
+
     # Leases.
 
     def _current(self, tenant: Tenant, now_s: float) -> _Lease | None:

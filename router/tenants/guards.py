@@ -29,6 +29,11 @@ class Budgets(Protocol):
 
     async def current(self, tenant: Tenant, now_s: float | None = None) -> BudgetStatus: ...
 
+    def spent_usd(self, tenant: Tenant, now_s: float) -> float | None:
+        """The tenant's spend in its current period as this process knows it, without
+        waiting on a database (for /metrics); None when it does not know it."""
+        ...
+
 
 class Limits(Protocol):
     def needs_lease(self, tenant: Tenant, estimated_tokens: int) -> bool: ...

@@ -19,7 +19,8 @@ class EngineRequest:
     """One generation request: a prompt of `prompt_tokens`, up to `max_output_tokens` out.
 
     `priority`: lower is more urgent (vLLM's convention); equal priorities are served in
-    arrival order.
+    arrival order. `cached_prompt_tokens`: the prompt's leading tokens found in the prefix
+    cache: they hold KV blocks from admission but are never prefilled.
     """
 
     request_id: str
@@ -27,10 +28,16 @@ class EngineRequest:
     max_output_tokens: int
     priority: int = 0
     arrival_s: float = 0.0
+    cached_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
             raise EngineError(f"prompt tokens must be at least 1 (got {self.prompt_tokens})")
+        if not 0 <= self.cached_prompt_tokens < self.prompt_tokens:
+            raise EngineError(
+                f"cached prompt tokens must be in [0, {self.prompt_tokens}) "
+                f"(got {self.cached_prompt_tokens})"
+            )
         if self.max_output_tokens < 1:
             raise EngineError(
                 f"max output tokens must be at least 1 (got {self.max_output_tokens})"
@@ -83,7 +90,8 @@ class Sequence:
         # Tokens to prefill before decoding: the prompt, plus generated tokens after a
         # recompute-style preemption.
         self.target_tokens = request.prompt_tokens
-        self.computed_tokens = 0
+        # A prefix-cache hit: those tokens' KV is allocated with the first chunk, not computed.
+        self.computed_tokens = request.cached_prompt_tokens
         self.output_tokens = 0
         self.tick_base = 0
         self.phase = 0

@@ -133,7 +133,12 @@ def simulate(
         try:
             engines[r].add(
                 EngineRequest(
-                    str(index), request.prompt_tokens, request.output_tokens, 0, request.arrival_s
+                    str(index),
+                    request.prompt_tokens,
+                    request.output_tokens,
+                    0,
+                    request.arrival_s,
+                    request.cached_prompt_tokens,
                 )
             )
         except EngineError as exc:

@@ -35,11 +35,12 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRequest:
-    """One request of a workload."""
+    """One request of a workload (`cached_prompt_tokens`: its prompt's prefix-cache hit)."""
 
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,10 +53,15 @@ def test_operator_watches_the_release_namespace_by_default(
 ) -> None:
     operator = container(default_manifests, "Deployment", OPERATOR)
     assert operator["image"] == "tiergate:0.1.0"
-    assert operator["args"] == ["operator", "--health-port", "8081", "--namespace", NAMESPACE]
+    assert operator["args"] == [
+        "operator", "--health-port", "8081", "--metrics-port", "8082", "--namespace", NAMESPACE,
+    ]  # fmt: skip
     assert env_of(operator)["TIERGATE_IMAGE"] == operator["image"]
     assert env_of(operator)["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert operator["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    assert operator["ports"] == [
+        {"name": "health", "containerPort": 8081, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8082, "protocol": "TCP"},
+    ]
     assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
 
 
@@ -65,7 +70,8 @@ def test_operator_gets_one_namespace_flag_per_watched_namespace(
 ) -> None:
     operator = container(variant_manifests, "Deployment", OPERATOR)
     assert operator["args"] == [
-        "operator", "--health-port", "8081", "--namespace", "team-a", "--namespace", "team-b",
+        "operator", "--health-port", "8081", "--metrics-port", "8082",
+        "--namespace", "team-a", "--namespace", "team-b",
     ]  # fmt: skip
     # Sim nodes run the very image the operator runs, digest and all.
     assert operator["image"] == env_of(operator)["TIERGATE_IMAGE"] == VARIANT_IMAGE
@@ -80,7 +86,7 @@ def test_operator_cluster_wide_and_allowed_images_become_its_flags(helm: Helm) -
         ]
     )
     args = container(manifests, "Deployment", OPERATOR)["args"]
-    assert args[3:] == [
+    assert args[5:] == [
         "--all-namespaces",
         "--allowed-image", "mirror.example.com/tiergate:0.1.0",
         "--allowed-image", "lab/tiergate@sha256:ab",

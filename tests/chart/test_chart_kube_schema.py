@@ -1,8 +1,10 @@
 """Every rendered manifest validates against the Kubernetes 1.33 OpenAPI schemas (strict).
 
-kubernetes-validate bundles the schemas of Kubernetes' own kinds only. ServiceMonitor (the
-Prometheus Operator's CRD) and the kopf peering objects have none there, so they are the kinds
-not validated; the test asserts that only those were left out, so nothing else slips through.
+kubernetes-validate bundles the schemas of Kubernetes' own kinds only. ServiceMonitor,
+PodMonitor and PrometheusRule (the Prometheus Operator's CRDs) and the kopf peering objects
+have none there, so they are the kinds not validated; the test asserts that only those were
+left out, so nothing else slips through. tests/chart/test_chart_monitoring.py checks the
+monitoring kinds' fields, and test_chart_monitoring_proof.py loads the rules into Prometheus.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import pytest
 from chart_helpers import VARIANT, Helm, Manifest
 
 KUBERNETES = "1.33"
-# ServiceMonitor: the Prometheus Operator's; the kopf peering kinds: their CRDs ship in crds/.
-NOT_IN_THE_BUNDLED_SCHEMAS = {"ServiceMonitor", "ClusterKopfPeering", "KopfPeering"}
+# The Prometheus Operator's kinds; the kopf peering kinds: their CRDs ship in crds/.
+MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+NOT_IN_THE_BUNDLED_SCHEMAS = MONITORING | {"ClusterKopfPeering", "KopfPeering"}
 
 
 def validate_all(manifests: list[Manifest]) -> set[str]:
@@ -89,4 +92,4 @@ def test_the_validator_catches_a_bad_manifest(default_manifests: list[Manifest])
 
 def test_only_the_known_kinds_are_left_unvalidated(helm: Helm) -> None:
     # The variant watches listed namespaces: namespaced peering objects, no cluster-wide one.
-    assert validate_all(helm.template(values=[VARIANT])) == {"ServiceMonitor", "KopfPeering"}
+    assert validate_all(helm.template(values=[VARIANT])) == MONITORING | {"KopfPeering"}

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import celpy
-import jsonschema
 import pytest
 import yaml
+from crd_helpers import generated_crd, problems, schema_of, walk
 from pydantic import ValidationError
 
 from tiergate.operator.api import InferencePoolSpec
@@ -28,11 +27,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 @pytest.fixture(scope="module")
 def crd() -> dict[str, Any]:
-    return yaml.safe_load(render())
-
-
-def schema_of(crd: dict[str, Any]) -> dict[str, Any]:
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return generated_crd()
 
 
 @pytest.mark.parametrize("folder", TARGETS, ids=str)
@@ -48,19 +43,6 @@ def test_crds_check_fails_on_drift(tmp_path: Path) -> None:
     cmd = [sys.executable, "-P", "-m", "tiergate", "crds", "--check", "--root", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 1 and "stale" in done.stdout
-
-
-def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    if isinstance(node, dict):
-        out.append((path, node))
-        for key, sub in node.get("properties", {}).items():
-            out += walk(sub, f"{path}.{key}")
-        if "items" in node:
-            out += walk(node["items"], f"{path}[]")
-        if isinstance(node.get("additionalProperties"), dict):
-            out += walk(node["additionalProperties"], f"{path}{{}}")
-    return out
 
 
 def test_schema_is_structural_and_documented(crd: dict[str, Any]) -> None:
@@ -84,33 +66,6 @@ def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
 
 
 # -- validation as the API server does it: OpenAPI schema, then CEL rules ---------------------
-
-
-def _strip(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _strip(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if isinstance(node, list):
-        return [_strip(v) for v in node]
-    return node
-
-
-def problems(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
-    """What the API server would refuse `obj` for: schema errors, then failed CEL rules."""
-    schema = schema_of(crd)
-    validator = jsonschema.Draft4Validator(_strip(schema))  # OpenAPI 3.0 bounds are draft 4's
-    found = [e.message for e in validator.iter_errors(obj)]
-    env = celpy.Environment()
-    for path, node in walk(schema):
-        value: Any = obj
-        for key in [p for p in path.split(".") if p]:
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is None:
-            continue
-        for rule in node.get("x-kubernetes-validations", []):
-            program = env.program(env.compile(rule["rule"]))
-            if not program.evaluate({"self": celpy.json_to_cel(value)}):
-                found.append(rule["message"])
-    return found
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

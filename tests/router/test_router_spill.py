@@ -99,14 +99,16 @@ def ledger_row(tmp_path: Path, request_id: str) -> dict[str, Any]:
 
 
 def spills_metric(url: str) -> dict[str, float]:
-    """`tiergate_spills_total` series: `from->to reason` -> count."""
+    """`tiergate_spills_total` series that counted a spill: `from->to reason` -> count (every
+    series exists from the start, at zero)."""
     series = {}
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith("tiergate_spills_total{"):
             labels, value = line[len("tiergate_spills_total{") :].split("} ")
             parts = dict(part.split("=") for part in labels.split(","))
             key = f"{parts['from_tier']}->{parts['to_tier']} {parts['reason']}".replace('"', "")
-            series[key] = float(value)
+            if float(value):
+                series[key] = float(value)
     return series
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tiergate.sim_nodes.engine.errors import EngineError
+from tiergate.sim_nodes.engine.request import EngineRequest
 from tiergate.sim_nodes.engine.simulation import percentile, simulate
 from tiergate.sim_nodes.engine.workload import (
     LengthDistribution,
@@ -158,3 +160,26 @@ def test_trace_errors_name_the_line(tmp_path: Path, content: str, message: str) 
 def test_missing_trace_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="cannot read trace"):
         load_trace(tmp_path / "absent.jsonl")
+
+
+def test_a_prefix_cache_hit_is_not_prefilled_but_holds_its_kv(small_node: Deployment) -> None:
+    cold = [WorkloadRequest(0.0, 6000, 20)]
+    warm = [WorkloadRequest(0.0, 6000, 20, cached_prompt_tokens=5400)]
+    cold_report = simulate(small_node, BATCHING, cold)
+    warm_report = simulate(small_node, BATCHING, warm)
+    # 600 new tokens fit one step's budget; 6000 take two chunks.
+    assert warm_report.ttft_p50_s < cold_report.ttft_p50_s / 2
+    assert warm_report.steps < cold_report.steps
+    # The cached prefix still needs its KV blocks: a request longer than the cache is refused.
+    too_long = small_node.kv_capacity_tokens + 10
+    refused = simulate(
+        small_node,
+        BATCHING,
+        [WorkloadRequest(0.0, 10, 5), WorkloadRequest(0.1, too_long, 5, too_long - 100)],
+    )
+    assert refused.rejected == 1
+
+
+def test_a_cached_prefix_must_leave_a_token_to_prefill() -> None:
+    with pytest.raises(EngineError, match="cached prompt tokens"):
+        EngineRequest("r", 100, 5, cached_prompt_tokens=100)

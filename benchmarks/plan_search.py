@@ -1,0 +1,121 @@
+"""Benchmark: `tiergate plan` on the seed workload over the whole shipped catalog, on one core.
+
+Plans examples/plan/seed.yaml (every accelerator, chip count, layout, dtype pair, batch cap
+and the speculative option it allows) several times and prints each round's wall time, the
+median (target: under 60 s), how many configurations the steady-state prune kept out of the
+simulator, and per tier the plan with its SLO attainment at the planned replicas and at one
+fewer (the planner validation). Not a test: the target is printed next to the figure.
+
+    .venv/bin/python benchmarks/plan_search.py [--rounds 3] [--plan examples/plan/seed.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+from tiergate.operator.api import InferencePool
+from tiergate.plan import (
+    PlanFile,
+    PlanReport,
+    TierPlan,
+    TierTraffic,
+    load_plan,
+    plan_fleet,
+    plan_traffic,
+    pool_manifest,
+)
+from tiergate.sim_nodes.catalogs import Catalog, default_catalog
+from tiergate.sim_nodes.engine.simulation import simulate
+from tiergate.sim_nodes.perf import build_deployment
+from tiergate.sim_nodes.tiers import Tier
+
+TARGET_WALL_S = 60.0
+SEED_PLAN = Path(__file__).resolve().parents[1] / "examples" / "plan" / "seed.yaml"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plan", type=Path, default=SEED_PLAN)
+    args = parser.parse_args()
+
+    pinned = "no"
+    if hasattr(os, "sched_setaffinity"):
+        # One core, so the figure does not depend on how busy the machine's other cores are.
+        core = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})
+        pinned = f"core {core}"
+
+    plan, base = load_plan(args.plan)
+    catalog = default_catalog()
+    print(f"plan {args.plan.name}: {', '.join(plan.tiers)}; pinned to {pinned}")
+    walls: list[float] = []
+    report: PlanReport | None = None
+    for i in range(args.rounds):
+        start = time.perf_counter()
+        report = plan_fleet(plan, plan_traffic(plan, base), catalog)
+        walls.append(time.perf_counter() - start)
+        print(f"round {i + 1}: {walls[-1]:.2f} s")
+    assert report is not None
+    traffic = plan_traffic(plan, base)
+    median = statistics.median(walls)
+    verdict = "within" if median < TARGET_WALL_S else "OVER"
+    print(
+        f"median {median:.2f} s, min {min(walls):.2f} s ({verdict} the {TARGET_WALL_S:g} s target)"
+    )
+    print()
+    total = simulated = runs = 0
+    for t in report.tiers:
+        s = t.search
+        total, simulated, runs = (
+            total + s.configurations,
+            simulated + s.simulated,
+            runs + s.simulations,
+        )
+        print(
+            f"{t.tier}: {s.configurations} configurations; {s.unfit} unfit, {s.too_slow} too slow "
+            f"at batch 1, {s.pruned_by_cost} pruned on cost; {s.simulated} simulated in "
+            f"{s.simulations} runs of {t.requests_simulated} requests"
+        )
+        print(f"  {t.verdict}")
+        if t.plan is not None:
+            fewer = _attained(plan, t, traffic, catalog, t.plan.replicas - 1)
+            print(
+                f"  validation: {t.plan.slo_attainment:.1%} within the SLO at "
+                f"{t.plan.replicas} replicas, {fewer:.1%} at {t.plan.replicas - 1} "
+                f"(target {t.slo_percentile:g}%)"
+            )
+    print()
+    print(
+        f"all tiers: {total} configurations, {simulated} simulated ({runs} simulator runs): the "
+        f"prune avoided simulating {total - simulated} ({(total - simulated) / total:.1%})"
+    )
+    print(f"fleet: ${report.cost_per_hour_usd:,.2f}/h")
+
+
+def _attained(
+    plan: PlanFile, tier: TierPlan, traffic: dict[Tier, TierTraffic], catalog: Catalog, n: int
+) -> float:
+    """The share of the tier's requests within the SLO on `n` replicas of its emitted pool."""
+    if n < 1:
+        return 0.0
+    spec = InferencePool.model_validate(pool_manifest(plan.name, tier)).spec
+    slo = plan.tiers[spec.tier].slo
+    r = simulate(
+        build_deployment(spec, catalog),
+        spec.batching.to_batching(),
+        traffic[spec.tier].requests,
+        replicas=n,
+        slo_ttft_s=slo.ttft_s,
+        slo_tpot_s=slo.tpot_s,
+        seed=plan.simulation.seed,
+    )
+    return r.goodput_requests_per_s / r.requests_per_s * r.completed / r.requests
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The InferencePool CRD as the API server validates it: the generated OpenAPI schema, then
+its CEL rules (tests of the CRD and of anything that writes InferencePools use it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celpy
+import jsonschema
+import yaml
+
+from tiergate.operator.commands.crds_cmd import render
+
+
+def generated_crd() -> dict[str, Any]:
+    """The CRD the API models generate."""
+    loaded: dict[str, Any] = yaml.safe_load(render())
+    return loaded
+
+
+def schema_of(crd: dict[str, Any]) -> dict[str, Any]:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for key, sub in node.get("properties", {}).items():
+            out += walk(sub, f"{path}.{key}")
+        if "items" in node:
+            out += walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            out += walk(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def _strip(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
+
+
+def problems(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+    """What the API server would refuse `obj` for: schema errors, then failed CEL rules."""
+    schema = schema_of(crd)
+    validator = jsonschema.Draft4Validator(_strip(schema))  # OpenAPI 3.0 bounds are draft 4's
+    found = [e.message for e in validator.iter_errors(obj)]
+    env = celpy.Environment()
+    for path, node in walk(schema):
+        value: Any = obj
+        for key in [p for p in path.split(".") if p]:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        for rule in node.get("x-kubernetes-validations", []):
+            program = env.program(env.compile(rule["rule"]))
+            if not program.evaluate({"self": celpy.json_to_cel(value)}):
+                found.append(rule["message"])
+    return found

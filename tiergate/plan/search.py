@@ -1,0 +1,191 @@
+"""The search of one tier: enumerate (space), screen in steady state (screen), confirm the
+cheapest in the simulator by branch and bound (bound), and tell the result (explain).
+
+The steady-state floor is optimistic (screen.py), so a configuration the bound prunes could
+not have been cheaper in the simulator; tests check the search against brute force.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from tiergate.sim_nodes.catalogs import Catalog, CatalogError
+from tiergate.sim_nodes.tiers import Tier, memory_problem
+
+from .bound import Progress, branch_and_bound
+from .confirm import Trial, run_trial
+from .errors import PlanError
+from .explain import met_verdict, runner_up, simulated, unmet_verdict
+from .report import PlanReport, SearchCounts, TierPlan
+from .screen import Screen, screen
+from .space import Candidate, candidates
+from .spec import PlanFile, SearchSpec, TierDemand
+from .traffic import TierTraffic
+
+__all__ = ["NO_PROGRESS", "plan_fleet", "plan_tier"]
+
+
+class _Silent:
+    def start(self, what: str, total: int) -> None:
+        pass
+
+    def advance(self, steps: int = 1) -> None:
+        pass
+
+
+NO_PROGRESS: Progress = _Silent()
+
+
+def plan_fleet(
+    plan: PlanFile,
+    traffic: dict[Tier, TierTraffic],
+    catalog: Catalog,
+    progress: Progress = NO_PROGRESS,
+) -> PlanReport:
+    """Every tier of `plan`, planned independently (tiers share no replicas)."""
+    tiers = [
+        plan_tier(
+            tier,
+            demand,
+            traffic[tier],
+            plan.search,
+            catalog,
+            seed=plan.simulation.seed,
+            progress=progress,
+        )
+        for tier, demand in plan.tiers.items()
+    ]
+    cost = sum(t.plan.cost_per_hour_usd for t in tiers if t.plan is not None)
+    return PlanReport(
+        name=plan.name, met=all(t.met for t in tiers), cost_per_hour_usd=cost, tiers=tiers
+    )
+
+
+def plan_tier(
+    tier: Tier,
+    demand: TierDemand,
+    traffic: TierTraffic,
+    search: SearchSpec,
+    catalog: Catalog,
+    *,
+    seed: int = 0,
+    progress: Progress = NO_PROGRESS,
+) -> TierPlan:
+    """The cheapest fleet of one tier that meets its SLO in simulation, or the closest miss."""
+    slo, shape = demand.slo, traffic.shape
+    space = _space(tier, demand, traffic, search, catalog)
+    progress.start(f"{tier}: steady state", len(space))
+    screens = []
+    for c in space:
+        screens.append(screen(c, catalog, shape, slo, traffic.rate_per_s))
+        progress.advance()
+    feasible = sorted(
+        (s for s in screens if s.verdict == "feasible"),
+        # Equal floors: the one with the most headroom at its floor first.
+        key=lambda s: (
+            s.floor_cost_per_hour_usd,
+            traffic.rate_per_s / (s.floor_replicas * s.capacity_per_s),
+            str(s.candidate),
+        ),
+    )
+    per_h = traffic.rate_per_s * shape.output_tokens * 3600.0  # output tokens an hour
+
+    def trial_of(s: Screen) -> Callable[[int], Trial]:
+        return lambda n: run_trial(s, traffic.requests, slo, n, seed=seed)
+
+    progress.start(f"{tier}: simulator", len(feasible))
+    found = branch_and_bound(feasible, trial_of, search.max_replicas, progress)
+    counts = SearchCounts(
+        configurations=len(space),
+        unfit=sum(s.verdict == "unfit" for s in screens),
+        too_slow=sum(s.verdict == "too-slow" for s in screens),
+        pruned_by_cost=len(found.pruned),
+        simulated=found.simulated,
+        simulations=found.simulations,
+    )
+    common: dict[str, Any] = {
+        "tier": tier,
+        "model": demand.model,
+        "rate_per_s": traffic.rate_per_s,
+        "mean_prompt_tokens": shape.input_tokens,
+        "mean_cached_prompt_tokens": shape.cached_input_tokens,
+        "mean_output_tokens": shape.output_tokens,
+        "requests_simulated": len(traffic.requests),
+        "slo_percentile": slo.percentile,
+        "slo_ttft_ms": slo.ttft_ms,
+        "slo_tpot_ms": slo.tpot_ms,
+    }
+    if found.met:
+        best = found.best()
+        plan = simulated(*best, per_h)
+        runner = runner_up(found, best, per_h)
+        return TierPlan(
+            **common,
+            met=True,
+            plan=plan,
+            closest=None,
+            runner_up=runner[0] if runner else None,
+            runner_up_lost_because=runner[1] if runner else None,
+            verdict=met_verdict(tier, plan),
+            search=counts,
+        )
+    closest = None
+    if found.misses:
+        s, t, _ = max(found.misses, key=lambda m: (m[1].attainment, -m[1].report.cost_per_hour_usd))
+        closest = simulated(s, t, per_h)
+    else:
+        slow = [s for s in screens if s.verdict == "too-slow"]
+        if slow:
+            # Nothing got to the simulator: show the least slow at batch 1, at the replicas
+            # its batch-1 throughput needs for the traffic.
+            s = min(slow, key=lambda s: (s.slowness, s.cost_per_replica_hour_usd))
+            assert s.alone is not None
+            per_replica = s.alone.throughput_output_tokens_per_s / shape.output_tokens
+            n = min(search.max_replicas, max(1, math.ceil(traffic.rate_per_s / per_replica)))
+            counts = counts.model_copy(
+                update={"simulated": counts.simulated + 1, "simulations": counts.simulations + 1}
+            )
+            closest = simulated(s, trial_of(s)(n), per_h)
+    return TierPlan(
+        **common,
+        met=False,
+        plan=None,
+        closest=closest,
+        runner_up=None,
+        runner_up_lost_because=None,
+        verdict=unmet_verdict(tier, demand, closest),
+        search=counts,
+    )
+
+
+def _space(
+    tier: Tier, demand: TierDemand, traffic: TierTraffic, search: SearchSpec, catalog: Catalog
+) -> list[Candidate]:
+    """The tier's configurations; PlanError when the model, the search or the traffic cannot
+    be planned at all."""
+    try:
+        model = catalog.model(demand.model)
+        space = list(
+            candidates(
+                tier,
+                demand,
+                search,
+                catalog,
+                tokens_per_request=traffic.shape.tokens_per_sequence,
+                longest_request=traffic.longest_tokens,
+            )
+        )
+    except CatalogError as exc:
+        raise PlanError(f"tiers.{tier}: {exc}") from None
+    if traffic.longest_tokens > model.max_context_tokens:
+        raise PlanError(
+            f"tiers.{tier}: a request of {traffic.longest_tokens} tokens exceeds the "
+            f"{model.max_context_tokens}-token context of {model.name}"
+        )
+    if not space:
+        raise PlanError(
+            f"tiers.{tier}: no configuration in the search: {memory_problem(tier, catalog)}"
+        )
+    return space

@@ -1,0 +1,189 @@
+"""The plan file: per tier, the traffic to serve and the SLO to hold; what to search over.
+
+YAML (or JSON), camelCase like a pool file. Traffic is either Poisson arrivals with token
+lengths written as `tiergate simulate` takes them (`1000`, `uniform:A:B`,
+`lognormal:MEAN:SIGMA`), or a JSONL trace whose lines name their tier. An SLO is a pair of
+latency targets and the share of requests that must meet both (`percentile: 90`: p90).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from tiergate.sim_nodes.catalogs import Dtype
+from tiergate.sim_nodes.engine.workload import LengthDistribution, WorkloadError, parse_length
+from tiergate.sim_nodes.tiers import Tier
+from tiergate.sim_nodes.validation import first_problem, yaml_position
+
+from .errors import PlanError
+
+__all__ = [
+    "DEFAULT_BATCH_CAPS",
+    "PlanFile",
+    "SearchSpec",
+    "SimulationSpec",
+    "SloTarget",
+    "SpeculativeSearch",
+    "TierDemand",
+    "load_plan",
+]
+
+#: Batch caps tried unless the plan narrows them (each tier's own cap still applies).
+DEFAULT_BATCH_CAPS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, allow_inf_nan=False
+    )
+
+
+class SloTarget(_Model):
+    """Latency targets a share of the tier's requests must meet, both at once."""
+
+    percentile: float = Field(
+        default=90, gt=0, lt=100, description="Share of requests (percent) that must meet both."
+    )
+    ttft_ms: float = Field(gt=0, description="Time to first token, ms.")
+    tpot_ms: float = Field(gt=0, description="Time per output token, ms.")
+
+    @property
+    def ttft_s(self) -> float:
+        return self.ttft_ms / 1000.0
+
+    @property
+    def tpot_s(self) -> float:
+        return self.tpot_ms / 1000.0
+
+    @property
+    def attainment(self) -> float:
+        """The fraction of requests that must meet both targets."""
+        return self.percentile / 100.0
+
+    def __str__(self) -> str:
+        return f"p{self.percentile:g} TTFT <= {self.ttft_ms:g} ms and TPOT <= {self.tpot_ms:g} ms"
+
+
+class SpeculativeSearch(_Model):
+    """Speculative decoding to try when the catalog has a draft (a model distilled from the
+    tier's). The acceptance rate belongs to the traffic and draft pair, so the plan says it."""
+
+    acceptance_rate: float = Field(ge=0, lt=1, description="Probability a draft token is kept.")
+    tokens: list[Annotated[int, Field(ge=1, le=16)]] = Field(
+        default=[4], min_length=1, description="Draft tokens per step to try."
+    )
+
+
+class TierDemand(_Model):
+    """One tier: the model it serves, its traffic (without a trace) and its SLO."""
+
+    model: str = Field(description="Catalog model the tier serves.")
+    rate_per_s: float | None = Field(
+        default=None, gt=0, description="Poisson arrivals per second (omit with a trace)."
+    )
+    prompt_tokens: str = Field(default="1024", description="N, uniform:A:B or lognormal:M:S.")
+    output_tokens: str = Field(default="256", description="N, uniform:A:B or lognormal:M:S.")
+    cached_share: float = Field(
+        default=0.0, ge=0, lt=1, description="Share of each prompt found in the prefix cache."
+    )
+    slo: SloTarget = Field(description="The latency targets.")
+    speculative: SpeculativeSearch | None = Field(
+        default=None, description="Speculative decoding to try, if the catalog has a draft."
+    )
+
+    @field_validator("prompt_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _length_spec(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str):
+            try:
+                parse_length(value)
+            except WorkloadError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def prompt(self) -> LengthDistribution:
+        return parse_length(self.prompt_tokens)
+
+    @property
+    def output(self) -> LengthDistribution:
+        return parse_length(self.output_tokens)
+
+
+class SearchSpec(_Model):
+    """What the search may choose; defaults: the whole catalog, common dtypes and caps."""
+
+    accelerators: list[str] | None = Field(
+        default=None, description="Accelerators to try (default: all the tier allows)."
+    )
+    weight_dtypes: list[Dtype] = Field(default=["bf16", "fp8"], min_length=1)
+    kv_dtypes: list[Dtype] = Field(default=["bf16", "fp8"], min_length=1)
+    batch_caps: list[Annotated[int, Field(ge=1)]] = Field(
+        default=list(DEFAULT_BATCH_CAPS), min_length=1
+    )
+    max_chip_multiple: int = Field(
+        default=4, ge=1, le=16, description="GPU replicas up to this many times the fewest chips."
+    )
+    max_replicas: int = Field(default=64, ge=1, le=1024, description="Replicas per tier, most.")
+    max_batched_tokens: int = Field(default=8192, ge=1, description="Token budget of a step.")
+
+
+class SimulationSpec(_Model):
+    """How finalists are confirmed in the virtual-time simulator."""
+
+    requests: int = Field(
+        default=300, ge=20, le=100_000, description="Requests per tier (Poisson traffic)."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of arrivals, lengths and acceptance.")
+
+
+class PlanFile(_Model):
+    """A whole plan: tiers by name, an optional trace, the search space, the simulation."""
+
+    name: str = Field(
+        default="plan", pattern=DNS_LABEL, max_length=40, description="Prefix of pool names."
+    )
+    trace: str | None = Field(
+        default=None, description="JSONL trace (relative to the plan file) with a tier per line."
+    )
+    tiers: dict[Tier, TierDemand] = Field(min_length=1, description="Demand per tier.")
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    simulation: SimulationSpec = Field(default_factory=SimulationSpec)
+
+    @model_validator(mode="after")
+    def _traffic_from_one_source(self) -> PlanFile:
+        for tier, demand in self.tiers.items():
+            if self.trace is None and demand.rate_per_s is None:
+                raise ValueError(f"tiers.{tier}.ratePerS is required without a trace")
+            if self.trace is not None and demand.rate_per_s is not None:
+                raise ValueError(f"tiers.{tier}.ratePerS: the trace sets the rate; drop one")
+        return self
+
+
+def load_plan(path: Path | str) -> tuple[PlanFile, Path]:
+    """The plan file at `path` and the folder its relative paths start from; PlanError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"cannot read plan {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"plan {str(path)!r} is not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{path.name}: not valid YAML{yaml_position(exc)}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{path.name}: expected a mapping with `tiers`")
+    try:
+        return PlanFile.model_validate(data), path.parent
+    except ValidationError as exc:
+        raise PlanError(f"{path.name}: {first_problem(exc)}") from None
