@@ -71,12 +71,18 @@ def fitted_parameters(accelerator: str) -> dict[str, int]:
 
     catalog = _catalog()
     out: dict[str, int] = {}
+    rows = [r for r in shipped_measurements() if r.active]
     for g in groups(catalog):
-        if accelerator not in g.accelerators:
-            continue
-        rows = [r for r in shipped_measurements() if r.accelerator in g.accelerators and r.active]
         for p in g.parameters:
-            out[p.field] = len(rows)
+            if accelerator in p.accelerators:
+                # Only MoE rows see the expert kernels.
+                seen = [
+                    r
+                    for r in rows
+                    if r.accelerator in p.accelerators
+                    and (p.field != "grouped_gemm_efficiency" or catalog.model(r.model).is_moe)
+                ]
+                out[p.field] = len(seen)
     return out
 
 

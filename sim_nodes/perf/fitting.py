@@ -1,11 +1,12 @@
 """Fitting the calibrated parameters, and the leave-one-out pass that keeps the fit honest.
 
-Parameters are fitted per accelerator *group*, never per row: every HBM GPU shares one set
-(bandwidth and compute efficiency, engine overhead, grouped-GEMM efficiency), WSE-3 has its
-per-layer latency and wafer-to-wafer hop, the LPU its per-layer latency; the acceptance rate of
-vendors' speculative drafts is fitted with the wafer rows (the only rows that decode
-speculatively). The fit minimises the sum of squared log errors (over- and under-prediction
-weigh the same) by coordinate descent within physical bounds.
+Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share bandwidth and
+compute efficiency and the engine overhead per step; expert grouped GEMMs have one efficiency
+for Hopper and Ampere and one for B200 (its rows are fp4 kernels of another generation); WSE-3
+has its per-step cost, per-layer latency and wafer-to-wafer hop, the LPU its per-layer latency;
+the acceptance rate of vendors' speculative drafts is fitted with the wafer rows (the only rows
+that decode speculatively). The fit minimises the sum of squared log errors (over- and
+under-prediction weigh the same) by Nelder-Mead within physical bounds.
 
 Leave-one-out predicts each row with parameters fitted without it: that is the error a new
 measurement should expect. A group left with no rows keeps the catalog's values (its prior).
@@ -53,23 +54,36 @@ class Group:
     parameters: tuple[Parameter, ...]
 
 
+#: GPUs whose expert grouped GEMMs get an efficiency of their own: B200's rows run fp4 grouped
+#: GEMMs, other kernels than the Hopper rows' fp8 ones, and reach a far smaller share of the
+#: roofline in the same software release.
+OWN_GROUPED_GEMMS = ("b200",)
+
+
 def groups(catalog: Catalog) -> list[Group]:
     """The parameter groups of `catalog`: one per kind of accelerator that has rows."""
     gpus = tuple(n for n, a in catalog.accelerators.items() if a.memory_kind == "hbm")
+    apart = tuple(n for n in OWN_GROUPED_GEMMS if n in gpus)
+    shared = tuple(n for n in gpus if n not in apart)
     wse, lpu = ("wse-3",), ("groq-lpu",)
+    own_gemm = [
+        Parameter(f"{n}.grouped_gemm_efficiency", "grouped_gemm_efficiency", (n,), 0.05, 1.0)
+        for n in apart
+    ]
     return [
         Group(
             "GPU",
             gpus,
             (
                 Parameter(
-                    "gpu.memory_bandwidth_efficiency", "memory_bandwidth_efficiency", gpus, 0.4, 1.0
+                    "gpu.memory_bandwidth_efficiency", "memory_bandwidth_efficiency", gpus, 0.3, 1.0
                 ),
                 Parameter("gpu.compute_efficiency", "compute_efficiency", gpus, 0.2, 1.0),
                 Parameter("gpu.step_overhead_us", "step_overhead_us", gpus, 50.0, 3000.0),
                 Parameter(
-                    "gpu.grouped_gemm_efficiency", "grouped_gemm_efficiency", gpus, 0.05, 1.0
+                    "gpu.grouped_gemm_efficiency", "grouped_gemm_efficiency", shared, 0.05, 1.0
                 ),
+                *own_gemm,
             ),
         ),
         Group(
@@ -80,6 +94,7 @@ def groups(catalog: Catalog) -> list[Group]:
                 Parameter(
                     "wse-3.interconnect_latency_us", "interconnect_latency_us", wse, 1.0, 500.0
                 ),
+                Parameter("wse-3.step_overhead_us", "step_overhead_us", wse, 1.0, 3000.0),
                 Parameter(SPECULATIVE_ACCEPTANCE, SPECULATIVE_ACCEPTANCE, wse, 0.05, 0.95),
             ),
         ),
@@ -137,42 +152,105 @@ def _loss(rows: Iterable[Measurement], catalog: Catalog, values: Values) -> floa
     return total
 
 
-def _golden(f: Callable[[float], float], low: float, high: float, steps: int) -> float:
-    """Minimum of `f` on [low, high] (log-spaced search: parameters span decades)."""
-    a, b = math.log(low), math.log(high)
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(math.exp(c)), f(math.exp(d))
-    for _ in range(steps):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = f(math.exp(c))
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = f(math.exp(d))
-    return math.exp((a + b) / 2.0)
+def _nelder_mead(
+    f: Callable[[list[float]], float], start: list[float], evals: int = 1500
+) -> list[float]:
+    """Minimum of `f` over the unit cube, from `start` (Nelder-Mead, clipped to the cube).
+
+    Coordinates are the parameters' log positions within their bounds: the parameters span
+    decades and pull against each other (a wafer's per-step and per-layer costs), which one
+    coordinate at a time crosses only in many small steps.
+    """
+
+    def clip(x: list[float]) -> list[float]:
+        return [min(1.0, max(0.0, v)) for v in x]
+
+    def value(x: list[float]) -> float:
+        return f(clip(x))
+
+    n = len(start)
+    best = clip(start)
+    for _ in range(3):  # restarts: a collapsed simplex rebuilt around the best point
+        simplex = [best] + [
+            [v + (0.1 if v < 0.9 else -0.1) * (i == j) for j, v in enumerate(best)]
+            for i in range(n)
+        ]
+        scores = [value(x) for x in simplex]
+        used = n + 1
+        while used < evals // 3:
+            order = sorted(range(n + 1), key=lambda i: scores[i])
+            simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+            if scores[-1] - scores[0] < 1e-10:
+                break
+            centre = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
+            worst = simplex[-1]
+
+            def towards(
+                t: float, worst: list[float] = worst, centre: list[float] = centre
+            ) -> list[float]:
+                return [c + t * (c - w) for c, w in zip(centre, worst, strict=True)]
+
+            reflected = towards(1.0)
+            r_score = value(reflected)
+            used += 1
+            if r_score < scores[0]:
+                expanded = towards(2.0)
+                e_score = value(expanded)
+                used += 1
+                simplex[-1], scores[-1] = (
+                    (expanded, e_score) if e_score < r_score else (reflected, r_score)
+                )
+            elif r_score < scores[-2]:
+                simplex[-1], scores[-1] = reflected, r_score
+            else:
+                contracted = towards(0.5 if r_score < scores[-1] else -0.5)
+                c_score = value(contracted)
+                used += 1
+                if c_score < min(r_score, scores[-1]):
+                    simplex[-1], scores[-1] = contracted, c_score
+                else:  # shrink towards the best
+                    simplex = [simplex[0]] + [
+                        [b + 0.5 * (v - b) for b, v in zip(simplex[0], x, strict=True)]
+                        for x in simplex[1:]
+                    ]
+                    scores = [scores[0]] + [value(x) for x in simplex[1:]]
+                    used += n
+        best = clip(min(zip(scores, simplex, strict=True))[1])
+    return best
 
 
-def fit_group(
-    group: Group, rows: list[Measurement], catalog: Catalog, start: Values, sweeps: int = 4
-) -> Values:
-    """Values of `group`'s parameters that best explain `rows` (of its accelerators)."""
+def fit_group(group: Group, rows: list[Measurement], catalog: Catalog, start: Values) -> Values:
+    """Values of `group`'s parameters that best explain `rows` (of its accelerators).
+
+    Only parameters some row can see are fitted (an accelerator's own efficiencies need a row
+    of it; the acceptance rate a speculative row); the others keep their `start` values.
+    """
     values = dict(start)
     mine = [r for r in rows if r.accelerator in group.accelerators and r.active]
-    if not mine:
+    free = [
+        p
+        for p in group.parameters
+        if any(r.accelerator in p.accelerators for r in mine)
+        and (p.field != SPECULATIVE_ACCEPTANCE or any(r.speculative for r in mine))
+    ]
+    if not free:
         return values
-    for _ in range(sweeps):
-        for p in group.parameters:
+    spans = [(math.log(p.low), math.log(p.high)) for p in free]
 
-            def loss(x: float, name: str = p.name) -> float:
-                return _loss(mine, catalog, {**values, name: x})
+    def unpack(x: list[float]) -> Values:
+        return {
+            p.name: math.exp(lo + v * (hi - lo))
+            for p, (lo, hi), v in zip(free, spans, x, strict=True)
+        }
 
-            best = _golden(loss, p.low, p.high, 18)
-            if loss(best) <= loss(values[p.name]):
-                values[p.name] = best
-    return values
+    def loss(x: list[float]) -> float:
+        return _loss(mine, catalog, {**values, **unpack(x)})
+
+    start_x = [
+        (math.log(min(max(values[p.name], p.low), p.high)) - lo) / (hi - lo)
+        for p, (lo, hi) in zip(free, spans, strict=True)
+    ]
+    return {**values, **unpack(_nelder_mead(loss, start_x))}
 
 
 def fit(catalog: Catalog, rows: list[Measurement] | None = None) -> Values:
