@@ -1,8 +1,8 @@
 """Fitting the calibrated parameters, and the leave-one-out pass that keeps the fit honest.
 
-Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share bandwidth and
-compute efficiency and the engine overhead per step; expert grouped GEMMs have one efficiency
-for Hopper and Ampere and one for B200 (its rows are fp4 kernels of another generation); WSE-3
+Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share a bandwidth
+efficiency and the engine overhead per step; compute and expert grouped-GEMM efficiencies are
+shared by Hopper and Ampere, and B200 has its own (`OWN_EFFICIENCIES` says why); WSE-3
 has its per-step cost, per-layer latency and wafer-to-wafer hop, the LPU its per-layer latency;
 the acceptance rate of vendors' speculative drafts is fitted with the wafer rows (the only rows
 that decode speculatively). The fit minimises the sum of squared log errors (over- and
@@ -54,38 +54,38 @@ class Group:
     parameters: tuple[Parameter, ...]
 
 
-#: GPUs whose expert grouped GEMMs get an efficiency of their own: B200's rows run fp4 grouped
-#: GEMMs, other kernels than the Hopper rows' fp8 ones, and reach a far smaller share of the
-#: roofline in the same software release.
-OWN_GROUPED_GEMMS = ("b200",)
+#: GPU efficiencies fitted per accelerator rather than shared by all GPUs. Every B200 row runs
+#: fp4 kernels, and in the same software release they reach a smaller share of B200's spec
+#: sheet (in dense matmuls, and more so in expert grouped GEMMs) than the Hopper rows' fp8
+#: kernels reach of Hopper's. B200's bandwidth efficiency and engine overhead stay shared.
+OWN_EFFICIENCIES: dict[str, tuple[str, ...]] = {
+    "b200": ("compute_efficiency", "grouped_gemm_efficiency")
+}
+
+
+def _gpu_parameters(gpus: tuple[str, ...]) -> tuple[Parameter, ...]:
+    """The GPU group: each field shared by the GPUs that do not fit it on their own."""
+    bounds = {
+        "memory_bandwidth_efficiency": (0.4, 1.0),
+        "compute_efficiency": (0.2, 1.0),
+        "step_overhead_us": (50.0, 3000.0),
+        "grouped_gemm_efficiency": (0.05, 1.0),
+    }
+    out = []
+    for field, (low, high) in bounds.items():
+        apart = tuple(n for n in gpus if field in OWN_EFFICIENCIES.get(n, ()))
+        shared = tuple(n for n in gpus if n not in apart)
+        out.append(Parameter(f"gpu.{field}", field, shared, low, high))
+        out += [Parameter(f"{n}.{field}", field, (n,), low, high) for n in apart]
+    return tuple(out)
 
 
 def groups(catalog: Catalog) -> list[Group]:
     """The parameter groups of `catalog`: one per kind of accelerator that has rows."""
     gpus = tuple(n for n, a in catalog.accelerators.items() if a.memory_kind == "hbm")
-    apart = tuple(n for n in OWN_GROUPED_GEMMS if n in gpus)
-    shared = tuple(n for n in gpus if n not in apart)
     wse, lpu = ("wse-3",), ("groq-lpu",)
-    own_gemm = [
-        Parameter(f"{n}.grouped_gemm_efficiency", "grouped_gemm_efficiency", (n,), 0.05, 1.0)
-        for n in apart
-    ]
     return [
-        Group(
-            "GPU",
-            gpus,
-            (
-                Parameter(
-                    "gpu.memory_bandwidth_efficiency", "memory_bandwidth_efficiency", gpus, 0.3, 1.0
-                ),
-                Parameter("gpu.compute_efficiency", "compute_efficiency", gpus, 0.2, 1.0),
-                Parameter("gpu.step_overhead_us", "step_overhead_us", gpus, 50.0, 3000.0),
-                Parameter(
-                    "gpu.grouped_gemm_efficiency", "grouped_gemm_efficiency", shared, 0.05, 1.0
-                ),
-                *own_gemm,
-            ),
-        ),
+        Group("GPU", gpus, _gpu_parameters(gpus)),
         Group(
             "WSE-3",
             wse,
