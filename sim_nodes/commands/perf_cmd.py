@@ -64,25 +64,18 @@ _SPEC_SHEET = {
 
 
 def fitted_parameters(accelerator: str) -> dict[str, int]:
-    """Accelerator fields fitted by `tiergate calibrate`, with the rows each was fitted on."""
+    """Accelerator fields fitted by `tiergate calibrate`, with the rows that see each."""
     from ..catalogs import default_catalog as _catalog
     from ..perf.calibration import shipped_measurements
-    from ..perf.fitting import groups
+    from ..perf.fitting import groups, sees
 
     catalog = _catalog()
-    out: dict[str, int] = {}
     rows = [r for r in shipped_measurements() if r.active]
+    out: dict[str, int] = {}
     for g in groups(catalog):
         for p in g.parameters:
             if accelerator in p.accelerators:
-                # Only MoE rows see the expert kernels.
-                seen = [
-                    r
-                    for r in rows
-                    if r.accelerator in p.accelerators
-                    and (p.field != "grouped_gemm_efficiency" or catalog.model(r.model).is_moe)
-                ]
-                out[p.field] = len(seen)
+                out[p.field] = sum(sees(p, r, catalog) for r in rows)
     return out
 
 
@@ -100,12 +93,18 @@ def parameter_sources(a: Accelerator, fitted: dict[str, int]) -> str:
     for field in (
         "memory_bandwidth_efficiency",
         "compute_efficiency",
+        "fp4_compute_efficiency",
         "grouped_gemm_efficiency",
         "step_overhead_us",
         "layer_latency_us",
         "interconnect_latency_us",
     ):
-        value = getattr(a, field)
+        if field == "fp4_compute_efficiency":
+            if "fp4" not in a.peak_tflops:
+                continue  # no fp4 units: fp4 weights compute at bf16
+            value = a.compute_efficiency_for("fp4")
+        else:
+            value = getattr(a, field)
         if field in fitted:
             source = f"fitted by tiergate calibrate on {fitted[field]} published rows"
         elif field == "interconnect_latency_us":

@@ -1,8 +1,8 @@
 """Fitting the calibrated parameters, and the leave-one-out pass that keeps the fit honest.
 
-Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share a bandwidth
-efficiency and the engine overhead per step; compute and expert grouped-GEMM efficiencies are
-shared by Hopper and Ampere, and B200 has its own (`OWN_EFFICIENCIES` says why); WSE-3
+Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share bandwidth and
+compute efficiency, the engine overhead per step and the share of the fp4 peak fp4 kernels
+reach; expert grouped GEMMs have one efficiency for Hopper and Ampere and one for B200; WSE-3
 has its per-step cost, per-layer latency and wafer-to-wafer hop, the LPU its per-layer latency;
 the acceptance rate of vendors' speculative drafts is fitted with the wafer rows (the only rows
 that decode speculatively). The fit minimises the sum of squared log errors (over- and
@@ -54,17 +54,15 @@ class Group:
     parameters: tuple[Parameter, ...]
 
 
-#: GPU efficiencies fitted per accelerator rather than shared by all GPUs. Every B200 row runs
-#: fp4 kernels, and in the same software release they reach a smaller share of B200's spec
-#: sheet (in dense matmuls, and more so in expert grouped GEMMs) than the Hopper rows' fp8
-#: kernels reach of Hopper's. B200's bandwidth efficiency and engine overhead stay shared.
-OWN_EFFICIENCIES: dict[str, tuple[str, ...]] = {
-    "b200": ("compute_efficiency", "grouped_gemm_efficiency")
-}
+#: GPU efficiencies fitted per accelerator rather than shared by all GPUs. B200's expert
+#: grouped GEMMs (fp4, in every B200 row) reach a smaller share of the roofline than Hopper's
+#: (fp8) in the same software release.
+OWN_EFFICIENCIES: dict[str, tuple[str, ...]] = {"b200": ("grouped_gemm_efficiency",)}
 
 
-def _gpu_parameters(gpus: tuple[str, ...]) -> tuple[Parameter, ...]:
-    """The GPU group: each field shared by the GPUs that do not fit it on their own."""
+def _gpu_parameters(gpus: tuple[str, ...], fp4_gpus: tuple[str, ...]) -> tuple[Parameter, ...]:
+    """The GPU group: each field shared by the GPUs that do not fit it on their own, and the
+    fp4 kernels' share of the fp4 peak, shared by the GPUs that have fp4 units."""
     bounds = {
         "memory_bandwidth_efficiency": (0.4, 1.0),
         "compute_efficiency": (0.2, 1.0),
@@ -77,15 +75,33 @@ def _gpu_parameters(gpus: tuple[str, ...]) -> tuple[Parameter, ...]:
         shared = tuple(n for n in gpus if n not in apart)
         out.append(Parameter(f"gpu.{field}", field, shared, low, high))
         out += [Parameter(f"{n}.{field}", field, (n,), low, high) for n in apart]
+    if fp4_gpus:
+        out.append(
+            Parameter("gpu.fp4_compute_efficiency", "fp4_compute_efficiency", fp4_gpus, 0.1, 1.0)
+        )
     return tuple(out)
+
+
+def sees(p: Parameter, row: Measurement, catalog: Catalog) -> bool:
+    """Whether `row` depends on `p`: its accelerator's, and the kernel or feature it prices."""
+    if row.accelerator not in p.accelerators:
+        return False
+    if p.field == SPECULATIVE_ACCEPTANCE:
+        return bool(row.speculative)
+    if p.field == "grouped_gemm_efficiency":
+        return catalog.model(row.model).is_moe
+    if p.field == "fp4_compute_efficiency":
+        return row.weight_dtype == "fp4"
+    return True
 
 
 def groups(catalog: Catalog) -> list[Group]:
     """The parameter groups of `catalog`: one per kind of accelerator that has rows."""
     gpus = tuple(n for n, a in catalog.accelerators.items() if a.memory_kind == "hbm")
+    fp4_gpus = tuple(n for n in gpus if "fp4" in catalog.accelerators[n].peak_tflops)
     wse, lpu = ("wse-3",), ("groq-lpu",)
     return [
-        Group("GPU", gpus, _gpu_parameters(gpus)),
+        Group("GPU", gpus, _gpu_parameters(gpus, fp4_gpus)),
         Group(
             "WSE-3",
             wse,
@@ -116,6 +132,8 @@ def current_values(catalog: Catalog) -> Values:
         for p in g.parameters:
             if p.field == SPECULATIVE_ACCEPTANCE:
                 out[p.name] = VENDOR_SPECULATIVE_ACCEPTANCE
+            elif p.field == "fp4_compute_efficiency":
+                out[p.name] = catalog.accelerator(p.accelerators[0]).compute_efficiency_for("fp4")
             else:
                 out[p.name] = float(getattr(catalog.accelerator(p.accelerators[0]), p.field))
     return out
@@ -222,17 +240,12 @@ def _nelder_mead(
 def fit_group(group: Group, rows: list[Measurement], catalog: Catalog, start: Values) -> Values:
     """Values of `group`'s parameters that best explain `rows` (of its accelerators).
 
-    Only parameters some row can see are fitted (an accelerator's own efficiencies need a row
-    of it; the acceptance rate a speculative row); the others keep their `start` values.
+    Only parameters some row sees are fitted (`sees`: an accelerator's own efficiencies need a
+    row of it, the acceptance rate a speculative row); the others keep their `start` values.
     """
     values = dict(start)
     mine = [r for r in rows if r.accelerator in group.accelerators and r.active]
-    free = [
-        p
-        for p in group.parameters
-        if any(r.accelerator in p.accelerators for r in mine)
-        and (p.field != SPECULATIVE_ACCEPTANCE or any(r.speculative for r in mine))
-    ]
+    free = [p for p in group.parameters if any(sees(p, r, catalog) for r in mine)]
     if not free:
         return values
     spans = [(math.log(p.low), math.log(p.high)) for p in free]

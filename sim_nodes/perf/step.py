@@ -155,7 +155,7 @@ def step_terms(
     attention_flops = 4.0 * m.layers * m.heads * m.head_dim * attended / micro / chips
 
     bandwidth = a.memory_bandwidth_bytes_per_s * a.memory_bandwidth_efficiency
-    peak = d.peak_flops_per_s * a.compute_efficiency
+    peak = d.peak_flops_per_s * d.compute_efficiency
     weight_read_s = stages * weight_bytes / bandwidth
     matmul_compute_s = stages * (dense_flops + expert_flops) / peak
     kv_read_s = stages * kv_bytes / bandwidth
