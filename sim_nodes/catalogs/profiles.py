@@ -71,6 +71,20 @@ class Accelerator(BaseModel):
     layer_latency_us: float = Field(
         ge=0, description="Fixed latency per layer per step (dataflow chips); 0 for GPUs."
     )
+    grouped_gemm_efficiency: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Fraction of the dense roofline MoE expert matmuls (grouped GEMMs) reach.",
+    )
+    fp4_compute_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of the fp4 dense peak that fp4 matmuls reach, where it differs from "
+        "compute_efficiency (block-scaled fp4 kernels lag the others). Default: "
+        "compute_efficiency.",
+    )
     usable_memory_fraction: float = Field(
         gt=0, le=1, description="Fraction of memory the engine may use (gpu_memory_utilization)."
     )
@@ -119,6 +133,12 @@ class Accelerator(BaseModel):
         That is weight-only quantisation: memory shrinks, arithmetic does not speed up.
         """
         return self.peak_tflops.get(dtype, self.peak_tflops["bf16"]) * TB
+
+    def compute_efficiency_for(self, dtype: Dtype) -> float:
+        """Share of `dtype`'s dense peak that compute-bound kernels reach."""
+        if dtype == "fp4" and "fp4" in self.peak_tflops and self.fp4_compute_efficiency:
+            return self.fp4_compute_efficiency
+        return self.compute_efficiency
 
 
 class ModelProfile(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..catalogs import default_catalog
+from ..catalogs import Accelerator, default_catalog
 from ..perf import PerfResult, Workload, build_deployment, evaluate
 from .common import (
     add_serving_arguments,
@@ -42,8 +42,77 @@ def run(args: argparse.Namespace) -> int:
     kv_tokens = (concurrency or 1) * workload.tokens_per_sequence
     deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
     result = evaluate(deployment, workload, spec.batching.to_batching())
-    print(result.model_dump_json(indent=2) if args.json else render(result))
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print(render(result))
+        print(
+            parameter_sources(
+                deployment.accelerator, fitted_parameters(deployment.accelerator.name)
+            )
+        )
     return 0
+
+
+#: Where each accelerator figure the step uses comes from.
+_SPEC_SHEET = {
+    "memory_bandwidth_tb_per_s": "memory bandwidth, TB/s",
+    "peak_tflops": "dense peak, TFLOP/s",
+    "interconnect_gb_per_s": "chip-to-chip bandwidth, GB/s",
+    "memory_gb": "memory per chip, GB",
+}
+
+
+def fitted_parameters(accelerator: str) -> dict[str, int]:
+    """Accelerator fields fitted by `tiergate calibrate`, with the rows that see each."""
+    from ..catalogs import default_catalog as _catalog
+    from ..perf.calibration import shipped_measurements
+    from ..perf.fitting import groups, sees
+
+    catalog = _catalog()
+    rows = [r for r in shipped_measurements() if r.active]
+    out: dict[str, int] = {}
+    for g in groups(catalog):
+        for p in g.parameters:
+            if accelerator in p.accelerators:
+                out[p.field] = sum(sees(p, r, catalog) for r in rows)
+    return out
+
+
+def parameter_sources(a: Accelerator, fitted: dict[str, int]) -> str:
+    """The accelerator's parameters and where each comes from."""
+    lines = [f"\nparameters of {a.name} (sim_nodes/catalogs/accelerators.yaml):"]
+    for field, label in _SPEC_SHEET.items():
+        value = getattr(a, field)
+        shown = (
+            " ".join(f"{k} {v:g}" for k, v in value.items())
+            if isinstance(value, dict)
+            else f"{value:g}"
+        )
+        lines.append(f"  {label:<34} {shown:>14}  vendor spec sheet")
+    for field in (
+        "memory_bandwidth_efficiency",
+        "compute_efficiency",
+        "fp4_compute_efficiency",
+        "grouped_gemm_efficiency",
+        "step_overhead_us",
+        "layer_latency_us",
+        "interconnect_latency_us",
+    ):
+        if field == "fp4_compute_efficiency":
+            if "fp4" not in a.peak_tflops:
+                continue  # no fp4 units: fp4 weights compute at bf16
+            value = a.compute_efficiency_for("fp4")
+        else:
+            value = getattr(a, field)
+        if field in fitted:
+            source = f"fitted by tiergate calibrate on {fitted[field]} published rows"
+        elif field == "interconnect_latency_us":
+            source = "published order of magnitude (see the catalog comment)"
+        else:
+            source = "catalog default, not fitted for this chip"
+        lines.append(f"  {field:<34} {value:>14g}  {source}")
+    return "\n".join(lines)
 
 
 def render(r: PerfResult) -> str:
@@ -79,15 +148,17 @@ def render(r: PerfResult) -> str:
     terms = [
         ("weight read", s.weight_read_s),
         ("matmul compute", s.matmul_compute_s),
+        (f"expert GEMMs (x{s.expert_imbalance:.2f} load)", s.expert_gemm_s),
         ("KV cache read", s.kv_read_s),
         ("attention compute", s.attention_compute_s),
         ("tensor-parallel comm", s.communication_s),
+        ("  of which expert all-to-all", s.expert_all_to_all_s),
         ("per-layer latency", s.layer_latency_s),
         ("pipeline hops", s.pipeline_hop_s),
         ("speculative draft", s.speculative_draft_s),
         ("engine overhead", s.overhead_s),
     ]
-    lines += [f"  {name:<22} {sec * 1000:10.3f} ms" for name, sec in terms if sec > 0]
+    lines += [f"  {name:<28} {sec * 1000:10.3f} ms" for name, sec in terms if sec > 0]
     lines.append(
         "  (weights vs matmuls and KV vs attention overlap: the larger of each pair counts)"
     )

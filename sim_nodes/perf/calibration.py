@@ -1,8 +1,10 @@
 """Published measurements, and how far the model's predictions are from them.
 
-The rows live in ``catalogs/measurements.csv`` (a copy of shared/calibration/measurements.csv).
-Every row runs through the same model and the same accelerator parameters: nothing here is
-special-cased per row. `tiergate calibrate` prints the table; a test holds it to the bounds.
+The rows live in ``catalogs/measurements.csv``. Every row runs through the same model and the
+same accelerator parameters: nothing here is special-cased per row. A row the vendor has since
+replaced with newer software on the same hardware is kept, marked ``superseded``, and left out
+of the fit and the error figures. `fitting.py` fits the parameters and does the leave-one-out
+pass; `tiergate calibrate` prints both, and a test holds them to the bounds below.
 """
 
 from __future__ import annotations
@@ -12,15 +14,35 @@ import io
 import statistics
 from dataclasses import dataclass
 from importlib import resources
+from typing import Literal
 
 from ..catalogs import Catalog, Dtype
-from .deployment import Deployment, chips_to_hold
+from .deployment import Deployment, Speculative, chips_to_hold, default_tensor_parallel
 from .steady_state import PerfResult, Workload, evaluate
 
-#: A prediction further than this from its measurement fails calibration.
-MAX_ERROR = 0.30
-#: The median error over all rows must stay below this.
-MAX_MEDIAN_ERROR = 0.12
+#: A prediction further than this from its measurement fails calibration. Set just above what
+#: the 23 active rows reach (worst: b200-qwen3-30b-fp4-max-1k, +21%).
+MAX_ERROR = 0.25
+#: The median error over all rows must stay below this (reached: 5.1%).
+MAX_MEDIAN_ERROR = 0.06
+#: Leave-one-out: the median error over all rows, each predicted without itself in the fit
+#: (reached: 8.6%; the target is 20%).
+MAX_LOO_MEDIAN_ERROR = 0.10
+#: Leave-one-out: no row further than this factor from its measurement, either way (reached:
+#: 1.55x, b200-qwen3moe-fp4-max-1k; the target is 2x). B200's two MoE rows are the only ones
+#: that see its grouped-GEMM efficiency, and they disagree: each alone predicts the other badly.
+MAX_LOO_FACTOR = 1.6
+
+#: Draft tokens proposed per step where a vendor decodes speculatively. Vendors do not publish
+#: it; 3 is an assumption (a common setting), and the acceptance rate is fitted.
+VENDOR_SPECULATIVE_TOKENS = 3
+#: Acceptance rate of a vendor's draft tokens, fitted on the speculative rows (tiergate calibrate
+#: --fit prints the value the rows give). It comes out low: the rows that decode speculatively
+#: run no faster than the wafer's fixed costs allow the rows that do not.
+VENDOR_SPECULATIVE_ACCEPTANCE = 0.13
+
+Family = Literal["dense GPU", "MoE GPU", "wafer single", "wafer multi", "LPU"]
+FAMILIES: tuple[Family, ...] = ("dense GPU", "MoE GPU", "wafer single", "wafer multi", "LPU")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +51,7 @@ class Measurement:
     model: str
     accelerator: str
     chips: str
-    tensor_parallel: int
+    tensor_parallel: int | None  # None: the default layout for the chips
     weight_dtype: Dtype
     kv_dtype: Dtype
     concurrency: str
@@ -39,6 +61,15 @@ class Measurement:
     value: float
     unit: str
     source: str
+    kind: str = ""
+    date: str = ""
+    speculative: str = ""  # the draft model, where the vendor decodes speculatively
+    status: str = ""  # "superseded": newer software on the same hardware replaced it
+
+    @property
+    def active(self) -> bool:
+        """Counted in the fit and the error figures."""
+        return self.status != "superseded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,23 +77,31 @@ class Comparison:
     measurement: Measurement
     predicted: float
     result: PerfResult
+    family: Family
 
     @property
     def error(self) -> float:
         """Signed relative error of the prediction."""
         return (self.predicted - self.measurement.value) / self.measurement.value
 
+    @property
+    def factor(self) -> float:
+        """How many times off the prediction is, either way (1.0 = exact)."""
+        ratio = self.predicted / self.measurement.value
+        return max(ratio, 1.0 / ratio) if ratio > 0 else float("inf")
+
 
 def parse_measurements(text: str) -> list[Measurement]:
     rows = []
     for r in csv.DictReader(io.StringIO(text)):
+        tp = r["tensor_parallel"]
         rows.append(
             Measurement(
                 id=r["id"],
                 model=r["model"],
                 accelerator=r["accelerator"],
                 chips=r["chips"],
-                tensor_parallel=int(r["tensor_parallel"]),
+                tensor_parallel=None if tp == "auto" else int(tp),
                 weight_dtype=r["weight_dtype"],  # type: ignore[arg-type]
                 kv_dtype=r["kv_dtype"],  # type: ignore[arg-type]
                 concurrency=r["concurrency"],
@@ -72,6 +111,10 @@ def parse_measurements(text: str) -> list[Measurement]:
                 value=float(r["value"]),
                 unit=r["unit"],
                 source=r["source"],
+                kind=r.get("kind") or "",
+                date=r.get("date") or "",
+                speculative=r.get("speculative") or "",
+                status=r.get("status") or "",
             )
         )
     return rows
@@ -82,28 +125,57 @@ def shipped_measurements() -> list[Measurement]:
     return parse_measurements(pkg.joinpath("measurements.csv").read_text(encoding="utf-8"))
 
 
-def predict(row: Measurement, catalog: Catalog) -> Comparison:
-    """Run one measurement's configuration through the model."""
+def deployment_for(
+    row: Measurement,
+    catalog: Catalog,
+    speculative_acceptance: float = VENDOR_SPECULATIVE_ACCEPTANCE,
+) -> Deployment:
+    """The replica a measurement describes (chips `auto`: the fewest that hold it)."""
     model = catalog.model(row.model)
     accelerator = catalog.accelerator(row.accelerator)
-    concurrency = None if row.concurrency == "max" else int(row.concurrency)
-    workload = Workload(row.input_tokens, row.output_tokens, 0, concurrency)
+    speculative = None
+    if row.speculative:
+        speculative = Speculative(
+            VENDOR_SPECULATIVE_TOKENS, speculative_acceptance, catalog.model(row.speculative)
+        )
     if row.chips == "auto":
-        kv_tokens = (concurrency or 1) * workload.tokens_per_sequence
+        concurrency = 1 if row.concurrency == "max" else int(row.concurrency)
         chips = chips_to_hold(
             model,
             accelerator,
             weight_dtype=row.weight_dtype,
             kv_dtype=row.kv_dtype,
-            kv_tokens=kv_tokens,
+            kv_tokens=concurrency * (row.input_tokens + row.output_tokens),
+            draft=speculative.draft if speculative else None,
         )
     else:
         chips = int(row.chips)
-    deployment = Deployment(
-        model, accelerator, chips, row.tensor_parallel, row.weight_dtype, row.kv_dtype
-    )
+    tp = row.tensor_parallel or default_tensor_parallel(chips, model, accelerator)
+    return Deployment(model, accelerator, chips, tp, row.weight_dtype, row.kv_dtype, speculative)
+
+
+def family_of(row: Measurement, deployment: Deployment) -> Family:
+    """Which family a row belongs to, for the error report."""
+    if deployment.accelerator.memory_kind == "hbm":
+        return "MoE GPU" if deployment.model.is_moe else "dense GPU"
+    if deployment.accelerator.name.startswith("wse"):
+        return "wafer single" if deployment.chips == 1 else "wafer multi"
+    return "LPU"
+
+
+def predict(
+    row: Measurement,
+    catalog: Catalog,
+    speculative_acceptance: float = VENDOR_SPECULATIVE_ACCEPTANCE,
+) -> Comparison:
+    """Run one measurement's configuration through the model."""
+    deployment = deployment_for(row, catalog, speculative_acceptance)
+    concurrency = None if row.concurrency == "max" else int(row.concurrency)
+    workload = Workload(row.input_tokens, row.output_tokens, 0, concurrency)
     result = evaluate(deployment, workload)
-    return Comparison(row, _metric(result, row.metric, row.unit), result)
+    return Comparison(
+        row, _metric(result, row.metric, row.unit), result, family_of(row, deployment)
+    )
 
 
 def _metric(result: PerfResult, metric: str, unit: str) -> float:
@@ -115,5 +187,10 @@ def compare_all(catalog: Catalog, rows: list[Measurement] | None = None) -> list
     return [predict(r, catalog) for r in (rows if rows is not None else shipped_measurements())]
 
 
+def active(comparisons: list[Comparison]) -> list[Comparison]:
+    """The comparisons that count (superseded rows left out)."""
+    return [c for c in comparisons if c.measurement.active]
+
+
 def median_abs_error(comparisons: list[Comparison]) -> float:
-    return statistics.median(abs(c.error) for c in comparisons)
+    return statistics.median(abs(c.error) for c in active(comparisons))

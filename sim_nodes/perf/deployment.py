@@ -145,6 +145,11 @@ class Deployment:
         return self.accelerator.peak_flops_per_s(self.weight_dtype)
 
     @property
+    def compute_efficiency(self) -> float:
+        """Share of that peak the matmuls reach (fp4 kernels may have their own)."""
+        return self.accelerator.compute_efficiency_for(self.weight_dtype)
+
+    @property
     def cost_per_hour_usd(self) -> float:
         return self.chips * self.accelerator.price_per_chip_hour_usd
 

@@ -78,6 +78,15 @@ class StepBreakdown(BaseModel):
     speculative_draft_s: float
     overhead_s: float
     bound: str = Field(description="memory, compute or latency")
+    expert_gemm_s: float = Field(
+        default=0.0, description="MoE expert kernels (grouped GEMMs), part of roofline_s."
+    )
+    expert_all_to_all_s: float = Field(
+        default=0.0, description="Expert-parallel dispatch and combine, part of communication_s."
+    )
+    expert_imbalance: float = Field(
+        default=1.0, description="Busiest expert-parallel rank's load over the mean."
+    )
 
     @classmethod
     def of(cls, terms: StepTerms) -> StepBreakdown:

@@ -17,11 +17,17 @@ overpredicts max-throughput serving by up to 70% against the calibration rows.)
 and the whole step adds (stages - 1) chip-to-chip hops and the engine's fixed overhead. With
 several stages the batch is split into micro-batches so all stages stay busy.
 
+MoE models run their routed experts as a kernel of their own (a grouped GEMM) with its own
+roofline, divided by the accelerator's `grouped_gemm_efficiency` and stretched by expert load
+imbalance; under tensor parallelism the experts are spread over the group (expert parallel) and
+each MoE layer's all-reduce becomes an all-to-all dispatch and combine of the routed tokens.
+
 Every term is returned separately so a user can see *why* a configuration is fast or slow.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .deployment import Deployment
@@ -51,6 +57,9 @@ class StepTerms:
     speculative_draft_s: float  # the draft model's proposals
     overhead_s: float  # engine scheduling, sampling, launches
     total_s: float
+    expert_gemm_s: float = 0.0  # MoE expert kernels (part of roofline_s)
+    expert_all_to_all_s: float = 0.0  # expert-parallel dispatch + combine (part of communication_s)
+    expert_imbalance: float = 1.0  # busiest rank's expert load over the mean
 
     @property
     def memory_s(self) -> float:
@@ -80,6 +89,21 @@ def touched_expert_fraction(experts: int, experts_per_token: int, tokens: float)
         return 1.0 if experts <= 1 else 0.0
     untouched: float = (1.0 - experts_per_token / experts) ** tokens
     return 1.0 - untouched
+
+
+def expert_imbalance(assignments: float, ranks: int) -> float:
+    """Busiest rank's share of routed token-expert assignments over the mean share.
+
+    Uniform routing of `assignments` over `ranks` expert-parallel ranks: each rank's load is
+    binomial, and the expected maximum of `ranks` such loads is about mean + sd * sqrt(2 ln r).
+    Every rank waits for the busiest, so the expert kernels take this factor longer.
+    """
+    if ranks <= 1 or assignments <= 0:
+        return 1.0
+    share = 1.0 / ranks
+    mean = assignments * share
+    sd = math.sqrt(assignments * share * (1.0 - share))
+    return min(1.0 + sd * math.sqrt(2.0 * math.log(ranks)) / mean, float(ranks))
 
 
 def step_terms(
@@ -113,8 +137,9 @@ def step_terms(
 
     # Per chip, for one micro-batch passing one stage.
     expert_share = touched_expert_fraction(m.experts, m.experts_per_token, micro_tokens)
-    streamed_params = m.shared_params + m.experts * m.expert_params * expert_share
-    weight_bytes = streamed_params * d.weight_bytes_per_param / chips
+    expert_bytes = m.experts * m.expert_params * expert_share * d.weight_bytes_per_param / chips
+    dense_bytes = m.shared_params * d.weight_bytes_per_param / chips
+    weight_bytes = dense_bytes + expert_bytes
     # Decoding reads each sequence's KV once (speculative verification included); prefill
     # chunks read their cached prefix; every new token writes its KV.
     kv_bytes = (
@@ -124,23 +149,46 @@ def step_terms(
     )
     verify_per_seq = verify_tokens / decode_seqs if decode_seqs else 0.0
     attended = decode_context_tokens * verify_per_seq + prefill_attended_positions
-    matmul_flops = 2.0 * m.active_compute_params * tokens / micro / chips
+    expert_compute_params = m.experts_per_token * m.expert_params
+    dense_flops = 2.0 * (m.active_compute_params - expert_compute_params) * tokens / micro / chips
+    expert_flops = 2.0 * expert_compute_params * tokens / micro / chips
     attention_flops = 4.0 * m.layers * m.heads * m.head_dim * attended / micro / chips
 
     bandwidth = a.memory_bandwidth_bytes_per_s * a.memory_bandwidth_efficiency
-    peak = d.peak_flops_per_s * a.compute_efficiency
+    peak = d.peak_flops_per_s * d.compute_efficiency
     weight_read_s = stages * weight_bytes / bandwidth
-    matmul_compute_s = stages * matmul_flops / peak
+    matmul_compute_s = stages * (dense_flops + expert_flops) / peak
     kv_read_s = stages * kv_bytes / bandwidth
     attention_compute_s = stages * attention_flops / peak
-    roofline_s = max(weight_read_s, matmul_compute_s) + max(kv_read_s, attention_compute_s)
+    tp = d.tensor_parallel
+    imbalance = 1.0
+    expert_gemm_s = 0.0
+    if m.is_moe:
+        imbalance = expert_imbalance(micro_tokens * m.experts_per_token, tp)
+        expert_gemm_s = (
+            stages
+            * imbalance
+            * max(expert_bytes / bandwidth, expert_flops / peak)
+            / a.grouped_gemm_efficiency
+        )
+    dense_s = stages * max(dense_bytes / bandwidth, dense_flops / peak)
+    roofline_s = dense_s + expert_gemm_s + max(kv_read_s, attention_compute_s)
 
-    communication_s = 0.0
-    if d.tensor_parallel > 1:
-        tp = d.tensor_parallel
+    communication_s = all_to_all_s = 0.0
+    if tp > 1:
         message = micro_tokens * m.hidden_size * ACTIVATION_BYTES
-        ring_s = 2.0 * (tp - 1) / tp * message / a.interconnect_bytes_per_s
-        communication_s = m.layers * ALLREDUCES_PER_LAYER * (a.interconnect_latency_s + ring_s)
+        allreduce_s = a.interconnect_latency_s + 2.0 * (tp - 1) / tp * message / (
+            a.interconnect_bytes_per_s
+        )
+        if m.is_moe:
+            # Attention keeps its all-reduce; the MoE block sends each token's activations to
+            # its experts' ranks and back instead: dispatch + combine, (tp - 1) / tp remote.
+            routed = message * m.experts_per_token / tp * (tp - 1) / tp
+            one_way_s = a.interconnect_latency_s + routed / a.interconnect_bytes_per_s
+            all_to_all_s = m.layers * 2.0 * one_way_s
+            communication_s = m.layers * allreduce_s + all_to_all_s
+        else:
+            communication_s = m.layers * ALLREDUCES_PER_LAYER * allreduce_s
     layer_latency_s = m.layers * a.layer_latency_s
     hop_message = micro_tokens * m.hidden_size * ACTIVATION_BYTES
     pipeline_hop_s = (stages - 1) * (
@@ -160,7 +208,7 @@ def step_terms(
         tokens=tokens,
         weight_bytes=weight_bytes,
         kv_bytes=kv_bytes,
-        flops=matmul_flops + attention_flops,
+        flops=dense_flops + expert_flops + attention_flops,
         weight_read_s=weight_read_s,
         matmul_compute_s=matmul_compute_s,
         kv_read_s=kv_read_s,
@@ -172,6 +220,9 @@ def step_terms(
         speculative_draft_s=draft_s,
         overhead_s=overhead_s,
         total_s=total_s,
+        expert_gemm_s=expert_gemm_s,
+        expert_all_to_all_s=all_to_all_s,
+        expert_imbalance=imbalance,
     )
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.sim_nodes.catalogs import CatalogError, default_catalog, load_catalog
+from tiergate.sim_nodes.catalogs import Catalog, CatalogError, default_catalog, load_catalog
 
 ACCELERATORS = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "wse-3", "groq-lpu"}
 MODELS = {
@@ -111,3 +111,14 @@ def test_bad_user_files_name_the_problem(tmp_path: Path, content: str, message: 
 def test_missing_user_file_is_a_catalog_error(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="cannot read catalog file"):
         load_catalog([tmp_path / "nope.yaml"])
+
+
+def test_fp4_matmuls_have_a_compute_efficiency_of_their_own(catalog: Catalog) -> None:
+    """Only fp4 weights on a chip with fp4 units use it; without the units fp4 computes at bf16
+    with the chip's ordinary efficiency."""
+    b200, h100 = catalog.accelerator("b200"), catalog.accelerator("h100-sxm")
+    assert b200.fp4_compute_efficiency is not None
+    assert b200.compute_efficiency_for("fp4") == b200.fp4_compute_efficiency
+    assert b200.compute_efficiency_for("fp8") == b200.compute_efficiency
+    with_fp4 = h100.model_copy(update={"fp4_compute_efficiency": 0.1})
+    assert with_fp4.compute_efficiency_for("fp4") == h100.compute_efficiency

@@ -1,0 +1,300 @@
+"""Fitting the calibrated parameters, and the leave-one-out pass that keeps the fit honest.
+
+Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share bandwidth and
+compute efficiency, the engine overhead per step and the share of the fp4 peak fp4 kernels
+reach; expert grouped GEMMs have one efficiency for Hopper and Ampere and one for B200; WSE-3
+has its per-step cost, per-layer latency and wafer-to-wafer hop, the LPU its per-layer latency;
+the acceptance rate of vendors' speculative drafts is fitted with the wafer rows (the only rows
+that decode speculatively). The fit minimises the sum of squared log errors (over- and
+under-prediction weigh the same) by Nelder-Mead within physical bounds.
+
+Leave-one-out predicts each row with parameters fitted without it: that is the error a new
+measurement should expect. A group left with no rows keeps the catalog's values (its prior).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..catalogs import Catalog
+from .calibration import (
+    VENDOR_SPECULATIVE_ACCEPTANCE,
+    Comparison,
+    Measurement,
+    predict,
+    shipped_measurements,
+)
+
+#: The acceptance-rate parameter's name (it belongs to no accelerator).
+SPECULATIVE_ACCEPTANCE = "speculative.acceptance_rate"
+#: Values a group falls back on when leave-one-out leaves it no rows: the estimates the
+#: catalog held before any row of that group was fitted (groq-lpu: 40 us per layer).
+PRIORS: dict[str, float] = {"groq-lpu.layer_latency_us": 40.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One fitted quantity: an accelerator field shared by `accelerators`, within bounds."""
+
+    name: str  # e.g. "gpu.compute_efficiency"
+    field: str  # Accelerator field, or SPECULATIVE_ACCEPTANCE
+    accelerators: tuple[str, ...]
+    low: float
+    high: float
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Parameters fitted together, on the rows of their accelerators."""
+
+    name: str
+    accelerators: tuple[str, ...]
+    parameters: tuple[Parameter, ...]
+
+
+#: GPU efficiencies fitted per accelerator rather than shared by all GPUs. B200's expert
+#: grouped GEMMs (fp4, in every B200 row) reach a smaller share of the roofline than Hopper's
+#: (fp8) in the same software release.
+OWN_EFFICIENCIES: dict[str, tuple[str, ...]] = {"b200": ("grouped_gemm_efficiency",)}
+
+
+def _gpu_parameters(gpus: tuple[str, ...], fp4_gpus: tuple[str, ...]) -> tuple[Parameter, ...]:
+    """The GPU group: each field shared by the GPUs that do not fit it on their own, and the
+    fp4 kernels' share of the fp4 peak, shared by the GPUs that have fp4 units."""
+    bounds = {
+        "memory_bandwidth_efficiency": (0.4, 1.0),
+        "compute_efficiency": (0.2, 1.0),
+        "step_overhead_us": (50.0, 3000.0),
+        "grouped_gemm_efficiency": (0.05, 1.0),
+    }
+    out = []
+    for field, (low, high) in bounds.items():
+        apart = tuple(n for n in gpus if field in OWN_EFFICIENCIES.get(n, ()))
+        shared = tuple(n for n in gpus if n not in apart)
+        out.append(Parameter(f"gpu.{field}", field, shared, low, high))
+        out += [Parameter(f"{n}.{field}", field, (n,), low, high) for n in apart]
+    if fp4_gpus:
+        out.append(
+            Parameter("gpu.fp4_compute_efficiency", "fp4_compute_efficiency", fp4_gpus, 0.1, 1.0)
+        )
+    return tuple(out)
+
+
+def sees(p: Parameter, row: Measurement, catalog: Catalog) -> bool:
+    """Whether `row` depends on `p`: its accelerator's, and the kernel or feature it prices."""
+    if row.accelerator not in p.accelerators:
+        return False
+    if p.field == SPECULATIVE_ACCEPTANCE:
+        return bool(row.speculative)
+    if p.field == "grouped_gemm_efficiency":
+        return catalog.model(row.model).is_moe
+    if p.field == "fp4_compute_efficiency":
+        return row.weight_dtype == "fp4"
+    return True
+
+
+def groups(catalog: Catalog) -> list[Group]:
+    """The parameter groups of `catalog`: one per kind of accelerator that has rows."""
+    gpus = tuple(n for n, a in catalog.accelerators.items() if a.memory_kind == "hbm")
+    fp4_gpus = tuple(n for n in gpus if "fp4" in catalog.accelerators[n].peak_tflops)
+    wse, lpu = ("wse-3",), ("groq-lpu",)
+    return [
+        Group("GPU", gpus, _gpu_parameters(gpus, fp4_gpus)),
+        Group(
+            "WSE-3",
+            wse,
+            (
+                Parameter("wse-3.layer_latency_us", "layer_latency_us", wse, 1.0, 60.0),
+                Parameter(
+                    "wse-3.interconnect_latency_us", "interconnect_latency_us", wse, 1.0, 500.0
+                ),
+                Parameter("wse-3.step_overhead_us", "step_overhead_us", wse, 1.0, 3000.0),
+                Parameter(SPECULATIVE_ACCEPTANCE, SPECULATIVE_ACCEPTANCE, wse, 0.05, 0.95),
+            ),
+        ),
+        Group(
+            "LPU",
+            lpu,
+            (Parameter("groq-lpu.layer_latency_us", "layer_latency_us", lpu, 2.0, 200.0),),
+        ),
+    ]
+
+
+Values = dict[str, float]
+
+
+def current_values(catalog: Catalog) -> Values:
+    """The parameters as the catalog (and calibration.py) hold them now."""
+    out: Values = {}
+    for g in groups(catalog):
+        for p in g.parameters:
+            if p.field == SPECULATIVE_ACCEPTANCE:
+                out[p.name] = VENDOR_SPECULATIVE_ACCEPTANCE
+            elif p.field == "fp4_compute_efficiency":
+                out[p.name] = catalog.accelerator(p.accelerators[0]).compute_efficiency_for("fp4")
+            else:
+                out[p.name] = float(getattr(catalog.accelerator(p.accelerators[0]), p.field))
+    return out
+
+
+def with_values(catalog: Catalog, values: Values) -> tuple[Catalog, float]:
+    """`catalog` with `values` applied, and the speculative acceptance rate."""
+    updates: dict[str, dict[str, float]] = {}
+    for g in groups(catalog):
+        for p in g.parameters:
+            if p.field == SPECULATIVE_ACCEPTANCE or p.name not in values:
+                continue
+            for acc in p.accelerators:
+                updates.setdefault(acc, {})[p.field] = values[p.name]
+    accelerators = [
+        a.model_copy(update=updates[n]) if n in updates else a
+        for n, a in catalog.accelerators.items()
+    ]
+    acceptance = values.get(SPECULATIVE_ACCEPTANCE, VENDOR_SPECULATIVE_ACCEPTANCE)
+    return Catalog(accelerators, catalog.models.values()), acceptance
+
+
+def predict_with(row: Measurement, catalog: Catalog, values: Values) -> Comparison:
+    fitted, acceptance = with_values(catalog, values)
+    return predict(row, fitted, acceptance)
+
+
+def _loss(rows: Iterable[Measurement], catalog: Catalog, values: Values) -> float:
+    fitted, acceptance = with_values(catalog, values)
+    total = 0.0
+    for r in rows:
+        predicted = predict(r, fitted, acceptance).predicted
+        total += math.log(max(predicted, 1e-12) / r.value) ** 2
+    return total
+
+
+def _nelder_mead(
+    f: Callable[[list[float]], float], start: list[float], evals: int = 1500
+) -> list[float]:
+    """Minimum of `f` over the unit cube, from `start` (Nelder-Mead, clipped to the cube).
+
+    Coordinates are the parameters' log positions within their bounds: the parameters span
+    decades and pull against each other (a wafer's per-step and per-layer costs), which one
+    coordinate at a time crosses only in many small steps.
+    """
+
+    def clip(x: list[float]) -> list[float]:
+        return [min(1.0, max(0.0, v)) for v in x]
+
+    def value(x: list[float]) -> float:
+        return f(clip(x))
+
+    n = len(start)
+    best = clip(start)
+    for _ in range(3):  # restarts: a collapsed simplex rebuilt around the best point
+        simplex = [best] + [
+            [v + (0.1 if v < 0.9 else -0.1) * (i == j) for j, v in enumerate(best)]
+            for i in range(n)
+        ]
+        scores = [value(x) for x in simplex]
+        used = n + 1
+        while used < evals // 3:
+            order = sorted(range(n + 1), key=lambda i: scores[i])
+            simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+            if scores[-1] - scores[0] < 1e-10:
+                break
+            centre = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
+            worst = simplex[-1]
+
+            def towards(
+                t: float, worst: list[float] = worst, centre: list[float] = centre
+            ) -> list[float]:
+                return [c + t * (c - w) for c, w in zip(centre, worst, strict=True)]
+
+            reflected = towards(1.0)
+            r_score = value(reflected)
+            used += 1
+            if r_score < scores[0]:
+                expanded = towards(2.0)
+                e_score = value(expanded)
+                used += 1
+                simplex[-1], scores[-1] = (
+                    (expanded, e_score) if e_score < r_score else (reflected, r_score)
+                )
+            elif r_score < scores[-2]:
+                simplex[-1], scores[-1] = reflected, r_score
+            else:
+                contracted = towards(0.5 if r_score < scores[-1] else -0.5)
+                c_score = value(contracted)
+                used += 1
+                if c_score < min(r_score, scores[-1]):
+                    simplex[-1], scores[-1] = contracted, c_score
+                else:  # shrink towards the best
+                    simplex = [simplex[0]] + [
+                        [b + 0.5 * (v - b) for b, v in zip(simplex[0], x, strict=True)]
+                        for x in simplex[1:]
+                    ]
+                    scores = [scores[0]] + [value(x) for x in simplex[1:]]
+                    used += n
+        best = clip(min(zip(scores, simplex, strict=True))[1])
+    return best
+
+
+def fit_group(group: Group, rows: list[Measurement], catalog: Catalog, start: Values) -> Values:
+    """Values of `group`'s parameters that best explain `rows` (of its accelerators).
+
+    Only parameters some row sees are fitted (`sees`: an accelerator's own efficiencies need a
+    row of it, the acceptance rate a speculative row); the others keep their `start` values.
+    """
+    values = dict(start)
+    mine = [r for r in rows if r.accelerator in group.accelerators and r.active]
+    free = [p for p in group.parameters if any(sees(p, r, catalog) for r in mine)]
+    if not free:
+        return values
+    spans = [(math.log(p.low), math.log(p.high)) for p in free]
+
+    def unpack(x: list[float]) -> Values:
+        return {
+            p.name: math.exp(lo + v * (hi - lo))
+            for p, (lo, hi), v in zip(free, spans, x, strict=True)
+        }
+
+    def loss(x: list[float]) -> float:
+        return _loss(mine, catalog, {**values, **unpack(x)})
+
+    start_x = [
+        (math.log(min(max(values[p.name], p.low), p.high)) - lo) / (hi - lo)
+        for p, (lo, hi) in zip(free, spans, strict=True)
+    ]
+    return {**values, **unpack(_nelder_mead(loss, start_x))}
+
+
+def fit(catalog: Catalog, rows: list[Measurement] | None = None) -> Values:
+    """Every group's parameters fitted on `rows` (default: the shipped measurements)."""
+    rows = rows if rows is not None else shipped_measurements()
+    values = current_values(catalog)
+    for g in groups(catalog):
+        values = fit_group(g, rows, catalog, values)
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveOneOut:
+    comparison: Comparison
+    prior_only: bool  # no other row of its group: predicted with the catalog's values
+
+
+def leave_one_out(catalog: Catalog, rows: list[Measurement] | None = None) -> list[LeaveOneOut]:
+    """Each active row predicted by parameters fitted on all the other rows."""
+    rows = rows if rows is not None else shipped_measurements()
+    start = current_values(catalog)
+    out = []
+    for row in rows:
+        if not row.active:
+            continue
+        group = next((g for g in groups(catalog) if row.accelerator in g.accelerators), None)
+        others = [r for r in rows if r is not row]
+        if group is None:
+            out.append(LeaveOneOut(predict_with(row, catalog, start), True))
+            continue
+        peers = [r for r in others if r.accelerator in group.accelerators and r.active]
+        values = fit_group(group, others, catalog, start) if peers else {**start, **PRIORS}
+        out.append(LeaveOneOut(predict_with(row, catalog, values), not peers))
+    return out
