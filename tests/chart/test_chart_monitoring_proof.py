@@ -309,6 +309,7 @@ def test_alerts_the_load_should_not_trigger_are_quiet(
         "TiergateTierSLOBurn", "TiergatePoolNoReadyEndpoint", "TiergateEndpointsEjected",
         "TiergateLedgerBacklogGrowing", "TiergateLedgerRecordsDropped",
         "TiergateBudgetNearExhaustion", "TiergateOperatorReconcileErrors",
+        "TiergateAutoscalerCannotAct",
     }  # fmt: skip
     noisy = []
     for rule in rules:
@@ -336,6 +337,23 @@ def test_a_failed_reconciliation_fires_the_operator_alert(
         return "TiergateOperatorReconcileErrors" in names
 
     until(fired, "TiergateOperatorReconcileErrors did not fire", within_s=30)
+
+
+def test_an_autoscaler_that_cannot_act_fires_its_alert(
+    operator: Operator, prometheus: PrometheusServer, load: Load
+) -> None:
+    ALERT = "TiergateAutoscalerCannotAct"  # noqa: N806
+    operator.metrics.count_decision("Holding")  # acting as it should: no alert
+    operator.metrics.count_decision("SloUnreachable")
+
+    def fired() -> dict[str, Any] | None:
+        alerts = prometheus.firing()
+        return next((a for a in alerts if a["labels"]["alertname"] == ALERT), None)
+
+    until(lambda: fired() is not None, f"{ALERT} did not fire", within_s=30)
+    alert = fired()
+    assert alert is not None
+    assert alert["annotations"]["runbook_url"].endswith("#tiergateautoscalercannotact")
 
 
 def test_a_stopped_node_fires_no_ready_endpoint_for_its_pool(
