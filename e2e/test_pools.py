@@ -197,12 +197,17 @@ spec:
 """
 
 
-def warning_reasons(release: Release, name: str) -> list[str]:
+def event_reasons(release: Release, name: str, kind: str = "Warning") -> list[str]:
+    """Reasons of the events of type `kind` (Warning, Normal) about the object `name`."""
     out = release.kubectl(
-        "get", "events", "--field-selector", f"involvedObject.name={name},type=Warning",
+        "get", "events", "--field-selector", f"involvedObject.name={name},type={kind}",
         "-o", "jsonpath={.items[*].reason}",
     )  # fmt: skip
     return out.split()
+
+
+def warning_reasons(release: Release, name: str) -> list[str]:
+    return event_reasons(release, name, "Warning")
 
 
 def test_the_operator_takes_no_other_apps_object_and_says_what_it_could_not_apply(
