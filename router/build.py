@@ -21,6 +21,7 @@ from tiergate.router.ledger.backlog import LedgerBacklogWriter
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
+from tiergate.router.ledger.spool import LedgerSpool
 from tiergate.router.ledger.sqlite import Ledger
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import PolicyConfig
@@ -58,7 +59,8 @@ def build_app(
     dsn = settings.ledger_dsn()
     ledger: LedgerStore
     if dsn is not None:
-        ledger = PostgresLedger(dsn)
+        spool = LedgerSpool(settings.ledger_spool_dir, int(settings.ledger_spool_max_size))
+        ledger = PostgresLedger(dsn, spool=spool)
     else:
         ledger = _sqlite_ledger(settings.ledger_path)
     if settings.tenants_file is None:  # after what may fail: its warning is no error's preface

@@ -213,6 +213,23 @@ class RouterSettings(_Model):
             "(e.g. 768Mi); keep it below the volume's size. None: no limit."
         ),
     )
+    ledger_spool_dir: Path = Field(
+        default=Path(".tiergate/spool"),
+        description=(
+            "With a PostgreSQL ledger: a local folder (the pod's volume) where each router "
+            "process keeps, fsynced, the records the database could not take; the next "
+            "process of the pod replays a dead one's file."
+        ),
+    )
+    ledger_spool_max_size: Size = Field(
+        default=ByteSize(256 * 1024 * 1024),
+        ge=64 * 1024,
+        description=(
+            "Largest spool file per router process (e.g. 256Mi, about 700,000 records). "
+            "Past 90% of it, new requests get 503 `ledger_unavailable` until the database "
+            "takes writes again."
+        ),
+    )
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest request body; larger: 413."
     )

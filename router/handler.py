@@ -32,7 +32,7 @@ from tiergate.router.http.asgi import (
 )
 from tiergate.router.http.errors import RouterError
 from tiergate.router.http.metrics import RouterMetrics
-from tiergate.router.ledger.accounting import Accountant
+from tiergate.router.ledger.accounting import Accountant, ledger_unavailable
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from tiergate.router.policy.latency import LatencyPredictor
@@ -163,7 +163,10 @@ class Router:
                 done.outcome = "upstream_error"
             else:
                 done.outcome = "rejected"
-            await self.accountant.settle(ex)  # recorded before the client has the refusal
+            try:
+                await self.accountant.settle(ex)  # recorded before the client has the refusal
+            except RouterError:
+                pass  # a refusal costs nothing: it goes out even when its row cannot be kept
             await self._refuse(send, error, ex.request_id)
         except ClientGone:
             ex.done.outcome, ex.done.status = "client_disconnect", 499
@@ -180,6 +183,9 @@ class Router:
         """The request's stages, in order (the module docstring); each fills in `ex`."""
         headers = ex.headers
         tenant = ex.tenant = self.tenants.authenticate(headers.get("authorization"))
+        if self.ledger.refusing:  # no durable place for another reply's record
+            self.metrics.ledger_refusals.inc()
+            raise ledger_unavailable()
         request = ex.request = parse_completion(
             await read_body(ex.receive, headers, self.settings.max_body_bytes), chat=chat
         )

@@ -19,6 +19,7 @@ from tiergate.router.discovery.view import PoolView
 from tiergate.router.http.budget_metrics import BudgetCollector
 from tiergate.router.http.gc_pauses import GcPauses
 from tiergate.router.http.shared_metrics import SharedMetrics
+from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
 from tiergate.router.ledger.sqlite import Ledger
@@ -133,6 +134,13 @@ class RouterMetrics:
             "Requests whose accounting failed: the ledger refused the record itself (it holds "
             "records while its database refuses writes: tiergate_ledger_backlog_records), or a "
             "bug (logged).",
+            registry=r,
+        )
+        self.ledger_refusals = Counter(
+            "tiergate_ledger_refused_requests",
+            "Requests refused with 503 ledger_unavailable: the PostgreSQL ledger could not be "
+            "written and this process's spool was nearly full (refused before any work), or "
+            "could not take the reply's record (its end was not sent).",
             registry=r,
         )
         self.internal_errors = Counter(
@@ -317,6 +325,8 @@ class _LedgerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         if isinstance(self._ledger, Ledger):
             yield from self._sqlite(self._ledger)
+        elif isinstance(self._ledger, PostgresLedger):
+            yield from self._spool(self._ledger)
         yield CounterMetricFamily(
             "tiergate_ledger_pruned_rows",
             "Request rows deleted by the ledger's retention (daily totals are kept).",
@@ -337,6 +347,32 @@ class _LedgerCollector(Collector):
             "tiergate_ledger_dropped_records",
             "Records lost: the backlog was full, or the database refused the record itself.",
             value=self._ledger.dropped,
+        )
+
+    def _spool(self, ledger: PostgresLedger) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        spool = ledger.spool
+        if spool is None:
+            return
+        yield GaugeMetricFamily(
+            "tiergate_ledger_spool_bytes",
+            "Bytes in this process's ledger spool file: records the PostgreSQL ledger could "
+            "not take yet, durable on the pod's volume (router.ledgerSpoolMaxSize bounds it).",
+            value=spool.bytes,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_spooled_records",
+            "Records written to the spool because the PostgreSQL ledger could not take them.",
+            value=spool.spooled,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_spool_refused_records",
+            "Records the spool could not take (full, or the disk failed): held in memory only.",
+            value=spool.refused,
+        )
+        yield CounterMetricFamily(
+            "tiergate_ledger_replayed_records",
+            "Records of dead router processes' spool files written to the PostgreSQL ledger.",
+            value=ledger.replayed,
         )
 
     def _sqlite(self, ledger: Ledger) -> Iterator[GaugeMetricFamily]:

@@ -13,14 +13,15 @@ import logging
 from collections.abc import Callable
 
 from tiergate.router.exchange import Exchange
+from tiergate.router.http.errors import RouterError
 from tiergate.router.http.metrics import RouterMetrics
-from tiergate.router.ledger.records import Outcome, UsageRecord
+from tiergate.router.ledger.records import LedgerError, Outcome, UsageRecord
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.progress import Progress
 from tiergate.router.request.tiers import DEFAULT_TIER
 from tiergate.router.tenants.guards import Budgets, Limits
 
-__all__ = ["Accountant"]
+__all__ = ["Accountant", "ledger_unavailable"]
 
 log = logging.getLogger("tiergate.router")
 
@@ -43,9 +44,16 @@ class Accountant:
     async def settle(self, ex: Exchange) -> None:
         """Account for the attempt being served and wait for its row to be committed: awaited
         before a reply's last bytes go out, so a reply the client has whole is in the ledger
-        even if the router is killed right after."""
+        even if the router is killed right after. RouterError 503 `ledger_unavailable` when
+        the row could be made durable nowhere (the shared ledger is away and the spool full):
+        the reply's end must not go out."""
         self.account(ex, ex.done)
-        await self.ledger.committed()
+        try:
+            await self.ledger.committed()
+        except LedgerError as exc:
+            self.metrics.ledger_refusals.inc()
+            log.error("event=reply_withheld request_id=%s error=%s", ex.request_id, exc)
+            raise ledger_unavailable() from None
 
     def account(self, ex: Exchange, done: Progress) -> None:
         """Count and bill one attempt of `ex`, once (later calls for it do nothing)."""
@@ -130,3 +138,14 @@ class Accountant:
     def _failed(self, ex: Exchange) -> None:
         self.metrics.accounting_errors.inc()
         log.exception("event=accounting_failed request_id=%s", ex.request_id)
+
+
+def ledger_unavailable() -> RouterError:
+    """The refusal of a request whose usage cannot be recorded durably now."""
+    return RouterError(
+        503,
+        "the usage ledger cannot record requests now; retry shortly",
+        type="server_error",
+        code="ledger_unavailable",
+        headers={"Retry-After": "1"},
+    )

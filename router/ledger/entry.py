@@ -18,3 +18,4 @@ class LedgerEntry:
     rowid: int | None = None
     written: UsageRecord | None = None
     held: bool = False  # in the backlog, to be written as `record` says then
+    spooled: UsageRecord | None = None  # the newest record in the spool (PostgreSQL ledger)

@@ -7,9 +7,13 @@ task commits each batch as one transaction (rows upserted by request id and atte
 totals moved by the difference, in a fixed order so replicas never deadlock).
 
 When the database refuses writes or cannot be reached, a batch is held in memory, in order,
-and written once it takes them again (tried every `interval_s`); `committed()` returns for held
-records, so replies are not held up by an outage. Held records are not durable, and past
-`max_backlog` new ones are dropped and counted. Reads count what is held or not yet committed.
+and written once it takes them again (tried every `interval_s`). Held records also go to the
+process's spool file on local disk (router/ledger/spool.py), fsynced before `committed()`
+returns, so replies are not held up by an outage and a process that dies with records held
+loses none: the next process of the pod replays its file. When the spool cannot take a
+record, `committed()` raises LedgerError and the reply's end does not go out; when the spool
+is nearly full, `refusing` tells the router to refuse new work. Reads count what is held or
+not yet committed.
 
 The connection pool is made on the serving event loop, at the first use; the URL (with any
 password in it) is never logged: `where` names the server and database.
@@ -37,6 +41,7 @@ from tiergate.router.ledger.records import (
     LedgerError,
     UsageRecord,
 )
+from tiergate.router.ledger.spool import LedgerSpool, Orphan, latest
 from tiergate.router.ledger.sqlite_schema import totals_delta
 
 __all__ = ["PostgresLedger", "open_check", "where"]
@@ -53,6 +58,8 @@ POOL_SIZE = 4
 MAX_BACKLOG = 100_000
 #: Held records written per transaction once the database is back.
 BACKLOG_BATCH = 500
+#: Part of the spool kept for requests already in flight: past the rest, new work is refused.
+SPOOL_RESERVE = 0.1
 
 #: Errors of a record the database can never take: it is dropped, not held.
 _NEVER = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
@@ -68,47 +75,71 @@ class PostgresLedger(PostgresReads):
         interval_s: float = INTERVAL_S,
         timeout_s: float = TIMEOUT_S,
         pool_size: int = POOL_SIZE,
+        spool: LedgerSpool | None = None,
     ) -> None:
         self._dsn = dsn
+        self.spool = spool
         self.where = where(dsn)
         self._interval_s, self._timeout_s, self._pool_size = interval_s, timeout_s, pool_size
         self._pool: Any = None
         self._writer_conn: Any = None
         self._pool_lock: asyncio.Lock | None = None
         self._next: dict[LedgerEntry, None] = {}  # to write in the next batch, in order
-        self._next_done: asyncio.Future[None] | None = None
-        self._writing: asyncio.Future[None] | None = None
+        # Each batch's waiters learn whether its records are durable (committed or spooled).
+        self._next_done: asyncio.Future[bool] | None = None
+        self._writing: asyncio.Future[bool] | None = None
         self._backlog: deque[LedgerEntry] = deque()
+        self._spooled: set[LedgerEntry] = set()  # spooled, newest record not yet committed
+        self._appending = False
         self._unwritten: dict[str, float] = {}  # tenant -> USD not yet committed
         self._committed: dict[str, float] = {}  # tenant -> USD committed since start
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._halt: asyncio.Event | None = None  # set by stop(): the backlog writer ends
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.max_backlog = MAX_BACKLOG
         self.dropped = 0
+        self.replayed = 0  # records of dead processes' spool files written to the database
 
     # The service.
 
     def start(self) -> None:
+        if self.spool is not None:
+            try:
+                self.spool.open()
+            except OSError as exc:
+                raise LedgerError(
+                    f"cannot open the ledger's spool in {self.spool.folder}: {exc}"
+                ) from None
         self._wake = asyncio.Event()
+        self._halt = asyncio.Event()
         self._pool_lock = asyncio.Lock()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name="ledger-writer"),
+            loop.create_task(self._drain(), name="ledger-backlog-writer"),
+        ]
 
     async def stop(self) -> None:
         """Write what is waiting (one last try at the backlog), then close the pool."""
-        task, self._task = self._task, None
-        if task is not None:
-            self._stopping = True  # the writer finishes the write it is in, never half of one
-            assert self._wake is not None
+        tasks, self._tasks = self._tasks, []
+        if tasks:
+            self._stopping = True  # the writers finish the write they are in, never half of one
+            assert self._wake is not None and self._halt is not None
             self._wake.set()
-            await task
+            self._halt.set()
+            await asyncio.gather(*tasks)
         await self._write_next()
         while self._backlog and await self._write_backlog():
             pass
         if self._backlog:
+            unspooled = sum(e.spooled is not e.record for e in self._backlog)
             log.error(
-                "event=ledger_backlog_lost where=%s records=%d", self.where, len(self._backlog)
-            )
+                "event=ledger_backlog_left where=%s records=%d spooled=%d lost=%d",
+                self.where, len(self._backlog), len(self._backlog) - unspooled, unspooled,
+            )  # fmt: skip
+        if self.spool is not None:
+            self.spool.close(keep=bool(self._backlog))
         if self._writer_conn is not None:
             conn, self._writer_conn = self._writer_conn, None
             await conn.close()
@@ -178,11 +209,11 @@ class PostgresLedger(PostgresReads):
         return entry
 
     def amend(self, entry: LedgerEntry, usage: UsageRecord) -> None:
-        """Make an attempt's row say `usage` instead; its daily totals move by the difference."""
+        """Make an attempt's row say `usage` instead; its daily totals move by the difference.
+        A held entry is queued too: its new record must reach the spool before `committed()`."""
         self._count(usage, entry.record)
         entry.record = usage
-        if not entry.held:
-            self._queue(entry)
+        self._queue(entry)
 
     def _count(self, usage: UsageRecord, before: UsageRecord | None) -> None:
         grew = usage.cost_usd - (before.cost_usd if before is not None else 0.0)
@@ -190,9 +221,6 @@ class PostgresLedger(PostgresReads):
             self._unwritten[usage.tenant] = self._unwritten.get(usage.tenant, 0.0) + grew
 
     def _queue(self, entry: LedgerEntry) -> None:
-        if self._backlog:
-            self._hold(entry)  # in order behind what is held
-            return
         self._next[entry] = None
         if self._wake is not None:
             self._wake.set()
@@ -206,13 +234,25 @@ class PostgresLedger(PostgresReads):
         return self._committed.get(tenant, 0.0)
 
     async def committed(self) -> None:
-        """Return once every record added so far is committed (or held in the backlog)."""
+        """Return once every record added so far is committed or spooled; LedgerError when
+        some could be neither (held in memory only)."""
         if self._next:
             if self._next_done is None:
                 self._next_done = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._next_done)
+            durable = await asyncio.shield(self._next_done)
         elif self._writing is not None:
-            await asyncio.shield(self._writing)
+            durable = await asyncio.shield(self._writing)
+        else:
+            return
+        if not durable:
+            raise LedgerError(f"{self.where} cannot be written and the spool is full")
+
+    @property
+    def refusing(self) -> bool:
+        """Whether new work should be refused: the spool holds records and is nearly full,
+        so a request served now might find no durable place for its record."""
+        spool = self.spool
+        return spool is not None and spool.bytes >= spool.max_bytes * (1 - SPOOL_RESERVE)
 
     @property
     def backlog(self) -> int:
@@ -229,48 +269,155 @@ class PostgresLedger(PostgresReads):
             self._wake.clear()
             try:
                 await self._write_next()
-                while self._backlog and not self._stopping and await self._write_backlog():
-                    await asyncio.sleep(0)
             except Exception:  # a bug: the writer must outlive it, or every reply would wait
                 log.exception("event=ledger_writer_failed where=%s", self.where)
 
+    async def _drain(self) -> None:
+        """The backlog writer: every `interval_s`, write held records, oldest first, then
+        replay dead processes' spool files. A task of its own, so that while it waits on the
+        database new batches are still spooled and their replies go out."""
+        assert self._halt is not None
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._halt.wait(), self._interval_s)
+            except TimeoutError:
+                pass
+            try:
+                while self._backlog and not self._stopping and await self._write_backlog():
+                    await asyncio.sleep(0)
+                if not self._backlog and not self._stopping:
+                    await self._replay_orphans()
+            except Exception:  # a bug: log it, and try again next round
+                log.exception("event=ledger_backlog_writer_failed where=%s", self.where)
+
     async def _write_next(self) -> None:
-        """Write the waiting batch as one transaction, or hold it."""
+        """Write the waiting batch as one transaction, or spool and hold it: behind records
+        already held it is not tried (they go first, in order)."""
         if not self._next:
             return
         batch = [(entry, entry.record) for entry in self._next]
         self._next.clear()
         done = self._writing = self._next_done or asyncio.get_running_loop().create_future()
         self._next_done = None
+        durable = True
         try:
-            if not await self._try_write(batch):
+            if self._backlog or not await self._try_write(batch):
+                durable = await self._spool(batch)
                 for entry, _ in batch:
                     self._hold(entry)
+            else:
+                self._clear_spool()
         finally:
             self._writing = None
             if not done.done():
-                done.set_result(None)
+                done.set_result(durable)
+
+    async def _spool(self, batch: list[tuple[LedgerEntry, UsageRecord]]) -> bool:
+        """Append the batch's records to the spool (off the event loop: an fsync); whether
+        they are durable there."""
+        if self.spool is None:
+            return True  # no spool configured: held in memory, as documented
+        records = [record for _, record in batch]
+        self._appending = True  # the spool is not cleared under an append
+        try:
+            appended = await asyncio.to_thread(self.spool.append, records)
+        finally:
+            self._appending = False
+        if not appended:
+            log.error(
+                "event=ledger_spool_refused where=%s records=%d spool_bytes=%d",
+                self.where, len(records), self.spool.bytes,
+            )  # fmt: skip
+            return False
+        for entry, record in batch:
+            entry.spooled = record
+            self._spooled.add(entry)
+        return True
+
+    def _clear_spool(self) -> None:
+        """Empty the spool once every entry it holds has its newest record committed."""
+        spool = self.spool
+        if spool is None or not spool.used or self._spooled or self._appending:
+            return
+        try:
+            spool.clear()
+        except OSError as exc:  # replayed later, idempotently
+            log.warning("event=ledger_spool_clear_failed path=%s error=%s", spool.path, exc)
 
     async def _write_backlog(self) -> int:
         """Write up to `BACKLOG_BATCH` held records, oldest first; how many left the backlog."""
         batch = [(e, e.record) for e in list(self._backlog)[:BACKLOG_BATCH]]
-        if not await self._try_write(batch):
+        if not await self._try_write(batch, pooled=True):
             return 0
-        for _ in batch:
-            self._backlog.popleft().held = False
+        for _, record in batch:
+            entry = self._backlog.popleft()
+            entry.held = False
+            if entry.record is not record:  # amended while its older record was written
+                self._queue(entry)
         if not self._backlog:
             log.warning("event=ledger_backlog_written where=%s", self.where)
+        self._clear_spool()
         return len(batch)
 
-    async def _try_write(self, batch: list[tuple[LedgerEntry, UsageRecord]]) -> bool:
-        """Commit `batch`; False (logged) when the database refused or could not be reached. A
-        record it can never take is dropped and counted, and the rest written."""
+    async def _replay_orphans(self) -> None:
+        """Write the records in dead processes' spool files, idempotently, and delete them."""
+        if self.spool is None:
+            return
+        for orphan in self.spool.orphans():
+            try:
+                written = await self._replay(orphan)
+            except Exception as exc:  # the database is away again: the file stays
+                orphan.release()
+                log.warning(
+                    "event=ledger_replay_failed where=%s path=%s error=%s",
+                    self.where, orphan.path, reason(exc),
+                )  # fmt: skip
+                return
+            orphan.done()
+            self.replayed += written
+            log.warning(
+                "event=ledger_spool_replayed where=%s path=%s records=%d written=%d unreadable=%d",
+                self.where, orphan.path, len(orphan.records), written, orphan.unreadable,
+            )  # fmt: skip
+
+    async def _replay(self, orphan: Orphan) -> int:
+        """Upsert the newest record of each attempt in `orphan` where the database holds an
+        older one or none, totals moved by the difference from what it holds; how many."""
+        records = latest(orphan.records)
+        pool = await self.connection_pool()
+        written = 0
+        for start in range(0, len(records), BACKLOG_BATCH):
+            chunk = records[start : start + BACKLOG_BATCH]
+            async with pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(
+                    _SELECT_FOR_REPLAY,
+                    [r.request_id for r in chunk],
+                    [r.attempt for r in chunk],
+                    timeout=self._timeout_s,
+                )
+                held = {(r.request_id, r.attempt): r for r in (UsageRecord(*row) for row in rows)}
+                batch = []
+                for record in chunk:
+                    before = held.get((record.request_id, record.attempt))
+                    if before is None or before.latency_s < record.latency_s:
+                        batch.append((LedgerEntry(record, written=before), record))
+                if batch:
+                    await conn.fetchrow(WRITE_BATCH, *_arguments(batch), timeout=self._timeout_s)
+                written += len(batch)
+        return written
+
+    async def _try_write(
+        self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool = False
+    ) -> bool:
+        """Commit `batch` (on the batch writer's connection, or one of the pool's); False
+        (logged) when the database refused or could not be reached. A record it can never
+        take is dropped and counted, and the rest written."""
         try:
-            await self._write(batch)
+            await self._write(batch, pooled=pooled)
         except _NEVER:
             if len(batch) > 1:
                 for one in batch:
-                    if not await self._try_write([one]):
+                    if not await self._try_write([one], pooled=pooled):
                         return False
                 return True
             entry, record = batch[0]
@@ -294,6 +441,8 @@ class PostgresLedger(PostgresReads):
         before = entry.written
         entry.written = record
         entry.rowid = 0  # has a row
+        if record is entry.record or record is entry.spooled:
+            self._spooled.discard(entry)
         self._count_written(record, before)
         grew = record.cost_usd - (before.cost_usd if before is not None else 0.0)
         if grew:
@@ -308,23 +457,16 @@ class PostgresLedger(PostgresReads):
             else:
                 self._unwritten[record.tenant] = left
 
-    async def _write(self, batch: list[tuple[LedgerEntry, UsageRecord]]) -> None:
-        rows = [_row(record) for _, record in batch]
-        totals: dict[tuple[str, int, str], list[float]] = {}
-        for entry, record in batch:
-            tenant, day, tier, *add = totals_delta(record, entry.written)
-            key = (str(tenant), cast(int, day), str(tier))
-            sums = totals.setdefault(key, [0, 0, 0, 0, 0.0])
-            for i, value in enumerate(add):
-                sums[i] += cast(float, value)
-        daily = [(*key, *(int(v) for v in sums[:4]), float(sums[4]))
-                 for key, sums in sorted(totals.items())]  # fmt: skip
-        columns = [list(column) for column in zip(*rows, strict=True)]
-        sums_by_column = [list(column) for column in zip(*daily, strict=True)]
+    async def _write(self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool) -> None:
+        arguments = _arguments(batch)
+        if pooled:
+            pool = await self.connection_pool()
+            await pool.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
+            return
         conn = await self._writer()
         try:
             async with asyncio.timeout(self._timeout_s):
-                await conn.fetchrow(WRITE_BATCH, *columns, *sums_by_column)
+                await conn.fetchrow(WRITE_BATCH, *arguments)
         except _NEVER:
             raise  # the connection is fine: the record is not
         except BaseException:
@@ -332,7 +474,8 @@ class PostgresLedger(PostgresReads):
             raise
 
     def _not_written(self) -> list[LedgerEntry]:
-        return [*self._next, *self._backlog]
+        # An amended held entry is waiting in both: count it once.
+        return list(dict.fromkeys([*self._next, *self._backlog]))
 
     def _hold(self, entry: LedgerEntry) -> None:
         if entry.held:
@@ -345,6 +488,34 @@ class PostgresLedger(PostgresReads):
             return
         entry.held = True
         self._backlog.append(entry)
+
+
+def _arguments(batch: list[tuple[LedgerEntry, UsageRecord]]) -> list[list[object]]:
+    """WRITE_BATCH's arguments for `batch`: its rows by column, then the daily totals' moves
+    (from what each entry's row held before) by column, keys sorted."""
+    rows = [_row(record) for _, record in batch]
+    totals: dict[tuple[str, int, str], list[float]] = {}
+    for entry, record in batch:
+        tenant, day, tier, *add = totals_delta(record, entry.written)
+        key = (str(tenant), cast(int, day), str(tier))
+        sums = totals.setdefault(key, [0, 0, 0, 0, 0.0])
+        for i, value in enumerate(add):
+            sums[i] += cast(float, value)
+    daily = [(*key, *(int(v) for v in sums[:4]), float(sums[4]))
+             for key, sums in sorted(totals.items())]  # fmt: skip
+    return [
+        *(list(column) for column in zip(*rows, strict=True)),
+        *(list(column) for column in zip(*daily, strict=True)),
+    ]
+
+
+#: The rows a replay may overwrite, locked until it commits (columns in UsageRecord's order).
+_SELECT_FOR_REPLAY = """
+SELECT request_id, time_s, tenant, tier_requested, tier_served, pool, endpoint, prompt_tokens,
+    completion_tokens, latency_s, ttft_s, cost_usd, http_status, outcome, escalated, attempt
+FROM usage WHERE (request_id, attempt) IN (SELECT * FROM unnest($1::text[], $2::integer[]))
+ORDER BY request_id, attempt FOR UPDATE
+"""
 
 
 def _row(u: UsageRecord) -> tuple[object, ...]:

@@ -295,6 +295,11 @@ class Ledger(SqliteReads):
         """Records held in memory, not yet written."""
         return len(self._backlog)
 
+    @property
+    def refusing(self) -> bool:
+        """Never: one process's ledger holds what its file refuses in memory."""
+        return False
+
     def flush_backlog(self, limit: int) -> int:
         """Write up to `limit` held records, oldest first, without waiting for the write lock.
         Returns how many left the backlog (0 while the database still refuses)."""

@@ -203,6 +203,10 @@ async def relay_stream(
     except (UpstreamError, OSError) as exc:
         done.outcome = "upstream_error"
         await _failed_midstream(send, first, exc, metrics, client_gone=client.gone)
+    except RouterError as exc:  # `settle` could keep its record nowhere: no [DONE] goes out
+        if not client.gone:
+            event = b"data: " + json_bytes(exc.envelope()) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         client.stop()
     tally(done, rewriter, pool, request.prompt_tokens_estimate)

@@ -219,12 +219,18 @@ def test_a_password_secret_also_serves_a_dsn_without_one(helm: Helm) -> None:
 
 
 @pytest.mark.parametrize("sets", [POSTGRES_DSN, POSTGRES_HOST], ids=["dsn-secret", "host"])
-def test_postgres_mode_has_no_ledger_volume_and_rolls_updates(helm: Helm, sets: list[str]) -> None:
+def test_postgres_mode_spools_to_an_emptydir_and_rolls_updates(helm: Helm, sets: list[str]) -> None:
+    """No claim (nothing to keep across pods), but a pod volume for the processes' spool files,
+    which a restarted worker or container of the same pod replays."""
     manifests = helm.template(sets=[*sets, "router.replicas=2"])
     assert find(manifests, "PersistentVolumeClaim") == []
-    assert "ledger" not in {v["name"] for v in router_pod(manifests)["volumes"]}
-    mounts = {m["mountPath"] for m in router_container(manifests)["volumeMounts"]}
-    assert "/var/lib/tiergate" not in mounts
+    (volume,) = [v for v in router_pod(manifests)["volumes"] if v["name"] == "ledger"]
+    assert volume == {"name": "ledger", "emptyDir": {}}
+    mounts = {m["mountPath"]: m["name"] for m in router_container(manifests)["volumeMounts"]}
+    assert mounts["/var/lib/tiergate"] == "ledger"
+    settings = router_settings(manifests)
+    assert settings["ledgerSpoolDir"] == "/var/lib/tiergate/spool"
+    assert settings["ledgerSpoolMaxSize"] == "256Mi"
     deployment = one(manifests, "Deployment", ROUTER)["spec"]
     assert deployment["replicas"] == 2 and "strategy" not in deployment  # RollingUpdate
 
@@ -236,7 +242,7 @@ def test_sqlite_mode_keeps_its_file_and_size_limit(
         settings = router_settings(manifests)
         assert settings["ledgerPath"] == "/var/lib/tiergate/ledger.sqlite"
         assert settings["ledgerMaxSize"] == "768Mi"
-        assert {"ledgerUrl", "ledgerUrlFile"}.isdisjoint(settings)
+        assert {"ledgerUrl", "ledgerUrlFile", "ledgerSpoolDir"}.isdisjoint(settings)
         assert "PGPASSWORD" not in {e["name"] for e in router_container(manifests)["env"]}
 
 

@@ -1,0 +1,211 @@
+"""A local, durable spool for the records the PostgreSQL ledger cannot commit.
+
+While the database is away, a router process appends each record it cannot commit to a file
+of its own in the spool folder and fsyncs it before the reply's end goes out, so a reply a
+client has whole survives the process. The process holds an exclusive `flock` on its file for
+as long as it lives: a file nobody holds belongs to a process that died, and whichever process
+of the pod finds it first replays it into the database (`PostgresLedger`) and deletes it. A
+process clears its own file once everything it spooled is committed.
+
+A file is JSON lines, one record each, appended in the order they were made; a record that
+was amended is appended again, and the one with the longest `latency_s` (a monotonic clock
+since the request began) is the newest. A line cut short by a crash mid-write is skipped: its
+reply's end had not gone out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiergate.router.ledger.records import UsageRecord
+
+__all__ = ["LedgerSpool", "Orphan", "latest"]
+
+log = logging.getLogger("tiergate.router")
+
+#: The spool's file names: `<pid>-<random>.spool`.
+SUFFIX = ".spool"
+_FIELDS = {f.name for f in dataclasses.fields(UsageRecord)}
+
+
+@dataclass
+class Orphan:
+    """A dead process's spool file, locked by this process until `done()` or `release()`."""
+
+    path: Path
+    fd: int
+    records: list[UsageRecord]
+    unreadable: int  # lines that could not be read back (cut short by a crash)
+
+    def done(self) -> None:
+        """The records are in the database: delete the file."""
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self.fd)
+
+    def release(self) -> None:
+        """Leave the file for a later try."""
+        os.close(self.fd)
+
+
+class LedgerSpool:
+    """This process's spool file in `folder`, at most `max_bytes` long."""
+
+    def __init__(self, folder: Path, max_bytes: int) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.path: Path | None = None
+        self._fd: int | None = None
+        self.bytes = 0  # in this process's file now
+        self.spooled = 0  # records appended since start
+        self.refused = 0  # records the spool could not take (full, or the disk failed)
+
+    def open(self) -> None:
+        """Create and lock this process's file (OSError when the folder cannot be used)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _fsync_folder(self.folder)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self.path, self._fd = path, fd
+
+    def append(self, records: list[UsageRecord]) -> bool:
+        """Append `records` and fsync them; False, with nothing appended, when they would take
+        the file past `max_bytes` or the disk refused them."""
+        assert self._fd is not None, "open() the spool first"
+        data = "".join(_line(record) for record in records).encode()
+        if self.bytes + len(data) > self.max_bytes:
+            self.refused += len(records)
+            return False
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(f"short write: {written} of {len(data)} bytes")
+            os.fsync(self._fd)
+        except OSError as exc:
+            self.refused += len(records)
+            log.error("event=ledger_spool_failed path=%s error=%s", self.path, exc)
+            try:
+                os.ftruncate(self._fd, self.bytes)  # nothing half-written stays
+            except OSError:
+                pass
+            return False
+        self.bytes += len(data)
+        self.spooled += len(records)
+        return True
+
+    def clear(self) -> None:
+        """Everything this process spooled is committed: empty its file."""
+        if self._fd is None or not self.bytes:
+            return
+        os.ftruncate(self._fd, 0)
+        os.fsync(self._fd)
+        self.bytes = 0
+
+    def close(self, *, keep: bool) -> None:
+        """Close this process's file; delete it unless `keep` (records not yet committed)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        assert self.path is not None
+        if not keep or not self.bytes:
+            self.path.unlink(missing_ok=True)
+        os.close(fd)
+
+    def orphans(self) -> Iterator[Orphan]:
+        """The files of processes that died, each locked for the caller, oldest first."""
+        try:
+            paths = sorted(self.folder.glob("*" + SUFFIX), key=_mtime)
+        except OSError:
+            return
+        for path in paths:
+            if path == self.path:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue  # replayed by another process meanwhile
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue  # its process is alive, or another one is replaying it
+            if os.fstat(fd).st_nlink == 0:
+                os.close(fd)
+                continue  # replayed and deleted before this lock was granted
+            try:
+                records, unreadable = _read(fd)
+            except OSError as exc:
+                os.close(fd)
+                log.error("event=ledger_spool_unreadable path=%s error=%s", path, exc)
+                continue
+            yield Orphan(path, fd, records, unreadable)
+
+    @property
+    def used(self) -> bool:
+        """Whether this process's file holds records not yet committed."""
+        return self.bytes > 0
+
+
+def latest(records: list[UsageRecord]) -> list[UsageRecord]:
+    """The newest record of each attempt (the longest `latency_s`; the later one on a tie)."""
+    newest: dict[tuple[str, int], UsageRecord] = {}
+    for record in records:
+        key = (record.request_id, record.attempt)
+        seen = newest.get(key)
+        if seen is None or record.latency_s >= seen.latency_s:
+            newest[key] = record
+    return list(newest.values())
+
+
+def _line(record: UsageRecord) -> str:
+    return json.dumps(dataclasses.asdict(record), separators=(",", ":")) + "\n"
+
+
+def _read(fd: int) -> tuple[list[UsageRecord], int]:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    records: list[UsageRecord] = []
+    unreadable = 0
+    for line in b"".join(chunks).split(b"\n"):
+        if not line:
+            continue
+        try:
+            fields = json.loads(line)
+            if not isinstance(fields, dict) or set(fields) != _FIELDS:
+                raise ValueError("not a usage record")
+            records.append(UsageRecord(**fields))
+        except ValueError:
+            unreadable += 1
+    return records, unreadable
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a new file's name durable (its folder's entry)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,367 @@
+"""The PostgreSQL ledger's spool: records the database cannot take are fsynced to a local file
+before `committed()` returns, a dead process's file is replayed (once, idempotently) by the
+next one, a full spool refuses rather than serving unbilled, and an amendment made while the
+backlog writer writes an older copy of a row is not lost.
+
+Process death is real: a child process is SIGKILLed with records in its spool, or a router
+worker of `tiergate router --workers 3` is, between a PostgreSQL restart and the database's
+return, mid-burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from fleet_clients import Reply, request
+from fleet_helpers import tenant_yaml
+from polling_helpers import until
+from postgres_server import PostgresServer, started_server
+from private_ledger import private_ledger
+from process_helpers import start_router, start_sim_node
+
+from tiergate.router.ledger.postgres import PostgresLedger, open_check
+from tiergate.router.ledger.records import LedgerError, UsageRecord
+from tiergate.router.ledger.spool import LedgerSpool, latest
+
+NOW = time.time()
+#: The longest the routers may take to write what they spooled once the database is back.
+WRITTEN_WITHIN_S = 60.0
+
+
+def usage(request_id: str, *, cost: float = 0.01, completion: int = 10, latency: float = 0.1,
+          outcome: str = "ok") -> UsageRecord:  # fmt: skip
+    return UsageRecord(
+        request_id=request_id, time_s=NOW, tenant="acme", tier_requested="batched",
+        tier_served="batched", pool="p", endpoint="e", prompt_tokens=5,
+        completion_tokens=completion, latency_s=latency, ttft_s=0.01, cost_usd=cost,
+        http_status=200, outcome=outcome,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+async def fetch(dsn: str, sql: str) -> list[tuple[object, ...]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(row) for row in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+def spool_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.spool"))
+
+
+# The spool file alone.
+
+
+def test_a_spool_refuses_what_would_take_it_past_its_size_and_keeps_what_it_has(
+    tmp_path: Path,
+) -> None:
+    spool = LedgerSpool(tmp_path, max_bytes=1000)
+    spool.open()
+    assert spool.append([usage("a"), usage("b")])
+    size = spool.bytes
+    assert spool.path is not None and spool.path.stat().st_size == size
+    assert not spool.append([usage(f"c{i}") for i in range(10)])  # would pass 1000 bytes
+    assert (spool.bytes, spool.spooled, spool.refused) == (size, 2, 10)
+    assert spool.path.stat().st_size == size
+    spool.clear()
+    assert spool.path.stat().st_size == 0
+    spool.close(keep=False)
+    assert spool_files(tmp_path) == []
+
+
+def test_a_live_processs_file_is_never_taken_and_a_dead_ones_is(tmp_path: Path) -> None:
+    """A child process spools two versions of one record and a line cut short, then is
+    SIGKILLed: until it dies its file is not an orphan; after, it is, newest version first."""
+    child = subprocess.Popen(
+        [sys.executable, "-P", "-c", textwrap.dedent(f"""
+            import os, pathlib, time
+            from tiergate.router.ledger.records import UsageRecord
+            from tiergate.router.ledger.spool import LedgerSpool
+
+            def usage(request_id, completion, latency):
+                return UsageRecord(request_id, {NOW}, "acme", "batched", "batched", "p", "e",
+                                   5, completion, latency, 0.01, 0.01, 200, "ok")
+
+            spool = LedgerSpool(pathlib.Path({str(tmp_path)!r}), 10**6)
+            spool.open()
+            spool.append([usage("s", 1, 0.1)])
+            spool.append([usage("s", 40, 2.0), usage("t", 10, 0.1)])
+            os.write(spool._fd, b'{{"request_id": "cut')  # a crash mid-write
+            print("spooled", flush=True)
+            time.sleep(600)
+        """)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"spooled\n"
+        mine = LedgerSpool(tmp_path, max_bytes=10**6)
+        mine.open()
+        assert list(mine.orphans()) == []  # its process holds it
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        (orphan,) = mine.orphans()
+        assert orphan.unreadable == 1
+        newest = {r.request_id: r.completion_tokens for r in latest(orphan.records)}
+        assert newest == {"s": 40, "t": 10}
+        assert list(mine.orphans()) == []  # locked by this caller until done
+        orphan.done()
+        assert spool_files(tmp_path) == [mine.path]
+        mine.close(keep=False)
+    finally:
+        child.kill()
+        child.wait(30)
+        assert child.stdout is not None
+        child.stdout.close()
+
+
+# The ledger with its spool, on a real server.
+
+
+async def test_records_the_database_cannot_take_are_on_disk_before_committed_returns(
+    tmp_path: Path,
+) -> None:
+    spool = LedgerSpool(tmp_path, max_bytes=10**6)
+    async with private_ledger(interval_s=0.05, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        led.add(usage("before"))
+        await led.committed()
+        assert spool.bytes == 0  # committed: nothing spooled
+        await asyncio.to_thread(server.stop)
+        entry = led.add(usage("down", completion=1, outcome="incomplete"))
+        await led.committed()
+        led.amend(entry, usage("down", completion=30, latency=1.0))  # held: spooled again
+        await led.committed()
+        assert spool.spooled == 2 and spool.path is not None
+        assert spool.path.read_text().count('"request_id":"down"') == 2
+        await asyncio.to_thread(server.start)
+        until_written = time.monotonic() + WRITTEN_WITHIN_S
+        while led.backlog or spool.bytes:
+            assert time.monotonic() < until_written, "the spool was not written and cleared"
+            await asyncio.sleep(0.05)
+        got = await fetch(dsn, "SELECT request_id, completion_tokens FROM usage ORDER BY id")
+        assert got == [("before", 10), ("down", 30)]
+
+
+async def test_an_amendment_made_while_its_older_record_is_written_is_written_too(
+    tmp_path: Path,
+) -> None:
+    """The backlog writer takes a held row's record, and while its write is in flight the row
+    is amended (a stream's end): the amendment must reach the database."""
+    spool = LedgerSpool(tmp_path, max_bytes=10**6)
+    # A long interval: the test drives the backlog writer itself.
+    async with private_ledger(interval_s=3600, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        await asyncio.to_thread(server.stop)
+        entry = led.add(usage("s", completion=1, cost=0.001, outcome="incomplete"))
+        await led.committed()
+        assert led.backlog == 1
+        await asyncio.to_thread(server.start)
+        writing = asyncio.create_task(led._write_backlog())
+        await asyncio.sleep(0)  # the writer has taken the old record and awaits the server
+        led.amend(entry, usage("s", completion=40, cost=0.04, latency=2.0))
+        assert await writing == 1
+        await led.committed()  # the amendment, re-queued
+        got = await fetch(dsn, "SELECT completion_tokens, cost_usd, outcome FROM usage")
+        assert got == [(40, 0.04, "ok")]
+        daily = await fetch(dsn, "SELECT completion_tokens, cost_usd FROM tenant_daily")
+        assert daily == [(40, pytest.approx(0.04))]
+        assert spool.bytes == 0
+
+
+async def test_a_dead_processs_spool_is_replayed_once_with_its_newest_records(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """A process spools (the database refused it) and dies; a new ledger on the same folder
+    writes the newest version of each row, moves the totals by the difference from what the
+    database held, and replaying the same file again changes nothing."""
+    dsn = postgres.dsn(postgres.create_database())
+    await open_check(dsn)
+    seed = PostgresLedger(dsn)
+    seed.start()
+    seed.add(usage("old", completion=1, cost=0.001, outcome="incomplete"))
+    await seed.committed()
+    await seed.stop()
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    dead = LedgerSpool(folder, max_bytes=10**6)
+    dead.open()
+    dead.append([usage("old", completion=20, cost=0.02, latency=1.0)])
+    dead.append([usage("new", cost=0.5), usage("old", completion=5, cost=0.005, latency=0.5)])
+    assert dead.path is not None
+    copy = tmp_path / "copy"
+    shutil.copy(dead.path, copy)
+    os.close(dead._fd)  # type: ignore[arg-type]  # its process died: the lock is gone
+
+    async def replay() -> None:
+        ledger = PostgresLedger(dsn, interval_s=0.05, spool=LedgerSpool(folder, 10**6))
+        ledger.start()
+        try:
+            until_done = time.monotonic() + WRITTEN_WITHIN_S
+            while len(spool_files(folder)) > 1:
+                assert time.monotonic() < until_done, "the dead process's file was not replayed"
+                await asyncio.sleep(0.05)
+        finally:
+            await ledger.stop()
+
+    await replay()
+    rows = "SELECT request_id, completion_tokens, cost_usd FROM usage ORDER BY request_id"
+    totals = "SELECT requests, attempts, completion_tokens, cost_usd FROM tenant_daily"
+    expected_rows = [("new", 10, 0.5), ("old", 20, 0.02)]
+    expected_totals = [(2, 2, 30, pytest.approx(0.52))]
+    assert await fetch(dsn, rows) == expected_rows
+    assert await fetch(dsn, totals) == expected_totals
+    shutil.copy(copy, folder / "99-replayed-again.spool")
+    await replay()
+    assert await fetch(dsn, rows) == expected_rows
+    assert await fetch(dsn, totals) == expected_totals
+    assert spool_files(folder) == []
+
+
+async def test_a_full_spool_refuses_new_work_and_withholds_what_it_cannot_keep(
+    tmp_path: Path,
+) -> None:
+    """Past 90% of the spool the ledger asks for new work to be refused; the requests already
+    in flight still find room, and once the spool is full `committed()` says so."""
+    spool = LedgerSpool(tmp_path, max_bytes=6000)  # about eighteen records
+    async with private_ledger(interval_s=0.05, timeout_s=2.0, spool=spool) as (server, _, led):
+        await asyncio.to_thread(server.stop)
+        kept = 0
+        while not led.refusing:
+            led.add(usage(f"r{kept}"))
+            await led.committed()
+            kept += 1
+            assert kept < 100, "never refusing"
+        with pytest.raises(LedgerError, match="spool is full"):
+            for _ in range(100):
+                led.add(usage(f"r{kept}"))
+                await led.committed()
+                kept += 1
+        assert spool.refused >= 1
+        assert spool.bytes <= 6000
+        await asyncio.to_thread(server.start)
+        until_written = time.monotonic() + WRITTEN_WITHIN_S
+        while led.refusing or led.backlog:
+            assert time.monotonic() < until_written, "still refusing once the database is back"
+            await asyncio.sleep(0.05)
+
+
+# Real processes: a router with three workers.
+
+ROUTER_CONFIG = """\
+router:
+  tenantsFile: {tenants}
+  ledgerUrl: '{dsn}'
+  ledgerSpoolDir: {spool}
+pools:
+  - {{name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3, servedModelName: coder,
+      batching: {{maxNumSeqs: 64}}, endpoints: [{node}],
+      billing: {{outputPerMillionUsd: 1000, inputPerMillionUsd: 0}}}}
+"""
+#: The burst: this many requests, one every STAGGER_S, every other one a stream.
+BURST = 200
+STAGGER_S = 0.01
+MAX_TOKENS = 40
+
+
+def test_postgres_restarted_then_a_worker_killed_mid_burst_loses_no_reply_and_bills_none_twice(
+    tmp_path: Path,
+) -> None:
+    """PostgreSQL stops mid-burst; the workers serve on, their records spooled; one worker that
+    holds records is SIGKILLed; PostgreSQL starts again. Every reply a client had whole is in
+    the ledger at what the client was told it cost, and the daily totals are the rows' sums."""
+    server = started_server("tiergate-pg-spool-")
+    spool = tmp_path / "spool"
+    node = start_sim_node(
+        tmp_path / "node.log", "--model", "llama-3.1-8b", "--accelerator", "wse-3",
+        "--served-model-name", "coder", "--max-num-seqs", "64",
+    )  # fmt: skip
+    try:
+        dsn = server.dsn(server.create_database())
+        tenants = tmp_path / "tenants.yaml"
+        tenants.write_text("tenants:\n" + tenant_yaml("gina"))
+        config = tmp_path / "router.yaml"
+        config.write_text(
+            ROUTER_CONFIG.format(tenants=tenants, dsn=dsn, spool=spool, node=node.url)
+        )
+        router = start_router(config, tmp_path / "router.log", "--workers", "3")
+        try:
+            replies, killed = asyncio.run(_burst_through_a_restart(router.url, server, spool))
+            had = {r.request_id: r.cost_usd for r in replies if r.whole}
+
+            def all_written() -> bool:
+                rows = dict(asyncio.run(fetch(dsn, "SELECT request_id, cost_usd FROM usage")))
+                return set(had) <= set(rows)
+
+            until(all_written, "whole replies are missing from the ledger", WRITTEN_WITHIN_S)
+            until(lambda: not spool_files(spool) or all(
+                f.stat().st_size == 0 for f in spool_files(spool)
+            ), "the spool was not replayed", WRITTEN_WITHIN_S)  # fmt: skip
+        finally:
+            router.stop()
+        rows = dict(asyncio.run(fetch(dsn, "SELECT request_id, cost_usd FROM usage")))
+        ((daily_usd, daily_requests),) = asyncio.run(
+            fetch(dsn, "SELECT SUM(cost_usd), SUM(requests) FROM tenant_daily")
+        )
+        log = (tmp_path / "router.log").read_text()
+    finally:
+        node.stop()
+        server.close()
+    assert f"pid={killed} code=-9 signal=SIGKILL" in log
+    assert "event=ledger_spool_replayed" in log
+    whole_while_down = [r for r in replies if r.whole and r.sent_in == "down"]
+    assert whole_while_down, "no reply went out while the database was down"
+    for request_id, cost in had.items():
+        assert rows[request_id] == pytest.approx(cost), request_id
+    assert daily_requests == len(rows)  # every row counted once
+    assert daily_usd == pytest.approx(sum(rows.values()))  # and its cost once
+
+
+async def _burst_through_a_restart(
+    url: str, server: PostgresServer, spool: Path
+) -> tuple[list[Reply], int]:
+    """The burst, with PostgreSQL stopped after 20 whole replies, a worker holding spooled
+    records SIGKILLed once 20 more came back, and PostgreSQL started again; the replies and
+    the killed worker's pid."""
+    phase = ["up"]
+    replies: list[Reply] = []
+    changed = asyncio.Event()
+
+    async def one(http: httpx.AsyncClient, i: int) -> None:
+        await asyncio.sleep(i * STAGGER_S)
+        reply = Reply(0, bool(i % 2), "gina", sent_in=phase[0])
+        await request(http, url, MAX_TOKENS, reply)
+        replies.append(reply)
+        changed.set()
+
+    async def whole(count: int) -> None:
+        async with asyncio.timeout(WRITTEN_WITHIN_S):
+            while sum(r.whole for r in replies) < count:
+                changed.clear()
+                await changed.wait()
+
+    limits = httpx.Limits(max_connections=BURST, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+        burst = asyncio.gather(*(one(http, i) for i in range(BURST)))
+        await whole(20)
+        await asyncio.to_thread(server.stop)
+        phase[0] = "down"
+        await whole(sum(r.whole for r in replies) + 20)
+        holding = [f for f in spool_files(spool) if f.stat().st_size > 0]
+        assert holding, "no worker spooled while the database was down"
+        killed = int(holding[0].name.split("-")[0])
+        os.kill(killed, signal.SIGKILL)
+        phase[0] = "killed"
+        await asyncio.to_thread(server.start)
+        phase[0] = "up again"
+        await burst
+    return replies, killed
