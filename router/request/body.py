@@ -298,10 +298,12 @@ def _content_text(content: Any, i: int) -> str:
         return content
     if not isinstance(content, list):
         return ""
-    texts: list[str] = []  # multi-part content: count the text parts
+    texts: list[str] = []  # multi-part content: every part's text counts, as the node counts it
     for j, part in enumerate(content):
-        if isinstance(part, dict) and part.get("type") == "text":
-            text = part.get("text")
+        if not isinstance(part, dict):
+            continue
+        text = part.get("text")
+        if part.get("type") == "text" or text is not None:  # "input_text" too, say
             if not isinstance(text, str):
                 raise _bad(f"`messages[{i}].content[{j}].text` must be a string", param="messages")
             texts.append(text)

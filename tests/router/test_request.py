@@ -61,6 +61,18 @@ def test_token_id_prompts_are_accepted_and_counted_exactly() -> None:
     )
 
 
+def test_every_content_part_with_text_counts_in_the_prompt_estimate() -> None:
+    # The node counts the text of any part (`input_text` too): so does the router's estimate.
+    parts = [{"type": "input_text", "text": "a" * 400}, {"type": "text", "text": "b" * 400},
+             {"type": "image_url", "image_url": {"url": "x" * 4000}}]  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    request = parse_completion(json.dumps(body).encode(), chat=True)
+    assert request.prompt_tokens_estimate == 200
+    bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "x", "text": 5}]}]}
+    with pytest.raises(RouterError):  # the node refuses it too
+        parse_completion(json.dumps(bad).encode(), chat=True)
+
+
 @pytest.mark.parametrize(
     "prompt",
     [[], [1, -2], [1, True], [1, 2.5], [1, "a"], [[]], [[1], []], [[1], 2], ["a", 1], None, 5, {}],
