@@ -18,6 +18,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 DONE = b"data: [DONE]\n\n"
 #: More tokens than any one request has: a count beyond it is a node's bug, not a bill.
 MAX_TOKEN_COUNT = 2**40
@@ -47,7 +49,7 @@ def _count(value: object) -> int:
 _DECODER = json.JSONDecoder()
 _USAGE_KEY = b'"usage":{'
 #: How a chunk with no choices (the last usage chunk) says so, compact or not.
-_NO_CHOICES = (b'"choices":[]', b'"choices": []')
+_NO_CHOICES, _NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 
 
 class StreamRewriter:
@@ -97,7 +99,7 @@ class StreamRewriter:
         counted = False
         at = event.rfind(_USAGE_KEY)
         if at >= 0:
-            if any(empty in event for empty in _NO_CHOICES):
+            if _NO_CHOICES in event or _NO_CHOICES_SPACED in event:
                 return self._usage(event)
             event, counted = self._chunk_usage(event, at)
         elif event.startswith(b'data: {"error"'):
@@ -116,11 +118,14 @@ class StreamRewriter:
         without it."""
         start = at + len(_USAGE_KEY) - 1
         try:
-            # latin-1: a character a byte, so the decoder's end is the usage's end in `event`.
-            usage, end = _DECODER.raw_decode(event[start:].decode("latin-1"))
-            end += start
+            end = event.find(b"}", start) + 1
+            if event.find(b"{", start + 1, end) < 0:  # flat, as engines send it: the fast way
+                usage = orjson.loads(event[start:end])
+            else:  # latin-1: a character a byte, so the decoder's end is the usage's end
+                usage, end = _DECODER.raw_decode(event[start:].decode("latin-1"))
+                end += start
             counts = usage_tokens(usage)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
             return event, False  # not a usage the router can read: passed on as it is
         self.usage, self.counts = usage, counts
         if self._continuous_usage:

@@ -76,12 +76,12 @@ async def stream_events(
                 yield sse_json(error_body(ENGINE_ABORTED))
                 return
             sent += piece.tokens
-            usage = _usage(plan, sent) if continuous_usage else None
             if first or piece.finish_reason:
+                usage = _usage(plan, sent) if continuous_usage else None
                 yield _chunk(plan, piece, first=first, chat=chat, timing=timing, usage=usage)
                 first = False
             elif piece.tokens:
-                yield middle.render(piece, usage)
+                yield middle.render(piece, sent if continuous_usage else None)
             if abort_after_tokens is not None and sent >= abort_after_tokens:
                 if piece.finish_reason is None:
                     yield _fail(abort, abort_error)
@@ -146,20 +146,28 @@ class _MiddleChunk:
         self._parts = (parts[0], parts[1]) if len(parts) == 2 else None
         self._end = b"}\n\n"
 
-    def render(self, piece: Piece, usage: Usage | None = None) -> bytes:
+    def render(self, piece: Piece, sent_tokens: int | None = None) -> bytes:
+        """The chunk of `piece`; with the usage so far when `sent_tokens` (this chunk's
+        included) is given."""
         if self._parts is None:  # the placeholder also occurs elsewhere: no shortcut
+            usage = None if sent_tokens is None else _usage(self._plan, sent_tokens)
             return _chunk(
                 self._plan, piece, first=False, chat=self._chat, timing=self._timing, usage=usage
             )
         head, tail = self._parts
         text = json.dumps(piece.text).encode()
-        if not self._timing and usage is None:
+        if not self._timing and sent_tokens is None:
             return head + text + tail
         # The optional `usage` and `tiergate` fields are the chunk's last keys, in that order
-        # (see schemas._Chunk).
+        # (see schemas._Chunk); the usage written as the Usage model writes it.
         extra = b""
-        if usage is not None:
-            extra += b',"usage":' + usage.__pydantic_serializer__.to_json(usage)
+        if sent_tokens is not None:
+            prompt = self._plan.prompt_tokens
+            extra += b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+                prompt,
+                sent_tokens,
+                prompt + sent_tokens,
+            )
         if self._timing:
             extra += b',"tiergate":{"t":%r,"w":%r}' % (piece.time_s, time.monotonic())
         return head + text + tail[: -len(self._end)] + extra + self._end

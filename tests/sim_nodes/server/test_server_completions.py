@@ -95,6 +95,7 @@ async def test_continuous_usage_says_the_tokens_sent_so_far_on_every_chunk(
     for chunk in chunks:
         sent += len(chunk["choices"][0]["delta"]["content"].split())  # a word a token
         usage = chunk["usage"]
+        assert usage.keys() == last["usage"].keys()  # middle chunks write it by hand
         assert usage["completion_tokens"] == sent, chunk
         assert usage["prompt_tokens"] == last["usage"]["prompt_tokens"]
         assert usage["total_tokens"] == usage["prompt_tokens"] + sent
