@@ -117,15 +117,16 @@ class StreamRewriter:
         to get it: with the usage and its cost if it asked for usage on every chunk, else
         without it."""
         start = at + len(_USAGE_KEY) - 1
+        end = event.find(b"}", start) + 1
         try:
-            end = event.find(b"}", start) + 1
-            if event.find(b"{", start + 1, end) < 0:  # flat, as engines send it: the fast way
-                usage = orjson.loads(event[start:end])
-            else:  # latin-1: a character a byte, so the decoder's end is the usage's end
+            try:
+                usage = orjson.loads(event[start:end])  # flat, as engines send it: the fast way
+            except orjson.JSONDecodeError:  # nested, or a "}" in a string: read to its end
+                # latin-1: a character a byte, so the decoder's end is the usage's end.
                 usage, end = _DECODER.raw_decode(event[start:].decode("latin-1"))
                 end += start
             counts = usage_tokens(usage)
-        except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+        except (ValueError, RecursionError):
             return event, False  # not a usage the router can read: passed on as it is
         self.usage, self.counts = usage, counts
         if self._continuous_usage:
