@@ -34,6 +34,10 @@ class _Open(BaseModel):
 
 class StreamOptions(_Open):
     include_usage: bool = Field(default=False, description="Send a final usage chunk.")
+    continuous_usage_stats: bool = Field(
+        default=False,
+        description="With include_usage: the usage so far on every chunk too (as vLLM does).",
+    )
 
 
 class _Common(_Open):

@@ -9,8 +9,10 @@ Bodies are read with orjson, faster than the standard library's json
 unpaired surrogate escape are refused with a 400, which Python's `json` would let through (a
 UTF-8 byte-order mark is dropped, as `json.loads(bytes)` skips it). Integers beyond 64 bits are
 read as floats. The node receives the client's own bytes, with `stream_options` appended to a
-stream's when the router asks for usage; only a body the router must rewrite (a stream that set
-other `stream_options`, a cascade's second model) is written anew, such integers as floats.
+stream's: the router asks for the usage on every chunk (vLLM's `continuous_usage_stats`), so a
+stream cut short is billed the tokens the node counted; only a body the router must rewrite (a
+stream that set its own `stream_options`, a cascade's second model) is written anew, such
+integers as floats.
 
 The router decides a request's output cap, and the node is sent exactly that: when a body
 spells the cap twice (`max_completion_tokens` and `max_tokens`) or in a spelling the endpoint
@@ -23,7 +25,8 @@ What a budget holds is then bounded by what the node can produce (`CompletionReq
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 import orjson
 
@@ -71,6 +74,9 @@ class CompletionRequest:
     sequences: int = 1
     #: The most prompt tokens the node may count: a token is at least one byte of the body.
     prompt_tokens_most: int = 0
+    #: The client asked for the usage on every chunk too (`continuous_usage_stats`, which
+    #: counts only with `include_usage`, as in vLLM); the router always asks upstream.
+    continuous_usage: bool = False
 
     @property
     def output_tokens_expected(self) -> int:
@@ -133,8 +139,10 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
     if options is not None and not isinstance(options, dict):
         raise _bad("`stream_options` must be an object", param="stream_options")
     include_usage = options.get("include_usage") if options else None
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise _bad("`stream_options.include_usage` must be a boolean", param="stream_options")
+    continuous = options.get("continuous_usage_stats") if options else None
+    for key, value in (("include_usage", include_usage), ("continuous_usage_stats", continuous)):
+        if value is not None and not isinstance(value, bool):
+            raise _bad(f"`stream_options.{key}` must be a boolean", param="stream_options")
     max_tokens, capped = _output_cap(body, chat)
     text, tokens, prompts = _prompt(body, chat)
     return CompletionRequest(
@@ -149,27 +157,37 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         raw=raw if capped is None else None,
         sequences=_sequences(body, prompts),
         prompt_tokens_most=len(raw) + TEMPLATE_TOKENS,
+        continuous_usage=include_usage is True and continuous is True,
     )
 
 
+#: What the router asks of every stream: the usage on every chunk (the tokens it carries, the
+#: prompt as the node counted it) and at the end.
+UPSTREAM_STREAM_OPTIONS: Final = MappingProxyType(
+    {"include_usage": True, "continuous_usage_stats": True}
+)
+_STREAM_OPTIONS_FIELD = b',"stream_options":' + dumps(dict(UPSTREAM_STREAM_OPTIONS)) + b"}"
+
+
 def upstream_body(request: CompletionRequest) -> bytes:
-    """The body sent upstream: the client's, asking for usage on streams (for billing).
+    """The body sent upstream: the client's, asking for the usage on every chunk of a stream
+    (`UPSTREAM_STREAM_OPTIONS`, for billing).
 
     The client's own bytes go through untouched when nothing needs changing: re-encoding a
     long prompt on every request is work the request path does not need.
     """
     body = request.body
-    needs_usage = request.stream and not request.include_usage
+    needs_usage = request.stream and not request.continuous_usage
     if request.raw is not None and not needs_usage:
         return request.raw
     if needs_usage:
         if request.raw is not None and "stream_options" not in body:
             # Appended to the client's bytes (no key is repeated): nothing else is rewritten.
             head = request.raw.rstrip(b" \t\r\n")
-            return head[:-1] + b',"stream_options":{"include_usage":true}}'
+            return head[:-1] + _STREAM_OPTIONS_FIELD
         body = {
             **body,
-            "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
+            "stream_options": {**(body.get("stream_options") or {}), **UPSTREAM_STREAM_OPTIONS},
         }
     try:
         return dumps(body)
@@ -280,10 +298,12 @@ def _content_text(content: Any, i: int) -> str:
         return content
     if not isinstance(content, list):
         return ""
-    texts: list[str] = []  # multi-part content: count the text parts
+    texts: list[str] = []  # multi-part content: every part's text counts, as the node counts it
     for j, part in enumerate(content):
-        if isinstance(part, dict) and part.get("type") == "text":
-            text = part.get("text")
+        if not isinstance(part, dict):
+            continue
+        text = part.get("text")
+        if part.get("type") == "text" or text is not None:  # "input_text" too, say
             if not isinstance(text, str):
                 raise _bad(f"`messages[{i}].content[{j}].text` must be a string", param="messages")
             texts.append(text)

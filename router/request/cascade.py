@@ -67,9 +67,12 @@ def parse_cascade(value: str) -> Cascade:
     return Cascade(parts[0], parts[1])  # type: ignore[arg-type]
 
 
-def as_event_stream(reply: dict[str, Any], *, include_usage: bool) -> bytes:
+def as_event_stream(
+    reply: dict[str, Any], *, include_usage: bool, continuous_usage: bool = False
+) -> bytes:
     """A whole chat completion as the SSE a streaming client expects: one chunk with the
-    message, one with usage if asked, then [DONE]."""
+    message (with the usage too if asked for on every chunk), one with usage if asked, then
+    [DONE]."""
     choices = []
     for choice in reply.get("choices") or []:
         message = dict(choice.get("message") or {})
@@ -88,6 +91,8 @@ def as_event_stream(reply: dict[str, Any], *, include_usage: bool) -> bytes:
         k: reply[k] for k in ("id", "created", "model", "service_tier") if k in reply
     }
     chunk: dict[str, Any] = {**base, "object": "chat.completion.chunk", "choices": choices}
+    if continuous_usage and "usage" in reply:
+        chunk["usage"] = reply["usage"]
     out = [b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"]
     if include_usage and "usage" in reply:
         usage: dict[str, Any] = {
@@ -298,7 +303,11 @@ async def _send_reply(
     one.outcome = "ok"
     headers = {**headers, "x-tiergate-cost-usd": f"{one.cost_usd:.10f}"}
     if ex.request.stream:
-        payload = as_event_stream(reply, include_usage=ex.request.include_usage)
+        payload = as_event_stream(
+            reply,
+            include_usage=ex.request.include_usage,
+            continuous_usage=ex.request.continuous_usage,
+        )
         kind = (b"content-type", b"text/event-stream")
     else:
         payload = json.dumps(reply, separators=(",", ":")).encode()

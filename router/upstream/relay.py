@@ -95,13 +95,15 @@ async def relay_whole(
 def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_estimate: int) -> None:
     """The stream's tokens and cost so far, into `done`.
 
-    Without the node's usage chunk (the stream was cut short: the client left, the node
-    failed) the router bills what it relayed: a token per content chunk, and, once a token
-    came out (so the node had read the whole prompt), the prompt at the router's own estimate
-    (`prompt_estimate`, ~4 characters a token). For a long agentic prompt that is most of the
-    request's cost; billing it as 0 gave every cut-short stream its prefill for free."""
-    if rewriter.usage is not None:  # its counts were checked (`usage_tokens`)
-        done.prompt_tokens, done.completion_tokens = usage_tokens(rewriter.usage)
+    The node's latest usage says them (on every chunk: the router asks for it), so a stream cut
+    short (the client left, the node failed, the router is billing as it goes) is billed the
+    prompt as the node counted it and every token of the chunks relayed. Chunks relayed after
+    it count a token each, and a node that never says its usage is billed so: a token per
+    content chunk, and, once a token came out (the node had read the whole prompt), the prompt
+    at the router's estimate (`prompt_estimate`)."""
+    if rewriter.counts is not None:  # checked (`usage_tokens`)
+        done.prompt_tokens, completion_tokens = rewriter.counts
+        done.completion_tokens = completion_tokens + rewriter.chunks_since_usage
     else:
         done.completion_tokens = rewriter.content_chunks
         done.prompt_tokens = prompt_estimate if rewriter.content_chunks else 0
@@ -133,7 +135,10 @@ async def first_token(
     before either: the client has seen nothing, so the caller may try another endpoint.
     `service_tier` is what its chunks' field says (`tiers.openai_service_tier`)."""
     rewriter = StreamRewriter(
-        service_tier, include_usage=request.include_usage, cost_of=pool.cost_usd
+        service_tier,
+        include_usage=request.include_usage,
+        continuous_usage=request.continuous_usage,
+        cost_of=pool.cost_usd,
     )
     chunks = opened.chunks()
     head: list[bytes] = []

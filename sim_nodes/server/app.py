@@ -214,6 +214,7 @@ async def _admit_and_reply(request: Request, node: Node, *, chat: bool) -> Respo
         source,
         chat=chat,
         include_usage=req.include_usage,
+        continuous_usage=req.continuous_usage,
         timing=request.headers.get(TIMING_HEADER) == "1",
         abort_after_tokens=max(0, min(MIDSTREAM_AFTER_TOKENS, plan.output_tokens - 1))
         if midstream

@@ -1,10 +1,12 @@
 """OpenAI reply shapes built from generated pieces: SSE chunks, and whole responses.
 
 Streams send one chunk per engine event (its tokens' text, released when the engine computed
-them); the last token's chunk carries the finish reason, as vLLM's do. With
-``stream_options.include_usage`` a final chunk with no choices carries the usage. A stream
-that ends badly (engine abort, injected midstream fault) sends an error event and no
-``[DONE]``.
+them: several tokens when the node decodes speculatively); the last token's chunk carries the
+finish reason, as vLLM's do. With ``stream_options.include_usage`` a final chunk with no
+choices carries the usage; with ``continuous_usage_stats`` as well (vLLM's extension), every
+chunk carries the usage so far, so a reader that stops early knows the prompt and the tokens
+it was sent. A stream that ends badly (engine abort, injected midstream fault) sends an error
+event and no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ async def stream_events(
     chat: bool,
     include_usage: bool,
     timing: bool,
+    continuous_usage: bool = False,
     abort_after_tokens: int | None = None,
     abort: Callable[[], None] | None = None,
     abort_error: ApiError | None = None,
@@ -72,12 +75,13 @@ async def stream_events(
             if piece.aborted:
                 yield sse_json(error_body(ENGINE_ABORTED))
                 return
+            sent += piece.tokens
             if first or piece.finish_reason:
-                yield _chunk(plan, piece, first=first, chat=chat, timing=timing)
+                usage = _usage(plan, sent) if continuous_usage else None
+                yield _chunk(plan, piece, first=first, chat=chat, timing=timing, usage=usage)
                 first = False
             elif piece.tokens:
-                yield middle.render(piece)
-            sent += piece.tokens
+                yield middle.render(piece, sent if continuous_usage else None)
             if abort_after_tokens is not None and sent >= abort_after_tokens:
                 if piece.finish_reason is None:
                     yield _fail(abort, abort_error)
@@ -142,16 +146,31 @@ class _MiddleChunk:
         self._parts = (parts[0], parts[1]) if len(parts) == 2 else None
         self._end = b"}\n\n"
 
-    def render(self, piece: Piece) -> bytes:
+    def render(self, piece: Piece, sent_tokens: int | None = None) -> bytes:
+        """The chunk of `piece`; with the usage so far when `sent_tokens` (this chunk's
+        included) is given."""
         if self._parts is None:  # the placeholder also occurs elsewhere: no shortcut
-            return _chunk(self._plan, piece, first=False, chat=self._chat, timing=self._timing)
+            usage = None if sent_tokens is None else _usage(self._plan, sent_tokens)
+            return _chunk(
+                self._plan, piece, first=False, chat=self._chat, timing=self._timing, usage=usage
+            )
         head, tail = self._parts
         text = json.dumps(piece.text).encode()
-        if not self._timing:
+        if not self._timing and sent_tokens is None:
             return head + text + tail
-        # The optional `tiergate` field is the chunk's last key (see schemas._Chunk).
-        stamp = b',"tiergate":{"t":%r,"w":%r}' % (piece.time_s, time.monotonic())
-        return head + text + tail[: -len(self._end)] + stamp + self._end
+        # The optional `usage` and `tiergate` fields are the chunk's last keys, in that order
+        # (see schemas._Chunk); the usage written as the Usage model writes it.
+        extra = b""
+        if sent_tokens is not None:
+            prompt = self._plan.prompt_tokens
+            extra += b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+                prompt,
+                sent_tokens,
+                prompt + sent_tokens,
+            )
+        if self._timing:
+            extra += b',"tiergate":{"t":%r,"w":%r}' % (piece.time_s, time.monotonic())
+        return head + text + tail[: -len(self._end)] + extra + self._end
 
 
 def _fail(abort: Callable[[], None] | None, error: ApiError | None) -> bytes:
@@ -160,7 +179,15 @@ def _fail(abort: Callable[[], None] | None, error: ApiError | None) -> bytes:
     return sse_json(error_body(error or ENGINE_ABORTED))
 
 
-def _chunk(plan: RequestPlan, piece: Piece, *, first: bool, chat: bool, timing: bool) -> bytes:
+def _chunk(
+    plan: RequestPlan,
+    piece: Piece,
+    *,
+    first: bool,
+    chat: bool,
+    timing: bool,
+    usage: Usage | None = None,
+) -> bytes:
     stamp = Timing(t=piece.time_s, w=time.monotonic()) if timing else None
     if not chat:
         choice = CompletionChoice(text=piece.text, finish_reason=piece.finish_reason)
@@ -170,6 +197,7 @@ def _chunk(plan: RequestPlan, piece: Piece, *, first: bool, chat: bool, timing: 
                 created=plan.created,
                 model=plan.model,
                 choices=[choice],
+                usage=usage,
                 tiergate=stamp,
             )
         )
@@ -192,6 +220,7 @@ def _chunk(plan: RequestPlan, piece: Piece, *, first: bool, chat: bool, timing: 
             created=plan.created,
             model=plan.model,
             choices=[ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason)],
+            usage=usage,
             tiergate=stamp,
         )
     )

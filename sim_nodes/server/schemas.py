@@ -114,7 +114,12 @@ class NamedToolChoice(_Request):
 
 
 class StreamOptions(_Request):
+    """What a stream reports beside its tokens: with `include_usage`, a last chunk with the
+    usage; with `continuous_usage_stats` too (vLLM's extension), every chunk carries the
+    usage so far (the prompt, and the tokens generated up to and including that chunk)."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _Generation(_Request):
@@ -140,6 +145,12 @@ class _Generation(_Request):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: asked for, and only with `include_usage` (as vLLM has it)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
 
 
 class ChatCompletionRequest(_Generation):

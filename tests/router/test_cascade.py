@@ -151,6 +151,9 @@ def test_as_event_stream_replays_a_whole_reply() -> None:
     assert json.loads(events[1][6:])["usage"]["completion_tokens"] == 5
     assert events[2] == "data: [DONE]"
     assert "usage" not in as_event_stream(data, include_usage=False).decode()
+    assert "usage" not in first  # only a client that asked for it on every chunk gets it there
+    every = as_event_stream(data, include_usage=True, continuous_usage=True).decode()
+    assert json.loads(every.split("\n\n")[0][6:])["usage"]["completion_tokens"] == 5
 
 
 Served = Callable[[Any], AbstractContextManager[str]]

@@ -12,14 +12,36 @@ from tiergate.router.request.body import parse_completion, upstream_body
 def test_unchanged_bodies_are_forwarded_byte_for_byte() -> None:
     raw = b'{"model": "m",   "messages": [{"role": "user", "content": "hi"}], "x": 1}'
     assert upstream_body(parse_completion(raw, chat=True)) == raw
-    streaming = raw.replace(b'"x": 1', b'"stream": true, "stream_options": {"include_usage": true}')
+    options = b'"stream_options": {"include_usage": true, "continuous_usage_stats": true}'
+    streaming = raw.replace(b'"x": 1', b'"stream": true, ' + options)
     assert upstream_body(parse_completion(streaming, chat=True)) == streaming
+
+
+@pytest.mark.parametrize(
+    "options",
+    [None, {}, {"include_usage": True}, {"continuous_usage_stats": True},
+     {"include_usage": False, "continuous_usage_stats": True}],
+)  # fmt: skip
+def test_every_stream_asks_the_node_for_the_usage_on_every_chunk(
+    options: dict[str, bool] | None,
+) -> None:
+    # A stream cut short is billed the node's counts of its last chunk, not an estimate.
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    body |= {"stream": True} | ({"stream_options": options} if options is not None else {})
+    request = parse_completion(json.dumps(body).encode(), chat=True)
+    assert json.loads(upstream_body(request))["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
+    # What the client asked for, which is what it gets (vLLM's rule: only with include_usage).
+    assert request.include_usage is bool(options and options.get("include_usage"))
+    assert request.continuous_usage is False
 
 
 def test_a_stream_without_usage_is_asked_for_usage_and_keeps_its_other_fields() -> None:
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true, "x": 1}'
     sent = json.loads(upstream_body(parse_completion(raw, chat=True)))
-    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert sent["x"] == 1 and sent["messages"][0]["content"] == "hi"
 
 
@@ -37,6 +59,18 @@ def test_token_id_prompts_are_accepted_and_counted_exactly() -> None:
     assert (
         parse_completion(b'{"model": "m", "prompt": [0]}', chat=False).prompt_tokens_estimate == 1
     )
+
+
+def test_every_content_part_with_text_counts_in_the_prompt_estimate() -> None:
+    # The node counts the text of any part (`input_text` too): so does the router's estimate.
+    parts = [{"type": "input_text", "text": "a" * 400}, {"type": "text", "text": "b" * 400},
+             {"type": "image_url", "image_url": {"url": "x" * 4000}}]  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    request = parse_completion(json.dumps(body).encode(), chat=True)
+    assert request.prompt_tokens_estimate == 200
+    bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "x", "text": 5}]}]}
+    with pytest.raises(RouterError):  # the node refuses it too
+        parse_completion(json.dumps(bad).encode(), chat=True)
 
 
 @pytest.mark.parametrize(
@@ -84,7 +118,10 @@ def test_a_stream_asked_for_usage_keeps_the_clients_bytes_and_numbers() -> None:
     sent = upstream_body(parse_completion(raw, chat=True))
     assert sent.startswith(raw.rstrip()[:-1])  # nothing before the appended field changes
     assert json.loads(sent)["seed"] == 18446744073709551616
-    assert json.loads(sent)["stream_options"] == {"include_usage": True}
+    assert json.loads(sent)["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
 
 
 def test_bodies_nested_deeper_than_orjson_writes_are_forwarded() -> None:
@@ -94,7 +131,8 @@ def test_bodies_nested_deeper_than_orjson_writes_are_forwarded() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     raw = json.dumps({**body, "stream_options": {"continuous_usage_stats": False}, "x": deep})
     sent = json.loads(upstream_body(parse_completion(raw.encode(), chat=True)))
-    assert sent["x"] == deep and sent["stream_options"]["include_usage"] is True
+    assert sent["x"] == deep
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
 def test_a_utf8_byte_order_mark_is_dropped_as_json_skips_it() -> None:
@@ -116,7 +154,8 @@ def test_a_body_orjson_reads_but_the_node_would_not_is_the_router_s_400() -> Non
     shallow = b'{"d":' * 500 + b"{}" + b"}" * 500  # within the limit: read, and written back
     raw = raw.replace(deep, shallow)
     assert json.loads(upstream_body(parse_completion(raw, chat=False)))["stream_options"] == {
-        "include_usage": True
+        "include_usage": True,
+        "continuous_usage_stats": True,
     }
 
 
@@ -207,6 +246,8 @@ def test_the_prompt_bound_is_the_bodys_bytes_whatever_the_text_tokenises_to() ->
         ({"max_completion_tokens": 5, "max_tokens": "5"}, "`max_tokens` must be an integer"),
         ({"stream": True, "stream_options": {"include_usage": "yes"}},
          "`stream_options.include_usage` must be a boolean"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": 1}},
+         "`stream_options.continuous_usage_stats` must be a boolean"),
     ],
 )  # fmt: skip
 def test_bad_sequence_counts_caps_and_usage_flags_are_400s(

@@ -1,5 +1,6 @@
 """A node's usage counts: what the router bills, and what it refuses to."""
 
+import json
 from typing import Any
 
 import pytest
@@ -65,3 +66,62 @@ def test_a_usage_chunk_too_deep_to_read_passes_through_unbilled() -> None:
     deep = b"[" * 1100 + b"]" * 1100
     event = b'data: {"choices":[],"usage":{"prompt_tokens":1},"x":' + deep + b"}\n\n"
     assert r.feed(event) == event and r.usage is None
+
+
+def chunk(text: str, completion_tokens: int | None, *, tail: bytes = b"") -> bytes:
+    """A content chunk as vLLM sends it when asked for continuous usage (None: without)."""
+    content = json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode()
+    usage = b""
+    if completion_tokens is not None:
+        usage = b',"usage":{"prompt_tokens":40006,"total_tokens":%d,"completion_tokens":%d}' % (
+            40006 + completion_tokens,
+            completion_tokens,
+        )
+    return b"data: " + content[:-1] + usage + tail + b"}\n\n"
+
+
+def test_each_chunk_s_usage_counts_its_tokens_and_leaves_the_stream() -> None:
+    r = rewriter(include_usage=False)
+    out = r.feed(chunk("a b c", 3) + chunk(" d e", 5))
+    assert r.counts == (40006, 5) and r.chunks_since_usage == 0 and r.content_chunks == 2
+    events = [json.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert [e["choices"][0]["delta"]["content"] for e in events] == ["a b c", " d e"]
+    assert all("usage" not in e and e["service_tier"] == "default" for e in events)
+    # A chunk the node sent without its usage counts a token.
+    r.feed(chunk(" f", None))
+    assert r.counts == (40006, 5) and r.chunks_since_usage == 1
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        chunk("x", 2, tail=b',"tiergate":{"t":1.0,"w":2.0}'),  # usage before another key
+        b'data: {"usage":{"prompt_tokens":7,"completion_tokens":2},"choices":[{"text":"x"}]}\n\n',
+        b'data: {"choices":[{"text":"x"}],"usage":{"prompt_tokens":7,"total_tokens":9,'
+        b'"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}\n\n',  # nested
+        b'data: {"choices":[{"text":"x"}],"usage":{"note":"}","completion_tokens":2}}\n\n',
+    ],
+)
+def test_usage_is_cut_out_wherever_it_stands_in_a_chunk(event: bytes) -> None:
+    r = rewriter(include_usage=True)  # the last usage chunk, not every chunk's
+    out = r.feed(event)
+    assert r.counts is not None and r.counts[1] == 2
+    data = json.loads(out[6:])
+    assert "usage" not in data and data["choices"] and data["service_tier"] == "default"
+
+
+def test_a_client_that_asked_for_usage_on_every_chunk_gets_it_with_its_cost() -> None:
+    r = StreamRewriter(
+        "default", include_usage=True, continuous_usage=True, cost_of=lambda p, c: p + c * 10
+    )
+    data = json.loads(r.feed(chunk("a b", 2))[6:])
+    assert data["usage"] == {
+        "prompt_tokens": 40006, "total_tokens": 40008, "completion_tokens": 2, "cost_usd": 40026
+    }  # fmt: skip
+
+
+def test_a_chunk_s_usage_the_router_cannot_read_passes_and_counts_a_token() -> None:
+    r = rewriter(include_usage=False)
+    event = b'data: {"choices":[{"text":"x"}],"usage":{"completion_tokens":-3}}\n\n'
+    assert json.loads(r.feed(event)[6:])["usage"] == {"completion_tokens": -3}
+    assert r.counts is None and r.chunks_since_usage == 1

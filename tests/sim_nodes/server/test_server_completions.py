@@ -9,6 +9,7 @@ import httpx
 import pytest
 from sim_server_helpers import MODEL, ClientFactory, chat, sse
 
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec, SpeculativeSpec
 from tiergate.sim_nodes.server import NODE_HEADER, TIMING_HEADER, replies
 from tiergate.sim_nodes.server.generation import Piece, RequestPlan
 from tiergate.sim_nodes.server.tokenizer import FillerText, count_tokens, split_tokens
@@ -68,6 +69,50 @@ async def test_stream_include_usage(client: httpx.AsyncClient) -> None:
     assert last["choices"] == []
     assert last["usage"]["completion_tokens"] == 4
     assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 4
+
+
+@pytest.mark.parametrize("timing", [False, True])
+async def test_continuous_usage_says_the_tokens_sent_so_far_on_every_chunk(
+    make_client: ClientFactory, timing: bool
+) -> None:
+    """vLLM's `continuous_usage_stats`: each chunk's usage counts the prompt and every token
+    up to and including its own; a node decoding speculatively sends several in one chunk."""
+    serving = ServingSpec(
+        model=MODEL,
+        accelerator="h100-sxm",
+        batching=BatchingSpec(max_num_seqs=8),
+        speculative_decoding=SpeculativeSpec(
+            draft_model="llama-3.2-1b", tokens=4, acceptance_rate=0.9
+        ),
+    )
+    client = await make_client(serving=serving)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = chat(max_tokens=60, stream=True, stream_options=options)
+    headers = {TIMING_HEADER: "1"} if timing else {}
+    _, events = await sse(client, "/v1/chat/completions", body, headers)
+    chunks, last = events[:-2], events[-2]
+    sent = 0
+    for chunk in chunks:
+        sent += len(chunk["choices"][0]["delta"]["content"].split())  # a word a token
+        usage = chunk["usage"]
+        assert usage.keys() == last["usage"].keys()  # middle chunks write it by hand
+        assert usage["completion_tokens"] == sent, chunk
+        assert usage["prompt_tokens"] == last["usage"]["prompt_tokens"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + sent
+        assert ("tiergate" in chunk) is timing
+    assert sent == 60 and len(chunks) < 60  # some chunks carried several tokens
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 60
+
+
+@pytest.mark.parametrize("timing", [False, True])
+async def test_continuous_usage_comes_only_with_include_usage(
+    client: httpx.AsyncClient, timing: bool
+) -> None:
+    body = chat(max_tokens=5, stream=True, stream_options={"continuous_usage_stats": True})
+    headers = {TIMING_HEADER: "1"} if timing else {}
+    _, events = await sse(client, "/v1/chat/completions", body, headers)
+    assert events[-1] == "[DONE]" and len(events) > 2
+    assert all("usage" not in e for e in events[:-1])
 
 
 async def test_stream_timing_only_when_asked(client: httpx.AsyncClient) -> None:
