@@ -282,8 +282,28 @@ class LeaveOneOut:
 
 
 def leave_one_out(catalog: Catalog, rows: list[Measurement] | None = None) -> list[LeaveOneOut]:
-    """Each active row predicted by parameters fitted on all the other rows."""
+    """Each active row predicted by parameters fitted on all the other rows. A refit per row
+    takes tens of seconds in all, so the answer is kept for the process, per catalog and row
+    set (both immutable once built)."""
     rows = rows if rows is not None else shipped_measurements()
+    key = (_catalog_key(catalog), tuple(rows))
+    found = _LOO_CACHE.get(key)
+    if found is None:
+        found = _LOO_CACHE[key] = _leave_one_out(catalog, rows)
+    return list(found)
+
+
+#: leave_one_out's answers, by catalog and row set.
+_LOO_CACHE: dict[tuple[str, tuple[Measurement, ...]], list[LeaveOneOut]] = {}
+
+
+def _catalog_key(catalog: Catalog) -> str:
+    parts = [a.model_dump_json() for _, a in sorted(catalog.accelerators.items())]
+    parts += [m.model_dump_json() for _, m in sorted(catalog.models.items())]
+    return "\n".join(parts)
+
+
+def _leave_one_out(catalog: Catalog, rows: list[Measurement]) -> list[LeaveOneOut]:
     start = current_values(catalog)
     out = []
     for row in rows:
