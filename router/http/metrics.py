@@ -350,6 +350,12 @@ class _LedgerCollector(Collector):
         )
 
     def _spool(self, ledger: PostgresLedger) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "tiergate_ledger_swept_rows",
+            "Rows of streams whose router process died, closed as `interrupted` by this one "
+            "once the dead process's lease had expired.",
+            value=ledger.swept,
+        )
         spool = ledger.spool
         if spool is None:
             return

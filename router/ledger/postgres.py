@@ -23,6 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
+import secrets
+import socket
+import time
 from collections import deque
 from typing import Any, cast
 
@@ -36,7 +41,7 @@ from tiergate.router.ledger.postgres_connect import (
     where,
 )
 from tiergate.router.ledger.postgres_reads import PostgresReads
-from tiergate.router.ledger.postgres_schema import WRITE_BATCH, migrate
+from tiergate.router.ledger.postgres_schema import RENEW_LEASE, SWEEP, WRITE_BATCH, migrate
 from tiergate.router.ledger.records import (
     LedgerError,
     UsageRecord,
@@ -60,6 +65,12 @@ MAX_BACKLOG = 100_000
 BACKLOG_BATCH = 500
 #: Part of the spool kept for requests already in flight: past the rest, new work is refused.
 SPOOL_RESERVE = 0.1
+#: How long a router process's lease lasts, and how often it is renewed: a process silent for
+#: longer is taken for dead, and its streams' rows left `incomplete` are closed.
+LEASE_TTL_S = 30.0
+LEASE_RENEW_S = 5.0
+#: How often a process closes the rows dead processes left `incomplete`.
+SWEEP_INTERVAL_S = 15.0
 
 #: Errors of a record the database can never take: it is dropped, not held.
 _NEVER = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
@@ -76,9 +87,17 @@ class PostgresLedger(PostgresReads):
         timeout_s: float = TIMEOUT_S,
         pool_size: int = POOL_SIZE,
         spool: LedgerSpool | None = None,
+        lease_ttl_s: float = LEASE_TTL_S,
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
     ) -> None:
         self._dsn = dsn
         self.spool = spool
+        #: This process's name on its rows and its lease (host, pid, a random part).
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._lease_ttl_s, self._sweep_interval_s = lease_ttl_s, sweep_interval_s
+        self._renewed_s = -math.inf  # when the lease was last renewed (monotonic)
+        self._swept_s = -math.inf
+        self.swept = 0  # rows of dead processes' streams this process closed
         self.where = where(dsn)
         self._interval_s, self._timeout_s, self._pool_size = interval_s, timeout_s, pool_size
         self._pool: Any = None
@@ -140,6 +159,14 @@ class PostgresLedger(PostgresReads):
             )  # fmt: skip
         if self.spool is not None:
             self.spool.close(keep=bool(self._backlog))
+        if not self._backlog and self._pool is not None:
+            try:  # a clean stop: any row of this process still `incomplete` is closed
+                await self._pool.execute(
+                    "DELETE FROM router_lease WHERE holder = $1", self.holder,
+                    timeout=self._timeout_s,
+                )  # fmt: skip
+            except Exception as exc:  # the lease expires by itself
+                log.warning("event=ledger_lease_failed where=%s error=%s", self.where, reason(exc))
         if self._writer_conn is not None:
             conn, self._writer_conn = self._writer_conn, None
             await conn.close()
@@ -277,6 +304,7 @@ class PostgresLedger(PostgresReads):
         replay dead processes' spool files. A task of its own, so that while it waits on the
         database new batches are still spooled and their replies go out."""
         assert self._halt is not None
+        await self._keep_lease()  # before this process's first rows are looked at
         while not self._stopping:
             try:
                 await asyncio.wait_for(self._halt.wait(), self._interval_s)
@@ -286,6 +314,7 @@ class PostgresLedger(PostgresReads):
                 while self._backlog and not self._stopping and await self._write_backlog():
                     await asyncio.sleep(0)
                 if not self._backlog and not self._stopping:
+                    await self._keep_lease()
                     await self._replay_orphans()
             except Exception:  # a bug: log it, and try again next round
                 log.exception("event=ledger_backlog_writer_failed where=%s", self.where)
@@ -359,6 +388,29 @@ class PostgresLedger(PostgresReads):
         self._clear_spool()
         return len(batch)
 
+    async def _keep_lease(self) -> None:
+        """Renew this process's lease when due, and close dead processes' streams' rows when
+        due; a database that cannot be reached is tried again next round."""
+        now = time.monotonic()
+        try:
+            if now - self._renewed_s >= min(LEASE_RENEW_S, self._lease_ttl_s / 3):
+                pool = await self.connection_pool()
+                await pool.execute(
+                    RENEW_LEASE, self.holder, self._lease_ttl_s, timeout=self._timeout_s
+                )
+                self._renewed_s = now
+            if now - self._swept_s >= self._sweep_interval_s:
+                pool = await self.connection_pool()
+                closed = int(await pool.fetchval(SWEEP, timeout=self._timeout_s))
+                self._swept_s = now
+                if closed:
+                    self.swept += closed
+                    log.warning(
+                        "event=ledger_rows_interrupted where=%s rows=%d", self.where, closed
+                    )
+        except Exception as exc:  # the server or the connection, in any of asyncpg's words
+            log.warning("event=ledger_lease_failed where=%s error=%s", self.where, reason(exc))
+
     async def _replay_orphans(self) -> None:
         """Write the records in dead processes' spool files, idempotently, and delete them."""
         if self.spool is None:
@@ -402,7 +454,10 @@ class PostgresLedger(PostgresReads):
                     if before is None or before.latency_s < record.latency_s:
                         batch.append((LedgerEntry(record, written=before), record))
                 if batch:
-                    await conn.fetchrow(WRITE_BATCH, *_arguments(batch), timeout=self._timeout_s)
+                    # Named after the file: no lease, so a row it leaves `incomplete` is closed.
+                    holder = f"spool:{orphan.path.name}"
+                    arguments = _arguments(batch, holder)
+                    await conn.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
                 written += len(batch)
         return written
 
@@ -458,7 +513,7 @@ class PostgresLedger(PostgresReads):
                 self._unwritten[record.tenant] = left
 
     async def _write(self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool) -> None:
-        arguments = _arguments(batch)
+        arguments = _arguments(batch, self.holder)
         if pooled:
             pool = await self.connection_pool()
             await pool.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
@@ -490,10 +545,11 @@ class PostgresLedger(PostgresReads):
         self._backlog.append(entry)
 
 
-def _arguments(batch: list[tuple[LedgerEntry, UsageRecord]]) -> list[list[object]]:
-    """WRITE_BATCH's arguments for `batch`: its rows by column, then the daily totals' moves
-    (from what each entry's row held before) by column, keys sorted."""
-    rows = [_row(record) for _, record in batch]
+def _arguments(batch: list[tuple[LedgerEntry, UsageRecord]], holder: str) -> list[list[object]]:
+    """WRITE_BATCH's arguments for `batch`, its rows written by `holder`: the rows by column,
+    then the daily totals' moves (from what each entry's row held before) by column, keys
+    sorted."""
+    rows = [(*_row(record), holder) for _, record in batch]
     totals: dict[tuple[str, int, str], list[float]] = {}
     for entry, record in batch:
         tenant, day, tier, *add = totals_delta(record, entry.written)

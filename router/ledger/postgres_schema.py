@@ -17,11 +17,11 @@ from typing import Any
 
 from tiergate.router.ledger.records import LedgerError
 
-__all__ = ["SCHEMA_VERSION", "WRITE_BATCH", "migrate"]
+__all__ = ["RENEW_LEASE", "SCHEMA_VERSION", "SWEEP", "WRITE_BATCH", "migrate"]
 
 log = logging.getLogger("tiergate.router")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: pg_advisory_xact_lock key held while the schema is created or migrated.
 MIGRATION_LOCK = 0x7469657267617465  # "tiergate"
 
@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS usage (
     outcome text NOT NULL,
     escalated boolean NOT NULL,
     UNIQUE (request_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS router_lease (
+    holder text PRIMARY KEY,
+    expires_at double precision NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tenant_daily (
     tenant text NOT NULL,
@@ -74,6 +78,14 @@ CREATE TABLE IF NOT EXISTS rate_bucket (
     updated_s double precision NOT NULL,
     PRIMARY KEY (tenant, kind)
 );
+"""
+
+#: Version 2: each row names the router process that wrote it (`holder`), which keeps a lease
+#: in `router_lease` while it lives, so a stream's row left `incomplete` by a process that died
+#: can be closed (SWEEP).
+_VERSION_2 = """
+ALTER TABLE usage ADD COLUMN IF NOT EXISTS holder text;
+CREATE INDEX IF NOT EXISTS usage_incomplete ON usage (holder) WHERE outcome = 'incomplete';
 """
 
 #: One budget lease, under the tenant's lock. The holder has `local` USD in flight (holds and
@@ -161,21 +173,21 @@ WRITE_BATCH = """
 WITH written AS (
     INSERT INTO usage (request_id, attempt, time_s, tenant, tier_requested, tier_served, pool,
         endpoint, prompt_tokens, completion_tokens, latency_s, ttft_s, cost_usd, http_status,
-        outcome, escalated)
+        outcome, escalated, holder)
     SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::text[], $5::text[],
         $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::float8[],
-        $12::float8[], $13::float8[], $14::integer[], $15::text[], $16::boolean[])
+        $12::float8[], $13::float8[], $14::integer[], $15::text[], $16::boolean[], $17::text[])
     ON CONFLICT (request_id, attempt) DO UPDATE SET time_s = excluded.time_s,
         tier_served = excluded.tier_served, pool = excluded.pool, endpoint = excluded.endpoint,
         prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
         latency_s = excluded.latency_s, ttft_s = excluded.ttft_s, cost_usd = excluded.cost_usd,
         http_status = excluded.http_status, outcome = excluded.outcome,
-        escalated = excluded.escalated
+        escalated = excluded.escalated, holder = excluded.holder
     RETURNING 1
 ), counted AS (
     INSERT INTO tenant_daily
-    SELECT * FROM unnest($17::text[], $18::integer[], $19::text[], $20::bigint[],
-        $21::bigint[], $22::bigint[], $23::bigint[], $24::float8[])
+    SELECT * FROM unnest($18::text[], $19::integer[], $20::text[], $21::bigint[],
+        $22::bigint[], $23::bigint[], $24::bigint[], $25::float8[])
     ON CONFLICT (tenant, day, tier_served) DO UPDATE SET
         requests = tenant_daily.requests + excluded.requests,
         attempts = tenant_daily.attempts + excluded.attempts,
@@ -185,6 +197,29 @@ WITH written AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM counted)
+"""
+
+#: A router process's lease: it lives until `expires_at` (the database's clock).
+RENEW_LEASE = """
+INSERT INTO router_lease VALUES ($1, extract(epoch FROM clock_timestamp()) + $2)
+ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at
+"""
+
+#: Close the rows of streams whose router process died mid-stream: `incomplete` rows whose
+#: holder has no live lease become `interrupted`, billed for what they say; leases expired a
+#: day ago are forgotten. How many rows were closed.
+SWEEP = """
+WITH live AS (
+    SELECT holder FROM router_lease WHERE expires_at >= extract(epoch FROM clock_timestamp())
+), closed AS (
+    UPDATE usage SET outcome = 'interrupted'
+    WHERE outcome = 'incomplete' AND holder IS NOT NULL AND holder NOT IN (SELECT holder FROM live)
+    RETURNING 1
+), forgotten AS (
+    DELETE FROM router_lease WHERE expires_at < extract(epoch FROM clock_timestamp()) - 86400
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM closed)
 """
 
 
@@ -202,8 +237,12 @@ async def migrate(conn: Any, where: str) -> None:
             )
         if version == SCHEMA_VERSION:
             return
-        log.info("event=ledger_schema_created where=%s version=%d", where, SCHEMA_VERSION)
+        log.info(
+            "event=ledger_schema_created where=%s version=%d from_version=%s",
+            where, SCHEMA_VERSION, version,
+        )  # fmt: skip
         await conn.execute(_TABLES)
+        await conn.execute(_VERSION_2)
         await conn.execute(_LEASE_BUDGET)
         await conn.execute(_TAKE_TOKENS)
         await conn.execute("INSERT INTO tiergate_schema VALUES ($1)", SCHEMA_VERSION)

@@ -21,10 +21,18 @@ __all__ = [
 #: How a request attempt ended. `shed`: refused by admission; `rejected`: refused before
 #: routing (limits, budget); `client_disconnect`: the client went away mid-request;
 #: `incomplete`: a stream in flight (its row is written from its first token on, and amended
-#: as it goes); a row that stays so is a stream whose router stopped before it ended, billed
-#: for what it had relayed by then.
+#: as it goes); `interrupted`: a stream whose router process died before it ended, billed for
+#: what it had relayed by then (the PostgreSQL ledger closes such rows once the process's lease
+#: has expired; in the SQLite ledger they stay `incomplete`).
 Outcome = Literal[
-    "ok", "error", "upstream_error", "shed", "rejected", "client_disconnect", "incomplete"
+    "ok",
+    "error",
+    "upstream_error",
+    "shed",
+    "rejected",
+    "client_disconnect",
+    "incomplete",
+    "interrupted",
 ]
 
 

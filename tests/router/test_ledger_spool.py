@@ -365,3 +365,58 @@ async def _burst_through_a_restart(
         phase[0] = "up again"
         await burst
     return replies, killed
+
+
+async def test_a_dead_processs_streams_are_closed_once_its_lease_expires(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """A process that dies mid-stream leaves its row `incomplete`; once its lease has expired
+    another process closes it as `interrupted`, billed as it stands. A live process's stream
+    is left alone."""
+    await open_check(pg_dsn)
+    child = subprocess.Popen(
+        [sys.executable, "-P", "-c", textwrap.dedent(f"""
+            import asyncio, time
+            from tiergate.router.ledger.postgres import PostgresLedger
+            from tiergate.router.ledger.records import UsageRecord
+
+            async def main():
+                ledger = PostgresLedger({pg_dsn!r}, lease_ttl_s=1.0, interval_s=0.05)
+                ledger.start()
+                ledger.add(UsageRecord("dead", {NOW}, "acme", "batched", "batched", "p", "e",
+                                       5, 7, 0.5, 0.01, 0.007, 200, "incomplete"))
+                await ledger.committed()
+                await asyncio.sleep(0.5)  # its lease renewed at its start
+                print("streaming", flush=True)
+                await asyncio.sleep(600)
+
+            asyncio.run(main())
+        """)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    alive = PostgresLedger(pg_dsn, interval_s=0.05, sweep_interval_s=0.1)
+    alive.start()
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"streaming\n"
+        alive.add(usage("alive", completion=3, cost=0.003, outcome="incomplete"))
+        await alive.committed()
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        sql = "SELECT request_id, outcome, completion_tokens, cost_usd FROM usage ORDER BY 1"
+        until_closed = time.monotonic() + WRITTEN_WITHIN_S
+        while (await fetch(pg_dsn, sql))[1][1] != "interrupted":
+            assert time.monotonic() < until_closed, "the dead process's row was not closed"
+            await asyncio.sleep(0.05)
+        assert await fetch(pg_dsn, sql) == [
+            ("alive", "incomplete", 3, 0.003),
+            ("dead", "interrupted", 7, 0.007),
+        ]
+        assert alive.swept == 1
+        daily = await fetch(pg_dsn, "SELECT completion_tokens, cost_usd FROM tenant_daily")
+        assert daily == [(10, pytest.approx(0.01))]
+    finally:
+        child.kill()
+        child.wait(30)
+        assert child.stdout is not None
+        child.stdout.close()
+        await alive.stop()
