@@ -251,7 +251,14 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "The calling tenant's own usage and budget",
                     "security": [{"bearer": []}],
-                    "responses": {"200": {"description": "Usage"}, "401": _error("No or bad key.")},
+                    "responses": {
+                        "200": {"description": "Usage"},
+                        "401": _error("No or bad key."),
+                        "503": _error(
+                            "The shared usage ledger cannot be read now (ledger_unavailable).",
+                            retry_after=True,
+                        ),
+                    },
                 }
             },
             "/healthz": {
