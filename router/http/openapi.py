@@ -273,12 +273,6 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {"200": {"description": "Metrics"}},
-                }
-            },
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
