@@ -94,8 +94,8 @@ class Waits:
     over_5ms: float = 0.0
 
 
-def admission_waits(url: str) -> Waits:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+def admission_waits(metrics_url: str) -> Waits:
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     found = Waits()
     for family in text_string_to_metric_families(text):
@@ -124,11 +124,11 @@ def measure(cost: CostRow, args: argparse.Namespace, prefix: str) -> None:
     """One wrk run at `args.connections`, the router's CPU and its admission waits around it."""
     server = cost.row.server
     assert server.proc is not None
-    w0 = admission_waits(server.url)
+    w0 = admission_waits(server.metrics_url)
     user0, sys0 = ro.cpu_times(server.proc.pid)
     load = ro.run_wrk(server.url, args.connections, args.duration, server.api_key, server.api_keys)
     user1, sys1 = ro.cpu_times(server.proc.pid)
-    w1 = admission_waits(server.url)
+    w1 = admission_waits(server.metrics_url)
     load.cpu_s, load.cpu_user_s = user1 + sys1 - user0 - sys0, user1 - user0
     cost.row.many.append(load)
     waits = Waits(w1.count - w0.count, w1.total_s - w0.total_s, w1.over_5ms - w0.over_5ms)

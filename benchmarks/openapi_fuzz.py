@@ -148,7 +148,8 @@ def system(workdir: Path) -> Iterator[str]:
     config.write_text(CONFIG.format(ledger=workdir / "ledger.sqlite"))
     log = workdir / "up.log"
     argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(config),
-            "--port", "0", "--first-node-port", str(free_ports(NODES))]  # fmt: skip
+            "--port", "0", "--metrics-port", "0",
+            "--first-node-port", str(free_ports(NODES))]  # fmt: skip
     with log.open("wb") as out:
         up = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:

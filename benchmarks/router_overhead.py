@@ -320,6 +320,7 @@ class Server:
     unavailable: str | None = None  # why, when it could not be started
     api_key: str | None = None  # sent as a bearer token when set
     api_keys: tuple[str, ...] = ()  # or these, one per request in turn (wrk rotates them)
+    metrics_url: str = ""  # a tiergate router's /metrics, on its metrics port
 
 
 def start_fixed(
@@ -445,9 +446,14 @@ def start_router(
     or `api_keys` several tenants' keys, sent in turn); `workers` processes (`--workers`,
     PostgreSQL only). `extra_settings` go under `router:` (e.g. `admissionOrder`),
     `pool_fields` into every pool (e.g. the `model` and `accelerator` a sim node serves)."""
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     size = -(-len(endpoints) // pools)
-    settings: dict[str, Any] = {"host": "127.0.0.1", "port": port, **(extra_settings or {})}
+    settings: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "metricsPort": metrics_port,
+        **(extra_settings or {}),
+    }
     if ledger_url is not None:
         settings["ledgerUrl"] = ledger_url
     else:
@@ -476,7 +482,12 @@ def start_router(
            "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
     proc = procs.start(name, cmd)
     server = Server(
-        name, f"http://127.0.0.1:{port}", proc, api_key=api_key, api_keys=tuple(api_keys)
+        name,
+        f"http://127.0.0.1:{port}",
+        proc,
+        api_key=api_key,
+        api_keys=tuple(api_keys),
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
     )
     try:
         wait_ready(server.url + "/readyz", proc, 60, lambda s: s == 200)
@@ -1313,7 +1324,7 @@ _GC_SAMPLE = re.compile(r'^tiergate_gc_pause_seconds_(count|sum)\{generation="(\
 def router_gc_pauses(router: Server) -> str:
     """The router's garbage-collector pauses so far (its /metrics), as one line."""
     try:
-        with urllib.request.urlopen(router.url + "/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(router.metrics_url, timeout=10) as reply:
             text = reply.read().decode()
     except OSError as exc:
         return f"(the router's GC pauses could not be read: {exc})"

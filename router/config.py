@@ -178,6 +178,19 @@ class RouterSettings(_Model):
     port: int = Field(
         default=8080, ge=0, le=65535, description="Port the router listens on; 0: any free one."
     )
+    metrics_port: int = Field(
+        default=8090,
+        ge=0,
+        le=65535,
+        description=(
+            "Port of the router's Prometheus metrics (GET /metrics), apart from `port`: the "
+            "metrics name every tenant, with its budget and spend, so let monitoring reach it "
+            "and tenants not. 0: any free one."
+        ),
+    )
+    metrics_host: str | None = Field(
+        default=None, description="Address the metrics port listens on; none: `host`'s."
+    )
     tenants_file: Path | None = Field(
         default=None, description="Tenants YAML, or a mounted Secret folder; none: open mode."
     )
@@ -294,6 +307,19 @@ class RouterSettings(_Model):
             "when started with --enable-fault-injection (`tiergate up` does so when this is on)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> RouterSettings:
+        if self.port == self.metrics_port != 0 and self.metrics_bind_host() == self.host:
+            raise ValueError(
+                f"metricsPort {self.metrics_port} is also the router's port: the metrics need "
+                "a port of their own"
+            )
+        return self
+
+    def metrics_bind_host(self) -> str:
+        """The address the metrics port listens on."""
+        return self.host if self.metrics_host is None else self.metrics_host
 
     @model_validator(mode="after")
     def _one_ledger_url(self) -> RouterSettings:

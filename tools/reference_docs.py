@@ -418,6 +418,9 @@ def http_api_page() -> str:
         "`GET /openapi.json`. Completion requests take `Authorization: Bearer <key>` when a "
         "tenants file is configured.\n",
         "## Endpoints\n",
+        "These are the tenants' port's (`router.port`). The Prometheus metrics, which name every "
+        "tenant with its budget and spend, are on a port of their own (`router.metricsPort`, "
+        "[metrics](metrics.md)).\n",
         "| method | path | what |",
         "|---|---|---|",
     ]

@@ -2,7 +2,7 @@
 
 Pools come from the file (hot-reloaded) or, with `discovery.kubernetes`, from the cluster's
 InferencePools and their pods. With `--workers N` (N > 1), N router processes share the port
-(router/cli/supervisor.py).
+and the metrics port (router/cli/supervisor.py).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.router.build import build_app, router_source
@@ -41,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--port", type=port_number, default=None, help="listen port (default: from the config)"
     )
     p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="port of GET /metrics, apart from the tenants' port (default: from the config)",
+    )
+    p.add_argument(
         "--workers",
         type=positive_int,
         default=1,
@@ -60,24 +68,73 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             host=args.host,
             port=args.port,
+            metrics_port=args.metrics_port,
             log_level=args.log_level,
         )
     config, source = load(args.config)
     check_ledger(config)  # before the port is taken
-    host = args.host or config.router.host
-    port = args.port if args.port is not None else config.router.port
+    addresses = Addresses.of(config, args.host, args.port, args.metrics_port)
     cap = connection_cap(config.router.connections)
-    sock = listen_socket(host, port)  # a port in use is one line, before anything starts
+    sock, metrics_sock = addresses.bind(listen_socket)  # a port in use: one line, first
     try:
         app = build(config, source, cap)
         # Listening from here (uvicorn accepts what queued once it starts), so the line is true
-        # and says the port chosen for `--port 0`.
+        # and says the ports chosen for `--port 0`.
         sock.listen(LISTEN_BACKLOG)
-        log.info("event=listening url=%s", url_of(sock))
-        ok = run_router(app, sock, args.log_level)
+        metrics_sock.listen(LISTEN_BACKLOG)
+        log.info("event=listening %s", listening(sock, metrics_sock))
+        ok = run_router(app, sock, metrics_sock, args.log_level)
     finally:
         sock.close()
+        metrics_sock.close()
     return 0 if ok else 1
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where the router listens: its tenants' port and its metrics port."""
+
+    host: str
+    port: int
+    metrics_host: str
+    metrics_port: int
+
+    @classmethod
+    def of(
+        cls, config: RouterConfig, host: str | None, port: int | None, metrics_port: int | None
+    ) -> Addresses:
+        """The configuration's addresses, with the command line's in place of its own (the
+        metrics port listens on the router's host unless `router.metricsHost` says)."""
+        settings = config.router
+        host = host or settings.host
+        return cls(
+            host=host,
+            port=port if port is not None else settings.port,
+            metrics_host=settings.metrics_host or host,
+            metrics_port=metrics_port if metrics_port is not None else settings.metrics_port,
+        )
+
+    def bind(
+        self, bind: Callable[[str, int], socket.socket]
+    ) -> tuple[socket.socket, socket.socket]:
+        """Both sockets, bound by `bind` (common.listen_socket or shared_port_socket); CliError
+        saying which port cannot be had."""
+        sock = bind(self.host, self.port)
+        try:
+            return sock, bind(self.metrics_host, self.metrics_port)
+        except CliError as exc:
+            sock.close()
+            raise CliError(
+                f"the metrics port (router.metricsPort, --metrics-port): {exc}"
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+
+
+def listening(sock: socket.socket, metrics_sock: socket.socket) -> str:
+    """The `event=listening` line's fields: the URLs both sockets serve."""
+    return f"url={url_of(sock)} metrics_url={url_of(metrics_sock)}/metrics"
 
 
 def load(path: Path) -> tuple[RouterConfig, PoolSource]:

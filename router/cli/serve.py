@@ -1,4 +1,5 @@
-"""Serving a router app with uvicorn on uvloop, within its connection limits."""
+"""Serving a router app with uvicorn on uvloop, within its connection limits: the tenant-facing
+port and, beside it in the same event loop, the metrics port (router/http/metrics_app.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tiergate.router.config import ConnectionSettings
 from tiergate.router.http.app import RouterApp
 from tiergate.router.upstream import proxy
 from tiergate.sim_nodes.commands.common import CliError
+from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
 from tiergate.sim_nodes.commands.fd_budget import FdBudgetError, max_connections
 
 log = logging.getLogger("tiergate.router")
@@ -21,6 +23,8 @@ GRACEFUL_SHUTDOWN_S = 10
 #: idle connection to each endpoint (a few hundred), the Kubernetes watches, the ledger's
 #: files, a reloaded file while it is read, the event loop's and the standard streams.
 RESERVED_FDS = 256
+#: Connections the metrics port holds at once: a few scrapers, never the tenants' load.
+METRICS_MAX_CONNECTIONS = 16
 
 
 def connection_cap(settings: ConnectionSettings) -> int:
@@ -30,7 +34,7 @@ def connection_cap(settings: ConnectionSettings) -> int:
         cap, open_files = max_connections(
             settings.max_connections,
             setting="router.connections.maxConnections",
-            reserve=RESERVED_FDS,
+            reserve=RESERVED_FDS + METRICS_MAX_CONNECTIONS,
             upstream_pool=proxy.MAX_CONNECTIONS,
         )
     except FdBudgetError as exc:
@@ -43,11 +47,13 @@ def connection_cap(settings: ConnectionSettings) -> int:
 def run_router(
     app: RouterApp,
     sock: socket.socket,
+    metrics_sock: socket.socket,
     log_level: str,
     on_started: Callable[[], None] | None = None,
 ) -> bool:
-    """Serve `app` on `sock` (bound: common.listen_socket) on a uvloop event loop until
-    SIGINT/SIGTERM; False if it could not start. `on_started` is called once it serves.
+    """Serve `app` on `sock` and its metrics on `metrics_sock` (both bound and listening:
+    common.listen_socket) on a uvloop event loop until SIGINT/SIGTERM; False if it could not
+    start. `on_started` is called once both serve.
 
     uvloop (and httptools, which uvicorn picks when installed) make every proxied request
     cheaper (benchmarks/router_overhead.py). The cyclic garbage collector is what holds the
@@ -65,25 +71,58 @@ def run_router(
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, 1000)
-    return uvloop.run(serve(app, sock, log_level, on_started))
+    return uvloop.run(serve(app, sock, metrics_sock, log_level, on_started))
 
 
 async def serve(
     app: RouterApp,
     sock: socket.socket,
+    metrics_sock: socket.socket,
     log_level: str,
     on_started: Callable[[], None] | None = None,
 ) -> bool:
-    """Run until SIGINT/SIGTERM; False if the server could not start."""
+    """Run until SIGINT/SIGTERM; False if the server could not start.
+
+    The metrics port's server starts once the app's lifespan has, and stops first: it
+    handles no signals of its own (the app's server does), and it reads what the app owns.
+    """
     import uvicorn
 
     from tiergate.sim_nodes.commands.limited_protocol import server_options
 
+    metrics_gate = ConnectionGate(ConnectionLimits(max_connections=METRICS_MAX_CONNECTIONS), log)
+    metrics_server = uvicorn.Server(
+        uvicorn.Config(
+            app.metrics_app,
+            access_log=False,
+            log_config=None,
+            log_level=log_level,
+            lifespan="off",
+            **server_options(metrics_gate),
+            proxy_headers=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
-            if self.started and on_started is not None:
-                on_started()
+            if self.started:
+                # What uvicorn.Server.serve does before its startup (its signal handling
+                # aside: this server's signals stop both).
+                if not metrics_server.config.loaded:
+                    metrics_server.config.load()
+                metrics_server.lifespan = metrics_server.config.lifespan_class(
+                    metrics_server.config
+                )
+                await metrics_server.startup(sockets=[metrics_sock])
+                if on_started is not None:
+                    on_started()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if metrics_server.started:
+                await metrics_server.shutdown(sockets=[metrics_sock])
+            await super().shutdown(sockets)
 
     server = Server(
         uvicorn.Config(

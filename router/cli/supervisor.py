@@ -1,10 +1,11 @@
 """`tiergate router --workers N`: N router processes on one port, and the one that watches them.
 
 Each worker (router/cli/worker.py) is a whole router: its own app, event loop and connection
-to the shared ledger, and its own socket bound to the port with SO_REUSEPORT, so the kernel
-spreads new connections over the workers. The supervisor checks the configuration once,
-holds the port (a bound socket that never listens; `--port 0` picks the port here), starts
-the workers, and from then on only watches them:
+to the shared ledger, and its own sockets bound to the port and the metrics port with
+SO_REUSEPORT, so the kernel spreads new connections (and scrapes) over the workers. The
+supervisor checks the configuration once, holds both ports (bound sockets that never listen;
+`--port 0` and a metrics port 0 are picked here), starts the workers, and from then on only
+watches them:
 
 - a worker that exits before it serves stops the router, with its error as the router's;
 - a worker that exits later is started again (RestartBackoff: at once, then 1 s doubling to
@@ -15,7 +16,7 @@ the workers, and from then on only watches them:
 - a worker gets SIGTERM from the kernel if the supervisor dies (router/cli/worker.py).
 
 The workers share their metrics through a private folder the supervisor creates and removes
-(router/http/shared_metrics.py).
+(router/http/shared_metrics.py): a scrape any worker answers has the whole fleet's sums.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiergate.router.cli.router_cmd import check_ledger, url_of
+from tiergate.router.cli.router_cmd import Addresses, check_ledger, listening
 from tiergate.router.cli.serve import GRACEFUL_SHUTDOWN_S, connection_cap
 from tiergate.router.config import ConfigError, RouterConfig, load_config
 from tiergate.router.tenants.registry import TenantConfigError, load_tenants
@@ -71,7 +72,13 @@ class RestartBackoff:
 
 
 def supervise(
-    config_path: Path, *, workers: int, host: str | None, port: int | None, log_level: str
+    config_path: Path,
+    *,
+    workers: int,
+    host: str | None,
+    port: int | None,
+    metrics_port: int | None,
+    log_level: str,
 ) -> int:
     """Serve the router in `workers` processes until SIGTERM/SIGINT; the exit status.
 
@@ -79,31 +86,36 @@ def supervise(
     the SQLite ledger; also when a worker cannot start, with its error.
     """
     config = _checked(config_path, workers)
-    held = _hold_port(host or config.router.host, port if port is not None else config.router.port)
+    held, held_metrics = Addresses.of(config, host, port, metrics_port).bind(_hold_port)
     try:
         metrics_dir = _metrics_dir()
     except OSError as exc:
         held.close()
+        held_metrics.close()
         raise CliError(
             "cannot create the workers' metrics folder in the temp dir ($TMPDIR, else /tmp; "
             f"it must be writable): {exc.strerror or exc}"
         ) from None
     try:
         bound_host, bound_port = held.getsockname()[:2]
+        metrics_host, bound_metrics_port = held_metrics.getsockname()[:2]
 
         def command(index: int, status_fd: int, restarted: bool) -> list[str]:
             return [
                 sys.executable, "-P", "-m", "tiergate.router.cli.worker",
                 "--config", str(config_path), "--host", bound_host, "--port", str(bound_port),
+                "--metrics-host", metrics_host, "--metrics-port", str(bound_metrics_port),
                 "--log-level", log_level, "--index", str(index),
                 "--status-fd", str(status_fd), "--supervisor-pid", str(os.getpid()),
                 *(["--restarted"] if restarted else []),
             ]  # fmt: skip
 
         env = {**os.environ, METRICS_DIR_ENV: str(metrics_dir)}
-        return _Supervisor(workers, command, env, metrics_dir, url_of(held)).run()
+        where = listening(held, held_metrics)
+        return _Supervisor(workers, command, env, metrics_dir, where).run()
     finally:
         held.close()
+        held_metrics.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
@@ -184,7 +196,8 @@ class _Supervisor:
     command: Callable[[int, int, bool], list[str]]
     env: dict[str, str]
     metrics_dir: Path
-    url: str
+    #: The `event=listening` line's URLs (router/cli/router_cmd.py: listening).
+    where: str
     clock: Callable[[], float] = time.monotonic
     workers: dict[int, _Worker] = field(default_factory=dict)
     restart_at: dict[int, float] = field(default_factory=dict)
@@ -275,7 +288,7 @@ class _Supervisor:
             if not self.listening and len(self.workers) == self.count:
                 if all(w.ready for w in self.workers.values()):
                     self.listening = True
-                    log.info("event=listening url=%s workers=%d", self.url, self.count)
+                    log.info("event=listening %s workers=%d", self.where, self.count)
         elif line.startswith("error "):
             worker.error = line.removeprefix("error ")
 

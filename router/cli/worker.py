@@ -1,8 +1,9 @@
 """One worker of `tiergate router --workers N`, started by the supervisor
 (router/cli/supervisor.py) as `python -m tiergate.router.cli.worker`.
 
-A whole router on a socket of its own bound to the shared port (SO_REUSEPORT), its metrics
-added up with the other workers' (router/http/shared_metrics.py). It writes one line to the
+A whole router on sockets of its own bound to the shared port and the shared metrics port
+(SO_REUSEPORT), its metrics added up with the other workers' (router/http/shared_metrics.py),
+so whichever worker a scrape reaches answers with the whole fleet's. It writes one line to the
 supervisor's pipe: `ready` once it serves, or `error MESSAGE` when it cannot start. It asks the
 kernel for SIGTERM when the supervisor dies, so a killed supervisor leaves no worker behind.
 """
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tiergate.router.cli.router_cmd import LISTEN_BACKLOG, build, load
+from tiergate.router.cli.router_cmd import LISTEN_BACKLOG, Addresses, build, load
 from tiergate.router.cli.serve import connection_cap, run_router
 from tiergate.router.cli.supervisor import METRICS_DIR_ENV
 from tiergate.sim_nodes.commands.common import CliError, configure_logging, shared_port_socket
@@ -62,14 +63,17 @@ def serve_worker(args: argparse.Namespace, on_started: Callable[[], None]) -> in
         raise CliError(f"a router worker needs {METRICS_DIR_ENV}: `tiergate router --workers N`")
     config, source = load(args.config)
     cap = connection_cap(config.router.connections)
-    sock = shared_port_socket(args.host, args.port)
+    addresses = Addresses(args.host, args.port, args.metrics_host, args.metrics_port)
+    sock, metrics_sock = addresses.bind(shared_port_socket)
     try:
         app = build(config, source, cap)
         app.services.append(app.router.metrics.share(Path(metrics_dir), restarted=args.restarted))
         sock.listen(LISTEN_BACKLOG)
-        ok = run_router(app, sock, args.log_level, on_started)
+        metrics_sock.listen(LISTEN_BACKLOG)
+        ok = run_router(app, sock, metrics_sock, args.log_level, on_started)
     finally:
         sock.close()
+        metrics_sock.close()
     return 0 if ok else 1
 
 
@@ -89,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--metrics-host", required=True)
+    p.add_argument("--metrics-port", type=int, required=True)
     p.add_argument("--log-level", required=True)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--status-fd", type=int, required=True)

@@ -1,8 +1,12 @@
-"""The router's ASGI app: the OpenAI-compatible API, usage, health, metrics and OpenAPI.
+"""The router's ASGI app: the OpenAI-compatible API, usage, health and OpenAPI.
 
 Raw ASGI with a dict of routes: the request path is `handler.Router.completion`; the rest
 are small. The lifespan starts discovery and metric scraping and stops them, closing the
 shared upstream client and the ledger.
+
+This is the tenant-facing port: nothing here names a tenant other than the caller. The
+metrics, which name every tenant, are the metrics port's (`metrics_app`,
+router/http/metrics_app.py), served beside this app on a port of their own.
 """
 
 from __future__ import annotations
@@ -18,12 +22,11 @@ from tiergate.router.http.asgi import (
     Scope,
     Send,
     header_map,
-    send_bytes,
     send_error,
     send_json,
 )
 from tiergate.router.http.errors import RouterError
-from tiergate.router.http.metrics import CONTENT_TYPE
+from tiergate.router.http.metrics_app import MetricsApp
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.usage import usage_response
@@ -63,12 +66,13 @@ class RouterApp:
         # Discovery has seen all of its pools once; before that an empty or partial view
         # would make a load balancer send requests that could only get 503 or 404.
         self.synced = synced
+        # The metrics port's app: the same router's metrics, served apart from tenants.
+        self.metrics_app = MetricsApp(router.metrics)
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("GET", "/v1/models"): self._models,
             ("GET", "/v1/usage"): self._usage,
-            ("GET", "/metrics"): self._metrics,
             ("GET", "/healthz"): self._healthz,
             ("GET", "/readyz"): self._readyz,
             ("GET", "/openapi.json"): self._openapi,
@@ -80,6 +84,11 @@ class RouterApp:
             self._allowed.setdefault(path, []).extend(
                 ["GET", "HEAD"] if method == "GET" else [method]
             )
+
+    @property
+    def routes(self) -> list[tuple[str, str]]:
+        """(method, path) of every route this app serves (HEAD too wherever GET is)."""
+        return list(self._routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -192,10 +201,6 @@ class RouterApp:
             await send_error(send, unavailable)
             return
         await send_json(send, 200, body)
-
-    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = self.router.metrics.exposition()
-        await send_bytes(send, 200, body, content_type=(b"content-type", CONTENT_TYPE.encode()))
 
     async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"status": "ok"})

@@ -255,7 +255,14 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "The calling tenant's own usage and budget",
                     "security": [{"bearer": []}],
-                    "responses": {"200": {"description": "Usage"}, "401": _error("No or bad key.")},
+                    "responses": {
+                        "200": {"description": "Usage"},
+                        "401": _error("No or bad key."),
+                        "503": _error(
+                            "The shared usage ledger cannot be read now (ledger_unavailable).",
+                            retry_after=True,
+                        ),
+                    },
                 }
             },
             "/healthz": {
@@ -268,12 +275,6 @@ def openapi_document() -> dict[str, Any]:
                         "200": {"description": "Ready"},
                         "503": {"description": "Not ready"},
                     },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {"200": {"description": "Metrics"}},
                 }
             },
             "/openapi.json": {

@@ -1,12 +1,27 @@
 """The PostgreSQL ledger's reads: a tenant's totals and spend (every replica's committed records,
-and this one's not yet committed), and pruning its oldest request rows."""
+and this one's not yet committed), and pruning its oldest request rows.
+
+A read the server cannot answer (stopped, unreachable, dropping connections) raises
+LedgerError, which callers map to their own reply (`/v1/usage`: 503 `ledger_unavailable`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, cast
 
+import asyncpg
+
 from tiergate.router.ledger.entry import LedgerEntry
-from tiergate.router.ledger.records import MAX_DAY, TierTotals, UsageTotals, utc_day
+from tiergate.router.ledger.postgres_connect import reason
+from tiergate.router.ledger.records import (
+    MAX_DAY,
+    LedgerError,
+    TierTotals,
+    UsageTotals,
+    utc_day,
+)
 from tiergate.router.ledger.sqlite_schema import totals_delta
 from tiergate.router.request.tiers import Tier
 
@@ -17,6 +32,7 @@ class PostgresReads:
     """The PostgreSQL ledger's reads, as methods of the ledger (router/ledger/postgres.py)."""
 
     _timeout_s: float
+    where: str
 
     async def connection_pool(self) -> Any:
         raise NotImplementedError
@@ -27,14 +43,15 @@ class PostgresReads:
     async def totals(self, tenant: str) -> UsageTotals:
         """A tenant's totals over the whole ledger, overall and by tier served (every replica's
         committed records, and this one's not yet committed)."""
-        pool = await self.connection_pool()
-        rows = await pool.fetch(
-            "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
-            " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = $1"
-            " GROUP BY tier_served",
-            tenant,
-            timeout=self._timeout_s,
-        )
+        async with self._reading():
+            pool = await self.connection_pool()
+            rows = await pool.fetch(
+                "SELECT tier_served, SUM(requests), SUM(attempts), SUM(prompt_tokens),"
+                " SUM(completion_tokens), SUM(cost_usd) FROM tenant_daily WHERE tenant = $1"
+                " GROUP BY tier_served",
+                tenant,
+                timeout=self._timeout_s,
+            )
         sums: dict[str, list[float]] = {str(row[0]): [float(v) for v in row[1:]] for row in rows}
         for entry in self._not_written():
             if entry.record.tenant == tenant:
@@ -61,12 +78,13 @@ class PostgresReads:
         """USD a tenant spent on UTC days [first_day, end_day) (no end: to this day), every
         replica's committed records and this one's not yet committed."""
         end = MAX_DAY if end_day is None else end_day
-        pool = await self.connection_pool()
-        spent = await pool.fetchval(
-            "SELECT COALESCE(SUM(cost_usd), 0) FROM tenant_daily"
-            " WHERE tenant = $1 AND day >= $2 AND day < $3::bigint",
-            tenant, first_day, end, timeout=self._timeout_s,
-        )  # fmt: skip
+        async with self._reading():
+            pool = await self.connection_pool()
+            spent = await pool.fetchval(
+                "SELECT COALESCE(SUM(cost_usd), 0) FROM tenant_daily"
+                " WHERE tenant = $1 AND day >= $2 AND day < $3::bigint",
+                tenant, first_day, end, timeout=self._timeout_s,
+            )  # fmt: skip
         return float(spent) + sum(
             e.record.cost_usd - (e.written.cost_usd if e.written is not None else 0.0)
             for e in self._not_written()
@@ -85,3 +103,11 @@ class PostgresReads:
             timeout=self._timeout_s,
         )
         return int(status.split()[-1])
+
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[None]:
+        """LedgerError (one line, no URL) for a read the server could not answer."""
+        try:
+            yield
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise LedgerError(f"cannot read {self.where}: {reason(exc)}") from None

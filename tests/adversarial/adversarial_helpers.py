@@ -232,9 +232,11 @@ def in_flight_stream(
     assert json.loads(events[-2])["usage"]["completion_tokens"] == tokens
 
 
-def metric(url: str, sample: str) -> float:
-    """The value of `sample` (a name with its labels, as exposed) on `url`'s /metrics."""
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+def metric(system: System, sample: str) -> float:
+    """The value of `sample` (a name with its labels, as exposed) on the router's /metrics
+    (its metrics port)."""
+    url = system.router.metrics_url
+    for line in httpx.get(url, timeout=10).text.splitlines():
         if line.startswith(sample + " "):
             return float(line.rpartition(" ")[2])
-    raise AssertionError(f"no sample {sample} on {url}/metrics")
+    raise AssertionError(f"no sample {sample} on {url}")

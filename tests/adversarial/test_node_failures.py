@@ -65,11 +65,11 @@ DEEP_TOOLS = deep_tools(200)
 
 def ready_batched(system: System) -> float:
     """The batched tier's endpoints not ejected (all four: coder's and drill's)."""
-    return metric(system.url, 'tiergate_endpoints{state="ready",tier="batched"}')
+    return metric(system, 'tiergate_endpoints{state="ready",tier="batched"}')
 
 
 def retries(system: System) -> float:
-    return metric(system.url, "tiergate_upstream_retries_total")
+    return metric(system, "tiergate_upstream_retries_total")
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -80,7 +80,7 @@ def test_a_stream_whose_node_is_killed_before_its_first_token_is_served_by_anoth
     system: System,
 ) -> None:
     nodes = system.nodes["relay"]
-    retries = metric(system.url, "tiergate_upstream_retries_total")
+    retries = metric(system, "tiergate_upstream_retries_total")
     with ExitStack() as slots, ThreadPoolExecutor(1) as client:
         taken = {n.url: slots.enter_context(ExitStack()) for n in nodes}
         for node in nodes:
@@ -98,7 +98,7 @@ def test_a_stream_whose_node_is_killed_before_its_first_token_is_served_by_anoth
     chunks: list[dict[str, Any]] = [json.loads(e) for e in events[:-1]]
     assert not any("error" in c for c in chunks), chunks
     assert chunks[-1]["usage"]["completion_tokens"] == 5
-    assert metric(system.url, "tiergate_upstream_retries_total") == retries + 1
+    assert metric(system, "tiergate_upstream_retries_total") == retries + 1
     assert "event=stream_failed_before_first_token" in system.log()
 
 

@@ -110,13 +110,21 @@ def test_operator_is_never_two_at_once(default_manifests: list[Manifest]) -> Non
 def test_router_container_contract(default_manifests: list[Manifest]) -> None:
     router = container(default_manifests, "Deployment", ROUTER)
     assert router["args"] == ["router", "--config", CONFIG_PATH, "--log-level", "info"]
-    assert router["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert router["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8090, "protocol": "TCP"},
+    ]
     assert router["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert router["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     service = one(default_manifests, "Service", ROUTER)["spec"]
     assert service["type"] == "ClusterIP"
-    assert service["ports"] == [
+    assert service["ports"] == [  # the tenants' Service: no metrics port
         {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    metrics = one(default_manifests, "Service", ROUTER + "-metrics")["spec"]
+    assert (metrics["type"], metrics["selector"]) == ("ClusterIP", service["selector"])
+    assert metrics["ports"] == [
+        {"name": "metrics", "port": 8090, "targetPort": "metrics", "protocol": "TCP"}
     ]
 
 
@@ -125,6 +133,7 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
     assert config["router"] == {
         "host": "0.0.0.0",
         "port": 8080,
+        "metricsPort": 8090,
         "ledgerPath": "/var/lib/tiergate/ledger.sqlite",
         "ledgerRetentionDays": 90,
         "ledgerMaxSize": "768Mi",
@@ -134,6 +143,7 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
     assert config["pools"] == []
     parsed = validate_with_router(config)
     assert parsed.router.tenants_file is None and parsed.router.port == 8080
+    assert parsed.router.metrics_port == 8090 and parsed.router.metrics_bind_host() == "0.0.0.0"
     assert parsed.router.ledger_max_size == 768 * 2**20
 
 

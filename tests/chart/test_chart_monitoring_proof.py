@@ -1,11 +1,11 @@
 """The chart's dashboard and alerts, proven on a real Prometheus: `tiergate up` runs the three
-seed tiers, a real Prometheus scrapes the router, every sim node (labelled with pool and tier,
-as the chart's PodMonitor labels them) and the operator's metrics endpoint (served here
-without a cluster), and loads the chart's rendered PrometheusRule; a short mixed load goes
-through the router. Then every dashboard query returns data, every alert's expression passes
-`promtool check rules` and evaluates, the alerts the load should not trigger are quiet, and
-three fire on purpose: a tenant's budget spent, a failed reconciliation, and a pool whose only
-node was stopped.
+seed tiers, a real Prometheus scrapes the router (on its metrics port), every sim node
+(labelled with pool and tier, as the chart's PodMonitor labels them) and the operator's
+metrics endpoint (served here without a cluster), and loads the chart's rendered
+PrometheusRule; a short mixed load goes through the router. Then every dashboard query returns
+data, every alert's expression passes `promtool check rules` and evaluates, the alerts the
+load should not trigger are quiet, and three fire on purpose: a tenant's budget spent, a
+failed reconciliation, and a pool whose only node was stopped.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class Node:
 @dataclass
 class System:
     router: str
+    #: host:port of the router's metrics port, where Prometheus scrapes it.
+    metrics: str
     up: subprocess.Popen[bytes]
     nodes: list[Node]
 
@@ -119,11 +121,13 @@ def system(tmp_path_factory: Any) -> Iterator[System]:
     )
     (root / "up.yaml").write_text(yaml.safe_dump(config))
     replicas = [(p["name"], p["tier"]) for p in config["pools"] for _ in range(p["replicas"])]
-    first_node = free_ports(len(replicas) + 1)  # the nodes', then the router's
+    first_node = free_ports(len(replicas) + 2)  # the nodes', then the router's two
     router_port = first_node + len(replicas)
+    metrics_port = router_port + 1
     log = (root / "up.log").open("wb")
     argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(root / "up.yaml"),
-            "--port", str(router_port), "--first-node-port", str(first_node)]  # fmt: skip
+            "--port", str(router_port), "--metrics-port", str(metrics_port),
+            "--first-node-port", str(first_node)]  # fmt: skip
     up = subprocess.Popen(argv, stdout=log, stderr=log)
     log.close()
     router = f"http://127.0.0.1:{router_port}"
@@ -138,7 +142,7 @@ def system(tmp_path_factory: Any) -> Iterator[System]:
     try:
         until(ready, "tiergate up did not become ready", within_s=120)
         nodes = [Node(pool, tier, first_node + i) for i, (pool, tier) in enumerate(replicas)]
-        yield System(router, up, nodes)
+        yield System(router, f"127.0.0.1:{metrics_port}", up, nodes)
     finally:
         up.send_signal(signal.SIGTERM)
         try:
@@ -174,7 +178,7 @@ def prometheus(
     scrape_configs = [
         {"job_name": "tiergate-operator", "static_configs": [{"targets": [operator.target]}]},
         {"job_name": "tiergate-router",
-         "static_configs": [{"targets": [system.router.removeprefix("http://")]}]},
+         "static_configs": [{"targets": [system.metrics]}]},
         {"job_name": "tiergate-sim-nodes",
          "static_configs": [{"targets": [f"127.0.0.1:{n.port}"],
                              "labels": {"pool": n.pool, "tier": n.tier}} for n in system.nodes]},

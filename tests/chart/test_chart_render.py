@@ -108,11 +108,12 @@ def test_default_render_is_the_minimal_install(default_manifests: list[Manifest]
         "ConfigMap": 1,
         "Role": 2,  # the router's and the operator's, both in the release namespace
         "RoleBinding": 2,
-        "Service": 1,
+        "Service": 2,  # the router's, and its metrics port's
         "Deployment": 2,
         "Pod": 1,  # the helm test hook
         "KopfPeering": 1,  # operator replicas elect one writer through it
-        "NetworkPolicy": 1,  # only the router reaches the sim nodes
+        # Only the router reaches the sim nodes; nothing reaches the router's metrics port.
+        "NetworkPolicy": 2,
     }
     assert one(default_manifests, "Deployment", ROUTER)["spec"]["replicas"] == 1
     assert one(default_manifests, "Deployment", OPERATOR)["spec"]["replicas"] == 1
@@ -146,16 +147,22 @@ def test_variant_render_adds_every_optional_part(variant_manifests: list[Manifes
     assert pdb["selector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
 
 
-def test_service_monitor_scrapes_the_router_metrics(variant_manifests: list[Manifest]) -> None:
+def test_service_monitor_scrapes_the_router_metrics_port(variant_manifests: list[Manifest]) -> None:
+    """The metrics Service's port, never the tenants' Service."""
     monitor = one(variant_manifests, "ServiceMonitor", ROUTER)
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    service = one(variant_manifests, "Service", ROUTER)
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
+    selector = monitor["spec"]["selector"]["matchLabels"].items()
+    metrics = one(variant_manifests, "Service", ROUTER + "-metrics")
+    assert selector <= metrics["metadata"]["labels"].items()
+    assert not selector <= one(variant_manifests, "Service", ROUTER)["metadata"]["labels"].items()
     endpoint = monitor["spec"]["endpoints"][0]
-    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "15s")
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
+        "metrics",
+        "/metrics",
+        "15s",
+    )
+    assert [p["name"] for p in metrics["spec"]["ports"]] == ["metrics"]
 
 
 def test_every_object_carries_the_standard_labels(any_manifests: list[Manifest]) -> None:

@@ -21,19 +21,24 @@ from polling_helpers import until
 
 #: The longest a process may take to listen (the machine may be busy with other work).
 START_WITHIN_S = 60.0
-#: `tiergate router`'s line once it listens (it logs the port `--port 0` chose).
-ROUTER_LISTENING = re.compile(r"event=listening url=(http://\S+)")
+#: `tiergate router`'s line once it listens (it logs the ports `--port 0` and
+#: `--metrics-port 0` chose).
+ROUTER_LISTENING = re.compile(
+    r"event=listening url=(?P<url>http://\S+) metrics_url=(?P<metrics>\S+)"
+)
 #: `tiergate sim-node`'s first line on stdout.
-NODE_LISTENING = re.compile(r"^listening host=(\S+) port=(\d+)", re.M)
+NODE_LISTENING = re.compile(r"^listening host=(?P<host>\S+) port=(?P<port>\d+)", re.M)
 
 
 @dataclass
 class Running:
-    """A started process, its base URL and the file its output goes to."""
+    """A started process, its base URL and the file its output goes to; a router's metrics
+    URL too (its `/metrics` on the metrics port)."""
 
     process: subprocess.Popen[bytes]
     url: str
     log: Path
+    metrics_url: str = ""
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -68,8 +73,9 @@ def wait_listening(running: Running, pattern: re.Pattern[str]) -> Running:
         assert running.process.poll() is None, f"exited early:\n{running.log_text()}"
         match = pattern.search(running.log_text())
         if match is not None:
-            groups = match.groups()
-            running.url = groups[0] if len(groups) == 1 else f"http://{groups[0]}:{groups[1]}"
+            found = match.groupdict()
+            running.url = found.get("url") or f"http://{found['host']}:{found['port']}"
+            running.metrics_url = found.get("metrics") or ""
         return match is not None
 
     try:
@@ -91,8 +97,8 @@ def accepting(url: str) -> bool:
 def start_router(
     config: Path, log: Path, *flags: str, preexec_fn: Callable[[], None] | None = None
 ) -> Running:
-    """`tiergate router --config CONFIG --port 0 FLAGS...`, listening."""
-    command = ["router", "--config", str(config), "--port", "0", *flags]
+    """`tiergate router --config CONFIG --port 0 --metrics-port 0 FLAGS...`, listening."""
+    command = ["router", "--config", str(config), "--port", "0", "--metrics-port", "0", *flags]
     return wait_listening(launch(command, log, preexec_fn), ROUTER_LISTENING)
 
 

@@ -121,7 +121,7 @@ def fleet(
                 )  # fmt: skip
             )
             # Started together (each takes a second or more to import), waited for after.
-            command = ["router", "--config", str(config), "--port", "0"]
+            command = ["router", "--config", str(config), "--port", "0", "--metrics-port", "0"]
             started.append(launch(command, tmp_path / f"router-{i}.log"))
         for router in started:
             wait_listening(router, ROUTER_LISTENING)

@@ -105,9 +105,10 @@ async def _one(
     return 0.0
 
 
-def attained_tokens(url: str, tier: str = "batched") -> dict[str, float]:
-    """Tenant -> tokens the router's `tier` has served it so far (its /metrics)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+def attained_tokens(metrics_url: str, tier: str = "batched") -> dict[str, float]:
+    """Tenant -> tokens the router's `tier` has served it so far (its /metrics, the full URL
+    on its metrics port)."""
+    text = httpx.get(metrics_url, timeout=10).text
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name != "tiergate_tenant_attained_tokens":

@@ -187,7 +187,8 @@ def cascade_system(
         )
         app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
         url = stack.enter_context(served(app))
-        yield {"url": url, "ledger": tmp / "ledger.sqlite", "app": app}
+        metrics = stack.enter_context(served(app.metrics_app))
+        yield {"url": url, "metrics": metrics, "ledger": tmp / "ledger.sqlite", "app": app}
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +233,7 @@ def test_malformed_tool_calls_escalate_to_the_full_model(router: dict[str, Any])
     assert len(rows) == 2 * len(ids)  # both attempts recorded
     assert {(r[1], r[2]) for r in rows} == {(1, "wafer-scale"), (2, "premium")}
     assert all(r[3] and r[4] > 0 for r in rows)  # both escalated, both billed
-    metrics = httpx.get(router["url"] + "/metrics").text
+    metrics = httpx.get(router["metrics"] + "/metrics").text
     series = 'tiergate_cascade_escalations_total{from_tier="wafer-scale",to_tier="premium"}'
     assert f"{series} {float(len(ids))}" in metrics
 
@@ -261,7 +262,7 @@ def test_a_request_the_first_tier_refuses_for_a_bad_field_is_not_escalated(
 ) -> None:
     def escalations() -> float:
         series = 'tiergate_cascade_escalations_total{from_tier="wafer-scale",to_tier="premium"}'
-        metrics = httpx.get(router["url"] + "/metrics").text
+        metrics = httpx.get(router["metrics"] + "/metrics").text
         return sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(series))
 
     before = escalations()
@@ -315,8 +316,8 @@ def test_without_tools_the_cascade_header_changes_nothing(router: dict[str, Any]
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cascade"
 
 
-def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics").text
+def metric(metrics_port: str, name: str) -> float:
+    text = httpx.get(metrics_port + "/metrics").text
     return float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[-1])
 
 
@@ -335,8 +336,8 @@ def test_a_ledger_failure_on_the_first_attempt_still_serves_the_second(
         real(usage)
 
     monkeypatch.setattr(ledger, "add", add)
-    accounting = metric(router["url"], "tiergate_accounting_errors_total")
-    internal = metric(router["url"], "tiergate_internal_errors_total")
+    accounting = metric(router["metrics"], "tiergate_accounting_errors_total")
+    internal = metric(router["metrics"], "tiergate_internal_errors_total")
     for seed in range(40):
         r = cascade(router["url"], seed)
         assert r.status_code == 200, r.text
@@ -344,8 +345,8 @@ def test_a_ledger_failure_on_the_first_attempt_still_serves_the_second(
             break
     assert failed, "no request escalated"
     assert r.headers["x-tiergate-escalated"] == "true" and r.headers["x-tiergate-tier"] == "premium"
-    assert metric(router["url"], "tiergate_accounting_errors_total") == accounting + 1
-    assert metric(router["url"], "tiergate_internal_errors_total") == internal
+    assert metric(router["metrics"], "tiergate_accounting_errors_total") == accounting + 1
+    assert metric(router["metrics"], "tiergate_internal_errors_total") == internal
     rows = sqlite3.connect(router["ledger"]).execute(
         "select attempt from usage where request_id = ?", (failed[0],)
     )
@@ -367,7 +368,7 @@ def test_a_schema_that_would_take_forever_to_check_does_not_stall_the_router(
 
     def given_up() -> float:
         # Timed out, or given up at once once these checks have spent the tenant's budget.
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(router["metrics"] + "/metrics").text
         line = "tiergate_cascade_unchecked_total{"
         return sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line))
 
@@ -459,7 +460,8 @@ def test_two_tenants_sending_exponential_schemas_leave_a_third_tenant_s_checks_a
 
     with ThreadPoolExecutor(4) as pool:
         abusers = [pool.submit(abuse, t, w) for t in ("mallory", "trudy") for w in range(2)]
-        until(lambda: metric(url, "tiergate_cascade_check_budget_spent_tenants") == 2,
+        until(lambda: metric(tenants_router["metrics"],
+                             "tiergate_cascade_check_budget_spent_tenants") == 2,
               "both abusers spent their budget", within_s=60)  # fmt: skip
         replies = [tenant_cascade(url, "alice", seed, TOOL) for seed in range(20)]
         abusing = False
@@ -469,7 +471,7 @@ def test_two_tenants_sending_exponential_schemas_leave_a_third_tenant_s_checks_a
     escalated = [r for r in replies if r.headers["x-tiergate-escalated"] == "true"]
     assert kept and escalated  # spark's quality is 0.73: some of its calls are malformed
     assert all(tool_call_problem(r.json(), {"tools": [TOOL]}) is None for r in kept)
-    text = httpx.get(url + "/metrics").text
+    text = httpx.get(tenants_router["metrics"] + "/metrics").text
     assert 'tiergate_cascade_unchecked_total{reason="over_budget"}' in text
     messages = [r.getMessage() for r in caplog.records]
     assert not any("given_up" in m and "tenant=alice" in m for m in messages)

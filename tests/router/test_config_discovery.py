@@ -112,6 +112,9 @@ def test_prices_come_from_the_envelope_unless_billing_overrides() -> None:
             ]
         ),
         ("router: {scrapeIntervalS: .inf}", r"router\.scrapeIntervalS: .*finite"),
+        ("router: {port: 9100, metricsPort: 9100}\npools: []",
+         "metricsPort 9100 is also the router's port"),
+        ("router: {metricsPort: 65536}\npools: []", r"router\.metricsPort"),
         ("pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
          "billing: {outputPerMillionUsd: .inf}}]", "finite"),
         ("pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "

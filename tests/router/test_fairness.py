@@ -95,7 +95,7 @@ def wide_tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routers]:
     yield from two_routers(tmp_path_factory.mktemp("wide"), "llama-3.1-70b", "a100-80gb", 4, 16)
 
 
-def flooded_shares(url: str) -> dict[str, float]:
+def flooded_shares(url: str, metrics_url: str) -> dict[str, float]:
     """Tenants a, b, c (weights 1, 1, 2) from 24, 8 and 8 clients: ten times the tier's four
     slots. Their shares of the tokens served over a window after the queue filled."""
 
@@ -103,9 +103,9 @@ def flooded_shares(url: str) -> dict[str, float]:
         callers = [Caller("a", 24), Caller("b", 8), Caller("c", 8)]
         load = asyncio.create_task(flood(url, callers, 14.0, key))
         await asyncio.sleep(3.0)  # the queue fills and the shares settle
-        before = await asyncio.to_thread(attained_tokens, url)
+        before = await asyncio.to_thread(attained_tokens, metrics_url)
         await asyncio.sleep(10.0)
-        after = await asyncio.to_thread(attained_tokens, url)
+        after = await asyncio.to_thread(attained_tokens, metrics_url)
         await load
         return shares(before, after)
 
@@ -121,8 +121,8 @@ def off_by(found: dict[str, float], tenants: list[str]) -> dict[str, float]:
 def test_a_saturated_tier_shares_its_tokens_by_weight_and_fcfs_does_not(
     small_tier: Routers,
 ) -> None:
-    fair = off_by(flooded_shares(small_tier.fair.url), ["a", "b", "c"])
-    fcfs = off_by(flooded_shares(small_tier.fcfs.url), ["a", "b", "c"])
+    fair = off_by(flooded_shares(small_tier.fair.url, small_tier.fair.metrics_url), ["a", "b", "c"])
+    fcfs = off_by(flooded_shares(small_tier.fcfs.url, small_tier.fcfs.metrics_url), ["a", "b", "c"])
     report = f"fair admission off by {fair}; fcfs off by {fcfs}"
     assert all(abs(x) <= SHARE_TOLERANCE for x in fair.values()), report
     # First come, first served gives each tenant what its clients grab: a's 24 of 40.

@@ -273,7 +273,7 @@ def test_a_ledger_the_router_cannot_use_is_one_line_and_exit_2(
         "     batching: {maxNumSeqs: 4}, endpoints: ['http://127.0.0.1:9']}\n"
     )
     argv = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(config),
-            "--port", "0"]  # fmt: skip
+            "--port", "0", "--metrics-port", "0"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     lines = done.stderr.splitlines()
     assert done.returncode == 2, done.stderr

@@ -177,13 +177,16 @@ def test_a_router_whose_ledger_is_locked_still_bills_and_enforces_budgets(
 ) -> None:
     path = tmp_path / "ledger.sqlite"
     # $1 per output token: each 1-token reply costs $1 (and a little for its prompt).
-    with tenant_router(
-        served,
-        path,
-        tmp_path,
-        budget="budgetUsd: 2, budgetPeriod: day",
-        pool="billing: {outputPerMillionUsd: 1000000}",
-    ) as (app, url):
+    with (
+        tenant_router(
+            served,
+            path,
+            tmp_path,
+            budget="budgetUsd: 2, budgetPeriod: day",
+            pool="billing: {outputPerMillionUsd: 1000000}",
+        ) as (app, url),
+        served(app.metrics_app) as metrics_port,
+    ):
         body = {
             "model": "coder",
             "messages": [{"role": "user", "content": "hi"}],
@@ -202,7 +205,7 @@ def test_a_router_whose_ledger_is_locked_still_bills_and_enforces_budgets(
         with write_locked(path):
             statuses = [ask().status_code for _ in range(4)]
             usage_now = httpx.get(url + "/v1/usage", headers=KEY).json()
-            metrics = httpx.get(url + "/metrics").text
+            metrics = httpx.get(metrics_port + "/metrics").text
         # Two served ($1 each), then the budget refused: a locked ledger did not lift it.
         assert statuses == [200, 200, 429, 429]
         assert usage_now["budget"]["spent_usd"] == pytest.approx(2.0, rel=0.01)

@@ -187,13 +187,16 @@ def test_a_running_router_prunes_its_ledger_and_bills_stay_whole(
     with Ledger(path) as old:
         for n in range(2000):
             old.record(usage(n, wall - 40 * DAY + n, tenant="alice", cost_usd=0.25))
-    with tenant_router(
-        served,
-        path,
-        tmp_path,
-        budget="budgetUsd: 1000, budgetPeriod: total",
-        router="ledgerRetentionDays: 30",
-    ) as (app, url):
+    with (
+        tenant_router(
+            served,
+            path,
+            tmp_path,
+            budget="budgetUsd: 1000, budgetPeriod: total",
+            router="ledgerRetentionDays: 30",
+        ) as (app, url),
+        served(app.metrics_app) as metrics_port,
+    ):
         body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
         reply = httpx.post(
             url + "/v1/chat/completions",
@@ -207,7 +210,7 @@ def test_a_running_router_prunes_its_ledger_and_bills_stay_whole(
             assert time.monotonic() < deadline, "the old rows were not pruned"
             time.sleep(0.05)
         usage_now = httpx.get(url + "/v1/usage", headers=KEY).json()
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(metrics_port + "/metrics").text
     # The pruned requests still count: in the totals and in the budget's spend.
     assert usage_now["totals"]["requests"] == 2001
     assert usage_now["budget"]["spent_usd"] == usage_now["totals"]["cost_usd"] > 500.0

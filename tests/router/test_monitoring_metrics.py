@@ -31,21 +31,24 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 def test_budget_and_spend_of_a_tenant_are_exported(
     served: Callable[[Any], AbstractContextManager[str]], tmp_path: Path
 ) -> None:
-    with tenant_router(
-        served,
-        tmp_path / "ledger.sqlite",
-        tmp_path,
-        budget="budgetUsd: 5, budgetPeriod: day",
-        pool="billing: {outputPerMillionUsd: 1000000}",  # $1 an output token
-    ) as (_, url):
+    with (
+        tenant_router(
+            served,
+            tmp_path / "ledger.sqlite",
+            tmp_path,
+            budget="budgetUsd: 5, budgetPeriod: day",
+            pool="billing: {outputPerMillionUsd: 1000000}",  # $1 an output token
+        ) as (app, url),
+        served(app.metrics_app) as metrics,
+    ):
         key = (("period", "day"), ("tenant", "alice"))
-        before = httpx.get(url + "/metrics").text
+        before = httpx.get(metrics + "/metrics").text
         assert samples(before, "tiergate_tenant_budget_usd") == {key: 5.0}
         assert samples(before, "tiergate_tenant_budget_spent_usd") == {key: 0.0}
         body = {"model": "coder", "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
         reply = httpx.post(url + "/v1/completions", json=body, headers=KEY, timeout=60)
         assert reply.status_code == 200
-        after = httpx.get(url + "/metrics").text
+        after = httpx.get(metrics + "/metrics").text
         assert samples(after, "tiergate_tenant_budget_spent_usd") == {key: 2.0}
 
 

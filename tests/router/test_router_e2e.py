@@ -80,7 +80,9 @@ def system(
         view = build_view(config.pools, default_catalog())
         app = build_app(config, StaticSource(view))
         router = stack.enter_context(serve_app(app))
-        yield {"url": router, "app": app, "nodes": urls, "ledger": tmp / "ledger.sqlite"}
+        metrics = stack.enter_context(serve_app(app.metrics_app))
+        yield {"url": router, "metrics": metrics, "app": app, "nodes": urls,
+               "ledger": tmp / "ledger.sqlite"}  # fmt: skip
 
 
 ALICE = {"authorization": "Bearer alice-key-0123456789"}
@@ -137,7 +139,7 @@ def test_retries_before_the_first_byte_and_ejects_a_failing_endpoint(
     for _ in range(12):
         r = post(system, chat(max_tokens=2))
         assert r.status_code == 200, r.text
-    metrics = httpx.get(system["url"] + "/metrics").text
+    metrics = httpx.get(system["metrics"] + "/metrics").text
     assert "tiergate_upstream_retries_total" in metrics
     retries = next(
         float(line.split()[-1])
@@ -265,7 +267,7 @@ def test_usage_shows_only_the_callers_own_and_the_ledger_is_on_disk(
     assert rows and {r[1] for r in rows} >= {"batched", "premium", "wafer-scale"}
     wal_file = system["ledger"].with_name(system["ledger"].name + "-wal")
     before = wal_file.stat().st_size
-    metrics = httpx.get(system["url"] + "/metrics").text
+    metrics = httpx.get(system["metrics"] + "/metrics").text
     wal = next(x for x in metrics.splitlines() if x.startswith("tiergate_ledger_wal_bytes "))
     # What the file held when scraped (it only grows meanwhile, far below its size limit).
     assert 0 < before <= float(wal.split()[-1]) <= wal_file.stat().st_size
@@ -296,7 +298,7 @@ def test_models_health_and_openapi(system: dict[str, Any]) -> None:
         assert "Retry-After" in op["responses"][status]["headers"]
     assert "default" in op["responses"]  # a node's own refusal, passed through
     assert httpx.get(system["url"] + "/nope").status_code == 404
-    metrics = httpx.get(system["url"] + "/metrics").text
+    metrics = httpx.get(system["metrics"] + "/metrics").text
     young = 'tiergate_gc_pause_seconds_count{generation="0"} '
     # installed when the app started: the requests served since then made young collections
     assert float(next(x for x in metrics.splitlines() if x.startswith(young)).split()[-1]) > 0

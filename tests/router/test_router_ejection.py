@@ -60,8 +60,11 @@ def refused_url() -> str:
 
 
 @contextmanager
-def router(served: Served, tmp_path: Path, endpoints: list[str]) -> Iterator[tuple[RouterApp, str]]:
-    """A router over one batched pool of `endpoints`; one tenant, allowed the batched tier
+def router(
+    served: Served, tmp_path: Path, endpoints: list[str]
+) -> Iterator[tuple[RouterApp, str, str]]:
+    """A router over one batched pool of `endpoints` (yielded: the app, its URL and its
+    metrics port's URL); one tenant, allowed the batched tier
     only; clients' fault headers forwarded to the nodes. No scorers: endpoints come in a
     random (seeded) order whatever their scraped load, or a dead endpoint, its load unknown,
     would rank last once the others' figures are in and be tried only as timing allows."""
@@ -77,8 +80,8 @@ def router(served: Served, tmp_path: Path, endpoints: list[str]) -> Iterator[tup
         f"endpoints: {json.dumps(endpoints)}}}\n"
     )
     app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
-    with served(app) as url:
-        yield app, url
+    with served(app) as url, served(app.metrics_app) as metrics:
+        yield app, url, metrics
 
 
 def chat(i: int, **fields: Any) -> dict[str, Any]:
@@ -96,7 +99,7 @@ def test_a_tenant_s_requests_that_fail_everywhere_eject_no_endpoint(
 ) -> None:
     with ExitStack() as stack:
         nodes = [stack.enter_context(served(node())) for _ in range(2)]
-        app, url = stack.enter_context(router(served, tmp_path, nodes))
+        app, url, metrics_port = stack.enter_context(router(served, tmp_path, nodes))
         for i in range(10):
             r = httpx.post(
                 url + "/v1/chat/completions",
@@ -114,7 +117,7 @@ def test_a_tenant_s_requests_that_fail_everywhere_eject_no_endpoint(
             }
             assert not any(node_url in r.text for node_url in nodes)
         assert ejected(app) == []
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(metrics_port + "/metrics").text
         assert 'tiergate_endpoints{state="ready",tier="batched"} 2.0' in metrics
         for i in range(4):  # and every request that can be served is, on its first attempt
             r = httpx.post(url + "/v1/chat/completions", json=chat(i, max_tokens=2), headers=KEY)
@@ -138,7 +141,7 @@ def test_too_deep_a_tool_schema_is_the_client_s_400_and_ejects_no_endpoint(
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
     with ExitStack() as stack:
         nodes = [stack.enter_context(served(node())) for _ in range(2)]
-        app, url = stack.enter_context(router(served, tmp_path, nodes))
+        app, url, _ = stack.enter_context(router(served, tmp_path, nodes))
         with httpx.Client(base_url=url, headers=KEY, timeout=30) as client:
             for i in range(10):
                 r = client.post("/v1/chat/completions", json=chat(i, tools=tools))
@@ -160,7 +163,7 @@ def test_an_endpoint_that_fails_what_others_serve_is_still_ejected(
             bad = stack.enter_context(served(failing_every_request(node())))
         else:
             bad = refused_url()
-        app, url = stack.enter_context(router(served, tmp_path, [bad, healthy]))
+        app, url, _ = stack.enter_context(router(served, tmp_path, [bad, healthy]))
         with httpx.Client(base_url=url, headers=KEY, timeout=30) as client:
             for i in range(200):  # 5 in a row to the broken one first ejects it
                 r = client.post("/v1/chat/completions", json=chat(i, max_tokens=1))
@@ -170,10 +173,10 @@ def test_an_endpoint_that_fails_what_others_serve_is_still_ejected(
         assert ejected(app) == [bad]
 
 
-def retries_total(url: str) -> float:
+def retries_total(metrics_port: str) -> float:
     line = next(
         line
-        for line in httpx.get(url + "/metrics").text.splitlines()
+        for line in httpx.get(metrics_port + "/metrics").text.splitlines()
         if line.startswith("tiergate_upstream_retries_total")
     )
     return float(line.split()[-1])
@@ -182,7 +185,7 @@ def retries_total(url: str) -> float:
 def test_the_retries_of_a_request_that_failed_are_counted(served: Served, tmp_path: Path) -> None:
     with ExitStack() as stack:
         nodes = [stack.enter_context(served(node())) for _ in range(2)]
-        _, url = stack.enter_context(router(served, tmp_path, nodes))
+        _, url, metrics_port = stack.enter_context(router(served, tmp_path, nodes))
         for i in range(3):
             r = httpx.post(
                 url + "/v1/chat/completions",
@@ -191,7 +194,7 @@ def test_the_retries_of_a_request_that_failed_are_counted(served: Served, tmp_pa
                 timeout=30,
             )
             assert r.status_code == 503
-        assert retries_total(url) == 3  # each tried both endpoints
+        assert retries_total(metrics_port) == 3  # each tried both endpoints
         r = httpx.post(url + "/v1/chat/completions", json=chat(9, max_tokens=2), headers=KEY)
         assert r.status_code == 200
-        assert retries_total(url) == 3
+        assert retries_total(metrics_port) == 3

@@ -123,7 +123,8 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
         config = parse_config(text)
         app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
         router = stack.enter_context(served(app))
-        yield {"url": router, "node": healthy, "ledger": tmp / "ledger.sqlite"}
+        metrics = stack.enter_context(served(app.metrics_app))
+        yield {"url": router, "metrics": metrics, "node": healthy, "ledger": tmp / "ledger.sqlite"}
 
 
 def body(model: str, **fields: Any) -> dict[str, Any]:
@@ -186,7 +187,7 @@ def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(
     assert len(events) == 3  # two relayed chunks, then the router's error event
     assert json.loads(events[0][6:])["service_tier"] == "default"
     assert json.loads(events[-1][6:])["error"]["code"] == "upstream_failed"
-    metrics = httpx.get(system["url"] + "/metrics").text
+    metrics = httpx.get(system["metrics"] + "/metrics").text
     assert 'tiergate_midstream_errors_total{tier="batched"} 1.0' in metrics
     # and the router keeps serving
     ok = httpx.post(url, json=body("slow", max_tokens=2), timeout=30)
@@ -212,7 +213,7 @@ def test_a_stream_whose_node_dies_before_its_first_token_is_served_by_another(
         if len(DIED_BEFORE_FIRST_TOKEN) >= 3:
             break
     assert len(DIED_BEFORE_FIRST_TOKEN) >= 3, "the dying endpoint was never picked"
-    metrics = httpx.get(system["url"] + "/metrics").text
+    metrics = httpx.get(system["metrics"] + "/metrics").text
     retries = next(x for x in metrics.splitlines() if x.startswith("tiergate_upstream_retries_to"))
     assert float(retries.split()[-1]) >= 3
 

@@ -44,20 +44,24 @@ TIGHT_SLO = {"x-slo-ttft-ms": "3"}
 @contextmanager
 def spill_router(
     served: Served, tmp_path: Path, tenant: str, accelerator: str = "wse-3"
-) -> Iterator[tuple[RouterApp, str]]:
-    """Alice's entry has `tenant` (her spillOver, allowedTiers...); each pool has 2 slots."""
-    with tenant_router(
-        served,
-        tmp_path / "ledger.sqlite",
-        tmp_path,
-        budget=tenant,
-        pool="billing: {outputPerMillionUsd: 1}",
-        premium=f"billing: {{outputPerMillionUsd: {PREMIUM_USD_PER_MTOK}}}",
-        max_num_seqs=SLOTS,
-        node_max_num_seqs=16,
-        accelerator=accelerator,
-    ) as router:
-        yield router
+) -> Iterator[tuple[RouterApp, str, str]]:
+    """Alice's entry has `tenant` (her spillOver, allowedTiers...); each pool has 2 slots.
+    Yields the app, its URL and its metrics port's URL."""
+    with (
+        tenant_router(
+            served,
+            tmp_path / "ledger.sqlite",
+            tmp_path,
+            budget=tenant,
+            pool="billing: {outputPerMillionUsd: 1}",
+            premium=f"billing: {{outputPerMillionUsd: {PREMIUM_USD_PER_MTOK}}}",
+            max_num_seqs=SLOTS,
+            node_max_num_seqs=16,
+            accelerator=accelerator,
+        ) as (app, url),
+        served(app.metrics_app) as metrics,
+    ):
+        yield app, url, metrics
 
 
 @contextmanager
@@ -98,11 +102,11 @@ def ledger_row(tmp_path: Path, request_id: str) -> dict[str, Any]:
     return dict(found[0])
 
 
-def spills_metric(url: str) -> dict[str, float]:
+def spills_metric(metrics_port: str) -> dict[str, float]:
     """`tiergate_spills_total` series that counted a spill: `from->to reason` -> count (every
     series exists from the start, at zero)."""
     series = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
+    for line in httpx.get(metrics_port + "/metrics").text.splitlines():
         if line.startswith("tiergate_spills_total{"):
             labels, value = line[len("tiergate_spills_total{") :].split("} ")
             parts = dict(part.split("=") for part in labels.split(","))
@@ -137,14 +141,14 @@ def assert_stayed(reply: httpx.Response) -> None:
 def test_a_saturated_tier_s_request_is_served_and_billed_by_premium(
     served: Served, tmp_path: Path
 ) -> None:
-    with spill_router(served, tmp_path, SPILL) as (app, url):
+    with spill_router(served, tmp_path, SPILL) as (app, url, metrics):
         with batched_held(app, url):
             reply = ask(url)
         assert_spilled(reply, "saturated")
         row = ledger_row(tmp_path, reply.headers["x-tiergate-request-id"])
         usage = httpx.get(url + "/v1/usage", headers=KEY).json()["by_tier_served"]["premium"]
-        assert spills_metric(url) == {"batched->premium saturated": 1.0}
-        metrics = httpx.get(url + "/metrics").text
+        assert spills_metric(metrics) == {"batched->premium saturated": 1.0}
+        exposition = httpx.get(metrics + "/metrics").text
     completion_tokens = reply.json()["usage"]["completion_tokens"]
     assert completion_tokens == 5
     cost_usd = completion_tokens * PREMIUM_USD_PER_MTOK / 1e6  # prompts are free here
@@ -154,13 +158,13 @@ def test_a_saturated_tier_s_request_is_served_and_billed_by_premium(
     assert usage["requests"] == 1 and usage["cost_usd"] == pytest.approx(cost_usd)
     served_tokens = reply.json()["usage"]["total_tokens"]
     attained = 'tiergate_tenant_attained_tokens_total{tenant="alice",tier="premium"}'
-    assert f"{attained} {float(served_tokens)}" in metrics
+    assert f"{attained} {float(served_tokens)}" in exposition
 
 
 def test_a_streamed_spilled_reply_says_premium_in_its_chunks(
     served: Served, tmp_path: Path
 ) -> None:
-    with spill_router(served, tmp_path, SPILL) as (app, url), batched_held(app, url):
+    with spill_router(served, tmp_path, SPILL) as (app, url, metrics), batched_held(app, url):
         body = {**BODY, "stream": True}
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=KEY,
                           timeout=60) as reply:  # fmt: skip
@@ -185,7 +189,7 @@ def test_a_request_that_may_not_move_waits_for_its_own_tier(
     """As without a policy: a standard request queues for its saturated tier (it is not shed),
     and is served there once a slot frees."""
     with (
-        spill_router(served, tmp_path, tenant) as (app, url),
+        spill_router(served, tmp_path, tenant) as (app, url, metrics),
         ThreadPoolExecutor(1) as pool,
         batched_held(app, url) as closers,
     ):
@@ -196,7 +200,7 @@ def test_a_request_that_may_not_move_waits_for_its_own_tier(
         closers[0]()  # one stream ends: its slot goes to the waiting request
         reply = pending.result()
         assert_stayed(reply)
-        assert spills_metric(url) == {}
+        assert spills_metric(metrics) == {}
 
 
 def test_full_router_slots_make_a_flex_request_wait_not_shed(
@@ -204,7 +208,7 @@ def test_full_router_slots_make_a_flex_request_wait_not_shed(
 ) -> None:
     """Flex is shed only by the node-saturation flag (admission.py), not by full router slots."""
     with (
-        spill_router(served, tmp_path, "") as (app, url),
+        spill_router(served, tmp_path, "") as (app, url, metrics),
         ThreadPoolExecutor(1) as pool,
         batched_held(app, url) as closers,
     ):
@@ -217,7 +221,7 @@ def test_full_router_slots_make_a_flex_request_wait_not_shed(
 
 def test_a_tenant_s_max_queued_refuses_its_extra_waiter_429(served: Served, tmp_path: Path) -> None:
     with (
-        spill_router(served, tmp_path, "maxQueued: 1") as (app, url),
+        spill_router(served, tmp_path, "maxQueued: 1") as (app, url, metrics),
         ThreadPoolExecutor(1) as pool,
         batched_held(app, url) as closers,
     ):
@@ -291,11 +295,11 @@ async def test_a_tier_whose_nodes_all_queue_moves_its_request(
 def test_an_slo_its_tier_is_predicted_to_miss_moves_the_request(
     served: Served, tmp_path: Path
 ) -> None:
-    with spill_router(served, tmp_path, SPILL, accelerator=SLOW_BATCHED) as (_, url):
+    with spill_router(served, tmp_path, SPILL, accelerator=SLOW_BATCHED) as (_, url, metrics):
         assert_spilled(ask(url, **TIGHT_SLO), "slo")
         assert_stayed(ask(url, **{"x-slo-ttft-ms": "1000"}))  # met where it is
         assert_stayed(ask(url))  # no SLO: nothing to miss
-        assert spills_metric(url) == {"batched->premium slo": 1.0}
+        assert spills_metric(metrics) == {"batched->premium slo": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -313,18 +317,18 @@ def test_an_slo_its_tier_is_predicted_to_miss_moves_the_request(
 def test_a_request_that_may_not_move_stays_whatever_its_slo(
     served: Served, tmp_path: Path, tenant: str, body: dict[str, Any], headers: dict[str, str]
 ) -> None:
-    with spill_router(served, tmp_path, tenant, accelerator=SLOW_BATCHED) as (app, url):
+    with spill_router(served, tmp_path, tenant, accelerator=SLOW_BATCHED) as (app, url, metrics):
         reply = ask(url, body, **TIGHT_SLO, **headers)
         assert reply.status_code == 503, reply.text  # as today: no batched endpoint meets it
         assert reply.json()["error"]["code"] == "slo_unattainable"
         assert "x-tiergate-spilled-from" not in reply.headers
         assert app.router.admission.queues["premium"].active == 0
-        assert spills_metric(url) == {}
+        assert spills_metric(metrics) == {}
 
 
 def test_the_price_header_replaces_the_tenant_s_cap(served: Served, tmp_path: Path) -> None:
     cheap = "spillOver: {to: [premium], maxOutputUsdPerMillion: 5}"
-    with spill_router(served, tmp_path, cheap, accelerator=SLOW_BATCHED) as (_, url):
+    with spill_router(served, tmp_path, cheap, accelerator=SLOW_BATCHED) as (_, url, metrics):
         assert ask(url, **TIGHT_SLO).status_code == 503  # the tenant's cap: premium too dear
         price = {"x-tiergate-spill-max-usd-per-mtok": str(PREMIUM_USD_PER_MTOK)}  # exactly
         assert_spilled(ask(url, **TIGHT_SLO, **price), "slo")
@@ -333,9 +337,9 @@ def test_the_price_header_replaces_the_tenant_s_cap(served: Served, tmp_path: Pa
 def test_the_to_header_moves_a_request_of_a_tenant_without_a_policy(
     served: Served, tmp_path: Path
 ) -> None:
-    with spill_router(served, tmp_path, "", accelerator=SLOW_BATCHED) as (_, url):
+    with spill_router(served, tmp_path, "", accelerator=SLOW_BATCHED) as (_, url, metrics):
         assert_spilled(ask(url, **TIGHT_SLO, **{"x-tiergate-spill-to": "premium"}), "slo")
-        assert spills_metric(url) == {"batched->premium slo": 1.0}
+        assert spills_metric(metrics) == {"batched->premium slo": 1.0}
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -357,7 +361,7 @@ def test_a_bad_spill_header_is_an_openai_error_and_bills_nothing(
     served: Served, tmp_path: Path, headers: dict[str, str], status: int, code: str
 ) -> None:
     tenant = f"allowedTiers: [batched, premium], {SPILL}"
-    with spill_router(served, tmp_path, tenant) as (_, url):
+    with spill_router(served, tmp_path, tenant) as (_, url, metrics):
         reply = ask(url, **headers)
         usage = httpx.get(url + "/v1/usage", headers=KEY).json()
         row = ledger_row(tmp_path, reply.headers["x-tiergate-request-id"])
@@ -376,7 +380,7 @@ def test_a_bad_spill_header_is_an_openai_error_and_bills_nothing(
 def test_a_flex_request_never_spills(served: Served, tmp_path: Path) -> None:
     """Flex asked to be served late and cheap: it waits for its own tier, never a dearer one."""
     with (
-        spill_router(served, tmp_path, SPILL) as (app, url),
+        spill_router(served, tmp_path, SPILL) as (app, url, metrics),
         ThreadPoolExecutor(1) as pool,
         batched_held(app, url) as closers,
     ):
@@ -386,7 +390,7 @@ def test_a_flex_request_never_spills(served: Served, tmp_path: Path) -> None:
         closers[0]()
         reply = pending.result()
         assert reply.headers["x-tiergate-tier"] == "batched"
-        assert reply.json()["service_tier"] == "flex" and spills_metric(url) == {}
+        assert reply.json()["service_tier"] == "flex" and spills_metric(metrics) == {}
 
 
 def test_a_request_that_stays_holds_only_its_own_tier_s_price(
@@ -395,6 +399,6 @@ def test_a_request_that_stays_holds_only_its_own_tier_s_price(
     """The budget holds the dearest tier a request will be tried in: premium only when it is
     moving there. $0.01 covers 1000 tokens at batched's $1 per million, not at premium's $20."""
     tenant = f"budgetUsd: 0.01, budgetPeriod: day, {SPILL}"
-    with spill_router(served, tmp_path, tenant) as (app, url):
+    with spill_router(served, tmp_path, tenant) as (app, url, metrics):
         reply = ask(url, {**BODY, "max_tokens": 1000})
     assert_stayed(reply)

@@ -1,6 +1,7 @@
 """`tiergate router` starts with every combination of its configuration's sources: pools from
 the file or from Kubernetes, tenants open, from a file or from a mounted Secret's folder, the
-ledger in memory or on disk. Each serves /metrics with one reload counter per reloaded file."""
+ledger in memory or on disk. Each serves /metrics on its metrics port with one reload counter
+per reloaded file."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_tiergate_router_starts_with_pools_from_its_file(
     )
     router = start_router(path, tmp_path / "router.log")
     try:
-        metrics = httpx.get(router.url + "/metrics", timeout=10).text
+        metrics = httpx.get(router.metrics_url, timeout=10).text
         expected = ["pools"] if tenants == "open" else ["pools", "tenants"]
         assert sorted(RELOADS.findall(metrics)) == expected
         assert httpx.get(router.url + "/healthz", timeout=10).status_code == 200
@@ -77,5 +78,7 @@ async def test_the_router_starts_with_pools_from_kubernetes(tmp_path: Path, tena
         api.give_list(PODS, empty)
         await eventually(lambda: app.synced())
         assert (await client.get("/readyz")).status_code == 200
-        metrics = (await client.get("/metrics")).text
+        transport = httpx.ASGITransport(app=app.metrics_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://metrics") as scrape:
+            metrics = (await scrape.get("/metrics")).text
     assert RELOADS.findall(metrics) == ([] if tenants == "open" else ["tenants"])

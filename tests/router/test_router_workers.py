@@ -1,6 +1,7 @@
 """`tiergate router --workers N`: real processes on a real port. Two workers serve one port
 (the kernel spreads connections: both answer), stop gracefully on SIGTERM, are started again
-when one is killed, die with a killed supervisor, and add their metrics up. The SQLite ledger,
+when one is killed, die with a killed supervisor, and add their metrics up (both answer
+scrapes on the shared metrics port, each with the sum). The SQLite ledger,
 a bad configuration and a worker that cannot start are each one line and exit status 2.
 
 Which worker served a connection is read from /proc: the process holding the server's end.
@@ -115,6 +116,11 @@ def metric(text: str, name: str) -> float:
     return sum(float(value) for value in pattern.findall(text))
 
 
+def metrics_port(router: Running) -> str:
+    """The base URL of the router's metrics port."""
+    return router.metrics_url.removesuffix("/metrics")
+
+
 def get(url: str, path: str) -> str:
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
@@ -147,7 +153,11 @@ def test_counters_add_up_over_the_workers(tmp_path: Path, node: str, pg_dsn: str
         workers = children(router.process.pid)
         served = each_answers(router.url, workers, COMPLETIONS, CHAT)
         sent = sum(len(replies) for replies in served.values())
-        text = get(router.url, "/metrics")
+        # The kernel spreads scrapes over the workers too: whichever answers has the sum.
+        scrapes = each_answers(metrics_port(router), workers, "/metrics")
+        for pid, replies in scrapes.items():
+            assert metric(replies[-1].decode(), "tiergate_requests_total") == sent, pid
+        text = get(metrics_port(router), "/metrics")
         assert metric(text, "tiergate_requests_total") == sent, text
         assert metric(text, "tiergate_tokens_total") > 0
         assert metric(text, "tiergate_workers") == 2
@@ -264,7 +274,7 @@ def test_a_killed_worker_is_started_again_and_serving_goes_on(
         workers = children(supervisor)
         assert kept in workers and killed not in workers and len(workers) == 2
         each_answers(router.url, workers, COMPLETIONS, CHAT)
-        text = get(router.url, "/metrics")
+        text = get(metrics_port(router), "/metrics")
         assert metric(text, "tiergate_workers") == 2  # the killed one's gauges are dropped
         assert metric(text, "tiergate_worker_restarts_total") == 1
         assert "event=worker_exited" in log.read_text()
@@ -340,7 +350,18 @@ def test_a_worker_that_cannot_start_stops_the_router_with_its_error(
     config.write_text(f"router: {{ledgerUrl: '{pg_dsn}'}}\ndiscovery: {{kubernetes: {{}}}}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env["KUBECONFIG"] = str(tmp_path / "no-kubeconfig")
-    result = tiergate("router", "--config", str(config), "--port", "0", "--workers", "2", env=env)
+    result = tiergate(
+        "router",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--workers",
+        "2",
+        env=env,
+    )
     assert result.returncode == 2, result.stderr
     (line,) = error_lines(result)
     assert line.startswith("tiergate router: error: discovery.kubernetes: no Kubernetes API")
@@ -354,7 +375,7 @@ def test_one_worker_is_the_router_itself(tmp_path: Path, node: str) -> None:
     router = start_router(write_config(tmp_path, node, None), tmp_path / "router.log")
     try:
         assert answered_by(router.url, {router.process.pid})[0] == router.process.pid
-        text = get(router.url, "/metrics")
+        text = get(metrics_port(router), "/metrics")
         assert "tiergate_workers" not in text and "tiergate_upstream_retries_created" in text
     finally:
         router.stop()

@@ -78,14 +78,17 @@ def test_router_settings_changed_in_a_reload_are_named_as_needing_a_restart(
 def test_reloads_are_counted_in_the_metrics(
     tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
 ) -> None:
-    with tenant_router(
-        served, tmp_path / "ledger.sqlite", tmp_path, budget="", router="reloadIntervalS: 0.05"
-    ) as (_, url):
+    with (
+        tenant_router(
+            served, tmp_path / "ledger.sqlite", tmp_path, budget="", router="reloadIntervalS: 0.05"
+        ) as (app, _),
+        served(app.metrics_app) as metrics,
+    ):
         (tmp_path / "tenants.yaml").write_text("tenants: [{name: x}]\n")  # no keys: refused
         failed = 'tiergate_config_reloads_total{config="tenants",result="failed"} 1.0'
-        until(lambda: failed in httpx.get(url + "/metrics").text, "no failed reload counted")
+        until(lambda: failed in httpx.get(metrics + "/metrics").text, "no failed reload counted")
         applied = 'tiergate_config_reloads_total{config="tenants",result="applied"} 0.0'
-        assert applied in httpx.get(url + "/metrics").text
+        assert applied in httpx.get(metrics + "/metrics").text
 
 
 def test_a_router_with_a_pools_file_and_a_tenants_file_counts_the_reloads_of_both(

@@ -67,7 +67,9 @@ def test_the_summary_marks_inline_profiles() -> None:
         "name": "cheap", "tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm",
         "acceleratorProfile": cheap.model_dump(by_alias=True),
     }]})  # fmt: skip
-    row = summary(build_view(parse_config(text).pools, catalog), "http://x").splitlines()[2]
+    row = summary(
+        build_view(parse_config(text).pools, catalog), "http://x", "http://y/metrics"
+    ).splitlines()[2]
     assert " x h100-sxm (inline profile, shadowing the catalog entry)" in row
     assert "llama-3.1-8b (inline" not in row
 

@@ -46,7 +46,8 @@ tenants:
 
 def start_up(config: Path, router_port: int, node_port: int) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-P", "-m", "tiergate", "up", "--config", str(config),
-            "--port", str(router_port), "--first-node-port", str(node_port)]  # fmt: skip
+            "--port", str(router_port), "--metrics-port", "0",
+            "--first-node-port", str(node_port)]  # fmt: skip
     up = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
@@ -171,13 +172,20 @@ def test_ports_in_use_or_out_of_range_are_one_line_before_anything_starts(tmp_pa
         held.listen()
         taken = held.getsockname()[1]
         router_port = free_port()
-        done = run_up(config, "--port", str(router_port), "--first-node-port", str(taken))
+        done = run_up(config, "--port", str(router_port), "--metrics-port", "0",
+                      "--first-node-port", str(taken))  # fmt: skip
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert f"cannot listen on 127.0.0.1:{taken}" in done.stderr
         assert not listening(router_port)  # the router never started
         done = run_up(config, "--port", str(taken), "--first-node-port", str(free_port()))
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert f"cannot listen on 127.0.0.1:{taken}" in done.stderr
+        done = run_up(config, "--port", str(router_port), "--metrics-port", str(taken),
+                      "--first-node-port", str(free_port()))  # fmt: skip
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        metrics_taken = "the metrics port (router.metricsPort, --metrics-port): cannot listen on"
+        assert f"{metrics_taken} 127.0.0.1:{taken}" in done.stderr
+        assert not listening(router_port)
     two = tmp_path / "two.yaml"  # two nodes from 65535 would need port 65536
     two.write_text(
         CONFIG.format(ledger=tmp_path / "ledger.sqlite").replace("replicas: 1", "replicas: 2")

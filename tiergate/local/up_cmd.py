@@ -20,6 +20,7 @@ from tiergate.local.nodes import (
     stop_nodes,
 )
 from tiergate.router.build import build_app
+from tiergate.router.cli.router_cmd import LISTEN_BACKLOG, Addresses, url_of
 from tiergate.router.cli.serve import connection_cap, run_router
 from tiergate.router.config import ConfigError, RouterConfig, load_config, parse_config
 from tiergate.router.discovery.view import PoolView, StaticSource, build_view
@@ -41,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true", help="print the embedded default")
     p.add_argument("--host", default=None, help="router address (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=None, help="router port (default 8080)")
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="router's GET /metrics port (default 8090)",
+    )
     p.add_argument(
         "--first-node-port", type=port_number, default=None, help="first sim-node port (9000)"
     )
@@ -69,6 +76,8 @@ def load(args: argparse.Namespace) -> RouterConfig:
         updates["host"] = args.host
     if args.port is not None:
         updates["port"] = args.port
+    if args.metrics_port is not None:
+        updates["metrics_port"] = args.metrics_port
     router = config.router.model_copy(update=updates)
     local = config.local
     if args.first_node_port is not None:
@@ -87,12 +96,13 @@ def load(args: argparse.Namespace) -> RouterConfig:
     return config
 
 
-def _check_node_ports(config: RouterConfig, router_port: int) -> None:
+def _check_node_ports(config: RouterConfig, router_ports: dict[int, str]) -> None:
     """Refuse ports something else holds before starting any node: a node that cannot bind
-    exits, and the server already there (another `tiergate up`?) would answer in its place."""
+    exits, and the server already there (another `tiergate up`?) would answer in its place.
+    `router_ports`: the router's bound ports, port -> its host."""
     host = config.local.host
     for port in node_ports(config):
-        if port == router_port and host == config.router.host:
+        if router_ports.get(port) == host:
             raise CliError(f"port {port} is both the router's and a sim node's: move one")
         listen_socket(host, port).close()
 
@@ -112,11 +122,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     cap = connection_cap(config.router.connections)
-    host = config.router.host
-    sock = listen_socket(host, config.router.port)
+    addresses = Addresses.of(config, None, None, None)
+    sock, metrics_sock = addresses.bind(listen_socket)
     try:
-        port = sock.getsockname()[1]  # the one bound, for --port 0
-        _check_node_ports(config, port)
+        # The ones bound, for --port 0.
+        port, metrics_port = sock.getsockname()[1], metrics_sock.getsockname()[1]
+        _check_node_ports(config, {port: addresses.host, metrics_port: addresses.metrics_host})
         try:
             nodes = start_nodes(config, planned)
         except NodeStartError as exc:
@@ -134,17 +145,20 @@ def run(args: argparse.Namespace) -> int:
             except (TenantConfigError, LedgerError) as exc:
                 raise CliError(str(exc)) from None
             supervisor.start()
-            print(summary(view, f"http://{host}:{port}"), flush=True)
-            ok = run_router(app, sock, args.log_level)
+            sock.listen(LISTEN_BACKLOG)
+            metrics_sock.listen(LISTEN_BACKLOG)
+            print(summary(view, url_of(sock), url_of(metrics_sock) + "/metrics"), flush=True)
+            ok = run_router(app, sock, metrics_sock, args.log_level)
             return 0 if ok else 1
         finally:
             supervisor.stop()
             stop_nodes(nodes)
     finally:
         sock.close()
+        metrics_sock.close()
 
 
-def summary(view: PoolView, router_url: str) -> str:
+def summary(view: PoolView, router_url: str, metrics_url: str) -> str:
     rows = []
     for name, pool in view.pools.items():
         e = pool.envelope
@@ -160,5 +174,6 @@ def summary(view: PoolView, router_url: str) -> str:
     headers = ["tier", "pool", "model", "hardware", "tok/s/stream", "$/1M out", "endpoints"]
     return (
         f"{table(headers, rows, left=4)}\n\nrouter: {router_url}  (OpenAI-compatible; "
-        f"try: tiergate bench --router {router_url})\nCtrl-C stops everything."
+        f"try: tiergate bench --router {router_url})\nmetrics: {metrics_url}  (Prometheus; "
+        "every tenant's spend: keep it from tenants)\nCtrl-C stops everything."
     )

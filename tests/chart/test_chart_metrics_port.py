@@ -1,0 +1,72 @@
+"""The router's metrics port in the chart: one value (`router.metricsPort`) that the router's
+configuration, its container port, its pods' scrape annotations and the metrics Service all
+follow; and a NetworkPolicy on the router's pods that leaves the tenants' port open to every
+client and lets only `networkPolicy.metricsFrom` reach the metrics port.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from chart_helpers import ROUTER, Helm, HelmFailed, Manifest, one
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+METRICS_FROM = "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels"
+
+
+def router_pod(manifests: list[Manifest]) -> dict[str, Any]:
+    return dict(one(manifests, "Deployment", ROUTER)["spec"]["template"])
+
+
+def ingress_by_port(manifests: list[Manifest]) -> dict[str, list[dict[str, Any]]]:
+    """The router NetworkPolicy's rules: port name -> the `from` of each rule naming it ([]
+    for a rule open to every source)."""
+    rules: dict[str, list[dict[str, Any]]] = {}
+    for rule in one(manifests, "NetworkPolicy", ROUTER)["spec"]["ingress"]:
+        for port in rule["ports"]:
+            rules.setdefault(port["port"], []).extend(rule.get("from", []) or [{}])
+    return rules
+
+
+def test_every_part_follows_the_metrics_port_value(helm: Helm) -> None:
+    manifests = helm.template(sets=["router.metricsPort=9105"])
+    config = yaml.safe_load(one(manifests, "ConfigMap", ROUTER)["data"]["router.yaml"])
+    assert config["router"]["metricsPort"] == 9105
+    pod = router_pod(manifests)
+    (container,) = pod["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9105, "protocol": "TCP"} in container["ports"]
+    annotations = pod["metadata"]["annotations"]
+    assert (annotations["prometheus.io/scrape"], annotations["prometheus.io/port"]) == (
+        "true",
+        "9105",
+    )
+    assert annotations["prometheus.io/path"] == "/metrics"
+    service = one(manifests, "Service", ROUTER + "-metrics")["spec"]
+    assert [(p["port"], p["targetPort"]) for p in service["ports"]] == [(9105, "metrics")]
+
+
+def test_the_metrics_port_cannot_be_the_tenants_port(helm: Helm) -> None:
+    with pytest.raises(HelmFailed, match="router.metricsPort: 8080 is the router's own port"):
+        helm.template(sets=["router.metricsPort=8080"])
+
+
+def test_the_tenants_port_is_open_and_the_metrics_port_closed_by_default(
+    default_manifests: list[Manifest],
+) -> None:
+    policy = one(default_manifests, "NetworkPolicy", ROUTER)["spec"]
+    pod_labels = router_pod(default_manifests)["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    assert ingress_by_port(default_manifests) == {"http": [{}]}  # nothing reaches "metrics"
+
+
+def test_metrics_from_lets_only_those_sources_reach_the_metrics_port(helm: Helm) -> None:
+    manifests = helm.template(sets=[f"{METRICS_FROM}.kubernetes\\.io/metadata\\.name=monitoring"])
+    assert ingress_by_port(manifests) == {"http": [{}], "metrics": [MONITORING]}
+
+
+def test_no_router_policy_when_network_policies_are_off(helm: Helm) -> None:
+    manifests = helm.template(sets=["networkPolicy.enabled=false"])
+    assert not [m for m in manifests if m["kind"] == "NetworkPolicy"]
