@@ -165,7 +165,8 @@ def start_router(
 ) -> str:
     port = free_port()
     config = {
-        "router": {"host": "127.0.0.1", "port": port, "tenantsFile": str(tenants),
+        "router": {"host": "127.0.0.1", "port": port, "metricsPort": free_port(),
+                   "tenantsFile": str(tenants),
                    "ledgerPath": str(procs.workdir / f"{name}-ledger.sqlite")},
         "pools": [
             {"name": "spark", "tier": "wafer-scale", "model": "frontier-spark",
