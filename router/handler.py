@@ -39,6 +39,7 @@ from tiergate.router.policy.latency import LatencyPredictor
 from tiergate.router.progress import Progress
 from tiergate.router.request.body import (
     CompletionRequest,
+    cap_output,
     parse_completion,
     parse_slo,
     upstream_body,
@@ -46,7 +47,12 @@ from tiergate.router.request.body import (
 from tiergate.router.request.cascade import cascade_plan, serve_first_tier
 from tiergate.router.request.ids import new_request_id
 from tiergate.router.request.spill import spill_over
-from tiergate.router.request.tier_choice import choose_tier, most_it_may_cost, tiers_to_try
+from tiergate.router.request.tier_choice import (
+    budget_cap,
+    choose_tier,
+    most_it_may_cost,
+    tiers_to_try,
+)
 from tiergate.router.request.tiers import Tier, TierChoice, openai_service_tier
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.guards import Budgets, Limits
@@ -211,6 +217,12 @@ class Router:
         hold_usd = most_it_may_cost(view, request, plan, tiers, tenant)
         if budgets.needs_lease(tenant, hold_usd, now_s):  # shared budgets: a round trip
             await budgets.lease(tenant, hold_usd, now_s)
+        room_usd = budgets.room_usd(tenant, now_s)
+        if room_usd is not None:  # a request that sets no cap gets what the budget pays
+            cap = budget_cap(view, request, plan, tiers, tenant, room_usd)
+            if cap is not None:
+                cap_output(request, cap)
+                hold_usd = most_it_may_cost(view, request, plan, tiers, tenant)
         ex.hold_usd = budgets.check(tenant, now_s, hold_usd)
         estimate = request.tokens_expected
         if limiter.needs_lease(tenant, estimate):

@@ -195,6 +195,17 @@ def upstream_body(request: CompletionRequest) -> bytes:
         raise _bad(TOO_DEEP) from None
 
 
+def cap_output(request: CompletionRequest, cap: int) -> None:
+    """Set `request`'s output cap to `cap` tokens, in every spelling its endpoint reads (the
+    body is re-encoded upstream)."""
+    said = (
+        {"max_tokens": cap, "max_completion_tokens": cap} if request.chat else {"max_tokens": cap}
+    )
+    request.body = {**{k: v for k, v in request.body.items() if k not in CAP_FIELDS}, **said}
+    request.raw = None
+    request.max_tokens = cap
+
+
 def _output_cap(body: dict[str, Any], chat: bool) -> tuple[int | None, dict[str, Any] | None]:
     """The request's output cap, and the body rewritten to say it in every spelling the node
     may read (None when the body already does)."""

@@ -10,7 +10,7 @@ from tiergate.router.request.cascade import CascadePlan
 from tiergate.router.request.tiers import Tier, TierChoice, resolve_tier
 from tiergate.router.tenants.registry import Tenant, authorize_tier
 
-__all__ = ["choose_tier", "most_it_may_cost", "tiers_to_try"]
+__all__ = ["budget_cap", "choose_tier", "most_it_may_cost", "tiers_to_try"]
 
 
 def most_it_may_cost(
@@ -32,6 +32,35 @@ def most_it_may_cost(
     return view.most_cost_usd(plan.first_model, first, *bounds) + (
         view.most_cost_usd(plan.then_model, then, *bounds)
     )
+
+
+def budget_cap(
+    view: PoolView,
+    request: CompletionRequest,
+    plan: CascadePlan | None,
+    tiers: list[Tier],
+    tenant: Tenant,
+    room_usd: float,
+) -> int | None:
+    """The output cap that keeps a request that sets none within `room_usd`, what its
+    tenant's budget has left (at least 1 token); None when it needs no cap (it sets one, or
+    the budget covers all the node may produce)."""
+    if (
+        request.max_tokens is not None
+        or most_it_may_cost(view, request, plan, tiers, tenant) <= room_usd
+    ):
+        return None
+    request.max_tokens = 0  # the cost is linear in the cap: its fixed part, then per token
+    try:
+        fixed = most_it_may_cost(view, request, plan, tiers, tenant)
+        request.max_tokens = 1
+        per_token = most_it_may_cost(view, request, plan, tiers, tenant) - fixed
+    finally:
+        request.max_tokens = None
+    if per_token <= 0:
+        return None
+    # A hair over the quotient: $0.001 at $10 a million is 100 tokens, not 99.99999999999999.
+    return max(1, int((room_usd - fixed) / per_token * (1 + 1e-9)))
 
 
 def choose_tier(

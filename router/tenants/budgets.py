@@ -126,6 +126,15 @@ class BudgetGuard:
             tenant, spend.period, budget, spend.spent_usd, spend.end_s, now, in_flight_usd
         )
 
+    def room_usd(self, tenant: Tenant, now_s: float) -> float | None:
+        """The budget less the period's spend and the holds of requests in flight."""
+        budget = tenant.budget_usd
+        if budget is None:
+            return None
+        held = self._held.get(tenant.name)
+        in_flight_usd = held[1] if held is not None else 0.0
+        return budget - self._tracked(tenant, now_s).spent_usd - in_flight_usd
+
     def needs_lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> bool:
         """Never: one process's budgets need no database round trip (router/tenants/
         fleet_budgets.py is the guard that does)."""

@@ -142,6 +142,16 @@ class FleetBudgets(LoopService):
         spent = lease.spent_usd + self._ledger.unwritten_usd(tenant.name)
         raise budget_refusal(tenant, tenant.budget_period, budget, spent, lease.period_end_s, now)
 
+    def room_usd(self, tenant: Tenant, now_s: float) -> float | None:
+        """What this replica's lease leaves for one more request; None without a live lease
+        (`check` refuses then)."""
+        if tenant.budget_usd is None:
+            return None
+        lease = self._current(tenant, now_s)
+        if lease is None or lease.valid_until <= self._monotonic():
+            return None
+        return self._room(tenant.name, lease) - self._in_flight(tenant.name, lease)
+
     def release(self, tenant: Tenant, hold_usd: float) -> None:
         lease = self._leases.get(tenant.name)
         if lease is None:
