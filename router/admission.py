@@ -1,7 +1,8 @@
 """Admission: one queue per tier in front of its endpoints, and the saturation flags.
 
-Each tier admits at most `capacity` requests at once: the batch caps of its endpoints, so
-that requests beyond them wait here, where the tier's queue (router/tier_queue.py) orders
+Each tier admits at most `capacity` requests at once: the batch caps of its endpoints (a slot
+per pool of which is held for a tenant below its fair share), so that requests beyond them
+wait here, where the tier's queue (router/tier_queue.py) orders
 them by priority and, within a priority, by tenants' weighted fair share. A request the
 router has sent on waits at its node first come, first served, so the router keeps none
 waiting there. When the wait queue is full, a request is shed (429 with Retry-After).
@@ -113,31 +114,37 @@ class Admission:
         saturation: Saturation,
         events: AdmissionEvents | None = None,
         order: AdmissionOrder = "fair",
+        headroom_per_pool: int = 0,
     ) -> None:
         self.saturation = saturation
         self.order: AdmissionOrder = order
+        self.headroom_per_pool = headroom_per_pool
         self.queues: dict[Tier, TierQueue] = {}
         self._events = events or AdmissionEvents()
 
     def resize(self, view: PoolView) -> None:
         """Size each tier's queue for `view`: its endpoints' batch caps."""
         caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        pools: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         for pool in view.pools.values():
             caps[pool.spec.tier] += len(pool.endpoints) * pool.spec.batching.max_num_seqs
+            pools[pool.spec.tier] += bool(pool.endpoints)
         for tier, cap in caps.items():
             capacity = max(1, cap)
+            headroom = pools[tier] * self.headroom_per_pool
             queue = self.queues.get(tier)
             if queue is None:
                 self.queues[tier] = TierQueue(
-                    tier, capacity, max(MIN_WAITING, capacity), order=self.order
-                )
+                    tier, capacity, max(MIN_WAITING, capacity), order=self.order,
+                    headroom=headroom,
+                )  # fmt: skip
             else:
-                queue.resize(capacity, max_waiting=max(MIN_WAITING, capacity))
+                queue.resize(capacity, max(MIN_WAITING, capacity), headroom)
 
     def has_room(self, tier: Tier) -> bool:
         """Whether `tier` would admit a request now, without it waiting."""
         queue = self.queues[tier]
-        return queue.active < queue.capacity and not queue.waiting
+        return queue.active < queue.capacity - queue.headroom and not queue.waiting
 
     async def admit(
         self,

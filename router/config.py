@@ -266,6 +266,16 @@ class RouterSettings(_Model):
             "least attained service per tenant, in tokens) or fcfs (first come, first served)."
         ),
     )
+    headroom_per_pool: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description=(
+            "With fair admission: slots per pool held back for a tenant below its fair share, "
+            "so a light tenant starts within a step while another floods the tier (at most a "
+            "quarter of a tier's slots). 0: every slot goes to whoever waits."
+        ),
+    )
     scrape_interval_s: float = Field(
         default=0.5, gt=0, description="How often each endpoint's metrics (its load) are read."
     )

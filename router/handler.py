@@ -120,6 +120,7 @@ class Router:
                 served=lambda tier, who, n: metrics.attained.labels(tier, who).inc(n),
             ),
             order=self.settings.admission_order,
+            headroom_per_pool=self.settings.headroom_per_pool,
         )
         self.predictor = LatencyPredictor(self._deployments, self._batch_caps)
 

@@ -15,8 +15,11 @@ the queue's `order`:
   then take the tier over.
 - `fcfs`: first come, first served.
 
-Either way the queue is work-conserving: a free slot is never held back for a tenant that
-is not waiting.
+Either way the queue is work-conserving but for its `headroom`: that many of its slots
+(the router holds back one per pool) are kept for a tenant below its fair share, the
+weighted share of the slots that tenants holding or waiting for them would each have. A
+tenant flooding the tier fills the rest; a light tenant arriving then starts at once, within
+a step, instead of waiting for one of the flood's requests to end.
 
 The wait queue is bounded (`max_waiting`). When it is full, an arrival pushes out a waiter of
 a lower priority; within one priority, `fair` pushes out the latest request of the tenant
@@ -89,9 +92,11 @@ class TierQueue:
         *,
         order: AdmissionOrder = "fair",
         clock: Callable[[], float] = time.monotonic,
+        headroom: int = 0,
     ) -> None:
         self.tier = tier
         self.capacity = max(capacity, 1)
+        self.headroom = _headroom(self.capacity, headroom, order)
         self.max_waiting = max_waiting
         self.order: AdmissionOrder = order
         self.active = 0
@@ -106,6 +111,9 @@ class TierQueue:
         #: The tenant admitted last: its counter now (corrected as its requests end) is the
         #: floor of a tenant arriving at an empty queue.
         self._last_tenant = ""
+        #: Slots held per tenant, and the weight each last asked with (for fair shares).
+        self._holding: dict[str, int] = {}
+        self._weights: dict[str, float] = {}
 
     @property
     def waiting(self) -> int:
@@ -132,7 +140,10 @@ class TierQueue:
 
         `tokens` is what the request is expected to cost (prompt + output): the tenant's
         counter is charged that much over `weight` when the slot is granted."""
-        if self.active < self.capacity and not self._waiting:
+        self._weights[tenant] = weight
+        if (not self._waiting and self.active < self.capacity - self.headroom) or (
+            self.active < self.capacity and self._below_share(tenant)
+        ):
             self._lift(tenant)
             self.active += 1
             return self._grant(tenant, tokens, weight, 0.0)
@@ -163,22 +174,42 @@ class TierQueue:
         """Give the slot back; `served_tokens` (prompt + output actually served, when known)
         corrects the tenant's counter from what it was charged on admission."""
         self.active -= 1
+        held = self._holding.get(grant.tenant, 0) - 1
+        if held > 0:
+            self._holding[grant.tenant] = held
+        else:
+            self._holding.pop(grant.tenant, None)
         if served_tokens is not None and grant.weight > 0:
             correction = (served_tokens - grant.charged_tokens) / grant.weight
             self._service[grant.tenant] = self._service.get(grant.tenant, 0.0) + correction
         self._hand_on()
 
-    def resize(self, capacity: int, max_waiting: int) -> None:
+    def resize(self, capacity: int, max_waiting: int, headroom: int | None = None) -> None:
         """New limits (the tier's endpoints changed); waiters get the slots a larger
         capacity frees at once, not when a running request ends. Nothing admitted or waiting
         is shed by a smaller one: it takes effect as requests end."""
         self.capacity = max(capacity, 1)
         self.max_waiting = max_waiting
+        if headroom is not None:
+            self.headroom = _headroom(self.capacity, headroom, self.order)
         self._hand_on()
 
     # -- internals -------------------------------------------------------------------------
 
+    def _below_share(self, tenant: str) -> bool:
+        """Whether `tenant` holds fewer slots than its weighted share of those the flood may
+        fill (capacity less the headroom), shared among the tenants holding or waiting for
+        slots, itself included: such a tenant may take a headroom slot."""
+        if not self.headroom:
+            return False
+        present = {*self._holding, *(t for rank in self._ranks for t in rank), tenant}
+        total = sum(max(self._weights.get(t, 1.0), 0.0) for t in present)
+        mine = max(self._weights.get(tenant, 1.0), 0.0)
+        share = (self.capacity - self.headroom) * mine / total if total > 0 else 0.0
+        return self._holding.get(tenant, 0) < share
+
     def _grant(self, tenant: str, tokens: int, weight: float, waited_s: float) -> Grant:
+        self._holding[tenant] = self._holding.get(tenant, 0) + 1
         served = self._service.get(tenant, 0.0) + (tokens / weight if weight > 0 else 0.0)
         self._service[tenant] = served
         self._last_tenant = tenant
@@ -193,17 +224,31 @@ class TierQueue:
         if self._service.get(tenant, 0.0) < floor:
             self._service[tenant] = floor
 
-    def _next_tenant(self, rank: dict[str, deque[_Waiter]]) -> str:
-        """The tenant whose request is served next within one priority."""
+    def _next_tenant(self, rank: dict[str, deque[_Waiter]], among: list[str] | None = None) -> str:
+        """The tenant whose request is served next within one priority (of `among`, if
+        given)."""
+        tenants = rank if among is None else among
         if self.order == "fcfs":
-            return min(rank, key=lambda t: rank[t][0].seq)
+            return min(tenants, key=lambda t: rank[t][0].seq)
         service = self._service
-        return min(rank, key=lambda t: (service.get(t, 0.0), len(rank[t]), rank[t][0].seq))
+        return min(tenants, key=lambda t: (service.get(t, 0.0), len(rank[t]), rank[t][0].seq))
+
+    def _below_in(self, rank: dict[str, deque[_Waiter]]) -> list[str]:
+        return [t for t in rank if self._below_share(t)]
 
     def _hand_on(self) -> None:
         while self._waiting and self.active < self.capacity:
             rank = next(r for r in self._ranks if r)
             tenant = self._next_tenant(rank)
+            if self.active >= self.capacity - self.headroom and not self._below_share(tenant):
+                # Only headroom is left: for the next waiter, in order, below its share.
+                found = next(
+                    ((r, below) for r in self._ranks if (below := self._below_in(r))), None
+                )
+                if found is None:
+                    return
+                rank, below = found
+                tenant = self._next_tenant(rank, below)
             waiter = self._pop(rank, tenant, latest=False)
             if waiter.future.done():
                 continue  # cancelled; its task will find it gone
@@ -259,3 +304,11 @@ class TierQueue:
             if not waiters:
                 del self._ranks[rank][waiter.tenant]
             self._waiting -= 1
+
+
+def _headroom(capacity: int, asked: int, order: AdmissionOrder) -> int:
+    """The slots held back for tenants below their share: none in `fcfs` order, and never
+    more than a quarter of the capacity (a small tier keeps its slots for whoever waits)."""
+    if order != "fair":
+        return 0
+    return max(0, min(asked, capacity // 4))

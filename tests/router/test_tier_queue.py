@@ -24,9 +24,13 @@ class QueueDriver:
     """A queue and the waiters started on it; `granted` is the order slots were given in."""
 
     def __init__(
-        self, capacity: int = 1, max_waiting: int = 64, order: AdmissionOrder = "fair"
+        self,
+        capacity: int = 1,
+        max_waiting: int = 64,
+        order: AdmissionOrder = "fair",
+        headroom: int = 0,
     ) -> None:
-        self.queue = TierQueue("batched", capacity, max_waiting, order=order)
+        self.queue = TierQueue("batched", capacity, max_waiting, order=order, headroom=headroom)
         self.granted: list[Grant] = []
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -334,3 +338,52 @@ async def test_work_conserving_a_free_slot_is_never_left_while_someone_waits(
         assert tier.queue.active == tier.queue.capacity or tier.queue.waiting == 0
     assert all(task.done() for task in tier.tasks)
     assert tier.queue.active == 3
+
+
+# Headroom: slots held back for a tenant below its fair share.
+
+
+async def test_a_flood_leaves_the_headroom_free_and_a_light_tenant_takes_it_at_once() -> None:
+    tier = QueueDriver(capacity=8, headroom=1)
+    for _ in range(7):
+        await tier.hold("heavy", tokens=TOKENS)
+    await tier.wait("heavy")  # the flood waits for the headroom's slot: not its own
+    assert (tier.queue.active, tier.queue.waiting) == (7, 1)
+    light = await tier.queue.acquire("standard", "light", tokens=TOKENS)  # no wait
+    assert (light.tenant, tier.queue.active) == ("light", 8)
+    # When the light request ends its slot is headroom again: the flood does not take it.
+    tier.queue.release(light, TOKENS)
+    await settle()
+    assert (tier.queue.active, tier.queue.waiting) == (7, 1)
+    # A flood request ending hands its own slot on to the flood's waiter.
+    assert await tier.serve(1, TOKENS) == ["heavy"]
+    await tier.close()
+
+
+async def test_a_waiting_tenant_below_its_share_takes_a_headroom_slot_before_the_flood() -> None:
+    """Slots freed below the headroom go in fair order; a slot that only the headroom has
+    goes to a waiter below its share even when the flood's counter is lower."""
+    tier = QueueDriver(capacity=4, headroom=1)
+    for _ in range(3):
+        await tier.hold("heavy", tokens=1)
+    await tier.wait("heavy", tokens=1)
+    light_hold = await tier.queue.acquire("standard", "light", tokens=TOKENS)  # the headroom
+    await tier.wait("light", tokens=TOKENS)  # two light tenants' worth is over its share...
+    await tier.wait("third", tokens=TOKENS)  # ...a third tenant is below its share
+    tier.queue.release(light_hold, TOKENS)
+    await settle()
+    assert tier.granted[-1].tenant == "third"
+    await tier.close()
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3])
+async def test_a_small_tier_holds_no_headroom(capacity: int) -> None:
+    tier = QueueDriver(capacity=capacity, headroom=1)
+    assert tier.queue.headroom == 0
+    for _ in range(capacity):
+        await tier.hold("heavy")
+    assert tier.queue.active == capacity
+
+
+async def test_fcfs_holds_no_headroom() -> None:
+    assert QueueDriver(capacity=8, order="fcfs", headroom=2).queue.headroom == 0
