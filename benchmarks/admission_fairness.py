@@ -56,6 +56,13 @@ import router_overhead as ro  # noqa: E402  (its processes, servers, wrk and pro
 
 SECTIONS = ("cost", "flood")
 ORDERS = ("fair", "fcfs")
+#: The flood section's routers: the two orders, and fair admission without its headroom (no
+#: slot held back for a tenant below its share).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "fair": {"admissionOrder": "fair"},
+    "fcfs": {"admissionOrder": "fcfs"},
+    "fair, no headroom": {"admissionOrder": "fair", "headroomPerPool": 0},
+}
 #: The cost section's tenants and their weights; wrk sends their keys in turn.
 COST_WEIGHTS = {"t1": 1, "t2": 1, "t3": 2, "t4": 4}
 #: The queued setting's capacity: half the 64 connections, and a wait queue (as long as the
@@ -241,6 +248,7 @@ class Scenario:
     tier: str  # which node and routers
     runs: list[BenchRun]
     duration_s: float
+    variants: tuple[str, ...] = ORDERS  # the routers it runs against (VARIANTS)
 
 
 @dataclass
@@ -262,10 +270,14 @@ TIERS = {"small": ("llama-3.1-8b", "h100-sxm", 1, 4), "wide": ("llama-3.1-70b", 
 def scenarios(args: argparse.Namespace) -> list[Scenario]:
     d = 8.0 if args.quick else args.flood_duration
     light = BenchRun({"light": 1}, 1000, "8", pause_s=1.5)
+    in_step = BenchRun({"heavy": 48}, 16, "16")  # replies of one length: they end in step
     return [
         Scenario("three tenants", "small", [BenchRun({"a": 24, "b": 8, "c": 8}, 16, "32")], d),
         Scenario("heavy and light", "wide", [BenchRun({"heavy": 48}, 16, "8-24"), light], d),
-        Scenario("light alone", "wide", [light], d / 2),
+        Scenario(
+            "heavy in step and light", "wide", [in_step, light], d, ("fair", "fair, no headroom")
+        ),
+        Scenario("light alone", "wide", [light], d / 2, ("fair",)),
     ]
 
 
@@ -311,27 +323,28 @@ def run_benches(
 
 
 def flood_section(args: argparse.Namespace, procs: ro.Processes, out: list[str]) -> None:
-    ro.log("[flood] starting two sim nodes and four routers ...")
+    ro.log(f"[flood] starting two sim nodes and {2 * len(VARIANTS)} routers ...")
     tenants = tenants_file(procs.workdir / "flood-tenants.yaml", FLOOD_WEIGHTS)
     routers: dict[tuple[str, str], ro.Server] = {}
     for tier, (model, accelerator, chips, seqs) in TIERS.items():
         node = ro.start_sim_node(
             procs, f"node-{tier}", model, accelerator, seqs, ["--chips", str(chips)]
         )
-        for order in ORDERS:
-            routers[tier, order] = ro.start_router(
-                procs, f"router-{tier}-{order}", [node.url], seqs,
-                tenants_file=tenants, api_key=key("a"),
-                extra_settings={"admissionOrder": order},
+        for variant, settings in VARIANTS.items():
+            routers[tier, variant] = ro.start_router(
+                procs, f"router-{tier}-{variant.replace(', ', '-').replace(' ', '-')}",
+                [node.url], seqs, tenants_file=tenants, api_key=key("a"),
+                extra_settings=settings,
                 pool_fields={"model": model, "accelerator": accelerator, "chips": chips},
             )  # fmt: skip
     found: dict[tuple[str, str], list[dict[str, TenantRound]]] = {}
     plan = scenarios(args)
     for i in range(args.flood_rounds):
         for scenario in plan:
-            orders = ("fair",) if scenario.name == "light alone" else ORDERS
+            orders = scenario.variants
             for order in orders if i % 2 == 0 else orders[::-1]:
-                name = f"{scenario.name.replace(' ', '-')}-{order}-{i}"
+                slug = f"{scenario.name}-{order}".replace(", ", "-").replace(" ", "-")
+                name = f"{slug}-{i}"
                 got = run_benches(procs, routers[scenario.tier, order].url, scenario, i, name)
                 found.setdefault((scenario.name, order), []).append(got)
                 ro.log(
@@ -356,8 +369,8 @@ def flood_report(
     args: argparse.Namespace,
 ) -> list[str]:
     lines = [
-        f"### Floods: fair against fcfs (`tiergate bench --tenants`; medians of "
-        f"{args.flood_rounds} rounds of {plan[0].duration_s:g} s)",
+        "### Floods: fair against fcfs, and fair without headroom (`tiergate bench --tenants`; "
+        f"medians of {args.flood_rounds} rounds of {plan[0].duration_s:g} s)",
         "",
     ]
     for scenario in plan:
@@ -379,7 +392,7 @@ def flood_report(
         names = [t for run in scenario.runs for t in run.tenants]
         weights = sum(FLOOD_WEIGHTS[t] for t in names)
         for tenant in names:
-            for order in ORDERS:
+            for order in scenario.variants:
                 rounds = [r[tenant] for r in found.get((scenario.name, order), []) if tenant in r]
                 if not rounds:
                     continue
