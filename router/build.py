@@ -18,10 +18,10 @@ from tiergate.router.handler import Router
 from tiergate.router.http.app import RouterApp, Service
 from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.ledger.backlog import LedgerBacklogWriter
-from tiergate.router.ledger.postgres import PostgresLedger
+from tiergate.router.ledger.postgres import PostgresLedger, where
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.retention import LedgerRetention
-from tiergate.router.ledger.spool import LedgerSpool
+from tiergate.router.ledger.spool import LedgerSpool, spool_folder
 from tiergate.router.ledger.sqlite import Ledger
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import PolicyConfig
@@ -59,7 +59,8 @@ def build_app(
     dsn = settings.ledger_dsn()
     ledger: LedgerStore
     if dsn is not None:
-        spool = LedgerSpool(settings.ledger_spool_dir, int(settings.ledger_spool_max_size))
+        folder = spool_folder(settings.ledger_spool_dir, where(dsn))
+        spool = LedgerSpool(folder, int(settings.ledger_spool_max_size))
         ledger = PostgresLedger(dsn, spool=spool)
     else:
         ledger = _sqlite_ledger(settings.ledger_path)

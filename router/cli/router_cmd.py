@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,8 +154,15 @@ def check_ledger(config: RouterConfig) -> str | None:
         dsn = config.router.ledger_dsn()
         if dsn is not None:
             asyncio.run(open_check(dsn))
+            spool = config.router.ledger_spool_dir
+            spool.mkdir(parents=True, exist_ok=True)
+            if not os.access(spool, os.W_OK | os.X_OK):
+                raise PermissionError(f"{spool} is not writable")
     except (ConfigError, LedgerError) as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:
+        message = f"cannot use the ledger's spool folder (router.ledgerSpoolDir): {exc}"
+        raise CliError(message) from None
     return dsn
 
 

@@ -27,9 +27,8 @@ import math
 import os
 import secrets
 import socket
-import time
 from collections import deque
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 
@@ -41,13 +40,13 @@ from tiergate.router.ledger.postgres_connect import (
     where,
 )
 from tiergate.router.ledger.postgres_reads import PostgresReads
-from tiergate.router.ledger.postgres_schema import RENEW_LEASE, SWEEP, WRITE_BATCH, migrate
+from tiergate.router.ledger.postgres_recovery import BACKLOG_BATCH, PostgresRecovery
+from tiergate.router.ledger.postgres_schema import WRITE_BATCH, batch_arguments, migrate
 from tiergate.router.ledger.records import (
     LedgerError,
     UsageRecord,
 )
-from tiergate.router.ledger.spool import LedgerSpool, Orphan, latest
-from tiergate.router.ledger.sqlite_schema import totals_delta
+from tiergate.router.ledger.spool import LedgerSpool
 
 __all__ = ["PostgresLedger", "open_check", "where"]
 
@@ -61,14 +60,11 @@ TIMEOUT_S = 5.0
 POOL_SIZE = 4
 #: Records held in memory while the database refuses writes; beyond this, new ones are dropped.
 MAX_BACKLOG = 100_000
-#: Held records written per transaction once the database is back.
-BACKLOG_BATCH = 500
 #: Part of the spool kept for requests already in flight: past the rest, new work is refused.
 SPOOL_RESERVE = 0.1
 #: How long a router process's lease lasts, and how often it is renewed: a process silent for
 #: longer is taken for dead, and its streams' rows left `incomplete` are closed.
 LEASE_TTL_S = 30.0
-LEASE_RENEW_S = 5.0
 #: How often a process closes the rows dead processes left `incomplete`.
 SWEEP_INTERVAL_S = 15.0
 
@@ -76,7 +72,7 @@ SWEEP_INTERVAL_S = 15.0
 _NEVER = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 
 
-class PostgresLedger(PostgresReads):
+class PostgresLedger(PostgresReads, PostgresRecovery):
     """The usage ledger in the PostgreSQL database at `dsn` (a service: `start`, `stop`)."""
 
     def __init__(
@@ -388,79 +384,6 @@ class PostgresLedger(PostgresReads):
         self._clear_spool()
         return len(batch)
 
-    async def _keep_lease(self) -> None:
-        """Renew this process's lease when due, and close dead processes' streams' rows when
-        due; a database that cannot be reached is tried again next round."""
-        now = time.monotonic()
-        try:
-            if now - self._renewed_s >= min(LEASE_RENEW_S, self._lease_ttl_s / 3):
-                pool = await self.connection_pool()
-                await pool.execute(
-                    RENEW_LEASE, self.holder, self._lease_ttl_s, timeout=self._timeout_s
-                )
-                self._renewed_s = now
-            if now - self._swept_s >= self._sweep_interval_s:
-                pool = await self.connection_pool()
-                closed = int(await pool.fetchval(SWEEP, timeout=self._timeout_s))
-                self._swept_s = now
-                if closed:
-                    self.swept += closed
-                    log.warning(
-                        "event=ledger_rows_interrupted where=%s rows=%d", self.where, closed
-                    )
-        except Exception as exc:  # the server or the connection, in any of asyncpg's words
-            log.warning("event=ledger_lease_failed where=%s error=%s", self.where, reason(exc))
-
-    async def _replay_orphans(self) -> None:
-        """Write the records in dead processes' spool files, idempotently, and delete them."""
-        if self.spool is None:
-            return
-        for orphan in self.spool.orphans():
-            try:
-                written = await self._replay(orphan)
-            except Exception as exc:  # the database is away again: the file stays
-                orphan.release()
-                log.warning(
-                    "event=ledger_replay_failed where=%s path=%s error=%s",
-                    self.where, orphan.path, reason(exc),
-                )  # fmt: skip
-                return
-            orphan.done()
-            self.replayed += written
-            log.warning(
-                "event=ledger_spool_replayed where=%s path=%s records=%d written=%d unreadable=%d",
-                self.where, orphan.path, len(orphan.records), written, orphan.unreadable,
-            )  # fmt: skip
-
-    async def _replay(self, orphan: Orphan) -> int:
-        """Upsert the newest record of each attempt in `orphan` where the database holds an
-        older one or none, totals moved by the difference from what it holds; how many."""
-        records = latest(orphan.records)
-        pool = await self.connection_pool()
-        written = 0
-        for start in range(0, len(records), BACKLOG_BATCH):
-            chunk = records[start : start + BACKLOG_BATCH]
-            async with pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(
-                    _SELECT_FOR_REPLAY,
-                    [r.request_id for r in chunk],
-                    [r.attempt for r in chunk],
-                    timeout=self._timeout_s,
-                )
-                held = {(r.request_id, r.attempt): r for r in (UsageRecord(*row) for row in rows)}
-                batch = []
-                for record in chunk:
-                    before = held.get((record.request_id, record.attempt))
-                    if before is None or before.latency_s < record.latency_s:
-                        batch.append((LedgerEntry(record, written=before), record))
-                if batch:
-                    # Named after the file: no lease, so a row it leaves `incomplete` is closed.
-                    holder = f"spool:{orphan.path.name}"
-                    arguments = _arguments(batch, holder)
-                    await conn.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
-                written += len(batch)
-        return written
-
     async def _try_write(
         self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool = False
     ) -> bool:
@@ -513,7 +436,7 @@ class PostgresLedger(PostgresReads):
                 self._unwritten[record.tenant] = left
 
     async def _write(self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool) -> None:
-        arguments = _arguments(batch, self.holder)
+        arguments = batch_arguments(batch, self.holder)
         if pooled:
             pool = await self.connection_pool()
             await pool.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
@@ -543,40 +466,3 @@ class PostgresLedger(PostgresReads):
             return
         entry.held = True
         self._backlog.append(entry)
-
-
-def _arguments(batch: list[tuple[LedgerEntry, UsageRecord]], holder: str) -> list[list[object]]:
-    """WRITE_BATCH's arguments for `batch`, its rows written by `holder`: the rows by column,
-    then the daily totals' moves (from what each entry's row held before) by column, keys
-    sorted."""
-    rows = [(*_row(record), holder) for _, record in batch]
-    totals: dict[tuple[str, int, str], list[float]] = {}
-    for entry, record in batch:
-        tenant, day, tier, *add = totals_delta(record, entry.written)
-        key = (str(tenant), cast(int, day), str(tier))
-        sums = totals.setdefault(key, [0, 0, 0, 0, 0.0])
-        for i, value in enumerate(add):
-            sums[i] += cast(float, value)
-    daily = [(*key, *(int(v) for v in sums[:4]), float(sums[4]))
-             for key, sums in sorted(totals.items())]  # fmt: skip
-    return [
-        *(list(column) for column in zip(*rows, strict=True)),
-        *(list(column) for column in zip(*daily, strict=True)),
-    ]
-
-
-#: The rows a replay may overwrite, locked until it commits (columns in UsageRecord's order).
-_SELECT_FOR_REPLAY = """
-SELECT request_id, time_s, tenant, tier_requested, tier_served, pool, endpoint, prompt_tokens,
-    completion_tokens, latency_s, ttft_s, cost_usd, http_status, outcome, escalated, attempt
-FROM usage WHERE (request_id, attempt) IN (SELECT * FROM unnest($1::text[], $2::integer[]))
-ORDER BY request_id, attempt FOR UPDATE
-"""
-
-
-def _row(u: UsageRecord) -> tuple[object, ...]:
-    return (
-        u.request_id, u.attempt, u.time_s, u.tenant, u.tier_requested, u.tier_served, u.pool,
-        u.endpoint, u.prompt_tokens, u.completion_tokens, u.latency_s, u.ttft_s, u.cost_usd,
-        u.http_status, u.outcome, u.escalated,
-    )  # fmt: skip

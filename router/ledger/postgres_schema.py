@@ -13,11 +13,21 @@ of a newer schema version than this router's is refused.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
-from tiergate.router.ledger.records import LedgerError
+from tiergate.router.ledger.entry import LedgerEntry
+from tiergate.router.ledger.records import LedgerError, UsageRecord
+from tiergate.router.ledger.sqlite_schema import totals_delta
 
-__all__ = ["RENEW_LEASE", "SCHEMA_VERSION", "SWEEP", "WRITE_BATCH", "migrate"]
+__all__ = [
+    "RENEW_LEASE",
+    "SCHEMA_VERSION",
+    "SELECT_FOR_REPLAY",
+    "SWEEP",
+    "WRITE_BATCH",
+    "batch_arguments",
+    "migrate",
+]
 
 log = logging.getLogger("tiergate.router")
 
@@ -246,3 +256,42 @@ async def migrate(conn: Any, where: str) -> None:
         await conn.execute(_LEASE_BUDGET)
         await conn.execute(_TAKE_TOKENS)
         await conn.execute("INSERT INTO tiergate_schema VALUES ($1)", SCHEMA_VERSION)
+
+
+#: The rows a replay may overwrite, locked until it commits (columns in UsageRecord's order).
+SELECT_FOR_REPLAY = """
+SELECT request_id, time_s, tenant, tier_requested, tier_served, pool, endpoint, prompt_tokens,
+    completion_tokens, latency_s, ttft_s, cost_usd, http_status, outcome, escalated, attempt
+FROM usage WHERE (request_id, attempt) IN (SELECT * FROM unnest($1::text[], $2::integer[]))
+ORDER BY request_id, attempt FOR UPDATE
+"""
+
+
+def batch_arguments(
+    batch: list[tuple[LedgerEntry, UsageRecord]], holder: str
+) -> list[list[object]]:
+    """WRITE_BATCH's arguments for `batch`, its rows written by `holder`: the rows by column,
+    then the daily totals' moves (from what each entry's row held before) by column, keys
+    sorted."""
+    rows = [(*_row(record), holder) for _, record in batch]
+    totals: dict[tuple[str, int, str], list[float]] = {}
+    for entry, record in batch:
+        tenant, day, tier, *add = totals_delta(record, entry.written)
+        key = (str(tenant), cast(int, day), str(tier))
+        sums = totals.setdefault(key, [0, 0, 0, 0, 0.0])
+        for i, value in enumerate(add):
+            sums[i] += cast(float, value)
+    daily = [(*key, *(int(v) for v in sums[:4]), float(sums[4]))
+             for key, sums in sorted(totals.items())]  # fmt: skip
+    return [
+        *(list(column) for column in zip(*rows, strict=True)),
+        *(list(column) for column in zip(*daily, strict=True)),
+    ]
+
+
+def _row(u: UsageRecord) -> tuple[object, ...]:
+    return (
+        u.request_id, u.attempt, u.time_s, u.tenant, u.tier_requested, u.tier_served, u.pool,
+        u.endpoint, u.prompt_tokens, u.completion_tokens, u.latency_s, u.ttft_s, u.cost_usd,
+        u.http_status, u.outcome, u.escalated,
+    )  # fmt: skip

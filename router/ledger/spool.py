@@ -7,16 +7,17 @@ as long as it lives: a file nobody holds belongs to a process that died, and whi
 of the pod finds it first replays it into the database (`PostgresLedger`) and deletes it. A
 process clears its own file once everything it spooled is committed.
 
-A file is JSON lines, one record each, appended in the order they were made; a record that
-was amended is appended again, and the one with the longest `latency_s` (a monotonic clock
-since the request began) is the newest. A line cut short by a crash mid-write is skipped: its
-reply's end had not gone out.
+The files of one database share a folder (`spool_folder`). A file is JSON lines, one record
+each, appended in the order they were made; a record that was amended is appended again, and
+the one with the longest `latency_s` (a monotonic clock since the request began) is the
+newest. A line cut short by a crash mid-write is skipped: its reply's end had not gone out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from tiergate.router.ledger.records import UsageRecord
 
-__all__ = ["LedgerSpool", "Orphan", "latest"]
+__all__ = ["LedgerSpool", "Orphan", "latest", "spool_folder"]
 
 log = logging.getLogger("tiergate.router")
 
@@ -159,6 +160,12 @@ class LedgerSpool:
     def used(self) -> bool:
         """Whether this process's file holds records not yet committed."""
         return self.bytes > 0
+
+
+def spool_folder(base: Path, database: str) -> Path:
+    """The folder under `base` for the spools of the ledger `database` (its server and name,
+    no credentials): processes of other databases never replay them."""
+    return base / hashlib.sha256(database.encode()).hexdigest()[:16]
 
 
 def latest(records: list[UsageRecord]) -> list[UsageRecord]:

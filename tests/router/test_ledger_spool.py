@@ -58,7 +58,8 @@ async def fetch(dsn: str, sql: str) -> list[tuple[object, ...]]:
 
 
 def spool_files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.spool"))
+    """The spool files in `folder`, or in the folders of each database under it."""
+    return sorted([*folder.glob("*.spool"), *folder.glob("*/*.spool")])
 
 
 # The spool file alone.
@@ -318,7 +319,7 @@ def test_postgres_restarted_then_a_worker_killed_mid_burst_loses_no_reply_and_bi
         server.close()
     assert f"pid={killed} code=-9 signal=SIGKILL" in log
     assert "event=ledger_spool_replayed" in log
-    whole_while_down = [r for r in replies if r.whole and r.sent_in == "down"]
+    whole_while_down = [r for r in replies if r.whole and r.answered_in == "down"]
     assert whole_while_down, "no reply went out while the database was down"
     for request_id, cost in had.items():
         assert rows[request_id] == pytest.approx(cost), request_id
@@ -340,6 +341,7 @@ async def _burst_through_a_restart(
         await asyncio.sleep(i * STAGGER_S)
         reply = Reply(0, bool(i % 2), "gina", sent_in=phase[0])
         await request(http, url, MAX_TOKENS, reply)
+        reply.answered_in = phase[0]
         replies.append(reply)
         changed.set()
 
