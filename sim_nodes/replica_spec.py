@@ -69,7 +69,19 @@ class ReplicaSpec(ServingSpec):
 #: The InferencePool spec's fields a node does not simulate (the operator's and the router's):
 #: accepted and ignored. (sim_nodes cannot import the operator's API: a test checks this list
 #: against it.)
-POOL_ONLY_FIELDS = frozenset({"autoscaling", "replicas", "slo", "template", "tier", "workload"})
+POOL_ONLY_FIELDS = frozenset(
+    {
+        "autoscaling",
+        "engine",
+        "huggingFaceTokenSecretRef",
+        "modelSource",
+        "replicas",
+        "slo",
+        "template",
+        "tier",
+        "workload",
+    }
+)
 
 #: A replica's fields left out of what is rendered for a node: the node does not read the price,
 #: and a price edit must not restart every replica of the pool.
