@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiergate.sim_nodes.replica_spec import pool_json
+from tiergate.sim_nodes.replica_spec import NODE_NAME_ENV, POOL_JSON_ENV, pool_json
 
 from .api import (
     HTTP_PORT_NAME,
@@ -64,10 +64,6 @@ UID = 10001
 GENERATION_ANNOTATION = "tiergate.dev/pool-generation"
 #: The sim image's command: `tiergate sim-node`, given `vllm serve`'s arguments.
 SIM_COMMAND = ["tiergate", "sim-node"]
-#: The sim node's environment: the pool's spec whole (what vLLM's flags cannot say), and the
-#: name it reports in x-tiergate-node.
-POOL_JSON_ENV = "TIERGATE_POOL_JSON"
-NODE_NAME_ENV = "TIERGATE_NODE_NAME"
 
 
 def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
