@@ -100,6 +100,7 @@ def _sim_env(spec: InferencePoolSpec, layout: Layout) -> list[Manifest]:
     computed for, and its pod's name."""
     spec_json = pool_json(spec, chips=layout.chips, tensor_parallel=layout.tensor_parallel)
     return [
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         {"name": NODE_NAME_ENV, "value": "$(POD_NAME)"},
         {"name": POOL_JSON_ENV, "value": _literal(spec_json)},
     ]
@@ -153,7 +154,6 @@ def _pod_spec(
     command, args = container_command(spec, layout)
     env: list[Manifest] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
     ]
     container: Manifest = {
         "name": "sim-node" if spec.engine == "sim" else spec.engine,
