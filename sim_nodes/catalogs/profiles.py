@@ -52,7 +52,7 @@ class Accelerator(BaseModel):
         default=None,
         description="The node label nvidia.com/gpu.product of nodes with this GPU (NVIDIA GPU "
         "feature discovery), e.g. NVIDIA-H100-80GB-HBM3: how pods of a real engine select "
-        "them. None for chips that are no NVIDIA GPU.",
+        "them. Unset for chips that are no NVIDIA GPU.",
     )
     memory_gb: float = Field(gt=0, description="Memory capacity per chip, GB (1e9 bytes).")
     memory_bandwidth_tb_per_s: float = Field(gt=0, description="Peak memory bandwidth, TB/s.")
@@ -159,7 +159,7 @@ class ModelProfile(BaseModel):
     hugging_face_id: str | None = Field(
         default=None,
         description="The Hugging Face repository of the weights, e.g. "
-        "meta-llama/Llama-3.1-8B-Instruct: what a real engine loads (None: no published "
+        "meta-llama/Llama-3.1-8B-Instruct: what a real engine loads (unset: no published "
         "weights; a pool of a real engine then names them in spec.modelSource).",
     )
     layers: int = Field(ge=1, description="Transformer layers.")
