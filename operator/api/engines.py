@@ -1,5 +1,5 @@
-"""The engines a pool may run, defined once: the API's validators, the CRD's CEL rules and the
-renderer read this table.
+"""The engines a pool may run, defined once: the API's validators and the CRD's CEL rules
+(operator/crd.py) are both made from this table and the catalog's memory kinds.
 
 `sim` is tiergate's simulated node (any accelerator of the catalog, nothing to load). `vllm`
 and `sglang` are the real engines: they run on GPUs (accelerators that hold weights in HBM;
