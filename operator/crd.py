@@ -28,6 +28,7 @@ from tiergate.sim_nodes.tiers import (
 )
 
 from .api import (
+    ENGINES,
     GROUP,
     KIND,
     MIN_ABOVE_MAX,
@@ -36,8 +37,14 @@ from .api import (
     InferencePool,
     InferencePoolSpec,
 )
+from .api.engines import (
+    kv_dtype_problem,
+    memory_kind_problem,
+    models_with_weights,
+    weights_problem,
+)
 
-__all__ = ["inference_pool_crd", "spec_rules", "structural", "tier_rules"]
+__all__ = ["engine_rules", "inference_pool_crd", "spec_rules", "structural", "tier_rules"]
 
 Schema = dict[str, Any]
 
@@ -108,6 +115,7 @@ def spec_rules(catalog: Catalog) -> list[Schema]:
     """CEL rules on `spec` that span fields (the API server evaluates them on apply)."""
     return [
         *tier_rules(catalog),
+        *engine_rules(catalog),
         *(
             {
                 "rule": f"!has(self.{field}) || self.{field}.name == self.{key}",
@@ -154,6 +162,48 @@ def tier_rules(catalog: Catalog) -> list[Schema]:
                     f"self.accelerator in [{listed}])",
                     "message": memory_problem(tier.name, catalog),
                     "fieldPath": ".accelerator",
+                }
+            )
+    return rules
+
+
+def engine_rules(catalog: Catalog) -> list[Schema]:
+    """Each engine's rules (operator/api/engines.py) as CEL, with the sentences pool files give."""
+    rules: list[Schema] = []
+    for engine in ENGINES.values():
+        # spec.engine's default (sim) is the operator's to apply: absent means sim.
+        unless = f"!has(self.engine) || self.engine != '{engine.name}' || "
+        kind = engine.memory_kind
+        if kind is not None:
+            listed = ", ".join(f"'{name}'" for name in accelerators_with(catalog, kind))
+            rules.append(
+                {
+                    "rule": unless + "(has(self.acceleratorProfile) ? "
+                    f"self.acceleratorProfile.memoryKind == '{kind}' : "
+                    f"self.accelerator in [{listed}])",
+                    "message": memory_kind_problem(engine.name, catalog),
+                    "fieldPath": ".engine",
+                }
+            )
+        if engine.loads_weights:
+            listed = ", ".join(f"'{name}'" for name in models_with_weights(catalog))
+            rules.append(
+                {
+                    "rule": unless + "((has(self.modelSource) || (has(self.modelProfile) ? "
+                    f"has(self.modelProfile.huggingFaceId) : self.model in [{listed}])) && "
+                    "(!has(self.speculativeDecoding) || "
+                    f"self.speculativeDecoding.draftModel in [{listed}]))",
+                    "message": weights_problem(engine.name, catalog),
+                    "fieldPath": ".model",
+                }
+            )
+        if engine.kv_dtypes is not None:
+            listed = ", ".join(f"'{d}'" for d in engine.kv_dtypes)
+            rules.append(
+                {
+                    "rule": unless + f"!has(self.kvDtype) || self.kvDtype in [{listed}]",
+                    "message": kv_dtype_problem(engine.name),
+                    "fieldPath": ".kvDtype",
                 }
             )
     return rules

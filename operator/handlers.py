@@ -80,6 +80,8 @@ class OperatorMemo:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     scrape: Scrape = field(default_factory=MetricsScraper)  # a pod's /metrics text
     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+    #: The PersistentVolumeClaim real engines cache weights on (None: an emptyDir per pod).
+    model_cache_claim: str | None = None
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -135,7 +137,14 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
 def _reconcile(pool: dict[str, Any], memo: OperatorMemo, handler: Handler) -> Outcome:
     """`reconcile`, counted in the operator's metrics by its result."""
     try:
-        outcome = reconcile(pool, memo.api(), memo.catalog, memo.images, _now)
+        outcome = reconcile(
+            pool,
+            memo.api(),
+            memo.catalog,
+            memo.images,
+            _now,
+            model_cache_claim=memo.model_cache_claim,
+        )
     except Exception:
         memo.metrics.count(handler, "error")
         raise

@@ -34,7 +34,7 @@ from .api import (
 )
 from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster
-from .render import GENERATION_ANNOTATION, deployment_manifest, service_manifest
+from .render import GENERATION_ANNOTATION, pool_manifests
 from .status import (
     Assessment,
     ConditionValue,
@@ -119,8 +119,12 @@ def reconcile(
     catalog: Catalog,
     images: ImagePolicy,
     now: Callable[[], str],
+    *,
+    model_cache_claim: str | None = None,
 ) -> Outcome:
-    """Apply the pool's Deployment and Service (when it can run) and compute its status."""
+    """Apply the pool's Deployment and Service (when it can run) and compute its status.
+    `model_cache_claim`: the PersistentVolumeClaim real engines cache weights on (None: an
+    emptyDir per pod)."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     try:
@@ -144,11 +148,14 @@ def reconcile(
     refusal = images.refusal(spec)
     if refusal is not None:
         return _refused(body, spec, assessment, cluster, "ImageNotAllowed", refusal, now())
-    manifests = (
-        deployment_manifest(
-            name, namespace, spec, images.default, assessment.layout, meta.get("generation")
-        ),
-        service_manifest(name, namespace, spec),
+    manifests = pool_manifests(
+        name,
+        namespace,
+        spec,
+        images.engine_image(spec),
+        assessment.layout,
+        meta.get("generation"),
+        model_cache_claim=model_cache_claim,
     )
     for manifest in manifests:  # all checked before any is applied
         taken = _someone_elses(manifest, cluster, meta.get("uid"))

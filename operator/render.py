@@ -1,18 +1,22 @@
-"""Manifests for one InferencePool: a Deployment of `tiergate sim-node` and its Service.
+"""Manifests for one InferencePool: a Deployment of its engine's pods and its Service.
 
-Pure functions of (pool name, namespace, spec, image): the handlers apply what these return,
-so reconciling twice, or after a restart, writes the same objects. Every pod carries the
-labels, the annotation and the port name of `api.sim_node_pods`: that is how the router finds
-a pool's endpoints (it watches the pods themselves) and which model names each answers to.
-The Service, named after the pool with port `http`, is for in-cluster clients that want one
-address per pool.
+Pure functions of (pool name, namespace, spec, image, layout): the handlers apply what these
+return, and `tiergate render` prints the same, so reconciling twice, or after a restart, or on
+paper, gives the same objects. Every pod runs `vllm serve`'s command line for the pool
+(`engine_args`): the sim node (engine `sim`, the default) on the sim image, with the whole spec
+in `POOL_JSON_ENV` for what the flags cannot say (accelerator, chips, inline profiles, load);
+vLLM on GPUs; or SGLang's own line. Real engines' pods get GPUs, nodes and volumes from
+`gpu_pods`. Every pod carries the labels, the annotation and the port name of
+`api.sim_node_pods`: that is how the router finds a pool's endpoints and which model names
+each answers to. The Service, named after the pool with port `http`, is for in-cluster
+clients that want one address per pool.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tiergate.sim_nodes.replica_spec import pool_json
+from tiergate.sim_nodes.replica_spec import NODE_NAME_ENV, POOL_JSON_ENV, pool_json
 
 from .api import (
     HTTP_PORT_NAME,
@@ -22,21 +26,31 @@ from .api import (
     pool_selector_labels,
     serves_annotation,
 )
+from .engine_args import (
+    CONTAINER_PORT,
+    SGLANG_COMMAND,
+    VLLM_COMMAND,
+    sglang_args,
+    vllm_args,
+)
+from .gpu_pods import engine_pod_parts
 
 __all__ = [
     "CONTAINER_PORT",
     "FIELD_MANAGER",
     "GENERATION_ANNOTATION",
+    "NODE_NAME_ENV",
+    "POOL_JSON_ENV",
+    "SIM_COMMAND",
+    "container_command",
     "deployment_manifest",
     "pod_labels",
+    "pool_manifests",
     "service_manifest",
-    "sim_node_args",
 ]
 
 Manifest = dict[str, Any]
 
-#: The sim node's port inside the pod.
-CONTAINER_PORT = 8000
 #: The field manager of every server-side apply the operator makes.
 FIELD_MANAGER = "tiergate-operator"
 #: Default resources of a sim node (one Python process; it simulates, it does not compute).
@@ -48,6 +62,8 @@ UID = 10001
 #: On a pool's Deployment (not its pods: that would roll them): the pool's metadata.generation
 #: the Deployment was last applied from, so a status can say which spec its pods run.
 GENERATION_ANNOTATION = "tiergate.dev/pool-generation"
+#: The sim image's command: `tiergate sim-node`, given `vllm serve`'s arguments.
+SIM_COMMAND = ["tiergate", "sim-node"]
 
 
 def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
@@ -56,26 +72,38 @@ def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
         **extra,
         **pool_selector_labels(pool),
         "app.kubernetes.io/instance": pool,
-        "app.kubernetes.io/component": "sim-node",
+        "app.kubernetes.io/component": "sim-node" if spec.engine == "sim" else spec.engine,
         "app.kubernetes.io/part-of": "tiergate",
         "app.kubernetes.io/managed-by": FIELD_MANAGER,
         "tiergate.dev/tier": spec.tier,
+        "tiergate.dev/engine": spec.engine,
     }
 
 
-def sim_node_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:
-    """The container's args: `tiergate sim-node` on the pod's port, named after the pod, given
-    the pool's spec whole (`--pool-json`) with the layout the envelope was computed for."""
+def _literal(text: str) -> str:
+    """`text` as Kubernetes passes it on: the kubelet expands `$(VAR)` in args and env values
+    and reads `$$` as `$`, so a `$` of the spec (a name may hold one) is doubled."""
+    return text.replace("$", "$$")
+
+
+def container_command(spec: InferencePoolSpec, layout: Layout) -> tuple[list[str], list[str]]:
+    """The container's (command, args) for the pool's engine: `vllm serve`'s arguments for vLLM
+    and the sim node alike, SGLang's own for SGLang."""
+    if spec.engine == "sglang":
+        return list(SGLANG_COMMAND), [_literal(a) for a in sglang_args(spec, layout)]
+    command = SIM_COMMAND if spec.engine == "sim" else VLLM_COMMAND
+    return list(command), [_literal(a) for a in vllm_args(spec, layout)]
+
+
+def _sim_env(spec: InferencePoolSpec, layout: Layout) -> list[Manifest]:
+    """The sim node's extra environment: the spec whole, with the layout the envelope was
+    computed for, and its pod's name."""
     spec_json = pool_json(spec, chips=layout.chips, tensor_parallel=layout.tensor_parallel)
     return [
-        "sim-node",
-        "--host", "0.0.0.0",
-        "--port", str(CONTAINER_PORT),
-        "--node-name", "$(POD_NAME)",
-        # Kubernetes expands $(VAR) in args and reads $$ as $: a `$` of the spec (a name may
-        # hold one) is doubled so that the node gets it as written.
-        "--pool-json", spec_json.replace("$", "$$"),
-    ]  # fmt: skip
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        {"name": NODE_NAME_ENV, "value": "$(POD_NAME)"},
+        {"name": POOL_JSON_ENV, "value": _literal(spec_json)},
+    ]
 
 
 def _probe(path: str, period_s: int, failures: int) -> Manifest:
@@ -108,6 +136,68 @@ def _scheduling(spec: InferencePoolSpec) -> Manifest:
     return out
 
 
+def _container_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _pod_spec(
+    spec: InferencePoolSpec, image: str, layout: Layout, model_cache_claim: str | None
+) -> Manifest:
+    """The pod's spec: the engine's container, locked down, and what the engine needs."""
+    command, args = container_command(spec, layout)
+    env: list[Manifest] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    container: Manifest = {
+        "name": "sim-node" if spec.engine == "sim" else spec.engine,
+        "image": image,
+        "command": command,
+        "args": args,
+        "env": env,
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+    }
+    volumes: list[Manifest] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[Manifest] = [{"name": "tmp", "mountPath": "/tmp"}]
+    pod: Manifest = {}
+    if spec.engine == "sim":
+        env += _sim_env(spec, layout)
+        container["readinessProbe"] = _probe("/ready", 2, 3)
+        container["livenessProbe"] = _probe("/health", 10, 3)
+        container["resources"] = _resources(spec)
+        pod.update(_scheduling(spec))
+    else:
+        parts = engine_pod_parts(spec, layout, model_cache_claim)
+        env += parts.env
+        container.update(parts.probes)
+        container["resources"] = parts.resources
+        volumes += parts.volumes
+        mounts += parts.volume_mounts
+        pod["nodeSelector"] = parts.node_selector
+        pod["tolerations"] = parts.tolerations
+        pod["terminationGracePeriodSeconds"] = parts.termination_grace_s
+    container["securityContext"] = _container_security()
+    container["volumeMounts"] = mounts
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+        **{k: v for k, v in pod.items() if v},
+    }
+
+
 def deployment_manifest(
     pool: str,
     namespace: str,
@@ -115,36 +205,20 @@ def deployment_manifest(
     image: str,
     layout: Layout,
     generation: int | None = None,
+    *,
+    model_cache_claim: str | None = None,
 ) -> Manifest:
-    """The pool's Deployment (owner reference added by the caller); `generation`: the pool's
-    metadata.generation, recorded in `GENERATION_ANNOTATION`."""
+    """The pool's Deployment (owner reference added by the caller); `image`: the engine's
+    (a pool's spec.template.image wins); `generation`: the pool's metadata.generation,
+    recorded in `GENERATION_ANNOTATION`; `model_cache_claim`: the PersistentVolumeClaim
+    real engines cache weights on (None: an emptyDir)."""
     labels = pod_labels(pool, spec)
     metadata: Manifest = {"name": pool, "namespace": namespace, "labels": labels}
     if generation is not None:
         metadata["annotations"] = {GENERATION_ANNOTATION: str(generation)}
     image = spec.template.image if spec.template and spec.template.image else image
-    container = {
-        "name": "sim-node",
-        "image": image,
-        "args": sim_node_args(spec, layout),
-        "env": [
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-        ],
-        "ports": [{"name": HTTP_PORT_NAME, "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
-        "readinessProbe": _probe("/ready", 2, 3),
-        "livenessProbe": _probe("/health", 10, 3),
-        "resources": _resources(spec),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": UID,
-            "runAsGroup": UID,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-    }
+    # What the router may send these pods: the names they answer to (SGLang serves one).
+    names = spec.names[:1] if spec.engine == "sglang" else spec.names
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -155,24 +229,30 @@ def deployment_manifest(
             "template": {
                 "metadata": {
                     "labels": labels,
-                    # What the router may send these pods: the names of the spec they run.
-                    "annotations": {SERVES_ANNOTATION: serves_annotation(spec.names)},
+                    "annotations": {SERVES_ANNOTATION: serves_annotation(names)},
                 },
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": UID,
-                        "fsGroup": UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
-                    **_scheduling(spec),
-                },
+                "spec": _pod_spec(spec, image, layout, model_cache_claim),
             },
         },
     }
+
+
+def pool_manifests(
+    pool: str,
+    namespace: str,
+    spec: InferencePoolSpec,
+    image: str,
+    layout: Layout,
+    generation: int | None = None,
+    *,
+    model_cache_claim: str | None = None,
+) -> tuple[Manifest, Manifest]:
+    """The pool's Deployment and Service, as the operator applies them (before it adds its
+    owner reference) and `tiergate render` prints them."""
+    deployment = deployment_manifest(
+        pool, namespace, spec, image, layout, generation, model_cache_claim=model_cache_claim
+    )
+    return deployment, service_manifest(pool, namespace, spec)
 
 
 def service_manifest(pool: str, namespace: str, spec: InferencePoolSpec) -> Manifest:

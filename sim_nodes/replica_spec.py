@@ -5,9 +5,9 @@ tenants' load it simulates. The operator's `InferencePoolSpec` extends it, so a 
 the spec it is handed with the very fields and validators of the CRD's model; the rest of an
 InferencePool spec (`POOL_ONLY_FIELDS`: tier, replicas, ...) a node accepts and ignores.
 
-Whoever starts nodes (the operator's Deployments, `tiergate up`) renders the spec once with
-`pool_json` and passes it whole: ``tiergate sim-node --pool-json JSON``. The node reads that,
-or a pool file, with `pool_fields`.
+Whoever starts nodes renders the spec once with `pool_json` and passes it whole: `tiergate
+up` as ``tiergate sim-node --pool-json JSON``, the operator's pods in `POOL_JSON_ENV` beside
+`vllm serve`'s flags. The node reads that, or a pool file, with `pool_fields`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from pydantic import Field, field_validator
 from .perf.spec import ServingSpec, _Spec
 
 __all__ = [
+    "ACCELERATOR_ENV",
+    "CHIPS_ENV",
+    "NODE_NAME_ENV",
+    "POOL_JSON_ENV",
     "POOL_ONLY_FIELDS",
     "BackgroundLoad",
     "PoolSpecError",
@@ -26,6 +30,14 @@ __all__ = [
     "pool_fields",
     "pool_json",
 ]
+
+
+#: The environment a sim node reads besides its flags (the operator's pods set the first two;
+#: the last two let `vllm serve`'s command line alone start a node).
+POOL_JSON_ENV = "TIERGATE_POOL_JSON"  # the spec whole, as --pool-json
+NODE_NAME_ENV = "TIERGATE_NODE_NAME"  # as --node-name
+ACCELERATOR_ENV = "TIERGATE_ACCELERATOR"  # the accelerator to simulate, if no spec names it
+CHIPS_ENV = "TIERGATE_CHIPS"  # its chips per replica, if no spec or flag says
 
 
 class BackgroundLoad(_Spec):
@@ -69,7 +81,19 @@ class ReplicaSpec(ServingSpec):
 #: The InferencePool spec's fields a node does not simulate (the operator's and the router's):
 #: accepted and ignored. (sim_nodes cannot import the operator's API: a test checks this list
 #: against it.)
-POOL_ONLY_FIELDS = frozenset({"autoscaling", "replicas", "slo", "template", "tier", "workload"})
+POOL_ONLY_FIELDS = frozenset(
+    {
+        "autoscaling",
+        "engine",
+        "huggingFaceTokenSecretRef",
+        "modelSource",
+        "replicas",
+        "slo",
+        "template",
+        "tier",
+        "workload",
+    }
+)
 
 #: A replica's fields left out of what is rendered for a node: the node does not read the price,
 #: and a price edit must not restart every replica of the pool.

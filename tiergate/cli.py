@@ -65,6 +65,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tiergate.operator.commands.crds_cmd",
         "write the InferencePool CRD YAML generated from the API models (--check: drift)",
     ),
+    "render": (
+        "tiergate.operator.commands.render_cmd",
+        "print the Deployment and Service the operator would create for a pool (no cluster)",
+    ),
     "operator": (
         "tiergate.operator.commands.operator_cmd",
         "run the kopf operator that reconciles InferencePools into sim-node Deployments",

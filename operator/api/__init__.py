@@ -15,6 +15,7 @@ from .autoscaling import (
     AutoscalingStatus,
     Recommendation,
 )
+from .engines import DEFAULT_ENGINE, ENGINES, Engine, EngineDefinition
 from .envelope import Layout, PoolPerformance, predict
 from .inference_pool import (
     API_VERSION,
@@ -31,6 +32,7 @@ from .inference_pool import (
     InferencePoolStatus,
     ReferenceWorkload,
     Resources,
+    SecretKeyRef,
     SloSpec,
     TemplateSpec,
     Toleration,
@@ -52,6 +54,8 @@ __all__ = [
     "API_VERSION",
     "DEFAULT_SCALE_DOWN_STABILIZATION_S",
     "DEFAULT_TARGET_UTILIZATION",
+    "DEFAULT_ENGINE",
+    "ENGINES",
     "MIN_ABOVE_MAX",
     "DNS_LABEL",
     "GROUP",
@@ -69,6 +73,8 @@ __all__ = [
     "BackgroundLoad",
     "Condition",
     "ConditionType",
+    "Engine",
+    "EngineDefinition",
     "Envelope",
     "InferencePool",
     "InferencePoolSpec",
@@ -78,6 +84,7 @@ __all__ = [
     "Recommendation",
     "ReferenceWorkload",
     "Resources",
+    "SecretKeyRef",
     "SloSpec",
     "TemplateSpec",
     "Toleration",

@@ -25,6 +25,7 @@ from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, tier_problem
 
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .base import Api
+from .engines import DEFAULT_ENGINE, ENGINES, Engine, engine_problem
 
 GROUP = "tiergate.dev"
 VERSION = "v1alpha1"
@@ -95,6 +96,13 @@ class TemplateSpec(Api):
     )
 
 
+class SecretKeyRef(Api):
+    """One key of a Secret in the pool's namespace."""
+
+    name: str = Field(min_length=1, description="The Secret's name.")
+    key: str = Field(min_length=1, description="The key in the Secret.")
+
+
 class InferencePoolSpec(ReplicaSpec):
     """What a pool serves, on what, how batched, at which tier, and how many replicas.
 
@@ -104,6 +112,24 @@ class InferencePoolSpec(ReplicaSpec):
 
     tier: Tier = Field(
         description="; ".join(f"{d.name}: {d.summary}" for d in DEFINITIONS.values()) + "."
+    )
+    engine: Engine = Field(
+        default=DEFAULT_ENGINE,
+        description="What runs the pool's pods: "
+        + "; ".join(f"{d.name}: {d.summary}" for d in ENGINES.values())
+        + ". vllm and sglang pods run the engine's own command line rendered from this spec "
+        "(`tiergate render` prints it) and request nvidia.com/gpu.",
+    )
+    model_source: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Where a real engine loads the weights from, e.g. a path on the model "
+        "cache volume or a Hugging Face repository (default: the catalog model's Hugging Face "
+        "id). The performance model still reads spec.model.",
+    )
+    hugging_face_token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="A Hugging Face token for gated weights, given to the engine as HF_TOKEN.",
     )
     replicas: int = Field(default=1, ge=0, description="Serving replicas (scale subresource).")
     workload: ReferenceWorkload = Field(
@@ -135,6 +161,22 @@ class InferencePoolSpec(ReplicaSpec):
         )
         if problem is not None:
             raise PydanticCustomError("tier_rule", problem)
+        model = self.model_profile
+        speculative = self.speculative_decoding
+        problem = engine_problem(
+            self.engine,
+            accelerator=self.accelerator,
+            inline_memory_kind=inline.memory_kind if inline is not None else None,
+            model=self.model,
+            inline_hugging_face_id=model.hugging_face_id if model is not None else None,
+            has_inline_model=model is not None,
+            model_source=self.model_source,
+            draft_model=speculative.draft_model if speculative is not None else None,
+            kv_dtype=self.kv_dtype,
+            catalog=default_catalog(),
+        )
+        if problem is not None:
+            raise PydanticCustomError("engine_rule", problem)
         return self
 
 

@@ -2,8 +2,9 @@
 
 Watches InferencePools in the given namespaces (default: its own; every namespace only with
 --all-namespaces, which needs cluster-wide permissions), renders sim-node Deployments with
-`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image); a
-pool's `spec.template.image` may name only that image or one given with `--allowed-image`.
+`--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image), vLLM
+and SGLang Deployments with `--vllm-image` / `--sglang-image`; a pool's `spec.template.image`
+may name only those images or one given with `--allowed-image`.
 Replicas of the operator elect one writer through kopf peering: each starts with a random
 priority, the highest one runs, the others stand by and take over when its peering record
 expires. `--standalone` turns peering off (local development).
@@ -21,7 +22,7 @@ from typing import Any
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 from tiergate.sim_nodes.commands.common import CliError, configure_logging
 
-from ..images import ImagePolicy
+from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 
 PEERING_NAME = "tiergate"
 
@@ -38,6 +39,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="watch every namespace (needs cluster-wide permissions)")  # fmt: skip
     p.add_argument("--image", default=os.environ.get("TIERGATE_IMAGE"),
                    help="image of the sim-node pods (default: $TIERGATE_IMAGE)")  # fmt: skip
+    p.add_argument("--vllm-image",
+                   default=os.environ.get("TIERGATE_VLLM_IMAGE") or DEFAULT_VLLM_IMAGE,
+                   help="image of engine: vllm pods (default: $TIERGATE_VLLM_IMAGE, else "
+                        f"{DEFAULT_VLLM_IMAGE})")  # fmt: skip
+    p.add_argument("--sglang-image",
+                   default=os.environ.get("TIERGATE_SGLANG_IMAGE") or DEFAULT_SGLANG_IMAGE,
+                   help="image of engine: sglang pods (default: $TIERGATE_SGLANG_IMAGE, else "
+                        f"{DEFAULT_SGLANG_IMAGE})")  # fmt: skip
+    p.add_argument("--model-cache-claim", metavar="PVC",
+                   default=os.environ.get("TIERGATE_MODEL_CACHE_CLAIM") or None,
+                   help="PersistentVolumeClaim vllm and sglang pods cache weights on (default: "
+                        "$TIERGATE_MODEL_CACHE_CLAIM, else an emptyDir per pod)")  # fmt: skip
     p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
                    help="another image a pool's spec.template.image may name (repeatable; "
                         "whole references; default: only --image)")  # fmt: skip
@@ -73,8 +86,10 @@ def operator_options(
 
 
 def image_policy(args: argparse.Namespace) -> ImagePolicy:
-    """The images pools may run: --image and every --allowed-image."""
-    return ImagePolicy(args.image, frozenset(args.allowed_image))
+    """The images pools may run: --image, the engines' and every --allowed-image."""
+    return ImagePolicy(
+        args.image, frozenset(args.allowed_image), vllm=args.vllm_image, sglang=args.sglang_image
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
     # two formats. kopf's loggers go through configure_logging's handler like everything else.
     options = operator_options(args, lambda: current_namespace(args.kubeconfig))
     memo = handlers.OperatorMemo(
-        catalog=catalog, images=image_policy(args), namespaced=not options["clusterwide"]
+        catalog=catalog,
+        images=image_policy(args),
+        namespaced=not options["clusterwide"],
+        model_cache_claim=args.model_cache_claim,
     )
     if args.metrics_port:
         try:

@@ -48,6 +48,12 @@ class Accelerator(BaseModel):
         "spec.accelerator)."
     )
     memory_kind: MemoryKind = Field(description="Where weights and KV cache live.")
+    gpu_product: str | None = Field(
+        default=None,
+        description="The node label nvidia.com/gpu.product of nodes with this GPU (NVIDIA GPU "
+        "feature discovery), e.g. NVIDIA-H100-80GB-HBM3: how pods of a real engine select "
+        "them. Unset for chips that are no NVIDIA GPU.",
+    )
     memory_gb: float = Field(gt=0, description="Memory capacity per chip, GB (1e9 bytes).")
     memory_bandwidth_tb_per_s: float = Field(gt=0, description="Peak memory bandwidth, TB/s.")
     peak_tflops: dict[Dtype, float] = Field(
@@ -149,6 +155,12 @@ class ModelProfile(BaseModel):
     name: str = Field(
         description="Name the profile is registered under, e.g. llama-3.1-8b (inline in a pool: "
         "spec.model)."
+    )
+    hugging_face_id: str | None = Field(
+        default=None,
+        description="The Hugging Face repository of the weights, e.g. "
+        "meta-llama/Llama-3.1-8B-Instruct: what a real engine loads (unset: no published "
+        "weights; a pool of a real engine then names them in spec.modelSource).",
     )
     layers: int = Field(ge=1, description="Transformer layers.")
     hidden_size: int = Field(ge=1, description="Model (residual) width.")

@@ -1,8 +1,10 @@
 """`tiergate sim-node`: serve one simulated accelerator node (OpenAI API + vLLM metrics).
 
-The spec comes whole from ``--pool-json`` (how the operator's pods and `tiergate up` start
-nodes) or ``--pool-file`` (an InferencePool or just its spec, camelCase YAML), or from flags
-alone; an explicit flag overrides that field of the spec. Either way it is validated once, by
+The spec comes whole from ``--pool-json`` (how `tiergate up` starts nodes; the operator's
+pods set it in $TIERGATE_POOL_JSON) or ``--pool-file`` (an InferencePool or just its spec,
+camelCase YAML), or from flags alone; `vllm serve`'s command line (``serve MODEL`` and its
+flags, `vllm_flags`) overrides the spec, and tiergate's own flags override both, field by
+field. Either way it is validated once, by
 `ReplicaSpec` (the model the InferencePool spec extends). One process, one uvicorn server,
 access log off; SIGTERM/SIGINT shut down gracefully (open streams get a few seconds).
 ``--port 0`` picks a free port; the chosen one is printed as ``listening host=... port=...``.
@@ -13,14 +15,25 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from ..catalogs import default_catalog
 from ..engine.errors import EngineError
-from ..replica_spec import PoolSpecError, ReplicaSpec, pool_fields
+from ..replica_spec import (
+    ACCELERATOR_ENV,
+    CHIPS_ENV,
+    NODE_NAME_ENV,
+    POOL_JSON_ENV,
+    PoolSpecError,
+    ReplicaSpec,
+    pool_fields,
+)
 from ..server.config import DEFAULT_MAX_BODY_BYTES, NodeConfig, PoolFileError, load_pool_spec
 from ..validation import first_problem
 from .common import (
@@ -37,6 +50,7 @@ from .common import (
 )
 from .connection_limits import ConnectionGate, ConnectionLimits
 from .fd_budget import FdBudgetError, max_connections
+from .vllm_flags import add_vllm_arguments, vllm_overrides
 
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -72,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "override it",
     )
     add_serving_arguments(parser, max_num_seqs=None, defaults=False)
+    add_vllm_arguments(parser)
     node = parser.add_argument_group("node")
     node.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     node.add_argument(
@@ -79,11 +94,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     node.add_argument(
         "--served-model-name",
-        action="append",
+        action="extend",
+        nargs="+",
         metavar="NAME",
-        help="name clients use (repeatable; default: the model name)",
+        help="names clients use, the first the primary (repeatable, or several after one flag "
+        "as vLLM takes them; default: the model name)",
     )
-    node.add_argument("--node-name", help="x-tiergate-node header value (default host:port)")
+    node.add_argument(
+        "--node-name",
+        help=f"x-tiergate-node header value (default ${NODE_NAME_ENV}, else host:port)",
+    )
     node.add_argument("--seed", type=int, default=0, help="seed of text, tool calls and faults")
     node.add_argument(
         "--failure-rate",
@@ -180,8 +200,28 @@ def connection_gate(args: argparse.Namespace) -> ConnectionGate:
     return ConnectionGate(limits, logging.getLogger("tiergate.sim_node"))
 
 
-def replica_spec(args: argparse.Namespace) -> ReplicaSpec:
-    """The spec from --pool-json or --pool-file (if any) overlaid with explicit flags."""
+def _environment_spec(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The spec the environment gives a node started without --pool-json or --pool-file."""
+    text = environ.get(POOL_JSON_ENV)
+    if text:
+        try:
+            return pool_json_argument(text)
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(f"${POOL_JSON_ENV}: {exc}") from None
+    data: dict[str, Any] = {}
+    if environ.get(ACCELERATOR_ENV):
+        data["accelerator"] = environ[ACCELERATOR_ENV]
+    if environ.get(CHIPS_ENV):
+        try:
+            data["chips"] = int(environ[CHIPS_ENV])
+        except ValueError:
+            raise CliError(f"${CHIPS_ENV}: expected a whole number") from None
+    return data
+
+
+def replica_spec(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ReplicaSpec:
+    """The spec from --pool-json or --pool-file (else the environment) overlaid with `vllm
+    serve`'s flags, then with tiergate's own."""
     data: dict[str, Any] = {}
     source = None  # where the spec came from, for its errors (None: flags alone)
     if args.pool_json is not None:
@@ -191,13 +231,18 @@ def replica_spec(args: argparse.Namespace) -> ReplicaSpec:
             data, source = load_pool_spec(args.pool_file), f"pool file {args.pool_file}"
         except PoolFileError as exc:
             raise CliError(str(exc)) from None
+    else:
+        data = _environment_spec(environ)
+        source = POOL_JSON_ENV if POOL_JSON_ENV in environ else None
+    vllm = vllm_overrides(args, data, default_catalog())
+    if vllm.get("speculativeDecoding") and args.draft_model is None:
+        # --acceptance-rate completed vLLM's --speculative-config: it is no flag of its own.
+        args = argparse.Namespace(**{**vars(args), "acceptance_rate": None})
+    _merge(data, vllm)
     overrides = spec_overrides(args)
-    batching = overrides.pop("batching", {})
-    data.update(overrides)
-    if batching:
-        base = data.get("batching")
-        data["batching"] = {**(base if isinstance(base, dict) else {}), **batching}
-    if args.served_model_name:  # the names to answer to, all of them
+    _merge(data, overrides)
+    if args.served_model_name and args.served_model_name != _names(data):
+        # the names to answer to, all of them (when they are not the spec's own already)
         data["servedModelName"] = args.served_model_name[0]
         data["aliases"] = args.served_model_name[1:]
     _overlay_background(args, data)
@@ -210,6 +255,24 @@ def replica_spec(args: argparse.Namespace) -> ReplicaSpec:
         if source is None:
             raise
         raise CliError(f"{source}: {first_problem(exc)}") from None
+
+
+def _names(data: dict[str, Any]) -> list[object]:
+    """The names a spec mapping answers to, as `ReplicaSpec.names` gives them."""
+    primary = data.get("servedModelName") or data.get("model")
+    aliases = data.get("aliases")
+    others = [a for a in aliases if a and a != primary] if isinstance(aliases, list) else []
+    return [primary, *others]
+
+
+def _merge(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """`overrides` over `data`, the batch limits field by field."""
+    overrides = dict(overrides)
+    batching = overrides.pop("batching", {})
+    data.update(overrides)
+    if batching:
+        base = data.get("batching")
+        data["batching"] = {**(base if isinstance(base, dict) else {}), **batching}
 
 
 def _overlay_background(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -233,13 +296,18 @@ def _overlay_background(args: argparse.Namespace, data: dict[str, Any]) -> None:
         data["background"] = merged
 
 
-def node_config(args: argparse.Namespace, spec: ReplicaSpec, port: int) -> NodeConfig:
+def node_config(
+    args: argparse.Namespace,
+    spec: ReplicaSpec,
+    port: int,
+    environ: Mapping[str, str] = os.environ,
+) -> NodeConfig:
     """The node's configuration from its spec and flags, once it listens on `port`."""
     bg = spec.background if spec.background and spec.background.sequences else None
     return NodeConfig(
         serving=spec,
         served_model_names=list(spec.names),
-        node_name=args.node_name or f"{args.host}:{port}",
+        node_name=args.node_name or environ.get(NODE_NAME_ENV) or f"{args.host}:{port}",
         seed=args.seed,
         failure_rate=args.failure_rate,
         fault_header_enabled=args.enable_fault_injection,

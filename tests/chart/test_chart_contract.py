@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import pytest
 import yaml
 from chart_helpers import CHART, NAMESPACE, OPERATOR, RELEASE, ROUTER, Helm, Manifest, one
 
@@ -63,6 +64,35 @@ def test_operator_watches_the_release_namespace_by_default(
         {"name": "metrics", "containerPort": 8082, "protocol": "TCP"},
     ]
     assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_the_operator_gets_the_engines_images_and_model_cache_from_the_values(
+    default_manifests: list[Manifest], helm: Helm
+) -> None:
+    from tiergate.cli import build_parser
+    from tiergate.operator.images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE
+
+    env = env_of(container(default_manifests, "Deployment", OPERATOR))
+    # The chart's defaults are the operator's own (the releases its flags are rendered for).
+    assert env["TIERGATE_VLLM_IMAGE"] == DEFAULT_VLLM_IMAGE
+    assert env["TIERGATE_SGLANG_IMAGE"] == DEFAULT_SGLANG_IMAGE
+    assert "TIERGATE_MODEL_CACHE_CLAIM" not in env
+    manifests = helm.template(
+        sets=[
+            "engines.vllm.image=mirror/vllm:1",
+            "engines.modelCache.persistentVolumeClaim=weights",
+        ]
+    )
+    operator = container(manifests, "Deployment", OPERATOR)
+    env = env_of(operator)
+    assert env["TIERGATE_VLLM_IMAGE"] == "mirror/vllm:1"
+    assert env["TIERGATE_MODEL_CACHE_CLAIM"] == "weights"
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            if isinstance(value, str):
+                patch.setenv(name, value)
+        parsed = build_parser("operator").parse_args(operator["args"])
+    assert (parsed.vllm_image, parsed.model_cache_claim) == ("mirror/vllm:1", "weights")
 
 
 def test_operator_gets_one_namespace_flag_per_watched_namespace(

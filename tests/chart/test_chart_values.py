@@ -35,6 +35,12 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         (["router.ledger.maxSize=1Pi"], "/router/ledger/maxSize"),
         (["router.ledger.retentionDays=0"], "/router/ledger/retentionDays"),
         (["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+        (["engines.vllm.image=a b"], "/engines/vllm/image"),
+        (
+            ["engines.modelCache.persistentVolumeClaim=Bad_Name"],
+            "/engines/modelCache/persistentVolumeClaim",
+        ),
+        (["engines.tgi.image=x"], "tgi"),
         (["runAsUser=0"], "/runAsUser"),
         (["tests.tier=fast"], "/tests/tier"),
         ([*A_TENANT, f"{TENANT}.allowedTiers={{batched,turbo}}"], "/allowedTiers/1"),

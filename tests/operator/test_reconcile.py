@@ -414,8 +414,11 @@ def test_a_pool_with_an_inline_model_runs_it_and_says_where_it_came_from() -> No
     cluster = FakeCluster()
     outcome = reconcile(pool("custom-model"), cluster, CATALOG, IMAGE, clock())
     deployment = cluster.applied[0]
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    pool_json = json.loads(args[args.index("--pool-json") + 1])
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    pool_json = json.loads(env["TIERGATE_POOL_JSON"])
     assert pool_json["modelProfile"]["name"] == pool_json["model"] == "team-72b-instruct"
     envelope = outcome.status["envelope"]
     assert (envelope["modelSource"], envelope["acceleratorSource"]) == ("inline", "catalog")

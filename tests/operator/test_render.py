@@ -1,12 +1,13 @@
-"""Rendered manifests: the sim node reads back the spec the operator renders and a pod's
-container starts a node serving the pool's names; pods are locked down and carry the router's
-contract (the labels and port name of `api.sim_node_pods`); the Service is named after the
-pool, port `http`."""
+"""Rendered manifests of sim pools: the sim node reads back the spec the operator renders
+(`vllm serve`'s arguments and the spec in the environment) and a pod's container starts a node
+serving the pool's names; pods are locked down and carry the router's contract (the labels and
+port name of `api.sim_node_pods`); the Service is named after the pool, port `http`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from tiergate.operator.api import (
     pool_selector_labels,
     served_names,
 )
-from tiergate.operator.render import deployment_manifest, service_manifest, sim_node_args
+from tiergate.operator.render import deployment_manifest, service_manifest
 from tiergate.operator.status import assess
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.sim_node_cmd import node_config, replica_spec
@@ -65,8 +66,31 @@ def as_kubelet_runs(args: list[str], env: dict[str, str]) -> list[str]:
     return [_VAR.sub(sub, a) for a in args]
 
 
-def pod_args(spec: InferencePoolSpec, resolved: Layout) -> list[str]:
-    return as_kubelet_runs(sim_node_args(spec, resolved), {"POD_NAME": "pod-0"})
+def kubelet_env(entries: list[dict[str, object]], pod: str) -> dict[str, str]:
+    """A container's environment as the kubelet builds it: in order, each value expanded
+    against the variables before it; POD_NAME from the pod's name."""
+    env: dict[str, str] = {}
+    for entry in entries:
+        name = str(entry["name"])
+        env[name] = pod if name == "POD_NAME" else as_kubelet_runs([str(entry["value"])], env)[0]
+    return env
+
+
+def run_as_kubelet(
+    spec: InferencePoolSpec, resolved: Layout, pod: str = "pod-0"
+) -> tuple[list[str], list[str], dict[str, str]]:
+    """The rendered container's (command, args, environment) as the kubelet runs them."""
+    manifest = deployment_manifest("p", "ns", spec, "img", resolved)
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    env = kubelet_env(container["env"], pod)
+    return container["command"], as_kubelet_runs(container["args"], env), env
+
+
+def node_of(spec: InferencePoolSpec, resolved: Layout) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The sim node's parsed arguments and environment in the rendered pod."""
+    command, args, env = run_as_kubelet(spec, resolved)
+    assert command == ["tiergate", "sim-node"]
+    return parse(["sim-node", *args]), env
 
 
 def replica_of(spec: InferencePoolSpec, resolved: Layout) -> ReplicaSpec:
@@ -108,24 +132,29 @@ def test_the_node_reads_back_the_spec_the_operator_renders(name: str) -> None:
     node, are the pool's spec (what a replica runs), with the envelope's layout."""
     for spec in (example(name), everything(example(name))):
         resolved = layout(spec)
-        parsed = parse(pod_args(spec, resolved))
-        served = replica_spec(parsed)
+        parsed, env = node_of(spec, resolved)
+        served = replica_spec(parsed, env)
         assert served == replica_of(spec, resolved)
         assert served.names == spec.names and served.background == spec.background
         assert (served.chips, served.tensor_parallel) == resolved
         if spec.chips != "auto":
             assert served.chips == spec.chips
-        assert (parsed.host, parsed.port, parsed.node_name) == ("0.0.0.0", 8000, "pod-0")
+        assert (parsed.host, parsed.port) == ("0.0.0.0", 8000)
+        assert node_config(parsed, served, 8000, env).node_name == "pod-0"
 
 
-def test_the_spec_goes_as_one_compact_json_argument_without_what_is_not_the_node_s() -> None:
+def test_the_spec_goes_as_one_compact_json_variable_without_what_is_not_the_node_s() -> None:
     spec = everything(example("custom-model"))
-    args = sim_node_args(spec, layout(spec))
-    assert args[:7] == ["sim-node", "--host", "0.0.0.0", "--port", "8000", "--node-name",
-                        "$(POD_NAME)"]  # fmt: skip
-    assert args[7] == "--pool-json" and len(args) == 9
-    rendered = json.loads(args[8].replace("$$", "$"))
-    assert " " not in args[8]
+
+    def spec_env(spec: InferencePoolSpec) -> str:
+        container = deployment_manifest("p", "ns", spec, "img", layout(spec))["spec"]["template"][
+            "spec"
+        ]["containers"][0]
+        return str({e["name"]: e.get("value") for e in container["env"]}["TIERGATE_POOL_JSON"])
+
+    value = spec_env(spec)
+    rendered = json.loads(value.replace("$$", "$"))
+    assert " " not in value
     assert rendered["modelProfile"]["hiddenSize"] == 8192
     assert rendered["acceleratorProfile"]["pricePerChipHourUsd"] == 1.5
     assert rendered["batching"] == {"maxNumSeqs": 6, "maxBatchedTokens": 2048,
@@ -133,13 +162,14 @@ def test_the_spec_goes_as_one_compact_json_argument_without_what_is_not_the_node
     # a scale, a price, an SLO or a pod template edit leaves the pods' args (so the pods) be
     assert not {"replicas", "tier", "slo", "workload", "template", "pricing"} & set(rendered)
     edited = spec.model_copy(update={"replicas": 5, "pricing": None, "slo": None})
-    assert sim_node_args(edited, layout(spec)) == args
+    assert spec_env(edited) == value
 
 
 def test_the_pods_say_which_names_their_node_serves() -> None:
     spec = everything(example("batched"))
     resolved = Layout(8, 8)
-    served = replica_spec(parse(pod_args(spec, resolved)))
+    parsed, env = node_of(spec, resolved)
+    served = replica_spec(parsed, env)
     assert served.names == ("claude-ish", "fast-one", "price$(POD_NAME)", "a$$b")
     template = deployment_manifest("p", "ns", spec, "img", resolved)["spec"]["template"]
     assert served_names(template["metadata"]["annotations"]) == set(served.names)
@@ -203,9 +233,9 @@ def test_the_rendered_node_starts_and_simulates_the_envelopes_replica(name: str)
     from tiergate.sim_nodes.server.app import create_app
 
     spec = example(name)
-    args = parse(pod_args(spec, layout(spec)))
-    served = replica_spec(args)
-    config = node_config(args, served, 8000)
+    args, env = node_of(spec, layout(spec))
+    served = replica_spec(args, env)
+    config = node_config(args, served, 8000, env)
     background = spec.background.sequences if spec.background else 0
     assert config.background_sequences == background and config.node_name == "pod-0"
     create_app(config)  # raises EngineCapacityError when the background does not fit
@@ -217,13 +247,15 @@ def test_a_pod_s_container_starts_a_node_that_serves_the_pool_s_names() -> None:
     `tiergate`, args expanded; the address moved to a free local port), is a node answering to
     every name of the pool - a `$` in one included - and to nothing else."""
     spec = everything(example("custom-model"))
-    manifest = deployment_manifest("team", "ns", spec, "img", layout(spec))
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    args = as_kubelet_runs(container["args"], {"POD_NAME": "team-0"})
-    argv = [sys.executable, "-P", "-m", "tiergate", *args, "--host", "127.0.0.1", "--port", "0"]
+    command, args, env = run_as_kubelet(spec, layout(spec), pod="team-0")
+    assert command == ["tiergate", "sim-node"]
+    argv = [sys.executable, "-P", "-m", "tiergate", "sim-node", *args,
+            "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
     with (
         tempfile.TemporaryFile() as stderr,
-        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr) as process,
+        subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=stderr, env={**os.environ, **env}
+        ) as process,
     ):
         try:
             assert process.stdout is not None

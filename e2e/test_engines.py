@@ -1,0 +1,139 @@
+"""Real engines on a real API server: an `engine: vllm` pool becomes a Deployment running
+`vllm serve` with the spec's arguments and GPUs, scheduled on a node advertising
+`nvidia.com/gpu` with the accelerator's product label (a kwok node: nothing runs vLLM here,
+the scheduler's placement is what is checked); a wafer-scale pool with `engine: vllm` is
+refused by `kubectl apply` with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from release import BACKEND, Release
+
+pytestmark = pytest.mark.skipif(
+    BACKEND != "local", reason="a kwok node stands for the GPU node (kind's nodes have no GPUs)"
+)
+
+GPU_NODE_NAME = "kwok-gpu-h100-0"
+GPU_NODE = f"""\
+apiVersion: v1
+kind: Node
+metadata:
+  name: {GPU_NODE_NAME}
+  annotations:
+    node.alpha.kubernetes.io/ttl: "0"
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: {GPU_NODE_NAME}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3
+spec:
+  taints:
+  - {{key: nvidia.com/gpu, value: present, effect: NoSchedule}}
+status:
+  allocatable: {{cpu: "96", memory: 1Ti, pods: "110", nvidia.com/gpu: "8"}}
+  capacity: {{cpu: "96", memory: 1Ti, pods: "110", nvidia.com/gpu: "8"}}
+"""
+
+VLLM_POOL = """\
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata:
+  name: llama-vllm
+spec:
+  tier: batched
+  engine: vllm
+  model: llama-3.1-70b
+  accelerator: h100-sxm
+  chips: 4
+  tensorParallel: 4
+  weightDtype: fp8
+  kvDtype: fp8
+  batching: {maxNumSeqs: 128, maxBatchedTokens: 4096}
+  servedModelName: llama-70b
+"""
+
+WAFER_VLLM = """\
+apiVersion: tiergate.dev/v1alpha1
+kind: InferencePool
+metadata:
+  name: spark-vllm
+spec:
+  tier: wafer-scale
+  engine: vllm
+  model: frontier-spark
+  accelerator: wse-3
+"""
+
+
+@pytest.fixture
+def gpu_node(release: Release) -> Iterator[str]:
+    """A node with 8 H100s (as NVIDIA's device plugin and feature discovery advertise them)
+    and the usual GPU taint; removed after the test."""
+    cluster = release.cluster
+    cluster.kubectl("apply", "-f", "-", input=GPU_NODE)
+    try:
+        release.wait(
+            lambda: (
+                "True"
+                in cluster.kubectl(
+                    "get",
+                    "node",
+                    GPU_NODE_NAME,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                    check=False,
+                )
+            ),  # fmt: skip
+            f"node {GPU_NODE_NAME} Ready",
+            60,
+        )
+        yield GPU_NODE_NAME
+    finally:
+        cluster.kubectl("delete", "node", GPU_NODE_NAME, "--ignore-not-found", check=False)
+
+
+def test_a_vllm_pool_runs_vllm_serve_on_a_gpu_node(release: Release, gpu_node: str) -> None:
+    release.kubectl("apply", "-f", "-", input=VLLM_POOL)
+    release.wait(lambda: release.exists("deployment", "llama-vllm"), "the pool's Deployment")
+    pod_spec = release.get("deployment", "llama-vllm")["spec"]["template"]["spec"]
+    container = pod_spec["containers"][0]
+    assert container["image"] == "vllm/vllm-openai:v0.10.1.1"
+    assert container["command"] == ["vllm"]
+    args = container["args"]
+    assert args[:2] == ["serve", "meta-llama/Llama-3.1-70B-Instruct"]
+    for flag, value in [("--served-model-name", "llama-70b"), ("--tensor-parallel-size", "4"),
+                        ("--max-num-seqs", "128"), ("--max-num-batched-tokens", "4096"),
+                        ("--quantization", "fp8"), ("--kv-cache-dtype", "fp8")]:  # fmt: skip
+        assert args[args.index(flag) + 1] == value, (flag, args)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    assert pod_spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+    def scheduled_on_the_gpu_node() -> bool:
+        pods = release.kubectl(
+            "get", "pods", "-l", "tiergate.dev/pool=llama-vllm",
+            "-o", "jsonpath={.items[*].spec.nodeName}",
+        ).split()  # fmt: skip
+        return pods == [gpu_node]
+
+    release.wait(scheduled_on_the_gpu_node, f"the vLLM pod scheduled on {gpu_node}", 90)
+
+
+def test_a_wafer_scale_vllm_pool_is_refused_with_the_reason(release: Release) -> None:
+    done = subprocess.run(
+        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
+        input=WAFER_VLLM,
+        capture_output=True,
+        text=True,
+        env=release.cluster.env,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "engine vllm runs on GPUs" in done.stderr, done.stderr
+    assert "wse-3" in done.stderr and "SRAM" in done.stderr, done.stderr
+    assert not release.exists("inferencepool", "spark-vllm")

@@ -1,0 +1,134 @@
+"""The engines a pool may run, defined once: the API's validators and the CRD's CEL rules
+(operator/crd.py) are both made from this table and the catalog's memory kinds.
+
+`sim` is tiergate's simulated node (any accelerator of the catalog, nothing to load). `vllm`
+and `sglang` are the real engines: they run on GPUs (accelerators that hold weights in HBM;
+no such engine runs on wafer-scale or LPU chips, which hold them in SRAM), load real weights
+(the catalog model's Hugging Face id, or `spec.modelSource`) and know fewer KV-cache dtypes.
+Each rule has one sentence, the same from a pool file and from `kubectl apply`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tiergate.sim_nodes.catalogs import Catalog, Dtype, MemoryKind
+from tiergate.sim_nodes.tiers import accelerators_with
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "Engine",
+    "EngineDefinition",
+    "engine_problem",
+    "kv_dtype_problem",
+    "memory_kind_problem",
+    "models_with_weights",
+    "weights_problem",
+]
+
+Engine = Literal["sim", "vllm", "sglang"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDefinition:
+    """One engine: what it is and what a pool running it must be."""
+
+    name: Engine
+    #: What it is, in a few words (the CRD's description of `spec.engine`).
+    summary: str
+    #: Where its accelerators must hold the weights (None: anywhere; the sim simulates any).
+    memory_kind: MemoryKind | None = None
+    #: It loads real weights: the model needs a Hugging Face id or spec.modelSource.
+    loads_weights: bool = False
+    #: The KV-cache dtypes it can run (None: every dtype of the catalog).
+    kv_dtypes: tuple[Dtype, ...] | None = None
+
+
+ENGINES: dict[Engine, EngineDefinition] = {
+    "sim": EngineDefinition("sim", "the simulated node (any accelerator; the default)"),
+    "vllm": EngineDefinition(
+        "vllm", "vLLM on GPUs", memory_kind="hbm", loads_weights=True, kv_dtypes=("bf16", "fp8")
+    ),
+    "sglang": EngineDefinition(
+        "sglang", "SGLang on GPUs", memory_kind="hbm", loads_weights=True, kv_dtypes=("bf16", "fp8")
+    ),
+}
+DEFAULT_ENGINE: Engine = "sim"
+
+
+def memory_kind_problem(engine: Engine, catalog: Catalog) -> str | None:
+    """What is wrong with a pool of `engine` on an accelerator that does not hold weights in
+    the engine's memory, or None for an engine with no such rule."""
+    kind = ENGINES[engine].memory_kind
+    if kind is None:
+        return None
+    others = sorted(a.name for a in catalog.accelerators.values() if a.memory_kind != kind)
+    return (
+        f"engine {engine} runs on GPUs ({', '.join(accelerators_with(catalog, kind))}, or an "
+        f"acceleratorProfile with memoryKind {kind}); no such engine runs on "
+        f"{', '.join(others)} (wafer-scale and LPU chips hold weights in SRAM): run those "
+        "pools with engine sim"
+    )
+
+
+def models_with_weights(catalog: Catalog) -> list[str]:
+    """The catalog's models with published weights (a Hugging Face id), sorted."""
+    return sorted(m.name for m in catalog.models.values() if m.hugging_face_id)
+
+
+def weights_problem(engine: Engine, catalog: Catalog) -> str | None:
+    """What is wrong with a pool of `engine` whose model has no weights to load, or None for
+    an engine that loads none."""
+    if not ENGINES[engine].loads_weights:
+        return None
+    return (
+        f"engine {engine} loads real weights: spec.model must be a catalog model with a Hugging "
+        f"Face id ({', '.join(models_with_weights(catalog))}), or a modelProfile with "
+        "huggingFaceId, or spec.modelSource must name them (so must the draft model of "
+        "spec.speculativeDecoding, by a catalog model with a Hugging Face id)"
+    )
+
+
+def kv_dtype_problem(engine: Engine) -> str | None:
+    """What is wrong with a pool of `engine` whose KV-cache dtype it cannot run, or None."""
+    dtypes = ENGINES[engine].kv_dtypes
+    if dtypes is None:
+        return None
+    return f"engine {engine} keeps the KV cache in {' or '.join(dtypes)}: set spec.kvDtype to one"
+
+
+def engine_problem(
+    engine: Engine,
+    *,
+    accelerator: str,
+    inline_memory_kind: MemoryKind | None,
+    model: str,
+    inline_hugging_face_id: str | None,
+    has_inline_model: bool,
+    model_source: str | None,
+    draft_model: str | None,
+    kv_dtype: Dtype,
+    catalog: Catalog,
+) -> str | None:
+    """The first of `engine`'s rules the pool breaks, in the words of the CRD's CEL rules
+    (operator/crd.py `engine_rules`), or None."""
+    definition = ENGINES[engine]
+    if definition.memory_kind is not None:
+        known = catalog.accelerators.get(accelerator)
+        has = inline_memory_kind or (known.memory_kind if known is not None else None)
+        if has != definition.memory_kind:
+            return memory_kind_problem(engine, catalog)
+    if definition.loads_weights:
+        with_weights = set(models_with_weights(catalog))
+        if has_inline_model:
+            model_ok = inline_hugging_face_id is not None
+        else:
+            model_ok = model in with_weights
+        draft_ok = draft_model is None or draft_model in with_weights
+        if not (model_ok or model_source) or not draft_ok:
+            return weights_problem(engine, catalog)
+    if definition.kv_dtypes is not None and kv_dtype not in definition.kv_dtypes:
+        return kv_dtype_problem(engine)
+    return None

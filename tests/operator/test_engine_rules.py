@@ -1,0 +1,137 @@
+"""The engine rules: a real engine runs on GPUs only (never on wafer-scale or LPU chips), loads
+real weights and keeps its KV cache in a dtype it has. Pool files (pydantic) and `kubectl apply`
+(the CRD's CEL rules, generated from the same table) refuse the same pools with the same
+sentence."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from crd_helpers import generated_crd, problems, schema_of
+from pydantic import ValidationError
+
+from tiergate.operator.api import ENGINES, InferencePoolSpec
+from tiergate.operator.api.engines import kv_dtype_problem, memory_kind_problem, weights_problem
+from tiergate.operator.crd import engine_rules
+from tiergate.sim_nodes.catalogs import default_catalog
+from tiergate.sim_nodes.validation import first_problem
+
+CATALOG = default_catalog()
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return generated_crd()
+
+
+def pool(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "tiergate.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p"},
+        "spec": {"tier": "batched", "model": "llama-3.1-8b", "accelerator": "h100-sxm", **spec},
+    }
+
+
+def wafer(**spec: Any) -> dict[str, Any]:
+    return pool(**{"tier": "wafer-scale", "model": "frontier-spark", "accelerator": "wse-3",
+                   **spec})  # fmt: skip
+
+
+INLINE_GPU = {
+    **default_catalog().accelerator("h100-sxm").model_dump(by_alias=True, exclude_none=True),
+    "name": "lab-gpu",
+}
+INLINE_MODEL = {
+    **default_catalog()
+    .model("llama-3.1-8b")
+    .model_dump(by_alias=True, exclude_none=True, exclude={"hugging_face_id"}),
+    "name": "team-8b",
+}
+SPECULATIVE = {"draftModel": "llama-3.2-1b", "tokens": 4, "acceptanceRate": 0.7}
+
+CASES: list[tuple[str, dict[str, Any], str | None]] = [
+    ("wafer-scale vllm", wafer(engine="vllm"), memory_kind_problem("vllm", CATALOG)),
+    ("wafer-scale sglang", wafer(engine="sglang"), memory_kind_problem("sglang", CATALOG)),
+    ("wafer-scale sim", wafer(engine="sim"), None),
+    ("wafer-scale, engine left out", wafer(), None),
+    ("lpu vllm", pool(accelerator="groq-lpu", engine="vllm"), memory_kind_problem("vllm", CATALOG)),
+    ("inline gpu vllm", pool(accelerator="lab-gpu", acceleratorProfile=INLINE_GPU, engine="vllm"),
+     None),
+    ("inline sram vllm",
+     pool(accelerator="lab-gpu", acceleratorProfile={**INLINE_GPU, "memoryKind": "sram"},
+          engine="vllm"),
+     memory_kind_problem("vllm", CATALOG)),
+    ("h100 vllm", pool(engine="vllm"), None),
+    ("h100 sglang", pool(engine="sglang"), None),
+    ("no weights", pool(model="frontier", chips=8, engine="vllm"),
+     weights_problem("vllm", CATALOG)),
+    ("weights on a volume", pool(model="frontier", chips=8, engine="vllm",
+                                 modelSource="/model-cache/frontier"), None),
+    ("inline model without weights",
+     pool(model="team-8b", modelProfile=INLINE_MODEL, engine="sglang"),
+     weights_problem("sglang", CATALOG)),
+    ("inline model with weights",
+     pool(model="team-8b", modelProfile={**INLINE_MODEL, "huggingFaceId": "team/8b"},
+          engine="sglang"),
+     None),
+    ("draft with weights", pool(model="llama-3.1-70b", engine="vllm",
+                                speculativeDecoding=SPECULATIVE), None),
+    ("draft without weights",
+     pool(model="llama-3.1-70b", engine="vllm", modelSource="/w",
+          speculativeDecoding={**SPECULATIVE, "draftModel": "frontier-spark"}),
+     weights_problem("vllm", CATALOG)),
+    ("int8 kv cache", pool(engine="vllm", kvDtype="int8"), kv_dtype_problem("vllm")),
+    ("fp8 kv cache", pool(engine="sglang", kvDtype="fp8"), None),
+    ("int8 kv cache on the sim", pool(engine="sim", kvDtype="int8"), None),
+]  # fmt: skip
+
+
+def pydantic_says(obj: dict[str, Any]) -> str | None:
+    try:
+        InferencePoolSpec.model_validate(copy.deepcopy(obj["spec"]))
+    except ValidationError as exc:
+        return first_problem(exc)
+    return None
+
+
+@pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_pool_files_and_kubectl_apply_refuse_the_same_pools_alike(
+    crd: dict[str, Any], obj: dict[str, Any], expected: str | None
+) -> None:
+    said = pydantic_says(obj)
+    found = problems(crd, obj)
+    if expected is None:
+        assert said is None, said
+        assert found == [], found
+    else:
+        assert said is not None and said.endswith(expected), said
+        assert expected in found, found
+
+
+def test_a_wafer_scale_vllm_pool_is_refused_with_the_reason() -> None:
+    said = memory_kind_problem("vllm", CATALOG)
+    assert said is not None
+    assert "runs on GPUs" in said and "wse-3" in said and "groq-lpu" in said
+    assert "SRAM" in said and "engine sim" in said
+
+
+def test_every_engine_rule_of_the_table_is_in_the_crd(crd: dict[str, Any]) -> None:
+    spec = schema_of(crd)["properties"]["spec"]
+    stated = [r["message"] for r in spec["x-kubernetes-validations"]]
+    for engine in ENGINES.values():
+        for problem in (
+            memory_kind_problem(engine.name, CATALOG),
+            weights_problem(engine.name, CATALOG),
+            kv_dtype_problem(engine.name),
+        ):
+            assert problem is None or problem in stated, problem
+    assert spec["properties"]["engine"]["enum"] == list(ENGINES)
+    assert len(engine_rules(CATALOG)) == 6  # vllm and sglang: memory, weights, KV dtype
+
+
+def test_an_unknown_engine_is_refused(crd: dict[str, Any]) -> None:
+    assert any("'tgi' is not one of" in p for p in problems(crd, pool(engine="tgi")))
+    assert pydantic_says(pool(engine="tgi")) is not None

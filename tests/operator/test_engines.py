@@ -1,0 +1,302 @@
+"""Pools of engine vllm and sglang: the engine's own command line rendered from the spec, GPUs
+requested, GPU nodes selected and tolerated, volumes, health probes and drain time; engine sim
+runs the very `vllm serve` arguments on the sim image. The rendered flags are checked against
+the flags the pinned engine releases document."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tiergate.operator.api import InferencePoolSpec, Layout, served_names
+from tiergate.operator.engine_args import SGLANG_VERSION, VLLM_VERSION, sglang_args, vllm_args
+from tiergate.operator.images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
+from tiergate.operator.render import deployment_manifest
+from tiergate.operator.status import assess
+from tiergate.sim_nodes.catalogs import default_catalog
+
+Manifest = dict[str, Any]
+
+BASE = {"tier": "batched", "model": "llama-3.1-70b", "accelerator": "h100-sxm"}
+
+
+def spec_of(**changes: Any) -> InferencePoolSpec:
+    return InferencePoolSpec.model_validate({**BASE, **changes})
+
+
+def layout(spec: InferencePoolSpec) -> Layout:
+    resolved = assess(spec, default_catalog()).layout
+    assert resolved is not None
+    return resolved
+
+
+def pod_of(spec: InferencePoolSpec, resolved: Layout | None = None, **kw: Any) -> Manifest:
+    images = ImagePolicy("tiergate:0.1.0")
+    d = deployment_manifest(
+        "p", "ns", spec, images.engine_image(spec), resolved or layout(spec), **kw
+    )
+    template: Manifest = d["spec"]["template"]
+    return template
+
+
+def container_of(pod: Manifest) -> Manifest:
+    container: Manifest = pod["spec"]["containers"][0]
+    return container
+
+
+EVERYTHING = {
+    "chips": 8,
+    "tensorParallel": 4,
+    "weightDtype": "fp8",
+    "kvDtype": "fp8",
+    "batching": {"maxNumSeqs": 64, "maxBatchedTokens": 4096, "chunkedPrefill": False},
+    "speculativeDecoding": {"draftModel": "llama-3.2-1b", "tokens": 3, "acceptanceRate": 0.7},
+    "servedModelName": "llama-70b",
+    "aliases": ["big-llama"],
+}
+
+
+# -- vLLM ------------------------------------------------------------------------------------
+
+
+def test_vllm_serves_the_spec_s_model_layout_batching_dtypes_and_draft() -> None:
+    spec = spec_of(engine="vllm", **EVERYTHING)
+    container = container_of(pod_of(spec))
+    assert container["image"] == DEFAULT_VLLM_IMAGE
+    assert container["command"] == ["vllm"]
+    assert container["args"] == [
+        "serve", "meta-llama/Llama-3.1-70B-Instruct",
+        "--served-model-name", "llama-70b", "big-llama",
+        "--host", "0.0.0.0", "--port", "8000",
+        "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2",
+        "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
+        "--no-enable-chunked-prefill",
+        "--quantization", "fp8", "--kv-cache-dtype", "fp8",
+        "--speculative-config",
+        '{"model":"meta-llama/Llama-3.2-1B-Instruct","num_speculative_tokens":3}',
+    ]  # fmt: skip
+
+
+def test_bf16_and_defaults_add_no_dtype_or_parallel_flags() -> None:
+    spec = spec_of(engine="vllm", model="llama-3.1-8b", chips=1)
+    args = vllm_args(spec, layout(spec))
+    assert layout(spec) == Layout(1, 1)
+    assert not {"--quantization", "--kv-cache-dtype", "--pipeline-parallel-size",
+                "--speculative-config", "--no-enable-chunked-prefill"} & set(args)  # fmt: skip
+    assert args[:2] == ["serve", "meta-llama/Llama-3.1-8B-Instruct"]
+
+
+def test_model_source_names_the_weights_and_the_pool_s_name_is_served() -> None:
+    spec = spec_of(engine="vllm", model="frontier", modelSource="/model-cache/frontier-fp8")
+    args = vllm_args(spec, Layout(8, 8))
+    assert args[:4] == ["serve", "/model-cache/frontier-fp8", "--served-model-name", "frontier"]
+
+
+def test_a_gpu_pod_requests_its_chips_on_nodes_of_its_gpu_and_tolerates_their_taint() -> None:
+    spec = spec_of(engine="vllm", **EVERYTHING)
+    pod = pod_of(spec)
+    container = container_of(pod)
+    assert container["resources"] == {
+        "requests": {"nvidia.com/gpu": "8"},
+        "limits": {"nvidia.com/gpu": "8"},
+    }
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
+
+
+def test_the_pool_s_template_adds_to_the_gpu_pod_without_losing_its_gpus() -> None:
+    spec = spec_of(
+        engine="vllm",
+        chips=4,
+        template={
+            "nodeSelector": {"pool": "inference"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
+        },
+    )
+    pod = pod_of(spec)
+    assert pod["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "pool": "inference",
+    }
+    assert {"key": "dedicated", "operator": "Exists"} in pod["spec"]["tolerations"]
+    assert container_of(pod)["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"},
+        "limits": {"memory": "96Gi", "nvidia.com/gpu": "4"},
+    }
+
+
+def test_a_gpu_pod_has_shared_memory_a_model_cache_and_its_token() -> None:
+    spec = spec_of(engine="vllm", huggingFaceTokenSecretRef={"name": "hf", "key": "token"})
+    pod = pod_of(spec)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+    container = container_of(pod)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts == {"/tmp": "tmp", "/dev/shm": "dshm", "/model-cache": "model-cache"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert env["HF_HOME"]["value"].startswith("/model-cache/")
+    assert env["HOME"]["value"] == "/tmp"  # the engines' caches; the root filesystem is read-only
+    claimed = pod_of(spec, model_cache_claim="weights")
+    volumes = {v["name"]: v for v in claimed["spec"]["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
+
+
+def test_without_a_token_no_secret_is_read() -> None:
+    env = container_of(pod_of(spec_of(engine="vllm")))["env"]
+    assert "HF_TOKEN" not in {e["name"] for e in env}
+
+
+def test_a_gpu_pod_is_probed_on_the_engine_s_health_path_and_drains() -> None:
+    pod = pod_of(spec_of(engine="vllm"))
+    container = container_of(pod)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60  # weights load
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 120
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
+    assert not sc["allowPrivilegeEscalation"]
+
+
+# -- SGLang ----------------------------------------------------------------------------------
+
+
+def test_sglang_serves_the_spec_with_its_own_flags_and_one_name() -> None:
+    spec = spec_of(engine="sglang", **EVERYTHING)
+    pod = pod_of(spec)
+    container = container_of(pod)
+    assert container["image"] == DEFAULT_SGLANG_IMAGE
+    assert container["command"] == ["python3", "-m", "sglang.launch_server"]
+    assert container["args"] == [
+        "--model-path", "meta-llama/Llama-3.1-70B-Instruct",
+        "--served-model-name", "llama-70b",
+        "--host", "0.0.0.0", "--port", "8000",
+        "--tp-size", "4", "--pp-size", "2",
+        "--max-running-requests", "64", "--max-prefill-tokens", "4096",
+        "--chunked-prefill-size", "-1",
+        "--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3",
+        "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", "meta-llama/Llama-3.2-1B-Instruct",
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4",
+        "--enable-metrics",
+    ]  # fmt: skip
+    # SGLang answers to one name: the router is told so.
+    assert served_names(pod["metadata"]["annotations"]) == {"llama-70b"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+
+
+# -- sim: the same vLLM line on the sim image --------------------------------------------------
+
+
+def test_a_sim_pool_runs_vllm_s_arguments_on_the_sim_image_without_gpus() -> None:
+    sim, vllm = spec_of(engine="sim", **EVERYTHING), spec_of(engine="vllm", **EVERYTHING)
+    resolved = layout(sim)
+    sim_pod, vllm_pod = pod_of(sim, resolved), pod_of(vllm, resolved)
+    assert container_of(sim_pod)["args"] == container_of(vllm_pod)["args"]
+    assert container_of(sim_pod)["command"] == ["tiergate", "sim-node"]
+    assert container_of(sim_pod)["image"] == "tiergate:0.1.0"
+    assert "nvidia.com/gpu" not in json.dumps(sim_pod)
+    env = {e["name"]: e.get("value") for e in container_of(sim_pod)["env"]}
+    simulated = json.loads(env["TIERGATE_POOL_JSON"])
+    assert (simulated["accelerator"], simulated["chips"]) == ("h100-sxm", 8)
+
+
+# -- the flags the pinned releases document ----------------------------------------------------
+
+#: `vllm serve --help` of vLLM v0.10.1.1 (engine and frontend arguments), the flags and the
+#: choices tiergate may render. Moving VLLM_VERSION means re-reading them.
+VLLM_FLAGS = {
+    "--served-model-name", "--host", "--port", "--tensor-parallel-size",
+    "--pipeline-parallel-size", "--max-num-seqs", "--max-num-batched-tokens",
+    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--quantization",
+    "--kv-cache-dtype", "--speculative-config", "--dtype", "--max-model-len", "--download-dir",
+    "--gpu-memory-utilization", "--enable-prefix-caching", "--trust-remote-code",
+}  # fmt: skip
+VLLM_CHOICES = {
+    "--kv-cache-dtype": {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"},
+    "--quantization": {"fp8", "awq", "gptq", "bitsandbytes", "compressed-tensors",
+                       "modelopt", "modelopt_fp4", "mxfp4"},
+}  # fmt: skip
+#: `python3 -m sglang.launch_server --help` of SGLang v0.5.3.
+SGLANG_FLAGS = {
+    "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--pp-size",
+    "--max-running-requests", "--max-prefill-tokens", "--chunked-prefill-size",
+    "--quantization", "--kv-cache-dtype", "--speculative-algorithm",
+    "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens", "--enable-metrics", "--mem-fraction-static",
+}  # fmt: skip
+SGLANG_CHOICES = {
+    "--kv-cache-dtype": {"auto", "fp8_e5m2", "fp8_e4m3"},
+    "--quantization": {"fp8", "awq", "gptq", "w8a8_int8", "w8a8_fp8", "modelopt_fp4"},
+    "--speculative-algorithm": {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"},
+}  # fmt: skip
+#: Flags that take no value.
+SWITCHES = {"--no-enable-chunked-prefill", "--enable-metrics"}
+
+SPECS = [
+    {},
+    EVERYTHING,
+    {"model": "qwen3-235b-a22b", "accelerator": "b200", "weightDtype": "fp4"},
+    {"model": "gpt-oss-120b", "accelerator": "h200", "kvDtype": "fp8", "chips": 2},
+]
+
+
+def flags_and_values(args: list[str]) -> list[tuple[str, str | None]]:
+    """(flag, value) pairs of a command line (positionals before the first flag skipped)."""
+    out: list[tuple[str, str | None]] = []
+    i = next(i for i, a in enumerate(args) if a.startswith("--"))
+    while i < len(args):
+        flag = args[i]
+        assert flag.startswith("--"), (flag, args)
+        if flag in SWITCHES:
+            out.append((flag, None))
+            i += 1
+            continue
+        values = []
+        i += 1
+        while i < len(args) and not args[i].startswith("--"):
+            values.append(args[i])
+            i += 1
+        assert values, f"{flag} has no value"
+        out += [(flag, v) for v in values]
+    return out
+
+
+@pytest.mark.parametrize("changes", SPECS, ids=["defaults", "everything", "fp4-moe", "tp2"])
+def test_rendered_vllm_flags_are_those_of_the_pinned_release(changes: dict[str, Any]) -> None:
+    assert VLLM_VERSION == "v0.10.1.1"  # the release the lists above are read from
+    spec = spec_of(engine="vllm", **changes)
+    for flag, value in flags_and_values(vllm_args(spec, layout(spec))):
+        assert flag in VLLM_FLAGS, flag
+        if flag in VLLM_CHOICES:
+            assert value in VLLM_CHOICES[flag], (flag, value)
+
+
+@pytest.mark.parametrize("changes", SPECS, ids=["defaults", "everything", "fp4-moe", "tp2"])
+def test_rendered_sglang_flags_are_those_of_the_pinned_release(changes: dict[str, Any]) -> None:
+    assert SGLANG_VERSION == "v0.5.3"
+    spec = spec_of(engine="sglang", **changes)
+    for flag, value in flags_and_values(sglang_args(spec, layout(spec))):
+        assert flag in SGLANG_FLAGS, flag
+        if flag in SGLANG_CHOICES:
+            assert value in SGLANG_CHOICES[flag], (flag, value)
+    assert flags_and_values(sglang_args(spec, layout(spec)))[1] == (
+        "--served-model-name",
+        spec.names[0],
+    )
+
+
+def test_the_flag_check_can_fail() -> None:
+    with pytest.raises(AssertionError):
+        flags_and_values(["serve", "m", "--port"])
+    assert ("--tp", "1") in flags_and_values(["--tp", "1"]) and "--tp" not in SGLANG_FLAGS
