@@ -6,7 +6,6 @@ compared on identical arrivals and lengths. The steady-state model sees the mean
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from tiergate.sim_nodes.tiers import Tier
 from tiergate.sim_nodes.validation import first_problem
 
 from .errors import PlanError
-from .spec import PlanFile, TierDemand
+from .files import parse_json, read_text
+from .spec import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, PlanFile, TierDemand
 
 __all__ = ["TierTraffic", "TraceLine", "plan_traffic"]
 
@@ -51,11 +51,15 @@ class TraceLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arrival_s: float = Field(ge=0, allow_inf_nan=False, description="Arrival time, seconds.")
+    arrival_s: float = Field(
+        ge=0, le=1e9, allow_inf_nan=False, description="Arrival time, seconds."
+    )
     tier: Tier = Field(description="batched, premium or wafer-scale.")
-    prompt_tokens: int = Field(ge=1, description="Prompt length, tokens.")
-    output_tokens: int = Field(ge=1, description="Tokens to generate.")
-    cached_prompt_tokens: int = Field(default=0, ge=0, description="Prefix-cache hit, tokens.")
+    prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS, description="Prompt length, tokens.")
+    output_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS, description="Tokens to generate.")
+    cached_prompt_tokens: int = Field(
+        default=0, ge=0, le=MAX_PROMPT_TOKENS, description="Prefix-cache hit, tokens."
+    )
 
 
 def plan_traffic(plan: PlanFile, base: Path) -> dict[Tier, TierTraffic]:
@@ -84,21 +88,15 @@ def _poisson(tier: Tier, demand: TierDemand, n: int, rng: random.Random) -> Tier
 
 
 def _from_trace(plan: PlanFile, path: Path) -> dict[Tier, TierTraffic]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PlanError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"trace {str(path)!r} is not UTF-8 text") from None
+    lines = read_text(path, "trace").splitlines()
     by_tier: dict[Tier, list[WorkloadRequest]] = {tier: [] for tier in plan.tiers}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{path.name} line {number}"
+        raw = parse_json(line, where)
         try:
-            record = TraceLine.model_validate(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{where}: not JSON ({exc.msg})") from None
+            record = TraceLine.model_validate(raw)
         except ValidationError as exc:
             raise PlanError(f"{where}: {first_problem(exc, default_field='record')}") from None
         if record.cached_prompt_tokens >= record.prompt_tokens:
