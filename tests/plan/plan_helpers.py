@@ -7,7 +7,10 @@ from typing import Any
 
 import yaml
 
-from tiergate.plan import PlanFile
+from tiergate.plan import Configuration, PlanFile, plan_traffic
+from tiergate.plan.screen import Screen, screen
+from tiergate.plan.space import Candidate, candidates
+from tiergate.sim_nodes.catalogs import default_catalog
 
 
 def tiny_plan(**tier: Any) -> dict[str, Any]:
@@ -45,3 +48,40 @@ def write_plan(folder: Path, data: dict[str, Any], name: str = "plan.yaml") -> P
 
 def parsed(data: dict[str, Any]) -> PlanFile:
     return PlanFile.model_validate(data)
+
+
+def screened(plan: PlanFile, tier: str = "batched", base: Path = Path(".")) -> list[Screen]:
+    """Every configuration of one of the plan's tiers, screened."""
+    catalog = default_catalog()
+    traffic = plan_traffic(plan, base)[tier]  # type: ignore[index]
+    demand = plan.tiers[tier]  # type: ignore[index]
+    space = candidates(
+        tier,  # type: ignore[arg-type]
+        demand,
+        plan.search,
+        catalog,
+        tokens_per_request=traffic.shape.tokens_per_sequence,
+        longest_request=traffic.longest_tokens,
+    )
+    return [screen(c, catalog, traffic.shape, demand.slo, traffic.rate_per_s) for c in space]
+
+
+def screened_one(plan: PlanFile, tier: str, c: Configuration, base: Path = Path(".")) -> Screen:
+    """The planned configuration `c` of one of the plan's tiers, screened."""
+    catalog = default_catalog()
+    traffic = plan_traffic(plan, base)[tier]  # type: ignore[index]
+    candidate = Candidate(
+        model=c.model,
+        accelerator=c.accelerator,
+        chips=c.chips,
+        tensor_parallel=c.tensor_parallel,
+        weight_dtype=c.weight_dtype,  # type: ignore[arg-type]
+        kv_dtype=c.kv_dtype,  # type: ignore[arg-type]
+        max_num_seqs=c.max_num_seqs,
+        max_batched_tokens=c.max_batched_tokens,
+        draft_model=c.draft_model,
+        speculative_tokens=c.speculative_tokens,
+        acceptance_rate=c.acceptance_rate,
+    )
+    slo = plan.tiers[tier].slo  # type: ignore[index]
+    return screen(candidate, catalog, traffic.shape, slo, traffic.rate_per_s)

@@ -43,12 +43,12 @@ class Found:
         """The cheapest met (most attained on a tie), optionally on another accelerator."""
         return min(
             (m for m in self.met if m[0].candidate.accelerator != other_than),
-            key=lambda m: (m[1].report.cost_per_hour_usd, -m[1].attainment),
+            key=lambda m: (m[1].cost_per_hour_usd, -m[1].attainment),
         )
 
     def cost_of_best(self, other_than: str | None = None) -> float:
         try:
-            return self.best(other_than)[1].report.cost_per_hour_usd
+            return self.best(other_than)[1].cost_per_hour_usd
         except ValueError:
             return math.inf
 

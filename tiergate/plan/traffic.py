@@ -1,7 +1,8 @@
 """Each tier's traffic as requests: drawn from the plan's distributions, or read from a trace.
 
-The same requests (seeded) are replayed through every candidate of a tier, so candidates are
-compared on identical arrivals and lengths. The steady-state model sees the mean shape.
+Poisson traffic is a seeded stream as long as the largest window (window.py); every trial
+replays a prefix of it, so candidates are compared on identical arrivals and lengths. The
+steady-state model sees the mean shape.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from tiergate.sim_nodes.validation import first_problem
 
 from .errors import PlanError
 from .files import parse_json, read_text
-from .spec import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, PlanFile, TierDemand
+from .spec import (
+    MAX_OUTPUT_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_WINDOW_REQUESTS,
+    PlanFile,
+    TierDemand,
+)
 
 __all__ = ["TierTraffic", "TraceLine", "plan_traffic"]
 
@@ -31,6 +38,8 @@ class TierTraffic:
     tier: Tier
     requests: tuple[WorkloadRequest, ...]
     rate_per_s: float
+    #: Drawn Poisson arrivals (a window may slow them for a slice of the fleet), not a trace.
+    poisson: bool = True
 
     @property
     def shape(self) -> Workload:
@@ -70,7 +79,7 @@ def plan_traffic(plan: PlanFile, base: Path) -> dict[Tier, TierTraffic]:
     for tier, demand in plan.tiers.items():
         # A string seed: each tier's draws are independent of which other tiers are planned.
         rng = random.Random(f"{plan.simulation.seed}:{tier}")
-        out[tier] = _poisson(tier, demand, plan.simulation.requests, rng)
+        out[tier] = _poisson(tier, demand, MAX_WINDOW_REQUESTS, rng)
     return out
 
 
@@ -119,5 +128,5 @@ def _from_trace(plan: PlanFile, path: Path) -> dict[Tier, TierTraffic]:
         if span <= 0:
             raise PlanError(f"trace {path.name}: tier {tier}'s requests all arrive at once")
         # n arrivals span n - 1 gaps.
-        out[tier] = TierTraffic(tier, tuple(requests), (len(requests) - 1) / span)
+        out[tier] = TierTraffic(tier, tuple(requests), (len(requests) - 1) / span, poisson=False)
     return out
