@@ -31,7 +31,7 @@ __all__ = ["LIFETIMES", "SLICE_REPLICAS", "STEP_BUDGET", "Window", "window"]
 
 #: Request lifetimes a window's arrivals span: one to warm up, one to cool down, the rest
 #: measured.
-LIFETIMES = 4
+LIFETIMES = 12
 #: The most replicas a trial simulates; a larger fleet is simulated as a slice this size.
 SLICE_REPLICAS = 8
 #: Simulator steps a window may take, about (~20 us each: a few seconds).
