@@ -70,18 +70,6 @@ def screened_one(plan: PlanFile, tier: str, c: Configuration, base: Path = Path(
     """The planned configuration `c` of one of the plan's tiers, screened."""
     catalog = default_catalog()
     traffic = plan_traffic(plan, base)[tier]  # type: ignore[index]
-    candidate = Candidate(
-        model=c.model,
-        accelerator=c.accelerator,
-        chips=c.chips,
-        tensor_parallel=c.tensor_parallel,
-        weight_dtype=c.weight_dtype,  # type: ignore[arg-type]
-        kv_dtype=c.kv_dtype,  # type: ignore[arg-type]
-        max_num_seqs=c.max_num_seqs,
-        max_batched_tokens=c.max_batched_tokens,
-        draft_model=c.draft_model,
-        speculative_tokens=c.speculative_tokens,
-        acceptance_rate=c.acceptance_rate,
-    )
+    candidate = Candidate.of(c)
     slo = plan.tiers[tier].slo  # type: ignore[index]
     return screen(candidate, catalog, traffic.shape, slo, traffic.rate_per_s)
