@@ -42,7 +42,9 @@ def met_verdict(tier: Tier, plan: Prediction) -> str:
     )
 
 
-def unmet_verdict(tier: Tier, demand: TierDemand, closest: Prediction | None) -> str:
+def unmet_verdict(
+    tier: Tier, demand: TierDemand, closest: Prediction | None, max_replicas: int
+) -> str:
     head = f"tier {tier}: no configuration meets {demand.slo}"
     if closest is None:
         return f"{head}: {demand.model} fits on nothing in the search"
@@ -50,10 +52,10 @@ def unmet_verdict(tier: Tier, demand: TierDemand, closest: Prediction | None) ->
     tpot = closest.tpot_p90_s if closest.tpot_p90_s is not None else closest.tpot_p50_s
     attained = closest.slo_attainment or 0.0
     floor = closest.steady_state_floor_replicas
-    if floor is not None and closest.replicas < floor:
+    if floor is not None and floor > max_replicas:
         return (
             f"{head}; closest: {closest.configuration.summary}, whose steady-state floor of "
-            f"{floor} replicas is more than search.maxReplicas ({closest.replicas})"
+            f"{floor} replicas is more than search.maxReplicas ({max_replicas})"
         )
     return (
         f"{head}; closest: {closest.replicas} x {closest.configuration.summary} with TTFT p90 "
@@ -98,10 +100,14 @@ def runner_up(
             options.append((cost, s.candidate.accelerator, s, t, _dearer(t, plan_cost)))
     for s, t, capped in found.misses:
         floor = (t.replicas + 1) * s.cost_per_replica_hour_usd if capped else math.inf
-        options.append((floor, s.candidate.accelerator, s, t, _missed(s, t, capped, plan_cost)))
+        options.append((floor, s.candidate.accelerator, s, t, _missed(t, capped, plan_cost)))
     for s, bound in found.pruned:
         cost = s.floor_cost_per_hour_usd
         options.append((cost, s.candidate.accelerator, s, None, _pruned(s, bound)))
+    for s in found.beyond:
+        cost = s.floor_cost_per_hour_usd
+        why = f"its steady-state floor, {_replicas(s.floor_replicas)}, is more than allowed"
+        options.append((cost, s.candidate.accelerator, s, None, why))
     elsewhere = [o for o in options if o[1] != winner.candidate.accelerator] or options
     if not elsewhere:
         return None
@@ -121,12 +127,7 @@ def _dearer(t: Trial, plan_cost: float) -> str:
     )
 
 
-def _missed(s: Screen, t: Trial, capped: bool, plan_cost: float) -> str:
-    if t.replicas < s.floor_replicas:
-        return (
-            f"its steady-state floor, {_replicas(s.floor_replicas)}, is more than "
-            f"search.maxReplicas allows"
-        )
+def _missed(t: Trial, capped: bool, plan_cost: float) -> str:
     why = f"misses the SLO at {_replicas(t.replicas)} (attains {t.attainment:.1%})"
     if capped:
         return f"{why}; one more would cost at least the plan's ${plan_cost:,.2f}/h"

@@ -17,7 +17,7 @@ from tiergate.sim_nodes.tiers import Tier, memory_problem
 from .bound import Progress, branch_and_bound
 from .confirm import Trial, run_trial
 from .errors import PlanError
-from .explain import met_verdict, runner_up, simulated, unmet_verdict
+from .explain import met_verdict, runner_up, simulated, steady, unmet_verdict
 from .report import PlanReport, SearchCounts, SimulatedWindow, TierPlan
 from .screen import Screen, screen
 from .space import Candidate, candidates
@@ -138,6 +138,9 @@ def plan_tier(
     if found.misses:
         s, t, _ = max(found.misses, key=lambda m: (m[1].attainment, -m[1].cost_per_hour_usd))
         closest, closest_trial = simulated(s, t, per_h), t
+    elif found.beyond:
+        # Every configuration that could meet the SLO needs more replicas than allowed.
+        closest = steady(min(found.beyond, key=lambda s: s.floor_cost_per_hour_usd), per_h)
     else:
         slow = [s for s in screens if s.verdict == "too-slow"]
         if slow:
@@ -160,7 +163,7 @@ def plan_tier(
         closest=closest,
         runner_up=None,
         runner_up_lost_because=None,
-        verdict=unmet_verdict(tier, demand, closest),
+        verdict=unmet_verdict(tier, demand, closest, search.max_replicas),
         search=counts,
     )
 
