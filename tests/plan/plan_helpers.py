@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,18 @@ def screened_one(plan: PlanFile, tier: str, c: Configuration, base: Path = Path(
     candidate = Candidate.of(c)
     slo = plan.tiers[tier].slo  # type: ignore[index]
     return screen(candidate, catalog, traffic.shape, slo, traffic.rate_per_s)
+
+
+#: Generous: each case takes about a second of CPU; this only stops a hang.
+HANG_S = 60
+
+
+def plan_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    """`tiergate plan PATH` in a subprocess, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "tiergate.cli", "plan", str(path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=False,
+    )

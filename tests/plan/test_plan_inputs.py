@@ -3,26 +3,11 @@ a traceback are one line on stderr and exit status 2, run as a user runs `tierga
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_helpers import tiny_plan, write_plan
-
-#: Generous: each case answers in well under a second; this only stops a hang.
-HANG_S = 60
-
-
-def plan_cli(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-P", "-m", "tiergate.cli", "plan", str(path), "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        check=False,
-    )
+from plan_helpers import plan_cli, tiny_plan, write_plan
 
 
 def traced(trace: str) -> dict[str, Any]:

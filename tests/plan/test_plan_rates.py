@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_helpers import parsed, screened, write_plan
-from test_plan_inputs import plan_cli
+from plan_helpers import parsed, plan_cli, screened, write_plan
 
 from tiergate.plan import PlanFile, TierPlan, plan_fleet, plan_traffic
 from tiergate.sim_nodes.catalogs import default_catalog
