@@ -5,6 +5,10 @@ t + step time, and the next starts right then while there is work. One heap hold
 replica's next step boundary; arrivals are merged in time order (an arrival at exactly a
 boundary joins the step starting there). Requests go to the replica with the fewest
 outstanding requests, as a least-loaded router would send them.
+
+Every request loads the replicas, but the report can measure only those arriving within a
+window (`measured_s`): a run starts from idle replicas and its arrivals stop, so the first
+and last arrivals see a lighter load than the steady state.
 """
 
 from __future__ import annotations
@@ -87,9 +91,12 @@ def simulate(
     slo_tpot_s: float | None = None,
     seed: int = 0,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    measured_s: tuple[float, float] | None = None,
 ) -> SimulationReport:
     """Run `workload` (sorted by arrival) through `replicas` replicas; deterministic for a
-    given seed. Raises EngineCapacityError if the deployment cannot run at all."""
+    given seed. The report's requests, latencies and rates are those of the requests arriving
+    within `measured_s` (inclusive; None: all). Raises EngineCapacityError if the deployment
+    cannot run at all."""
     if replicas < 1:
         raise EngineError(f"replicas must be at least 1 (got {replicas})")
     workload = sorted(workload, key=lambda request: request.arrival_s)
@@ -163,6 +170,7 @@ def simulate(
         first_rejection=first_rejection,
         slo_ttft_s=slo_ttft_s,
         slo_tpot_s=slo_tpot_s,
+        measured_s=measured_s,
     )
 
 
@@ -179,15 +187,19 @@ def _report(
     first_rejection: str | None,
     slo_ttft_s: float | None,
     slo_tpot_s: float | None,
+    measured_s: tuple[float, float] | None,
 ) -> SimulationReport:
+    low, high = measured_s if measured_s is not None else (-math.inf, math.inf)
+    measured = [i for i in range(len(workload)) if low <= workload[i].arrival_s <= high]
     ttfts: list[float] = []
     tpots: list[float] = []
     e2es: list[float] = []
     good = 0
     output_tokens = 0
-    start = min(arrival, default=0.0)
+    start = min((workload[i].arrival_s for i in measured), default=0.0)
     end = start
-    for i, request in enumerate(workload):
+    for i in measured:
+        request = workload[i]
         if math.isnan(finish[i]):
             continue
         ttft = first_token[i] - arrival[i]
@@ -221,7 +233,7 @@ def _report(
         max_batched_tokens=batching.max_batched_tokens,
         chunked_prefill=batching.chunked_prefill,
         kv_capacity_tokens=engines[0].kv_capacity_tokens,
-        requests=len(workload),
+        requests=len(measured),
         completed=len(e2es),
         rejected=rejected,
         first_rejection=first_rejection,

@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_helpers import parsed, tiny_plan
+from plan_helpers import parsed, screened, tiny_plan
 
-from tiergate.plan import PlanFile, plan_fleet, plan_traffic
+from tiergate.plan import plan_fleet, plan_traffic
 from tiergate.plan.confirm import Trial, fewest_replicas, run_trial
-from tiergate.plan.screen import Screen, screen
-from tiergate.plan.space import candidates
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.engine.simulation import SimulationReport
 
@@ -21,22 +19,6 @@ SCENARIOS = {
     "loose": {"ratePerS": 120, "slo": {"percentile": 90, "ttftMs": 1000, "tpotMs": 30}},
     "p99-ttft": {"ratePerS": 40, "slo": {"percentile": 99, "ttftMs": 120, "tpotMs": 20}},
 }
-
-
-def screened(plan: PlanFile) -> list[Screen]:
-    """Every configuration of the plan's batched tier, screened."""
-    catalog = default_catalog()
-    traffic = plan_traffic(plan, Path("."))["batched"]
-    demand = plan.tiers["batched"]
-    space = candidates(
-        "batched",
-        demand,
-        plan.search,
-        catalog,
-        tokens_per_request=traffic.shape.tokens_per_sequence,
-        longest_request=traffic.longest_tokens,
-    )
-    return [screen(c, catalog, traffic.shape, demand.slo, traffic.rate_per_s) for c in space]
 
 
 def brute_force(data: dict[str, Any]) -> tuple[float, set[tuple[str, int]]]:
@@ -50,10 +32,18 @@ def brute_force(data: dict[str, Any]) -> tuple[float, set[tuple[str, int]]]:
         if s.verdict == "unfit":
             continue
         c = s.candidate
-        for n in range(1, plan.search.max_replicas + 1):
-            t = run_trial(s, traffic.requests, demand.slo, n, seed=plan.simulation.seed)
+        # Below its steady-state floor a fleet never meets the SLO (confirm.py).
+        for n in range(max(1, s.floor_replicas), plan.search.max_replicas + 1):
+            t = run_trial(
+                s,
+                traffic,
+                demand.slo,
+                n,
+                seed=plan.simulation.seed,
+                fewest_requests=plan.simulation.requests,
+            )
             if t.meets:
-                met.append((t.report.cost_per_hour_usd, str(c), n))
+                met.append((t.cost_per_hour_usd, str(c), n))
                 break
     cheapest = min(cost for cost, _, _ in met)
     return cheapest, {(c, n) for cost, c, n in met if cost == pytest.approx(cheapest)}
@@ -83,9 +73,12 @@ def test_the_plan_meets_the_slo_in_simulation_and_one_replica_fewer_misses() -> 
     summary = tier.plan.configuration.summary
     chosen = next(s for s in screened(plan) if str(s.candidate) == summary)
     slo = plan.tiers["batched"].slo
-    at_plan = run_trial(chosen, traffic.requests, slo, tier.plan.replicas, seed=3)
-    fewer = run_trial(chosen, traffic.requests, slo, tier.plan.replicas - 1, seed=3)
-    assert at_plan.attainment >= slo.attainment > fewer.attainment
+    at_plan, fewer = (
+        run_trial(chosen, traffic, slo, n, seed=3, fewest_requests=2000)
+        for n in (tier.plan.replicas, tier.plan.replicas - 1)
+    )
+    assert at_plan.meets and at_plan.attainment >= slo.attainment
+    assert not fewer.meets
     assert tier.plan.slo_attainment == pytest.approx(at_plan.attainment)
 
 
@@ -103,18 +96,32 @@ def _fake(threshold: int, calls: list[int]) -> Any:
 
     def trial(n: int) -> Trial:
         calls.append(n)
-        return Trial(n, report, 1.0 if n >= threshold else 0.5, n >= threshold)
+        return Trial(n, report, 1.0 if n >= threshold else 0.5, n >= threshold, float(n))
 
     return trial
 
 
-@pytest.mark.parametrize("start", [1, 3, 7, 9, 20])
-def test_fewest_replicas_is_tight_from_any_start(start: int) -> None:
+@pytest.mark.parametrize("floor", [1, 3, 6])
+def test_fewest_replicas_is_tight_from_any_floor_below_it(floor: int) -> None:
     calls: list[int] = []
-    found, runs = fewest_replicas(_fake(7, calls), start, limit=40)
+    found, runs = fewest_replicas(_fake(7, calls), floor, limit=40)
     assert found is not None and found.replicas == 7
     assert 6 in calls  # one fewer was tried, and missed
     assert len(runs) == len(set(calls))
+
+
+@pytest.mark.parametrize("floor", [7, 9, 20])
+def test_fewest_replicas_never_goes_below_the_floor(floor: int) -> None:
+    calls: list[int] = []
+    found, _ = fewest_replicas(_fake(7, calls), floor, limit=40)
+    assert found is not None and found.replicas == floor
+    assert calls == [floor]
+
+
+def test_a_floor_above_the_limit_meets_nothing_but_tries_the_limit() -> None:
+    calls: list[int] = []
+    found, runs = fewest_replicas(_fake(1, calls), 50, limit=10)
+    assert found is None and calls == [10] and len(runs) == 1
 
 
 def test_fewest_replicas_gives_up_at_the_limit() -> None:

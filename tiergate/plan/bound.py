@@ -1,9 +1,10 @@
 """Branch and bound over screened configurations, in the order of their floor cost.
 
 Each configuration is simulated at the fewest replicas that meet the SLO, below the cost it
-must beat; once a configuration's steady-state floor alone costs at least that, it is pruned
-(and, past the runner-up's cost, so is every one after it). Two costs are beaten: the plan's,
-and the runner-up's, the cheapest on another accelerator than the plan's.
+must beat (never one whose floor alone is more than the replicas allowed); once a
+configuration's steady-state floor alone costs at least that, it is pruned (and, past the
+runner-up's cost, so is every one after it). Two costs are beaten: the plan's, and the
+runner-up's, the cheapest on another accelerator than the plan's.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Found:
     misses: list[tuple[Screen, Trial, bool]] = field(default_factory=list)
     #: (configuration, the cost it could not beat).
     pruned: list[tuple[Screen, float]] = field(default_factory=list)
+    #: Configurations whose steady-state floor alone is more than the replicas allowed.
+    beyond: list[Screen] = field(default_factory=list)
     simulated: int = 0
     simulations: int = 0
 
@@ -43,12 +46,12 @@ class Found:
         """The cheapest met (most attained on a tie), optionally on another accelerator."""
         return min(
             (m for m in self.met if m[0].candidate.accelerator != other_than),
-            key=lambda m: (m[1].report.cost_per_hour_usd, -m[1].attainment),
+            key=lambda m: (m[1].cost_per_hour_usd, -m[1].attainment),
         )
 
     def cost_of_best(self, other_than: str | None = None) -> float:
         try:
-            return self.best(other_than)[1].report.cost_per_hour_usd
+            return self.best(other_than)[1].cost_per_hour_usd
         except ValueError:
             return math.inf
 
@@ -74,6 +77,10 @@ def branch_and_bound(
         bound = best_cost if same else alternative_cost
         if s.floor_cost_per_hour_usd >= bound:
             found.pruned.append((s, bound))
+            continue
+        if s.floor_replicas > max_replicas:
+            found.beyond.append(s)  # no simulation can make it meet
+            progress.advance()
             continue
         price = s.cost_per_replica_hour_usd
         affordable = max_replicas if math.isinf(bound) else math.ceil(bound / price) - 1

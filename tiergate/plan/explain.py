@@ -28,8 +28,9 @@ def simulated(s: Screen, t: Trial, out_tokens_per_h: float) -> Prediction:
         tpot_p90_s=r.tpot_p90_s,
         slo_attainment=t.attainment,
         meets_slo=t.meets,
-        cost_per_hour_usd=r.cost_per_hour_usd,
-        cost_per_million_output_tokens_usd=r.cost_per_hour_usd / out_tokens_per_h * 1e6,
+        steady_state_floor_replicas=s.floor_replicas,
+        cost_per_hour_usd=t.cost_per_hour_usd,
+        cost_per_million_output_tokens_usd=t.cost_per_hour_usd / out_tokens_per_h * 1e6,
     )
 
 
@@ -41,13 +42,21 @@ def met_verdict(tier: Tier, plan: Prediction) -> str:
     )
 
 
-def unmet_verdict(tier: Tier, demand: TierDemand, closest: Prediction | None) -> str:
+def unmet_verdict(
+    tier: Tier, demand: TierDemand, closest: Prediction | None, max_replicas: int
+) -> str:
     head = f"tier {tier}: no configuration meets {demand.slo}"
     if closest is None:
         return f"{head}: {demand.model} fits on nothing in the search"
     ttft = closest.ttft_p90_s if closest.ttft_p90_s is not None else closest.ttft_p50_s
     tpot = closest.tpot_p90_s if closest.tpot_p90_s is not None else closest.tpot_p50_s
     attained = closest.slo_attainment or 0.0
+    floor = closest.steady_state_floor_replicas
+    if floor is not None and floor > max_replicas:
+        return (
+            f"{head}; closest: {closest.configuration.summary}, whose steady-state floor of "
+            f"{floor} replicas is more than search.maxReplicas ({max_replicas})"
+        )
     return (
         f"{head}; closest: {closest.replicas} x {closest.configuration.summary} with TTFT p90 "
         f"{ttft * 1000:.1f} ms, TPOT p90 {tpot * 1000:.2f} ms, {attained:.1%} of requests "
@@ -82,12 +91,12 @@ def runner_up(
     """The configuration that came closest to the plan (preferably on another accelerator),
     and why it lost. Candidates: (least it could cost, accelerator, its prediction and why)."""
     winner, won = best
-    plan_cost = won.report.cost_per_hour_usd
+    plan_cost = won.cost_per_hour_usd
     # (least it could cost, accelerator, configuration, its trial (None: never simulated), why)
     options: list[tuple[float, str, Screen, Trial | None, str]] = []
     for s, t in found.met:
         if s is not winner:
-            cost = t.report.cost_per_hour_usd
+            cost = t.cost_per_hour_usd
             options.append((cost, s.candidate.accelerator, s, t, _dearer(t, plan_cost)))
     for s, t, capped in found.misses:
         floor = (t.replicas + 1) * s.cost_per_replica_hour_usd if capped else math.inf
@@ -95,6 +104,10 @@ def runner_up(
     for s, bound in found.pruned:
         cost = s.floor_cost_per_hour_usd
         options.append((cost, s.candidate.accelerator, s, None, _pruned(s, bound)))
+    for s in found.beyond:
+        cost = s.floor_cost_per_hour_usd
+        why = f"its steady-state floor, {_replicas(s.floor_replicas)}, is more than allowed"
+        options.append((cost, s.candidate.accelerator, s, None, why))
     elsewhere = [o for o in options if o[1] != winner.candidate.accelerator] or options
     if not elsewhere:
         return None
@@ -105,7 +118,7 @@ def runner_up(
 
 
 def _dearer(t: Trial, plan_cost: float) -> str:
-    cost = t.report.cost_per_hour_usd
+    cost = t.cost_per_hour_usd
     if cost <= plan_cost:
         return f"costs the same, ${cost:,.2f}/h, and attains less ({t.attainment:.1%})"
     return (
@@ -144,6 +157,7 @@ def steady(s: Screen, out_tokens_per_h: float) -> Prediction:
         tpot_p90_s=None,
         slo_attainment=None,
         meets_slo=False,
+        steady_state_floor_replicas=s.floor_replicas,
         cost_per_hour_usd=cost,
         cost_per_million_output_tokens_usd=cost / out_tokens_per_h * 1e6,
     )

@@ -13,7 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tiergate.sim_nodes.commands.common import table
 
-__all__ = ["Configuration", "PlanReport", "Prediction", "SearchCounts", "TierPlan", "render"]
+__all__ = [
+    "Configuration",
+    "PlanReport",
+    "Prediction",
+    "SearchCounts",
+    "SimulatedWindow",
+    "TierPlan",
+    "render",
+]
 
 
 class _Out(BaseModel):
@@ -50,6 +58,9 @@ class Prediction(_Out):
     tpot_p90_s: float | None
     slo_attainment: float | None = Field(description="Share of requests meeting both targets.")
     meets_slo: bool
+    steady_state_floor_replicas: int | None = Field(
+        default=None, description="Fewest replicas whose steady-state capacity covers the rate."
+    )
     cost_per_hour_usd: float = Field(description="All replicas.")
     cost_per_million_output_tokens_usd: float = Field(description="At the tier's offered load.")
 
@@ -70,6 +81,19 @@ class SearchCounts(_Out):
         return self.configurations - self.simulated
 
 
+class SimulatedWindow(_Out):
+    """The requests the plan's (or the closest) trial simulated, and which it measured."""
+
+    requests: int
+    measured_requests: int = Field(description="Arrived after the warm-up, before the cool-down.")
+    replicas_simulated: int = Field(description="The fleet, or a slice given its share.")
+    fleet_replicas: int
+    arrivals_span_s: float
+    request_lifetime_s: float = Field(description="Steady-state TTFT + (output - 1) x TPOT.")
+    lifetimes: float = Field(description="Request lifetimes the arrivals span.")
+    cut_by_budget: bool = Field(description="The simulation budget cut the window short.")
+
+
 class TierPlan(_Out):
     """One tier's answer: the plan (or the closest miss), the runner-up and why it lost."""
 
@@ -80,6 +104,7 @@ class TierPlan(_Out):
     mean_cached_prompt_tokens: int
     mean_output_tokens: int
     requests_simulated: int
+    window: SimulatedWindow | None = Field(description="The plan's (or closest's) window.")
     slo_percentile: float
     slo_ttft_ms: float
     slo_tpot_ms: float
@@ -138,10 +163,27 @@ def _tier(t: TierPlan) -> str:
     lines.append(
         f"search: {s.configurations} configurations: {s.unfit} do not fit, {s.too_slow} too "
         f"slow at batch 1, {s.pruned_by_cost} pruned on cost, {s.simulated} simulated "
-        f"({s.simulations} runs of {t.requests_simulated} requests)"
+        f"({s.simulations} runs)"
     )
+    if t.window is not None:
+        lines.append(_window(t.window))
     lines.append(("" if t.met else "NOT MET: ") + t.verdict)
     return "\n".join(lines)
+
+
+def _window(w: SimulatedWindow) -> str:
+    fleet = (
+        f"{w.replicas_simulated} replicas"
+        if w.replicas_simulated == w.fleet_replicas
+        else f"a slice of {w.replicas_simulated} of the {w.fleet_replicas} replicas (its share "
+        f"of the traffic)"
+    )
+    cut = ", cut short by the simulation budget" if w.cut_by_budget else ""
+    return (
+        f"window: {w.requests:,} requests to {fleet}, arriving over {w.arrivals_span_s:.3g} s "
+        f"= {w.lifetimes:.2g} request lifetimes of {w.request_lifetime_s:.3g} s{cut}; "
+        f"{w.measured_requests:,} measured between the warm-up and the cool-down"
+    )
 
 
 def _row(role: str, p: Prediction) -> list[str]:

@@ -17,8 +17,8 @@ from tiergate.sim_nodes.tiers import Tier, memory_problem
 from .bound import Progress, branch_and_bound
 from .confirm import Trial, run_trial
 from .errors import PlanError
-from .explain import met_verdict, runner_up, simulated, unmet_verdict
-from .report import PlanReport, SearchCounts, TierPlan
+from .explain import met_verdict, runner_up, simulated, steady, unmet_verdict
+from .report import PlanReport, SearchCounts, SimulatedWindow, TierPlan
 from .screen import Screen, screen
 from .space import Candidate, candidates
 from .spec import PlanFile, SearchSpec, TierDemand
@@ -53,6 +53,7 @@ def plan_fleet(
             plan.search,
             catalog,
             seed=plan.simulation.seed,
+            fewest_requests=plan.simulation.requests,
             progress=progress,
         )
         for tier, demand in plan.tiers.items()
@@ -71,9 +72,11 @@ def plan_tier(
     catalog: Catalog,
     *,
     seed: int = 0,
+    fewest_requests: int = 300,
     progress: Progress = NO_PROGRESS,
 ) -> TierPlan:
-    """The cheapest fleet of one tier that meets its SLO in simulation, or the closest miss."""
+    """The cheapest fleet of one tier that meets its SLO in simulation, or the closest miss
+    (each window at least `fewest_requests` requests)."""
     slo, shape = demand.slo, traffic.shape
     space = _space(tier, demand, traffic, search, catalog)
     progress.start(f"{tier}: steady state", len(space))
@@ -93,7 +96,7 @@ def plan_tier(
     per_h = traffic.rate_per_s * shape.output_tokens * 3600.0  # output tokens an hour
 
     def trial_of(s: Screen) -> Callable[[int], Trial]:
-        return lambda n: run_trial(s, traffic.requests, slo, n, seed=seed)
+        return lambda n: run_trial(s, traffic, slo, n, seed=seed, fewest_requests=fewest_requests)
 
     progress.start(f"{tier}: simulator", len(feasible))
     found = branch_and_bound(feasible, trial_of, search.max_replicas, progress)
@@ -112,7 +115,6 @@ def plan_tier(
         "mean_prompt_tokens": shape.input_tokens,
         "mean_cached_prompt_tokens": shape.cached_input_tokens,
         "mean_output_tokens": shape.output_tokens,
-        "requests_simulated": len(traffic.requests),
         "slo_percentile": slo.percentile,
         "slo_ttft_ms": slo.ttft_ms,
         "slo_tpot_ms": slo.tpot_ms,
@@ -123,6 +125,7 @@ def plan_tier(
         runner = runner_up(found, best, per_h)
         return TierPlan(
             **common,
+            **_window(best[1]),
             met=True,
             plan=plan,
             closest=None,
@@ -131,10 +134,13 @@ def plan_tier(
             verdict=met_verdict(tier, plan),
             search=counts,
         )
-    closest = None
+    closest, closest_trial = None, None
     if found.misses:
-        s, t, _ = max(found.misses, key=lambda m: (m[1].attainment, -m[1].report.cost_per_hour_usd))
-        closest = simulated(s, t, per_h)
+        s, t, _ = max(found.misses, key=lambda m: (m[1].attainment, -m[1].cost_per_hour_usd))
+        closest, closest_trial = simulated(s, t, per_h), t
+    elif found.beyond:
+        # Every configuration that could meet the SLO needs more replicas than allowed.
+        closest = steady(min(found.beyond, key=lambda s: s.floor_cost_per_hour_usd), per_h)
     else:
         slow = [s for s in screens if s.verdict == "too-slow"]
         if slow:
@@ -147,17 +153,37 @@ def plan_tier(
             counts = counts.model_copy(
                 update={"simulated": counts.simulated + 1, "simulations": counts.simulations + 1}
             )
-            closest = simulated(s, trial_of(s)(n), per_h)
+            closest_trial = trial_of(s)(n)
+            closest = simulated(s, closest_trial, per_h)
     return TierPlan(
         **common,
+        **_window(closest_trial),
         met=False,
         plan=None,
         closest=closest,
         runner_up=None,
         runner_up_lost_because=None,
-        verdict=unmet_verdict(tier, demand, closest),
+        verdict=unmet_verdict(tier, demand, closest, search.max_replicas),
         search=counts,
     )
+
+
+def _window(t: Trial | None) -> dict[str, Any]:
+    """The report's fields about the window of trial `t` (the plan's or the closest)."""
+    w = t.window if t is not None else None
+    if w is None:
+        return {"requests_simulated": 0, "window": None}
+    summary = SimulatedWindow(
+        requests=len(w.requests),
+        measured_requests=w.measured,
+        replicas_simulated=w.replicas,
+        fleet_replicas=w.fleet_replicas,
+        arrivals_span_s=w.span_s,
+        request_lifetime_s=w.lifetime_s,
+        lifetimes=w.lifetimes,
+        cut_by_budget=w.cut,
+    )
+    return {"requests_simulated": len(w.requests), "window": summary}
 
 
 def _space(

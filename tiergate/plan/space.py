@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from tiergate.sim_nodes.catalogs import Accelerator, Catalog, Dtype, ModelProfile
 from tiergate.sim_nodes.perf import (
@@ -23,6 +24,7 @@ from tiergate.sim_nodes.perf import (
 from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, batch_cap_problem, tier_problem
 
 from .errors import PlanError
+from .report import Configuration
 from .spec import SearchSpec, TierDemand
 
 __all__ = ["Candidate", "candidates"]
@@ -65,6 +67,23 @@ class Candidate:
                 max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens
             ),
             speculative_decoding=speculative,
+        )
+
+    @classmethod
+    def of(cls, c: Configuration) -> Candidate:
+        """The candidate a planned configuration was (for checking a plan afterwards)."""
+        return cls(
+            model=c.model,
+            accelerator=c.accelerator,
+            chips=c.chips,
+            tensor_parallel=c.tensor_parallel,
+            weight_dtype=cast(Dtype, c.weight_dtype),
+            kv_dtype=cast(Dtype, c.kv_dtype),
+            max_num_seqs=c.max_num_seqs,
+            max_batched_tokens=c.max_batched_tokens,
+            draft_model=c.draft_model,
+            speculative_tokens=c.speculative_tokens,
+            acceptance_rate=c.acceptance_rate,
         )
 
     def __str__(self) -> str:

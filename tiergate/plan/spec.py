@@ -11,19 +11,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from tiergate.sim_nodes.catalogs import Dtype
 from tiergate.sim_nodes.engine.workload import LengthDistribution, WorkloadError, parse_length
 from tiergate.sim_nodes.tiers import Tier
-from tiergate.sim_nodes.validation import first_problem, yaml_position
+from tiergate.sim_nodes.validation import first_problem
 
 from .errors import PlanError
+from .files import parse_yaml, read_text
 
 __all__ = [
     "DEFAULT_BATCH_CAPS",
+    "MAX_OUTPUT_TOKENS",
+    "MAX_WINDOW_REQUESTS",
     "PlanFile",
     "SearchSpec",
     "SimulationSpec",
@@ -36,6 +46,15 @@ __all__ = [
 #: Batch caps tried unless the plan narrows them (each tier's own cap still applies).
 DEFAULT_BATCH_CAPS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: Tokens of a prompt: beyond any catalog model's context.
+MAX_PROMPT_TOKENS = 1 << 20
+#: Tokens of an output: a simulated replica steps once per token, and a steady window spans
+#: several request lifetimes, so longer outputs could not be confirmed in seconds.
+MAX_OUTPUT_TOKENS = 32_768
+#: Lognormal sigma: beyond this the tail, not the mean, sets the fleet.
+MAX_SIGMA = 3.0
+#: Requests in one simulated window, most (the simulation budget; see window.py).
+MAX_WINDOW_REQUESTS = 20_000
 
 
 class _Model(BaseModel):
@@ -50,8 +69,8 @@ class SloTarget(_Model):
     percentile: float = Field(
         default=90, gt=0, lt=100, description="Share of requests (percent) that must meet both."
     )
-    ttft_ms: float = Field(gt=0, description="Time to first token, ms.")
-    tpot_ms: float = Field(gt=0, description="Time per output token, ms.")
+    ttft_ms: float = Field(gt=0, le=600_000, description="Time to first token, ms.")
+    tpot_ms: float = Field(gt=0, le=10_000, description="Time per output token, ms.")
 
     @property
     def ttft_s(self) -> float:
@@ -83,9 +102,12 @@ class SpeculativeSearch(_Model):
 class TierDemand(_Model):
     """One tier: the model it serves, its traffic (without a trace) and its SLO."""
 
-    model: str = Field(description="Catalog model the tier serves.")
+    model: str = Field(max_length=200, description="Catalog model the tier serves.")
     rate_per_s: float | None = Field(
-        default=None, gt=0, description="Poisson arrivals per second (omit with a trace)."
+        default=None,
+        ge=0.001,
+        le=1_000_000,
+        description="Poisson arrivals per second (omit with a trace).",
     )
     prompt_tokens: str = Field(default="1024", description="N, uniform:A:B or lognormal:M:S.")
     output_tokens: str = Field(default="256", description="N, uniform:A:B or lognormal:M:S.")
@@ -99,14 +121,22 @@ class TierDemand(_Model):
 
     @field_validator("prompt_tokens", "output_tokens", mode="before")
     @classmethod
-    def _length_spec(cls, value: object) -> object:
+    def _length_spec(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
         if isinstance(value, str):
+            if len(value) > 100:
+                raise ValueError("expected N, uniform:A:B or lognormal:MEAN:SIGMA")
             try:
-                parse_length(value)
+                length = parse_length(value)
             except WorkloadError as exc:
                 raise ValueError(str(exc)) from None
+            most = MAX_OUTPUT_TOKENS if info.field_name == "output_tokens" else MAX_PROMPT_TOKENS
+            largest = length.b if length.kind == "uniform" else length.a
+            if largest > most:
+                raise ValueError(f"at most {most} tokens (got {largest:g})")
+            if length.kind == "lognormal" and length.b > MAX_SIGMA:
+                raise ValueError(f"lognormal sigma at most {MAX_SIGMA:g} (got {length.b:g})")
         return value
 
     @property
@@ -121,28 +151,41 @@ class TierDemand(_Model):
 class SearchSpec(_Model):
     """What the search may choose; defaults: the whole catalog, common dtypes and caps."""
 
-    accelerators: list[str] | None = Field(
-        default=None, description="Accelerators to try (default: all the tier allows)."
+    accelerators: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        default=None,
+        max_length=100,
+        description="Accelerators to try (default: all the tier allows).",
     )
-    weight_dtypes: list[Dtype] = Field(default=["bf16", "fp8"], min_length=1)
-    kv_dtypes: list[Dtype] = Field(default=["bf16", "fp8"], min_length=1)
-    batch_caps: list[Annotated[int, Field(ge=1)]] = Field(
-        default=list(DEFAULT_BATCH_CAPS), min_length=1
+    weight_dtypes: list[Dtype] = Field(default=["bf16", "fp8"], min_length=1, max_length=8)
+    kv_dtypes: list[Dtype] = Field(default=["bf16", "fp8"], min_length=1, max_length=8)
+    batch_caps: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default=list(DEFAULT_BATCH_CAPS), min_length=1, max_length=32
     )
     max_chip_multiple: int = Field(
         default=4, ge=1, le=16, description="GPU replicas up to this many times the fewest chips."
     )
     max_replicas: int = Field(default=64, ge=1, le=1024, description="Replicas per tier, most.")
-    max_batched_tokens: int = Field(default=8192, ge=1, description="Token budget of a step.")
+    max_batched_tokens: int = Field(
+        default=8192,
+        ge=256,
+        le=1 << 20,
+        description="Token budget of a step, at least 256 (one prompt must not take hundreds).",
+    )
 
 
 class SimulationSpec(_Model):
     """How finalists are confirmed in the virtual-time simulator."""
 
     requests: int = Field(
-        default=300, ge=20, le=100_000, description="Requests per tier (Poisson traffic)."
+        default=300,
+        ge=20,
+        le=MAX_WINDOW_REQUESTS,
+        description="Fewest requests in a simulated window (more when the rate and the "
+        "request lifetime need them).",
     )
-    seed: int = Field(default=0, ge=0, description="Seed of arrivals, lengths and acceptance.")
+    seed: int = Field(
+        default=0, ge=0, le=2**63 - 1, description="Seed of arrivals, lengths and acceptance."
+    )
 
 
 class PlanFile(_Model):
@@ -152,7 +195,9 @@ class PlanFile(_Model):
         default="plan", pattern=DNS_LABEL, max_length=40, description="Prefix of pool names."
     )
     trace: str | None = Field(
-        default=None, description="JSONL trace (relative to the plan file) with a tier per line."
+        default=None,
+        max_length=4096,
+        description="JSONL trace (relative to the plan file) with a tier per line.",
     )
     tiers: dict[Tier, TierDemand] = Field(min_length=1, description="Demand per tier.")
     search: SearchSpec = Field(default_factory=SearchSpec)
@@ -171,16 +216,7 @@ class PlanFile(_Model):
 def load_plan(path: Path | str) -> tuple[PlanFile, Path]:
     """The plan file at `path` and the folder its relative paths start from; PlanError."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError(f"cannot read plan {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"plan {str(path)!r} is not UTF-8 text") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{path.name}: not valid YAML{yaml_position(exc)}") from None
+    data = parse_yaml(read_text(path, "plan"), path.name)
     if not isinstance(data, dict):
         raise PlanError(f"{path.name}: expected a mapping with `tiers`")
     try:

@@ -1,12 +1,12 @@
 """Each tier's traffic as requests: drawn from the plan's distributions, or read from a trace.
 
-The same requests (seeded) are replayed through every candidate of a tier, so candidates are
-compared on identical arrivals and lengths. The steady-state model sees the mean shape.
+Poisson traffic is a seeded stream as long as the largest window (window.py); every trial
+replays a prefix of it, so candidates are compared on identical arrivals and lengths. The
+steady-state model sees the mean shape.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,14 @@ from tiergate.sim_nodes.tiers import Tier
 from tiergate.sim_nodes.validation import first_problem
 
 from .errors import PlanError
-from .spec import PlanFile, TierDemand
+from .files import parse_json, read_text
+from .spec import (
+    MAX_OUTPUT_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_WINDOW_REQUESTS,
+    PlanFile,
+    TierDemand,
+)
 
 __all__ = ["TierTraffic", "TraceLine", "plan_traffic"]
 
@@ -31,6 +38,8 @@ class TierTraffic:
     tier: Tier
     requests: tuple[WorkloadRequest, ...]
     rate_per_s: float
+    #: Drawn Poisson arrivals (a window may slow them for a slice of the fleet), not a trace.
+    poisson: bool = True
 
     @property
     def shape(self) -> Workload:
@@ -51,11 +60,15 @@ class TraceLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arrival_s: float = Field(ge=0, allow_inf_nan=False, description="Arrival time, seconds.")
+    arrival_s: float = Field(
+        ge=0, le=1e9, allow_inf_nan=False, description="Arrival time, seconds."
+    )
     tier: Tier = Field(description="batched, premium or wafer-scale.")
-    prompt_tokens: int = Field(ge=1, description="Prompt length, tokens.")
-    output_tokens: int = Field(ge=1, description="Tokens to generate.")
-    cached_prompt_tokens: int = Field(default=0, ge=0, description="Prefix-cache hit, tokens.")
+    prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS, description="Prompt length, tokens.")
+    output_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS, description="Tokens to generate.")
+    cached_prompt_tokens: int = Field(
+        default=0, ge=0, le=MAX_PROMPT_TOKENS, description="Prefix-cache hit, tokens."
+    )
 
 
 def plan_traffic(plan: PlanFile, base: Path) -> dict[Tier, TierTraffic]:
@@ -66,7 +79,7 @@ def plan_traffic(plan: PlanFile, base: Path) -> dict[Tier, TierTraffic]:
     for tier, demand in plan.tiers.items():
         # A string seed: each tier's draws are independent of which other tiers are planned.
         rng = random.Random(f"{plan.simulation.seed}:{tier}")
-        out[tier] = _poisson(tier, demand, plan.simulation.requests, rng)
+        out[tier] = _poisson(tier, demand, MAX_WINDOW_REQUESTS, rng)
     return out
 
 
@@ -84,21 +97,15 @@ def _poisson(tier: Tier, demand: TierDemand, n: int, rng: random.Random) -> Tier
 
 
 def _from_trace(plan: PlanFile, path: Path) -> dict[Tier, TierTraffic]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PlanError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"trace {str(path)!r} is not UTF-8 text") from None
+    lines = read_text(path, "trace").splitlines()
     by_tier: dict[Tier, list[WorkloadRequest]] = {tier: [] for tier in plan.tiers}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{path.name} line {number}"
+        raw = parse_json(line, where)
         try:
-            record = TraceLine.model_validate(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{where}: not JSON ({exc.msg})") from None
+            record = TraceLine.model_validate(raw)
         except ValidationError as exc:
             raise PlanError(f"{where}: {first_problem(exc, default_field='record')}") from None
         if record.cached_prompt_tokens >= record.prompt_tokens:
@@ -121,5 +128,5 @@ def _from_trace(plan: PlanFile, path: Path) -> dict[Tier, TierTraffic]:
         if span <= 0:
             raise PlanError(f"trace {path.name}: tier {tier}'s requests all arrive at once")
         # n arrivals span n - 1 gaps.
-        out[tier] = TierTraffic(tier, tuple(requests), (len(requests) - 1) / span)
+        out[tier] = TierTraffic(tier, tuple(requests), (len(requests) - 1) / span, poisson=False)
     return out

@@ -183,3 +183,14 @@ def test_a_prefix_cache_hit_is_not_prefilled_but_holds_its_kv(small_node: Deploy
 def test_a_cached_prefix_must_leave_a_token_to_prefill() -> None:
     with pytest.raises(EngineError, match="cached prompt tokens"):
         EngineRequest("r", 100, 5, cached_prompt_tokens=100)
+
+
+def test_only_arrivals_within_the_measured_window_are_reported(small_node: Deployment) -> None:
+    requests = workload(300, 40.0, seed=4)
+    low, high = requests[50].arrival_s, requests[249].arrival_s
+    whole = simulate(small_node, BATCHING, requests, replicas=1)
+    part = simulate(small_node, BATCHING, requests, replicas=1, measured_s=(low, high))
+    assert whole.requests == 300 and part.requests == part.completed == 200
+    assert part.output_tokens == sum(r.output_tokens for r in requests[50:250])
+    # The first arrivals meet an idle replica, so the measured ones wait longer.
+    assert part.ttft_p50_s > simulate(small_node, BATCHING, requests[:50], replicas=1).ttft_p50_s
