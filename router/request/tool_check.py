@@ -21,11 +21,11 @@ anonymous tenant), and no number of tenants sending slow schemas may keep the ot
 waiting:
 
 - A tenant's checks run one at a time, so a tenant holds one worker at most.
-- Each tenant pays for the CPU time its checks use in the workers (the time the check held the
-  worker where that cannot be read) from a budget of worker-seconds
-  (router/request/check_budget.py). A tenant that has spent it has its checks given up at
-  once, with no worker (`over_budget`), until the budget refills; one log line says so when
-  it starts, one when its checks run again.
+- Each tenant pays for the CPU time its checks use in the workers (for a check made to give
+  way, or whose CPU time cannot be read, the time it held the worker) from a budget of
+  worker-seconds (router/request/check_budget.py). A tenant that has spent it has its checks
+  given up at once, with no worker (`over_budget`), until the budget refills; one log line
+  says so when it starts, one when its checks run again.
 - A freed worker goes to the waiting tenant with the most budget left, and a check that has
   run for `share_s` while another tenant waits gives way (`preempted`, the worker replaced):
   a tenant whose checks are cheap waits about `share_s` for a worker, not for the running
@@ -92,9 +92,8 @@ class ToolCallChecker:
         """`timeout_s` is CPU time in the worker; `stall_s` (by default `CHECK_STALL_FACTOR`
         times it) and `wait_s` (by default `timeout_s`) are wall-clock time. `clock` is the
         budget's (how fast it refills); a check's cost is the CPU time it used in its worker.
-        `on_unchecked(reason)` is called for each check
-        given up, `on_check_begun(tenant)` as a check starts on its worker (twice for a check
-        asked again on a fresh worker)."""
+        `on_unchecked(reason)` is called for each check given up, `on_check_begun(tenant)` as
+        a check starts on its worker (twice for a check asked again on a fresh worker)."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.timeout_s = timeout_s
