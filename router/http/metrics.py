@@ -122,7 +122,8 @@ class RouterMetrics:
         )
         self.cascade_unchecked = Counter(
             "tiergate_cascade_unchecked",
-            "Cascade replies served without their tool-call check: it took too long (timeout), "
+            "Cascade replies served without their tool-call check: it used its CPU deadline "
+            "(timeout), its worker neither answered nor used it in ten times that (stalled), "
             "gave way to another tenant's check after its share of a worker (preempted), waited "
             "too long for the checker (busy), its tenant had spent its budget of check time "
             "(over_budget), it ran out of its memory (out_of_memory), or the checker failed.",

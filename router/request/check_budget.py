@@ -1,11 +1,12 @@
 """Each tenant's budget of cascade check time, in worker-seconds.
 
-A check holds a worker for as long as the client's schema makes it run, up to its deadline,
-and the tenant pays for that time from a bucket: `capacity_s` worker-seconds when full,
-refilled at `refill_per_s` worker-seconds a second. A tenant whose bucket is empty (or in
-debt: a check may cost more than what was left) has spent its budget. The checker gives such
-a tenant's checks up at once, without a worker, until the bucket refills, so no tenant can
-keep the workers (and the CPU) busy for longer than its budget, however many checks it sends.
+A check runs for as long as the client's schema makes it, up to its deadline, and the tenant
+pays for the CPU time it used (router/request/tool_check.py says what else costs) from a
+bucket: `capacity_s` worker-seconds when full, refilled at `refill_per_s` worker-seconds a
+second. A tenant whose bucket is empty (or in debt: a check may cost more than what was left)
+has spent its budget. The checker gives such a tenant's checks up at once, without a worker,
+until the bucket refills, so no tenant can keep the workers (and the CPU) busy for longer than
+its budget, however many checks it sends.
 The bucket's level is also the tenant's standing when workers are handed out: the tenant
 that has spent the least goes first (router/request/check_share.py).
 

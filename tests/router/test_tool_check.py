@@ -5,6 +5,7 @@ their budget of check time, and the others' checks are still answered."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -352,6 +353,77 @@ def test_a_check_whose_worker_dies_under_it_is_asked_again_on_a_fresh_one() -> N
             assert checker.given_up == []
             (fresh,) = checker.workers
             assert fresh is not dead
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_check_s_deadline_is_its_cpu_time_not_the_wall_clock_time_it_waited() -> None:
+    """A cheap check whose worker gets no CPU for many times its deadline (stopped here, as an
+    overloaded machine would starve it) is answered, not given up, once the worker runs; and
+    its tenant pays for the CPU time it used, not for the wait."""
+
+    async def scenario() -> None:
+        # The budget's clock stands still, and the budget is smaller than the pause: charged
+        # the wall-clock time it held the worker, the tenant would have spent it.
+        checker = Checker(timeout_s=0.2, stall_s=60.0, budget_s=0.5, clock=lambda: 0.0)
+        try:
+            assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
+            (worker,) = checker.workers
+            assert worker.process.pid is not None
+            os.kill(worker.process.pid, signal.SIGSTOP)
+            try:
+                check = asyncio.create_task(checker.problem(reply('{"cmd": 3}'), request(PLAIN)))
+                # Five deadlines of wall-clock time pass with the check waiting for the CPU.
+                await asyncio.wait({check}, timeout=5 * checker.timeout_s)
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # given up and ended already
+                    os.kill(worker.process.pid, signal.SIGCONT)
+            verdict = await check
+            assert verdict is not None and "(type)" in verdict
+            assert checker.given_up == [] and checker.workers == [worker]
+            assert checker.tenants_over_budget() == []
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_neither_answers_nor_uses_its_cpu_is_given_up_on_as_stalled() -> None:
+    """The wall-clock backstop: a stopped worker is replaced, and the next check answered."""
+
+    async def scenario() -> None:
+        checker = Checker(timeout_s=1.0, stall_s=0.2)
+        try:
+            assert await checker.problem(reply('{"cmd": "ls"}'), request(PLAIN)) is None
+            (stopped,) = checker.workers
+            assert stopped.process.pid is not None
+            os.kill(stopped.process.pid, signal.SIGSTOP)
+            assert await checker.problem(reply('{"cmd": 3}'), request(PLAIN)) is None
+            assert checker.given_up == ["stalled"] and not stopped.process.is_alive()
+            verdict = await checker.problem(reply('{"cmd": 3}'), request(PLAIN))
+            assert verdict is not None and "(type)" in verdict
+            assert checker.workers != [stopped]
+        finally:
+            await checker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_check_that_runs_to_its_deadline_costs_its_tenant_the_deadline() -> None:
+    """Ended by the kernel at its CPU deadline: given up as `timeout` (not as a worker that
+    died, asked again), and charged that deadline."""
+
+    async def scenario() -> None:
+        checker = Checker(timeout_s=0.3, budget_s=0.5, clock=lambda: 0.0)
+        try:
+            slow = (reply(EVIL_ARGUMENTS), request(EVIL_PATTERN))
+            assert await checker.problem(*slow, "mallory") is None
+            assert checker.given_up == ["timeout"] and checker.tenants_over_budget() == []
+            assert await checker.problem(*slow, "mallory") is None  # 0.6 s of a 0.5 s budget
+            assert checker.given_up == ["timeout", "timeout"]
+            assert checker.tenants_over_budget() == ["mallory"]
         finally:
             await checker.stop()
 
