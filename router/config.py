@@ -267,13 +267,14 @@ class RouterSettings(_Model):
         ),
     )
     headroom_per_pool: int = Field(
-        default=1,
+        default=0,
         ge=0,
         le=64,
         description=(
             "With fair admission: slots per pool held back for a tenant below its fair share, "
             "so a light tenant starts within a step while another floods the tier (at most a "
-            "quarter of a tier's slots). 0: every slot goes to whoever waits."
+            "quarter of a tier's slots; a lone tenant never gets them, and the pods' load that "
+            "an autoscaled pool follows leaves them out). 0: every slot goes to whoever waits."
         ),
     )
     scrape_interval_s: float = Field(
