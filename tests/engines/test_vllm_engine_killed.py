@@ -127,8 +127,9 @@ def test_an_engine_killed_mid_stream(system: tuple[Running, EngineProcess]) -> N
         usage = stream.last_usage()
         assert usage is not None and usage["completion_tokens"] == MAX_TOKENS
     for stream in cut:  # had tokens: an error event ends what was relayed
+        error = stream.error()
         assert stream.status == 200 and stream.tokens() > 0
-        assert stream.error()["code"] == "upstream_failed"  # type: ignore[index]
+        assert error is not None and error["code"] == "upstream_failed"
     # Billing: each cut stream at the engine's last count the client saw (plus nothing
     # unseen), each moved one at the spare's.
     rows = ledger_rows(router.log.parent, STREAMS, "tenant = 'alice'")
