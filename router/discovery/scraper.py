@@ -1,4 +1,4 @@
-"""Scraping each endpoint's vLLM-named Prometheus metrics into its `EndpointState`.
+"""Scraping each endpoint's Prometheus metrics into its `EndpointState`.
 
 The `Scraper` fetches `/metrics` from each current endpoint once per `interval_s` (stretched
 for big fleets to bound the scrape rate), spread evenly over the interval by a
@@ -8,10 +8,13 @@ KV usage into the states in place. A slow or silent endpoint holds up nothing bu
 failed scrape keeps the old values: `scraped_at_s` stays at the last success (so their age
 shows) and `scrape_failures` counts consecutive failures; after a few, the figures are dropped.
 
-Parsing reads only the three families routing needs, not the histograms that make up most of
-a vLLM exposition. Fetching (`MetricsFetcher`) goes through an aiohttp session of its own,
-apart from the proxy's pool, keeping connections alive between scrapes
-(`benchmarks/router_parts.py` measures a scrape's cost).
+Parsing reads only the three figures routing needs, not the histograms that make up most of
+a vLLM exposition. They are read under vLLM's names (what sim nodes expose too), or else
+SGLang's (`sglang:`) or llama.cpp's (`llamacpp:`): an engine the router did not write is
+weighed by its load as well; a figure no engine names stays unknown. Fetching
+(`MetricsFetcher`) goes through an aiohttp session of its own, apart from the proxy's pool,
+keeping connections alive between scrapes (`benchmarks/router_parts.py` measures a scrape's
+cost).
 """
 
 from __future__ import annotations
@@ -48,7 +51,12 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 #: vLLM before v0.10 called it this; read it when the new name is absent.
 KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
-_WANTED = (RUNNING, WAITING, KV_USAGE, KV_USAGE_LEGACY)
+#: Each figure's names, the first one present wins: vLLM's, then SGLang's, then llama.cpp's
+#: (its server's `--metrics`; `kv_cache_usage_ratio` only in releases that still export it).
+RUNNING_NAMES = (RUNNING, "sglang:num_running_reqs", "llamacpp:requests_processing")
+WAITING_NAMES = (WAITING, "sglang:num_queue_reqs", "llamacpp:requests_deferred")
+KV_USAGE_NAMES = (KV_USAGE, KV_USAGE_LEGACY, "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
+_WANTED = (*RUNNING_NAMES, *WAITING_NAMES, *KV_USAGE_NAMES)
 
 #: Consecutive failed scrapes after which an endpoint's last figures are dropped (unknown): a
 #: blip keeps them, an endpoint whose metrics stay unreadable stops being judged by them.
@@ -148,11 +156,12 @@ def parse_vllm_metrics(text: str) -> EndpointMetrics:
                     counts[sample.name] = counts.get(sample.name, 0) + 1
     except ValueError as exc:
         raise MetricsParseError(f"bad Prometheus exposition: {exc}") from None
-    kv_name = KV_USAGE if KV_USAGE in sums else KV_USAGE_LEGACY
+    kv_name = next((name for name in KV_USAGE_NAMES if name in sums), None)
     kv_usage = None
-    if kv_name in sums:
+    if kv_name is not None:
         kv_usage = min(max(sums[kv_name] / counts[kv_name], 0.0), 1.0)
-    running, waiting = sums.get(RUNNING), sums.get(WAITING)
+    running = next((sums[name] for name in RUNNING_NAMES if name in sums), None)
+    waiting = next((sums[name] for name in WAITING_NAMES if name in sums), None)
     return EndpointMetrics(
         running=None if running is None else max(running, 0.0),
         waiting=None if waiting is None else max(waiting, 0.0),

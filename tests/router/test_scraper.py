@@ -63,6 +63,39 @@ def test_parse_tolerates_missing_metrics_and_reads_the_legacy_kv_name() -> None:
     assert parse_vllm_metrics(text) == EndpointMetrics(kv_usage=0.4)
 
 
+SGLANG_TEXT = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified"} 6.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",engine_type="unified"} 2.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",engine_type="unified"} 0.3
+"""
+LLAMACPP_TEXT = """\
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 3
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.125
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (SGLANG_TEXT, EndpointMetrics(running=6.0, waiting=2.0, kv_usage=0.3)),
+        (LLAMACPP_TEXT, EndpointMetrics(running=1.0, waiting=3.0, kv_usage=0.125)),
+        # A llama.cpp release that no longer exports its KV usage: that figure is unknown.
+        (LLAMACPP_TEXT.split("# TYPE llamacpp:kv")[0], EndpointMetrics(running=1.0, waiting=3.0)),
+        # An exposition with several engines' names: vLLM's win.
+        (VLLM_TEXT + SGLANG_TEXT, EndpointMetrics(running=5.0, waiting=4.0, kv_usage=0.5)),
+    ],
+)
+def test_parse_reads_sglang_and_llama_cpp_names_too(text: str, expected: EndpointMetrics) -> None:
+    assert parse_vllm_metrics(text) == expected
+
+
 def test_parse_clamps_and_ignores_nan() -> None:
     text = (
         "vllm:kv_cache_usage_perc 1.7\n"

@@ -1,0 +1,117 @@
+"""A real vLLM engine process for the tests (a uniquely named module: conftest names clash).
+
+`tools/real_engine.py` installs the engine and the model once per machine (cached, locked);
+`EngineProcess` starts it on a free loopback port in a process group of its own, so that
+stopping or killing it takes its engine-core child along. A test that kills the engine leaves
+the next user of the fixture to start it again (`ensure_started`), whatever the test order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+from polling_helpers import until
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALLER = REPO / "tools" / "real_engine.py"
+#: How long a first start may take on a busy 2-core machine (~55 s when idle).
+ENGINE_START_WITHIN_S = 600.0
+
+
+def installer() -> ModuleType:
+    """tools/real_engine.py as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("real_engine", INSTALLER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (vLLM takes no `--port 0`)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EngineProcess:
+    """One vLLM server over the cached model; `url` is its base URL once started."""
+
+    def __init__(self, root: Path, log: Path, *, max_num_seqs: int = 8) -> None:
+        self.root = root
+        self.log = log
+        self.max_num_seqs = max_num_seqs
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.starts = 0
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def ensure_started(self) -> str:
+        """Start the engine unless it runs; its URL once `/health` answers 200."""
+        if self.process is not None and self.process.poll() is None:
+            return self.url
+        module = installer()
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.starts += 1
+        with self.log.open("ab") as out:
+            out.write(f"--- start {self.starts} on port {port}\n".encode())
+            out.flush()
+            self.process = subprocess.Popen(
+                module.engine_command(self.root, port, self.max_num_seqs),
+                env=module.engine_environment(),
+                # Not the repository: its `operator/` would shadow the standard library in the
+                # engine's helper processes, which run without -P.
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        until(self._healthy, f"vLLM did not become healthy:\n{self.log_text()[-4000:]}",
+              ENGINE_START_WITHIN_S)  # fmt: skip
+        return self.url
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        assert self.process.poll() is None, f"vLLM exited:\n{self.log_text()[-4000:]}"
+        try:
+            return httpx.get(self.url + "/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the engine and its children at once, as a crash or the OOM killer would."""
+        self._signal_group(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM the engine's process group; SIGKILL what is left after 60 s."""
+        self._signal_group(signal.SIGTERM)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(60)
+        # The engine core lives in the same group and may outlive its parent by a moment.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        # Forgotten at once: a group id signalled later could be someone else's by then.
+        self.process = None
