@@ -148,7 +148,9 @@ def test_a_reloaded_policy_is_applied_and_a_bad_one_is_not(
 
         write(SPREAD)
         config, source = file_source(path, default_catalog())
-        url = stack.enter_context(served(build_app(config, source)))
+        app = build_app(config, source)
+        url = stack.enter_context(served(app))
+        metrics_url = stack.enter_context(served(app.metrics_app))
         body = {
             "model": "llama-3.1-8b",
             # Two of prefix affinity's 256-character blocks: a prompt shorter than one has none.
@@ -168,7 +170,7 @@ def test_a_reloaded_policy_is_applied_and_a_bad_one_is_not(
 
         def reloads(result: str, n: int) -> bool:
             counted = f'tiergate_config_reloads_total{{config="pools",result="{result}"}} {n}.0'
-            return counted in httpx.get(url + "/metrics").text
+            return counted in httpx.get(metrics_url + "/metrics").text
 
         write(STICKY)
         until(lambda: reloads("applied", 1), "no reload")
