@@ -218,8 +218,9 @@ class Router:
         hold_usd = most_it_may_cost(view, request, plan, tiers, tenant)
         if budgets.needs_lease(tenant, hold_usd, now_s):  # shared budgets: a round trip
             await budgets.lease(tenant, hold_usd, now_s)
-        room_usd = budgets.room_usd(tenant, now_s)
-        if room_usd is not None:  # a request that sets no cap gets what the budget pays
+        # A request that sets no output cap gets what its tenant's budget pays for.
+        room_usd = budgets.room_usd(tenant, now_s) if request.max_tokens is None else None
+        if room_usd is not None:
             cap = budget_cap(view, request, plan, tiers, tenant, room_usd)
             if cap is not None:
                 cap_output(request, cap)
