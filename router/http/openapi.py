@@ -24,8 +24,8 @@ from tiergate.router.request.body import (
 )
 from tiergate.router.request.cascade import CASCADE_HEADER
 from tiergate.router.request.tiers import TIER_HEADER, TIERS, Tier
-from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS
 from tiergate.router.tenants.spill_policy import SPILL_PRICE_HEADER, SPILL_TO_HEADER
+from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS
 
 
 class _Open(BaseModel):

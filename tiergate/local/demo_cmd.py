@@ -9,7 +9,6 @@ import argparse
 import subprocess
 import sys
 import time
-
 from typing import Any
 
 import httpx
