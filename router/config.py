@@ -32,7 +32,13 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
+from tiergate.operator.api import (
+    DNS_LABEL,
+    BackgroundLoad,
+    Billing,
+    InferencePoolSpec,
+    ReferenceWorkload,
+)
 from tiergate.router.policy.config import PolicyConfig, default_policy
 from tiergate.router.tier_queue import AdmissionOrder
 from tiergate.sim_nodes.commands.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
@@ -59,17 +65,6 @@ class ConfigError(ValueError):
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", alias_generator=to_camel, populate_by_name=True, allow_inf_nan=False
-    )
-
-
-class Billing(_Model):
-    """What the router charges per token served by a pool (default: the envelope's cost)."""
-
-    output_per_million_usd: float | None = Field(
-        default=None, ge=0, description="USD per million output tokens; none: the envelope's."
-    )
-    input_per_million_usd: float = Field(
-        default=0.0, ge=0, description="USD per million prompt tokens."
     )
 
 
