@@ -98,7 +98,8 @@ def build_app(
     # (they change only then), not per request.
     saturation = Saturation()
     scraper = Scraper(
-        lambda: source.view.endpoints(),
+        # A hosted pool's provider has no vLLM metrics: its health is its replies.
+        lambda: [e for e in source.view.endpoints() if e.hosted is None],
         fetcher,
         clock=clock,
         interval_s=settings.scrape_interval_s,

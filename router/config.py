@@ -36,6 +36,7 @@ from tiergate.operator.api import (
     DNS_LABEL,
     BackgroundLoad,
     Billing,
+    HostedEndpoint,
     InferencePoolSpec,
     ReferenceWorkload,
 )
@@ -68,17 +69,45 @@ class _Model(BaseModel):
     )
 
 
+class FileHostedEndpoint(HostedEndpoint):
+    """A hosted API as a router file names it: the key in a file rather than a Secret (an
+    InferencePool read by the router's Kubernetes discovery keeps its Secret)."""
+
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the provider's API key (e.g. a mounted Secret's key); "
+        "read again when it changes.",
+    )
+
+
 class PoolSpec(InferencePoolSpec):
-    """One pool: an InferencePool spec plus its name, where its endpoints are and billing."""
+    """One pool: an InferencePool spec plus its name and where its endpoints are."""
 
     name: str = Field(pattern=DNS_LABEL, max_length=63, description="The pool's name.")
     endpoints: list[str] = Field(default_factory=list, description="Base URLs (static source).")
-    billing: Billing = Field(default_factory=Billing, description="Price override.")
+    endpoint: FileHostedEndpoint | None = Field(
+        default=None,
+        description="A hosted OpenAI-compatible API that serves the pool instead of "
+        "`endpoints` or sim nodes: the router sends it the key of `apiKeyFile` and bills "
+        "`billing`, which it must state.",
+    )
 
     @field_validator("endpoints")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
         return [_endpoint_url(url) for url in urls]
+
+    def _hosted_key_problem(self, endpoint: HostedEndpoint) -> str | None:
+        if self.endpoints:
+            return "a hosted pool (endpoint) has no `endpoints`: the provider's URL is its one"
+        given = isinstance(endpoint, FileHostedEndpoint) and endpoint.api_key_file is not None
+        if given == (endpoint.api_key_secret_ref is not None):
+            return (
+                "endpoint.apiKeyFile is required: the file holding the provider's API key"
+                if not given
+                else "give endpoint.apiKeyFile or endpoint.apiKeySecretRef, not both"
+            )
+        return None
 
 
 def _endpoint_url(url: str) -> str:
@@ -433,6 +462,11 @@ class RouterConfig(_Model):
             if p.name in seen:
                 raise ValueError(f"pool name {p.name!r} is used twice")
             seen.add(p.name)
+            if p.endpoint is not None and p.endpoint.api_key_secret_ref is not None:
+                raise ValueError(
+                    f"pool {p.name}: endpoint.apiKeySecretRef names a Kubernetes Secret, "
+                    "which only an InferencePool can; a router file gives endpoint.apiKeyFile"
+                )
         return pools
 
 

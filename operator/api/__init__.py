@@ -17,7 +17,7 @@ from .autoscaling import (
 )
 from .engines import DEFAULT_ENGINE, ENGINES, Engine, EngineDefinition
 from .envelope import Layout, PoolPerformance, predict
-from .hosted import Billing, HostedEndpoint
+from .hosted import Billing, HostedEndpoint, SecretKeyRef
 from .inference_pool import (
     API_VERSION,
     DNS_LABEL,
@@ -34,7 +34,6 @@ from .inference_pool import (
     InferencePoolStatus,
     ReferenceWorkload,
     Resources,
-    SecretKeyRef,
     SloSpec,
     TemplateSpec,
     Toleration,

@@ -104,6 +104,14 @@ class HostedEndpoint(Api):
         description="The model's context length, which caps what a request may cost "
         "(default: the catalog model's, when spec.model names one).",
     )
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds the router waits for the provider's reply to begin, and between "
+        "two parts of a streamed reply; past it the provider counts a failure and a reply "
+        "not begun goes to another endpoint of the tier.",
+    )
     max_concurrent_requests: int = Field(
         default=DEFAULT_MAX_CONCURRENT_REQUESTS,
         ge=1,
@@ -154,7 +162,7 @@ def needs_billing_problem() -> str:
 
 
 def needs_secret_problem() -> str:
-    return "spec.endpoint.apiKeySecretRef is required: the Secret key holding the provider's API key"
+    return "spec.endpoint.apiKeySecretRef is required: the Secret key holding the provider's key"
 
 
 def needs_accelerator_problem() -> str:
