@@ -232,4 +232,6 @@ def kube_source(config: RouterConfig, catalog: Catalog | None = None) -> KubeSou
     api_client, origin = load_api_client()
     log.info("event=kube_api_configured origin=%s namespace=%s", origin, namespace)
     api = KubernetesApi(api_client, namespace)
-    return KubeSource(api, catalog or default_catalog(), namespace=namespace)
+    return KubeSource(
+        api, catalog or default_catalog(), namespace=namespace, read_secret=api.read_secret
+    )
