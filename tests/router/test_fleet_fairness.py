@@ -33,8 +33,9 @@ HEADROOM = 1
 
 def near_idle_s(idle_p90_s: float) -> float:
     """The light tenant's TTFT p90 under the flood counted as near idle: twice idle, plus
-    100 ms for a busy machine."""
-    return 2 * idle_p90_s + 0.1
+    200 ms for a busy machine (on their own, the routers leave it about half a second behind
+    the others' surplus at the node)."""
+    return 2 * idle_p90_s + 0.2
 
 
 @pytest.fixture(scope="module")
