@@ -143,8 +143,7 @@ class Admission:
 
     def has_room(self, tier: Tier) -> bool:
         """Whether `tier` would admit a request now, without it waiting."""
-        queue = self.queues[tier]
-        return queue.active < queue.capacity - queue.headroom and not queue.waiting
+        return self.queues[tier].has_room()
 
     async def admit(
         self,

@@ -14,6 +14,7 @@ from tiergate.router.discovery.outliers import OutlierDetector
 from tiergate.router.discovery.scraper import MetricsFetcher, Scraper
 from tiergate.router.discovery.state import EndpointState
 from tiergate.router.discovery.view import FileSource, PoolSource, PoolView
+from tiergate.router.fleet_share import FleetShare
 from tiergate.router.handler import Router
 from tiergate.router.http.app import RouterApp, Service
 from tiergate.router.http.metrics import RouterMetrics
@@ -138,6 +139,13 @@ def build_app(
         saturation=saturation,
         tool_checker=tool_checker,
     )
+    # Fair share across the fleet: only with a shared ledger, and only for fair admission.
+    interval_s = settings.fleet_fair_share_interval_s
+    fair = settings.admission_order == "fair"
+    if isinstance(ledger, PostgresLedger) and interval_s is not None and fair:
+        fleet_share = FleetShare(ledger, lambda: router.admission.queues, period_s=interval_s)
+        shared.append(fleet_share)  # stops before the ledger: it withdraws its claims
+        metrics.count_fair_share(fleet_share)
     # Read through `router`: a reload swaps its tenants.
     metrics.count_budgets(
         lambda: router.tenants.tenants.values(), lambda: router.budgets, lambda: router.wall()

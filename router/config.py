@@ -301,6 +301,19 @@ class RouterSettings(_Model):
             "an autoscaled pool follows leaves them out). 0: every slot goes to whoever waits."
         ),
     )
+    fleet_fair_share_interval_s: float | None = Field(
+        default=0.2,
+        ge=0.05,
+        le=5.0,
+        description=(
+            "With a PostgreSQL ledger and fair admission: how often each router process "
+            "exchanges, through the database, the slots each tenant holds and waits for in "
+            "each tier, so that the processes together fill each tier's slots by the tenants' "
+            "weights (one query per interval per process). None: each process shares the "
+            "whole tier fairly on its own, among the requests it receives (as with the SQLite "
+            "ledger)."
+        ),
+    )
     scrape_interval_s: float = Field(
         default=0.5, gt=0, description="How often each endpoint's metrics (its load) are read."
     )
