@@ -43,8 +43,25 @@ from .api.engines import (
     models_with_weights,
     weights_problem,
 )
+from .api.hosted import (
+    HOSTED_URL_PATTERN,
+    HOSTED_URL_PROBLEM,
+    POD_FIELDS,
+    needs_accelerator_problem,
+    needs_billing_problem,
+    needs_context_problem,
+    needs_secret_problem,
+    pod_field_problem,
+)
 
-__all__ = ["engine_rules", "inference_pool_crd", "spec_rules", "structural", "tier_rules"]
+__all__ = [
+    "engine_rules",
+    "hosted_rules",
+    "inference_pool_crd",
+    "spec_rules",
+    "structural",
+    "tier_rules",
+]
 
 Schema = dict[str, Any]
 
@@ -114,11 +131,13 @@ def structural(node: Schema) -> Schema:
 def spec_rules(catalog: Catalog) -> list[Schema]:
     """CEL rules on `spec` that span fields (the API server evaluates them on apply)."""
     return [
+        *hosted_rules(catalog),
         *tier_rules(catalog),
         *engine_rules(catalog),
         *(
             {
-                "rule": f"!has(self.{field}) || self.{field}.name == self.{key}",
+                "rule": f"!has(self.{field}) || !has(self.{key}) || "
+                f"self.{field}.name == self.{key}",
                 "message": (
                     f"spec.{field}.name must equal spec.{key} "
                     "(the name the profile is registered under)"
@@ -138,11 +157,60 @@ def spec_rules(catalog: Catalog) -> list[Schema]:
     ]
 
 
+def hosted_rules(catalog: Catalog) -> list[Schema]:
+    """A pool names its hardware or a hosted API (operator/api/hosted.py), as CEL with the
+    sentences pool files give."""
+    listed = ", ".join(f"'{name}'" for name in sorted(catalog.models))
+    return [
+        {
+            "rule": "has(self.endpoint) || has(self.accelerator)",
+            "message": needs_accelerator_problem(),
+            "fieldPath": ".accelerator",
+        },
+        *(
+            {
+                "rule": f"!has(self.endpoint) || !has(self.{field})",
+                "message": pod_field_problem(field),
+                "fieldPath": f".{field}",
+            }
+            for field in POD_FIELDS
+        ),
+        {
+            "rule": "!has(self.endpoint) || "
+            "(has(self.billing) && has(self.billing.outputPerMillionUsd))",
+            "message": needs_billing_problem(),
+            "fieldPath": ".billing",
+        },
+        {
+            "rule": "!has(self.endpoint) || has(self.endpoint.maxContextTokens) || "
+            f"self.model in [{listed}]",
+            "message": needs_context_problem(catalog),
+            "fieldPath": ".endpoint.maxContextTokens",
+        },
+    ]
+
+
+#: Rules on spec.endpoint itself.
+ENDPOINT_RULES: list[Schema] = [
+    {
+        "rule": f"self.url.matches('{HOSTED_URL_PATTERN}')",
+        "message": HOSTED_URL_PROBLEM,
+        "fieldPath": ".url",
+    },
+    {
+        "rule": "has(self.apiKeySecretRef)",
+        "message": needs_secret_problem(),
+        "fieldPath": ".apiKeySecretRef",
+    },
+]
+
+
 def tier_rules(catalog: Catalog) -> list[Schema]:
-    """Each tier's rules (sim_nodes/tiers.py) as CEL, with the sentences pool files give."""
+    """Each tier's rules (sim_nodes/tiers.py) as CEL, with the sentences pool files give. A
+    hosted pool's hardware is the provider's business: no tier rule applies to it."""
     rules: list[Schema] = []
     for tier in DEFINITIONS.values():
-        unless = f"self.tier != '{tier.name}' || "
+        unless = f"has(self.endpoint) || self.tier != '{tier.name}' || "
         if tier.max_num_seqs is not None:
             rules.append(
                 {
@@ -253,6 +321,7 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     props["modelProfile"]["x-kubernetes-validations"] = MODEL_PROFILE_RULES
     props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
     props["autoscaling"]["x-kubernetes-validations"] = AUTOSCALING_RULES
+    props["endpoint"]["x-kubernetes-validations"] = ENDPOINT_RULES
     spec["x-kubernetes-validations"] = spec_rules(catalog)
     # The one default the schema states: the scale subresource (kubectl scale, an HPA) reads
     # .spec.replicas and fails on a pool that left it out.

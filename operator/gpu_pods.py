@@ -99,7 +99,7 @@ def engine_pod_parts(
 ) -> EnginePodParts:
     """The GPU, scheduling, volume and probe parts of a vllm or sglang pool's pod."""
     template = spec.template
-    accelerator = layered_catalog(spec, default_catalog()).accelerators.get(spec.accelerator)
+    accelerator = layered_catalog(spec, default_catalog()).accelerators.get(spec.accelerator or "")
     selector: dict[str, str] = {}
     if accelerator is not None and accelerator.gpu_product:
         selector[GPU_PRODUCT_LABEL] = accelerator.gpu_product

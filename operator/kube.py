@@ -61,6 +61,8 @@ class Cluster(Protocol):
 
     def metadata(self, kind: str, namespace: str, name: str) -> Manifest | None: ...
 
+    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+
     def deployment_status(self, namespace: str, name: str) -> Manifest | None: ...
 
     def pool(self, namespace: str, name: str) -> Manifest | None: ...
@@ -150,6 +152,18 @@ class KubeCluster:
                 raise ApplyRejected(f"the API server rejected {kind} {namespace}/{name}: "
                                     f"{_message(exc)}") from None  # fmt: skip
             raise _temporary(action, exc) from None
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete the Deployment or Service `name` (gone already: nothing to do)."""
+        remove = {
+            "Deployment": self._apps.delete_namespaced_deployment,
+            "Service": self._core.delete_namespaced_service,
+        }[kind]
+        try:
+            remove(name, namespace, _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _temporary(f"delete {kind} {namespace}/{name}", exc) from None
 
     def metadata(self, kind: str, namespace: str, name: str) -> Manifest | None:
         """The metadata of the Deployment or Service `name` (None: there is none)."""

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -28,6 +29,7 @@ from .api import (
     KIND,
     POOL_LABEL,
     Condition,
+    Envelope,
     InferencePoolSpec,
     label_selector,
     pool_selector_labels,
@@ -131,6 +133,8 @@ def reconcile(
         spec = InferencePoolSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         return _invalid(body, f"spec: {first_problem(exc)}", now())
+    if spec.endpoint is not None:
+        return _hosted(body, spec, cluster, now())
     assessment = assess(spec, catalog)
     if assessment.envelope is None or assessment.layout is None:
         if assessment.problem is not None:
@@ -348,6 +352,48 @@ def observe(
         envelope=envelope.model_dump(by_alias=True) if envelope else None,
         selector=selector,
     )
+
+
+def _hosted(body: Manifest, spec: InferencePoolSpec, cluster: Cluster, now: str) -> Outcome:
+    """A pool a provider's API serves: no pods (a Deployment and Service of the pool's from
+    before it was hosted are deleted), and an envelope that states its price."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    for kind in ("Deployment", "Service"):
+        existing = cluster.metadata(kind, namespace, name)
+        if existing is not None and _whose(existing, name, meta.get("uid")) is None:
+            cluster.delete(kind, namespace, name)
+    endpoint = spec.endpoint
+    assert endpoint is not None
+    where = f"{endpoint.model} at {urlsplit(endpoint.url).hostname}"
+    if spec.replicas == 0:
+        ready = ConditionValue(
+            "False", "ScaledToZero", "replicas is 0: the router sends it nothing"
+        )
+    else:
+        ready = ConditionValue("True", "Hosted", f"served by {where}; the router checks it by "
+                               "its replies")  # fmt: skip
+    values: dict[Any, ConditionValue] = {
+        "Fits": ConditionValue("True", "Hosted", f"served by {where}: no pods"),
+        "Ready": ready,
+        "Progressing": ConditionValue("False", "Settled", "a hosted pool has no pods to roll out"),
+        "Degraded": ConditionValue("False", "AsExpected", f"served by {where}"),
+    }
+    envelope = Envelope(
+        basis="stated",
+        cost_per_million_output_tokens_usd=spec.billing.output_per_million_usd or 0.0,
+        cost_per_million_input_tokens_usd=spec.billing.input_per_million_usd,
+    )
+    status = _status(
+        body,
+        values,
+        now,
+        replicas=None,
+        readyReplicas=None,
+        selector=None,
+        envelope=envelope.model_dump(by_alias=True),  # nulls: a predicted envelope's figures go
+    )
+    return Outcome(status)
 
 
 def _invalid(body: Manifest, problem: str, now: str) -> Outcome:

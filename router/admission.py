@@ -127,7 +127,7 @@ class Admission:
         caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         pools: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         for pool in view.pools.values():
-            caps[pool.spec.tier] += len(pool.endpoints) * pool.spec.batching.max_num_seqs
+            caps[pool.spec.tier] += len(pool.endpoints) * pool.slots
             pools[pool.spec.tier] += bool(pool.endpoints)
         for tier, cap in caps.items():
             capacity = max(1, cap)
@@ -143,8 +143,7 @@ class Admission:
 
     def has_room(self, tier: Tier) -> bool:
         """Whether `tier` would admit a request now, without it waiting."""
-        queue = self.queues[tier]
-        return queue.active < queue.capacity - queue.headroom and not queue.waiting
+        return self.queues[tier].has_room()
 
     async def admit(
         self,

@@ -14,6 +14,7 @@ from tiergate.router.discovery.outliers import OutlierDetector
 from tiergate.router.discovery.scraper import MetricsFetcher, Scraper
 from tiergate.router.discovery.state import EndpointState
 from tiergate.router.discovery.view import FileSource, PoolSource, PoolView
+from tiergate.router.fleet_share import FleetShare
 from tiergate.router.handler import Router
 from tiergate.router.http.app import RouterApp, Service
 from tiergate.router.http.metrics import RouterMetrics
@@ -98,7 +99,8 @@ def build_app(
     # (they change only then), not per request.
     saturation = Saturation()
     scraper = Scraper(
-        lambda: source.view.endpoints(),
+        # A hosted pool's provider has no vLLM metrics: its health is its replies.
+        lambda: [e for e in source.view.endpoints() if e.hosted is None],
         fetcher,
         clock=clock,
         interval_s=settings.scrape_interval_s,
@@ -137,6 +139,13 @@ def build_app(
         saturation=saturation,
         tool_checker=tool_checker,
     )
+    # Fair share across the fleet: only with a shared ledger, and only for fair admission.
+    interval_s = settings.fleet_fair_share_interval_s
+    fair = settings.admission_order == "fair"
+    if isinstance(ledger, PostgresLedger) and interval_s is not None and fair:
+        fleet_share = FleetShare(ledger, lambda: router.admission.queues, period_s=interval_s)
+        shared.append(fleet_share)  # stops before the ledger: it withdraws its claims
+        metrics.count_fair_share(fleet_share)
     # Read through `router`: a reload swaps its tenants.
     metrics.count_budgets(
         lambda: router.tenants.tenants.values(), lambda: router.budgets, lambda: router.wall()
@@ -231,4 +240,6 @@ def kube_source(config: RouterConfig, catalog: Catalog | None = None) -> KubeSou
     api_client, origin = load_api_client()
     log.info("event=kube_api_configured origin=%s namespace=%s", origin, namespace)
     api = KubernetesApi(api_client, namespace)
-    return KubeSource(api, catalog or default_catalog(), namespace=namespace)
+    return KubeSource(
+        api, catalog or default_catalog(), namespace=namespace, read_secret=api.read_secret
+    )

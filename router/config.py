@@ -32,7 +32,14 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from tiergate.operator.api import DNS_LABEL, BackgroundLoad, InferencePoolSpec, ReferenceWorkload
+from tiergate.operator.api import (
+    DNS_LABEL,
+    BackgroundLoad,
+    Billing,
+    HostedEndpoint,
+    InferencePoolSpec,
+    ReferenceWorkload,
+)
 from tiergate.router.policy.config import PolicyConfig, default_policy
 from tiergate.router.tier_queue import AdmissionOrder
 from tiergate.sim_nodes.commands.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
@@ -62,28 +69,45 @@ class _Model(BaseModel):
     )
 
 
-class Billing(_Model):
-    """What the router charges per token served by a pool (default: the envelope's cost)."""
+class FileHostedEndpoint(HostedEndpoint):
+    """A hosted API as a router file names it: the key in a file rather than a Secret (an
+    InferencePool read by the router's Kubernetes discovery keeps its Secret)."""
 
-    output_per_million_usd: float | None = Field(
-        default=None, ge=0, description="USD per million output tokens; none: the envelope's."
-    )
-    input_per_million_usd: float = Field(
-        default=0.0, ge=0, description="USD per million prompt tokens."
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the provider's API key (e.g. a mounted Secret's key); "
+        "read again when it changes.",
     )
 
 
 class PoolSpec(InferencePoolSpec):
-    """One pool: an InferencePool spec plus its name, where its endpoints are and billing."""
+    """One pool: an InferencePool spec plus its name and where its endpoints are."""
 
     name: str = Field(pattern=DNS_LABEL, max_length=63, description="The pool's name.")
     endpoints: list[str] = Field(default_factory=list, description="Base URLs (static source).")
-    billing: Billing = Field(default_factory=Billing, description="Price override.")
+    endpoint: FileHostedEndpoint | None = Field(
+        default=None,
+        description="A hosted OpenAI-compatible API that serves the pool instead of "
+        "`endpoints` or sim nodes: the router sends it the key of `apiKeyFile` and bills "
+        "`billing`, which it must state.",
+    )
 
     @field_validator("endpoints")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
         return [_endpoint_url(url) for url in urls]
+
+    def _hosted_key_problem(self, endpoint: HostedEndpoint) -> str | None:
+        if self.endpoints:
+            return "a hosted pool (endpoint) has no `endpoints`: the provider's URL is its one"
+        given = isinstance(endpoint, FileHostedEndpoint) and endpoint.api_key_file is not None
+        if given == (endpoint.api_key_secret_ref is not None):
+            return (
+                "endpoint.apiKeyFile is required: the file holding the provider's API key"
+                if not given
+                else "give endpoint.apiKeyFile or endpoint.apiKeySecretRef, not both"
+            )
+        return None
 
 
 def _endpoint_url(url: str) -> str:
@@ -277,6 +301,19 @@ class RouterSettings(_Model):
             "an autoscaled pool follows leaves them out). 0: every slot goes to whoever waits."
         ),
     )
+    fleet_fair_share_interval_s: float | None = Field(
+        default=0.2,
+        ge=0.05,
+        le=5.0,
+        description=(
+            "With a PostgreSQL ledger and fair admission: how often each router process "
+            "exchanges, through the database, the slots each tenant holds and waits for in "
+            "each tier, so that the processes together fill each tier's slots by the tenants' "
+            "weights (one query per interval per process). None: each process shares the "
+            "whole tier fairly on its own, among the requests it receives (as with the SQLite "
+            "ledger)."
+        ),
+    )
     scrape_interval_s: float = Field(
         default=0.5, gt=0, description="How often each endpoint's metrics (its load) are read."
     )
@@ -438,6 +475,11 @@ class RouterConfig(_Model):
             if p.name in seen:
                 raise ValueError(f"pool name {p.name!r} is used twice")
             seen.add(p.name)
+            if p.endpoint is not None and p.endpoint.api_key_secret_ref is not None:
+                raise ValueError(
+                    f"pool {p.name}: endpoint.apiKeySecretRef names a Kubernetes Secret, "
+                    "which only an InferencePool can; a router file gives endpoint.apiKeyFile"
+                )
         return pools
 
 

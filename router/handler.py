@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tiergate.router.admission import Admission, AdmissionEvents, Saturation
 from tiergate.router.config import RouterSettings
+from tiergate.router.discovery.hosted import HostedApi
 from tiergate.router.discovery.state import RequestContext
 from tiergate.router.discovery.view import PoolView, RoutedPool
 from tiergate.router.exchange import Exchange
@@ -40,6 +41,7 @@ from tiergate.router.progress import Progress
 from tiergate.router.request.body import (
     CompletionRequest,
     cap_output,
+    hosted_body,
     parse_completion,
     parse_slo,
     upstream_body,
@@ -148,9 +150,11 @@ class Router:
             )
             self._pipeline_policy = policy
         self._deployments.clear()
-        self._deployments.update({n: p.deployment for n, p in view.pools.items()})
+        self._deployments.update(
+            {n: p.deployment for n, p in view.pools.items() if p.deployment is not None}
+        )
         self._batch_caps.clear()
-        self._batch_caps.update({n: p.spec.batching.max_num_seqs for n, p in view.pools.items()})
+        self._batch_caps.update({n: p.slots for n, p in view.pools.items()})
         self.admission.resize(view)
         self._pipeline_view = view
         return self._pipeline
@@ -292,6 +296,7 @@ class Router:
                 await relay_whole(
                     ex.send, opened, pool, reply_headers, done,
                     service_tier=service_tier, settle=settle, guard=guard,
+                    model=request.model if pool.spec.endpoint is not None else None,
                 )  # fmt: skip
         finally:
             await opened.close()
@@ -395,7 +400,9 @@ class Router:
         }
         path = "/v1/chat/completions" if request.chat else "/v1/completions"
         try:
-            opened = await self.upstream.open(order, path, upstream_body(request), headers)
+            opened = await self.upstream.open(
+                order, path, upstream_body(request), headers, _hosted_bodies(request)
+            )
         except UpstreamUnavailable as exc:
             self.metrics.retries.inc(max(exc.attempts - 1, 0))
             raise
@@ -410,6 +417,18 @@ class Router:
             await send_error(send, error, {"x-tiergate-request-id": request_id})
         except (OSError, RuntimeError):
             pass  # the response had started, or the client is gone: nothing more to say
+
+
+def _hosted_bodies(request: CompletionRequest) -> Callable[[HostedApi], bytes]:
+    """The request's body for a hosted API (its model name), made once per provider model."""
+    made: dict[str, bytes] = {}
+
+    def body(api: HostedApi) -> bytes:
+        if api.model not in made:
+            made[api.model] = hosted_body(request, api.model)
+        return made[api.model]
+
+    return body
 
 
 def _dropped_before_first_token(tier: Tier, attempts: int) -> RouterError:

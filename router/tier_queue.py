@@ -21,6 +21,11 @@ weighted share of the slots that tenants holding or waiting for them would each 
 tenant flooding the tier fills the rest; a light tenant arriving then starts at once, within
 a step, instead of waiting for one of the flood's requests to end.
 
+Across a fleet of router processes (router/fleet_share.py), each process's queue fills only the
+slots the fleet allotted it (`share_fleet`): per tenant, plus spare ones. It serves its own
+tenants still under their allotment first, and lends headroom only to a tenant whose slots
+across the fleet stay within its share.
+
 The wait queue is bounded (`max_waiting`). When it is full, an arrival pushes out a waiter of
 a lower priority; within one priority, `fair` pushes out the latest request of the tenant
 holding the most waiting requests per unit of weight (the arrival itself when that is its own
@@ -35,13 +40,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from tiergate.router.request.tiers import Priority, Tier
 
-__all__ = ["AdmissionOrder", "Grant", "PRIORITY_RANK", "Shed", "TenantQueueFull", "TierQueue"]
+__all__ = [
+    "AdmissionOrder",
+    "FleetSlots",
+    "Grant",
+    "PRIORITY_RANK",
+    "Shed",
+    "TenantQueueFull",
+    "TierQueue",
+]
 
 AdmissionOrder = Literal["fair", "fcfs"]
 #: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
@@ -69,6 +82,23 @@ class Grant:
     charged_tokens: int  # what the tenant's counter was charged when admitted
     weight: float
     waited_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSlots:
+    """What one process's queue may fill, from the fleet's last exchange: slots per tenant of
+    its own and `spare` ones for anyone; `shared` is what the fleet shares out (the tier's
+    slots less headroom); the others' tenants, their weights and the slots they hold."""
+
+    tenants: Mapping[str, int]
+    spare: int
+    shared: int
+    weights_elsewhere: Mapping[str, float]
+    holding_elsewhere: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.tenants.values()) + self.spare
 
 
 @dataclass(eq=False, slots=True)
@@ -114,6 +144,10 @@ class TierQueue:
         #: Slots held per tenant, and the weight each last asked with (for fair shares).
         self._holding: dict[str, int] = {}
         self._weights: dict[str, float] = {}
+        #: Tokens actually served per tenant (what its requests used, as they end).
+        self.served: dict[str, int] = {}
+        #: This process's part of the fleet's slots; None: the tier's, on its own.
+        self._fleet: FleetSlots | None = None
 
     @property
     def waiting(self) -> int:
@@ -122,6 +156,33 @@ class TierQueue:
     def waiting_of(self, tenant: str) -> int:
         """Requests of `tenant` waiting in this queue, at any priority."""
         return sum(len(rank.get(tenant, ())) for rank in self._ranks)
+
+    def holding_of(self, tenant: str) -> int:
+        """Slots `tenant` holds in this queue."""
+        return self._holding.get(tenant, 0)
+
+    def weight_of(self, tenant: str) -> float:
+        """The weight `tenant` last asked with (1 if it never did)."""
+        return self._weights.get(tenant, 1.0)
+
+    def tenants(self) -> dict[str, float]:
+        """The tenants holding or waiting for slots, and their weights."""
+        present = {*self._holding, *(t for rank in self._ranks for t in rank)}
+        return {t: self._weights.get(t, 1.0) for t in present}
+
+    @property
+    def fleet(self) -> FleetSlots | None:
+        return self._fleet
+
+    def share_fleet(self, slots: FleetSlots | None) -> None:
+        """Fill only `slots` from now on (None: every slot of the tier, on its own). Nothing
+        admitted is shed by fewer: it takes effect as requests end."""
+        self._fleet = slots
+        self._hand_on()
+
+    def has_room(self) -> bool:
+        """Whether a request would be admitted now without waiting (headroom aside)."""
+        return self.active < self._open() and not self._waiting
 
     def service(self, tenant: str) -> float:
         """`tenant`'s counter: tokens the tier served it, over its weight (and any lift)."""
@@ -141,8 +202,8 @@ class TierQueue:
         `tokens` is what the request is expected to cost (prompt + output): the tenant's
         counter is charged that much over `weight` when the slot is granted."""
         self._weights[tenant] = weight
-        if (not self._waiting and self.active < self.capacity - self.headroom) or (
-            self.active < self.capacity and self._below_share(tenant)
+        if (not self._waiting and self.active < self._open()) or (
+            self.active < self._open() + self.headroom and self._below_share(tenant)
         ):
             self._lift(tenant)
             self.active += 1
@@ -179,6 +240,8 @@ class TierQueue:
             self._holding[grant.tenant] = held
         else:
             self._holding.pop(grant.tenant, None)
+        if served_tokens:
+            self.served[grant.tenant] = self.served.get(grant.tenant, 0) + served_tokens
         if served_tokens is not None and grant.weight > 0:
             correction = (served_tokens - grant.charged_tokens) / grant.weight
             self._service[grant.tenant] = self._service.get(grant.tenant, 0.0) + correction
@@ -196,17 +259,38 @@ class TierQueue:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _open(self) -> int:
+        """The slots whoever waits may fill (the rest of the capacity is headroom)."""
+        if self._fleet is not None:
+            return self._fleet.total
+        return self.capacity - self.headroom
+
     def _below_share(self, tenant: str) -> bool:
         """Whether `tenant` holds fewer slots than its weighted share of those the flood may
         fill (capacity less the headroom), shared among the tenants holding or waiting for
-        slots, itself included: such a tenant may take a headroom slot."""
+        slots, itself included: such a tenant may take a headroom slot. Across a fleet, its
+        slots and the tenants present are the fleet's, and it may take one only if it then
+        stays within its share (or holds none): every process has headroom of its own."""
         if not self.headroom:
             return False
         present = {*self._holding, *(t for rank in self._ranks for t in rank), tenant}
-        total = sum(max(self._weights.get(t, 1.0), 0.0) for t in present)
-        mine = max(self._weights.get(tenant, 1.0), 0.0)
-        share = (self.capacity - self.headroom) * mine / total if total > 0 else 0.0
-        return self._holding.get(tenant, 0) < share
+        fleet = self._fleet
+        weights = dict(fleet.weights_elsewhere) if fleet is not None else {}
+        weights.update((t, self._weights.get(t, 1.0)) for t in present)
+        total = sum(max(w, 0.0) for w in weights.values())
+        mine = max(weights[tenant], 0.0)
+        shared = fleet.shared if fleet is not None else self.capacity - self.headroom
+        share = shared * mine / total if total > 0 else 0.0
+        held = self._holding.get(tenant, 0)
+        if fleet is None:
+            return held < share
+        held += fleet.holding_elsewhere.get(tenant, 0)
+        return held == 0 or held + 1 <= share + 1e-9
+
+    def _under_allotment(self, tenant: str) -> bool:
+        """Across a fleet: whether `tenant` holds fewer slots here than allotted to it here."""
+        fleet = self._fleet
+        return fleet is not None and self._holding.get(tenant, 0) < fleet.tenants.get(tenant, 0)
 
     def _grant(self, tenant: str, tokens: int, weight: float, waited_s: float) -> Grant:
         self._holding[tenant] = self._holding.get(tenant, 0) + 1
@@ -230,17 +314,20 @@ class TierQueue:
         tenants = rank if among is None else among
         if self.order == "fcfs":
             return min(tenants, key=lambda t: rank[t][0].seq)
-        service = self._service
-        return min(tenants, key=lambda t: (service.get(t, 0.0), len(rank[t]), rank[t][0].seq))
+        service, under = self._service, self._under_allotment
+        return min(
+            tenants,
+            key=lambda t: (not under(t), service.get(t, 0.0), len(rank[t]), rank[t][0].seq),
+        )
 
     def _below_in(self, rank: dict[str, deque[_Waiter]]) -> list[str]:
         return [t for t in rank if self._below_share(t)]
 
     def _hand_on(self) -> None:
-        while self._waiting and self.active < self.capacity:
+        while self._waiting and self.active < self._open() + self.headroom:
             rank = next(r for r in self._ranks if r)
             tenant = self._next_tenant(rank)
-            if self.active >= self.capacity - self.headroom and not self._below_share(tenant):
+            if self.active >= self._open() and not self._below_share(tenant):
                 # Only headroom is left: for the next waiter, in order, below its share.
                 found = next(
                     ((r, below) for r in self._ranks if (below := self._below_in(r))), None

@@ -84,6 +84,8 @@ class ReplicaSpec(ServingSpec):
 POOL_ONLY_FIELDS = frozenset(
     {
         "autoscaling",
+        "billing",
+        "endpoint",
         "engine",
         "huggingFaceTokenSecretRef",
         "modelSource",

@@ -17,6 +17,7 @@ from .autoscaling import (
 )
 from .engines import DEFAULT_ENGINE, ENGINES, Engine, EngineDefinition
 from .envelope import Layout, PoolPerformance, predict
+from .hosted import Billing, HostedEndpoint, SecretKeyRef
 from .inference_pool import (
     API_VERSION,
     DNS_LABEL,
@@ -27,12 +28,12 @@ from .inference_pool import (
     Condition,
     ConditionType,
     Envelope,
+    EnvelopeBasis,
     InferencePool,
     InferencePoolSpec,
     InferencePoolStatus,
     ReferenceWorkload,
     Resources,
-    SecretKeyRef,
     SloSpec,
     TemplateSpec,
     Toleration,
@@ -71,11 +72,14 @@ __all__ = [
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BackgroundLoad",
+    "Billing",
     "Condition",
     "ConditionType",
     "Engine",
     "EngineDefinition",
     "Envelope",
+    "EnvelopeBasis",
+    "HostedEndpoint",
     "InferencePool",
     "InferencePoolSpec",
     "InferencePoolStatus",

@@ -26,6 +26,18 @@ from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, tier_problem
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .base import Api
 from .engines import DEFAULT_ENGINE, ENGINES, Engine, engine_problem
+from .hosted import (
+    POD_FIELDS,
+    Billing,
+    HostedEndpoint,
+    SecretKeyRef,
+    hosted_url_problem,
+    needs_accelerator_problem,
+    needs_billing_problem,
+    needs_context_problem,
+    needs_secret_problem,
+    pod_field_problem,
+)
 
 GROUP = "tiergate.dev"
 VERSION = "v1alpha1"
@@ -96,13 +108,6 @@ class TemplateSpec(Api):
     )
 
 
-class SecretKeyRef(Api):
-    """One key of a Secret in the pool's namespace."""
-
-    name: str = Field(min_length=1, description="The Secret's name.")
-    key: str = Field(min_length=1, description="The key in the Secret.")
-
-
 class InferencePoolSpec(ReplicaSpec):
     """What a pool serves, on what, how batched, at which tier, and how many replicas.
 
@@ -147,10 +152,61 @@ class InferencePoolSpec(ReplicaSpec):
         ),
     )
 
+    endpoint: HostedEndpoint | None = Field(
+        default=None,
+        description="A hosted OpenAI-compatible API that serves the pool instead of pods: "
+        "no pods are made, the router sends the provider's key, and tenants pay spec.billing. "
+        "Fields that describe pods or hardware are refused beside it.",
+    )
+    billing: Billing = Field(
+        default_factory=Billing,
+        description="What tenants pay per token the pool serves (default: the envelope's "
+        "predicted cost per output token, prompts free); required for a hosted pool.",
+    )
+
+    @model_validator(mode="after")
+    def _names_its_hardware(self) -> InferencePoolSpec:
+        """A pool runs on an accelerator, or is hosted (spec.endpoint) and names none of
+        the pods' fields: the CRD's CEL rules (operator/crd.py `hosted_rules`) in words."""
+        if self.endpoint is None:
+            if self.accelerator is None:
+                raise PydanticCustomError("hosted_rule", needs_accelerator_problem())
+            return self
+        fields = type(self).model_fields
+        given = {fields[name].alias or name for name in self.model_fields_set}
+        for field in POD_FIELDS:
+            if field in given:
+                raise PydanticCustomError("hosted_rule", pod_field_problem(field))
+        endpoint = self.endpoint
+        problem = hosted_url_problem(endpoint.url)
+        if problem is not None:
+            raise PydanticCustomError("hosted_rule", problem)
+        if self.billing.output_per_million_usd is None:
+            raise PydanticCustomError("hosted_rule", needs_billing_problem())
+        if endpoint.max_context_tokens is None and self.model not in default_catalog().models:
+            raise PydanticCustomError("hosted_rule", needs_context_problem(default_catalog()))
+        problem = self._hosted_key_problem(endpoint)
+        if problem is not None:
+            raise PydanticCustomError("hosted_rule", problem)
+        return self
+
+    def _hosted_key_problem(self, endpoint: HostedEndpoint) -> str | None:
+        """What is wrong with where a hosted pool's key comes from (an InferencePool: a
+        Secret; the router's file says a file instead)."""
+        return needs_secret_problem() if endpoint.api_key_secret_ref is None else None
+
+    @property
+    def hosted(self) -> bool:
+        """Whether a provider's API serves the pool (no pods, no performance model)."""
+        return self.endpoint is not None
+
     @model_validator(mode="after")
     def _follows_its_tier(self) -> InferencePoolSpec:
         """The tier's rules (sim_nodes/tiers.py), in the words of the CRD's CEL rules, so that a
-        pool file and `kubectl apply` refuse the same pools alike."""
+        pool file and `kubectl apply` refuse the same pools alike. A hosted pool's hardware is
+        the provider's business: no tier rule applies to it."""
+        if self.accelerator is None:
+            return self
         inline = self.accelerator_profile
         problem = tier_problem(
             self.tier,
@@ -196,18 +252,39 @@ class Condition(Api):
     )
 
 
+EnvelopeBasis = Literal["predicted", "stated"]
+
+
 class Envelope(Api):
     """The performance model's prediction for one replica under the reference workload,
-    with its batch as full as the batch cap and KV cache allow."""
+    with its batch as full as the batch cap and KV cache allow; for a hosted pool, only the
+    price it states (no model predicts someone else's hardware)."""
 
-    max_concurrency: int = Field(description="Sequences one replica decodes at once.")
-    tokens_per_second_per_stream: float = Field(description="Output tokens/s of one stream.")
-    throughput_tokens_per_second: float = Field(description="Output tokens/s of one replica.")
-    ttft_seconds: float = Field(description="Time to first token, seconds.")
-    cost_per_million_output_tokens_usd: float = Field(
-        alias="costPerMillionOutputTokensUSD", description="Hardware cost per 1M output tokens."
+    basis: EnvelopeBasis = Field(
+        default="predicted",
+        description="predicted: the performance model's figures for the pool's hardware; "
+        "stated: a hosted pool's price as spec.billing states it (no speed is predicted).",
     )
-    chips: int = Field(description="Chips per replica.")
+    max_concurrency: int | None = Field(
+        default=None, description="Sequences one replica decodes at once."
+    )
+    tokens_per_second_per_stream: float | None = Field(
+        default=None, description="Output tokens/s of one stream."
+    )
+    throughput_tokens_per_second: float | None = Field(
+        default=None, description="Output tokens/s of one replica."
+    )
+    ttft_seconds: float | None = Field(default=None, description="Time to first token, seconds.")
+    cost_per_million_output_tokens_usd: float = Field(
+        alias="costPerMillionOutputTokensUSD",
+        description="Cost per 1M output tokens: the hardware's (predicted) or the price (stated).",
+    )
+    cost_per_million_input_tokens_usd: float | None = Field(
+        default=None,
+        alias="costPerMillionInputTokensUSD",
+        description="Stated price per 1M prompt tokens (hosted pools).",
+    )
+    chips: int | None = Field(default=None, description="Chips per replica.")
     model_source: ProfileSource = Field(
         default="catalog",
         description=(

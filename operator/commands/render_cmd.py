@@ -88,6 +88,11 @@ def render_pool(
     if not isinstance(name, str) or not name:
         raise CliError("the pool has no metadata.name (it names the Deployment and Service)")
     where = namespace or pool.metadata.get("namespace") or "default"
+    if pool.spec.endpoint is not None:
+        raise CliError(
+            f"pool {name} is hosted (spec.endpoint): the operator runs no pods for it, so there "
+            "is nothing to render"
+        )
     assessment = assess(pool.spec, default_catalog())
     if assessment.layout is None:
         raise CliError(assessment.problem or f"does not fit: {assessment.misfit}")

@@ -11,6 +11,12 @@ load) carries over for endpoints that stay.
 All mutable state lives on the event loop thread, so the request path needs no lock. An
 InferencePool the router cannot use is left out with one WARNING (until it changes); the
 other pools keep serving.
+
+A hosted pool's provider key is in a Secret its spec names. The router reads each such Secret
+when a pool first names it and every `SECRET_REFRESH_S` after (a rotated key is picked up),
+by name: its Role may `get` the Secrets it is told of, and no others (the chart's
+`router.providerKeySecrets`). A Secret it cannot read leaves the pool's requests failing over
+to other pools of its tier, with one WARNING that says why; its content is never logged.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tiergate.router.config import ConfigError, PoolSpec
+from tiergate.router.discovery.hosted import SecretKeys
 from tiergate.router.discovery.kube_state import (
     RESOURCES,
     ClusterState,
+    KubeApiError,
     Object,
     Resource,
     pool_from_object,
@@ -39,6 +47,8 @@ log = logging.getLogger("tiergate.router.kube")
 #: How long a change may wait for others before the view is rebuilt: a rollout changes many
 #: pods within milliseconds, and one rebuild for all of them is enough.
 DEBOUNCE_S = 0.1
+#: How often the Secrets of hosted pools' keys are read again (a rotated key is used after).
+SECRET_REFRESH_S = 30.0
 
 
 class KubeSource:
@@ -58,8 +68,18 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         min_watch_s: float = 1.0,
         stop_timeout_s: float = 5.0,
+        read_secret: Callable[[str], Mapping[str, str]] | None = None,
+        secret_refresh_s: float = SECRET_REFRESH_S,
     ) -> None:
+        """`read_secret`: the data of a Secret of the namespace, by name (hosted pools' keys;
+        None: no Secret is read, and hosted pools that name one cannot be served)."""
         self.api = api
+        self.read_secret = read_secret
+        self.secret_refresh_s = secret_refresh_s
+        self.keys = SecretKeys()
+        self._wanted_secrets: set[tuple[str, str]] = set()
+        self._secrets_wake: asyncio.Event | None = None
+        self._secrets_task: asyncio.Task[None] | None = None
         self.catalog = catalog
         self.namespace = namespace
         self.debounce_s = debounce_s
@@ -97,12 +117,19 @@ class KubeSource:
         ]
         for thread in self._threads:
             thread.start()
+        if self.read_secret is not None:
+            self._secrets_wake = asyncio.Event()
+            self._secrets_task = asyncio.create_task(self._read_secrets(), name="tiergate-secrets")
         log.info("event=kube_discovery_started namespace=%s", self.namespace)
 
     async def stop(self) -> None:
         """Stop watching: wake blocked calls, wait (bounded) for the threads to end."""
         self._stop.set()
         self.api.interrupt()
+        if self._secrets_task is not None:
+            self._secrets_task.cancel()
+            await asyncio.gather(self._secrets_task, return_exceptions=True)
+            self._secrets_task = None
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
@@ -192,9 +219,55 @@ class KubeSource:
             self.view,
             on_error=unusable,
             answers_to=lambda spec: answers.get(spec.name, {}),
+            keys=self.keys,
         )
         self._report(problems)
+        self._want_secrets(specs)
         return view
+
+    def _want_secrets(self, specs: list[PoolSpec]) -> None:
+        """Note the Secrets hosted pools name; one not read yet is read at once."""
+        wanted = {
+            (ref.name, ref.key)
+            for spec in specs
+            if spec.endpoint is not None and (ref := spec.endpoint.api_key_secret_ref)
+        }
+        new = wanted - self._wanted_secrets
+        self._wanted_secrets = wanted
+        if new and self._secrets_wake is not None:
+            self._secrets_wake.set()
+
+    async def _read_secrets(self) -> None:
+        """Read the wanted Secrets now and every `secret_refresh_s`, or at once when a pool
+        names a new one."""
+        wake = self._secrets_wake
+        assert wake is not None and self.read_secret is not None
+        read = self.read_secret
+        while True:
+            wake.clear()
+            wanted = set(self._wanted_secrets)
+            for name in sorted({name for name, _ in wanted}):
+                try:
+                    data = await asyncio.to_thread(read, name)
+                    problem = None
+                except KubeApiError as exc:
+                    data, problem = {}, _secret_problem(name, exc)
+                for secret, key in wanted:
+                    if secret != name:
+                        continue
+                    value = data.get(key)
+                    why = problem or (None if value else f"Secret {name} has no key {key}")
+                    if why is None and value is not None:
+                        self.keys.put(name, key, value)
+                    elif self.keys.problem(name, key) != why:
+                        self.keys.fail(name, key, why or "")
+                        log.warning("event=provider_key_unreadable namespace=%s problem=%r",
+                                    self.namespace, why)  # fmt: skip
+            self.keys.forget(wanted)
+            try:
+                await asyncio.wait_for(wake.wait(), self.secret_refresh_s)
+            except TimeoutError:
+                pass
 
     def _report(self, problems: dict[str, str]) -> None:
         """One WARNING per pool and problem, not one per rebuild."""
@@ -208,3 +281,15 @@ class KubeSource:
             if name in self.state.pools:
                 log.info("event=pool_accepted namespace=%s pool=%s", self.namespace, name)
         self.problems = problems
+
+
+def _secret_problem(name: str, exc: KubeApiError) -> str:
+    """Why a Secret could not be read, and what to do about it."""
+    if exc.status == 403:
+        return (
+            f"the router may not read Secret {name}: list it in the chart's "
+            "router.providerKeySecrets (its Role names the Secrets it may get)"
+        )
+    if exc.status == 404:
+        return f"Secret {name} does not exist"
+    return f"reading Secret {name} failed: {exc}"

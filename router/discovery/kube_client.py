@@ -10,6 +10,7 @@ the other commands do not need.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -143,6 +144,31 @@ class KubernetesApi:
             raise KubeApiError(f"watch {resource.plural}: {type(exc).__name__}") from None
         finally:
             self._close(response)
+
+    def read_secret(self, name: str) -> dict[str, str]:
+        """The data of the Secret `name`, decoded (a hosted pool's provider key). KubeApiError
+        says what failed, by status (403: the router's Role does not name the Secret) and
+        never with the Secret's content."""
+        if self._interrupted:
+            raise KubeApiError("stopping")
+        try:
+            secret = self._core.read_namespaced_secret(
+                name, self.namespace, _request_timeout=(CONNECT_TIMEOUT_S, self.list_timeout_s)
+            )
+        except ApiException as exc:
+            # Only status and reason: the exception's text includes the response's body.
+            status = exc.status if isinstance(exc.status, int) else None
+            raise KubeApiError(f"Secret {name}: HTTP {status} {exc.reason}", status) from None
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise KubeApiError(f"Secret {name}: {_describe(exc)}") from None
+        data = getattr(secret, "data", None)
+        decoded: dict[str, str] = {}
+        for key, value in (data if isinstance(data, dict) else {}).items():
+            try:
+                decoded[str(key)] = base64.b64decode(str(value)).decode("utf-8").strip()
+            except (ValueError, UnicodeDecodeError):
+                continue  # not a text key: no API key
+        return decoded
 
     def interrupt(self) -> None:
         """Shut the sockets of open watches: their blocked reads return at once."""

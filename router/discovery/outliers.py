@@ -12,7 +12,9 @@ The last endpoint of a pool that is not ejected is never ejected. With every end
 failing, ejecting them all would turn "some requests fail" into "every request gets a 503"
 while the pool may be only partly broken (e.g. overloaded); keeping one in rotation lets
 retries and the next requests find out when it recovers. The `ejected-filter` applies the same
-reasoning across the pools of a tier (it keeps all candidates when all are ejected).
+reasoning across the pools of a tier (it keeps all candidates when all are ejected). A hosted
+pool's one endpoint (a provider's API) is the exception: ejecting it sends the tier's requests
+to its other pools, and with none left the `ejected-filter` still keeps it.
 
 Pure: the caller passes the time and owns the `EndpointState`s this writes to.
 """
@@ -59,7 +61,7 @@ class OutlierDetector:
         ep.consecutive_failures += 1
         if ep.consecutive_failures < self.consecutive_failures or ep.is_ejected(now_s):
             return False
-        if self._last_in_rotation(ep, now_s):
+        if ep.hosted is None and self._last_in_rotation(ep, now_s):
             return False
         if now_s - ep.ejected_until_s >= self.max_ejection_s:
             ep.ejections = 0  # healthy long enough since the last ejection: start over

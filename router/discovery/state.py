@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tiergate.router.discovery.hosted import HostedApi
 from tiergate.router.request.tiers import Tier
 
 
@@ -35,6 +36,8 @@ class EndpointState:
     consecutive_failures: int = 0
     ejected_until_s: float = 0.0  # outlier detection: not picked before this time
     ejections: int = 0  # outlier detection: recent ejections, doubling the next one's length
+    #: A provider's API (a hosted pool): no metrics to scrape, its own URL, model and key.
+    hosted: HostedApi | None = None
 
     def is_ejected(self, now_s: float) -> bool:
         return now_s < self.ejected_until_s

@@ -25,9 +25,17 @@ from typing import Protocol
 from tiergate.operator.api import predict
 from tiergate.router.config import ConfigError, PoolSpec, RouterConfig, load_config
 from tiergate.router.discovery.file_watch import WatchedFile, watch
+from tiergate.router.discovery.hosted import (
+    ApiKey,
+    FileKey,
+    HostedApi,
+    KeyUnavailable,
+    SecretKey,
+    SecretKeys,
+)
 from tiergate.router.discovery.state import CandidateSet, EndpointState
 from tiergate.router.request.tiers import TIERS, Tier
-from tiergate.sim_nodes.catalogs import Catalog, CatalogError
+from tiergate.sim_nodes.catalogs import Catalog, CatalogError, ModelProfile
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
 
 log = logging.getLogger("tiergate.router.discovery.view")
@@ -38,13 +46,19 @@ class RoutedPool:
     """A pool as the router uses it: spec, performance envelope, prices and endpoints."""
 
     spec: PoolSpec
-    deployment: Deployment
-    envelope: PerfResult
+    #: The replica the spec describes and the model's prediction for it; None for a hosted
+    #: pool (the provider's hardware is nobody's to model here).
+    deployment: Deployment | None
+    envelope: PerfResult | None
     output_price_per_token_usd: float
     input_price_per_token_usd: float
     endpoints: tuple[EndpointState, ...]
     #: Where the (model, accelerator) profiles came from: catalog or the spec's inline ones.
     profile_sources: tuple[ProfileSource, ProfileSource]
+    #: The model's context length: the most a request may cost is bounded by it.
+    max_context_tokens: int
+    #: The model's profile (catalog or inline), when known: what model family it is.
+    model: ModelProfile | None
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (
@@ -57,6 +71,14 @@ class RoutedPool:
         """The output price per million tokens as the pool states it (its billing, else its
         envelope's cost): the figure a tenant's price cap is compared with, exactly."""
         return _output_usd_per_million(self.spec, self.envelope)
+
+    @property
+    def slots(self) -> int:
+        """Requests one endpoint of the pool takes at once: its batch cap, or what a hosted
+        pool allows to be open to the provider."""
+        if self.spec.endpoint is not None:
+            return self.spec.endpoint.max_concurrent_requests
+        return self.spec.batching.max_num_seqs
 
 
 class PoolView:
@@ -94,7 +116,7 @@ class PoolView:
         self._ceilings[key] = (
             max(held[0], pool.input_price_per_token_usd),
             max(held[1], pool.output_price_per_token_usd),
-            max(held[2], pool.deployment.model.max_context_tokens),
+            max(held[2], pool.max_context_tokens),
         )
         self._output_prices[key] = max(
             self._output_prices.get(key, 0.0), pool.output_usd_per_million
@@ -148,6 +170,7 @@ def build_pool(
     urls: Sequence[str],
     previous: dict[tuple[str, str], EndpointState] | None = None,
     answers_to: Mapping[str, Collection[str]] | None = None,
+    keys: KeySource | None = None,
 ) -> RoutedPool:
     """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run.
 
@@ -156,8 +179,12 @@ def build_pool(
     that failed). Such an endpoint is sent only the names it answers to: a name the spec no
     longer has stays routed to the pods that still answer to it until they are gone (a rename
     rolls out without a 404), and the spec's new names go only to the pods made for them.
-    Other endpoints take the spec's names.
+    Other endpoints take the spec's names. A hosted pool's one endpoint is the provider's URL
+    (`urls` is not read); `keys` holds the keys of the Secrets such pools name.
     """
+    previous = previous or {}
+    if spec.endpoint is not None:
+        return _hosted_pool(spec, catalog, previous.get((spec.name, spec.endpoint.url)), keys)
     try:
         performance = predict(spec, spec.workload, catalog)
     except (CatalogError, PerfConfigError) as exc:
@@ -166,7 +193,6 @@ def build_pool(
     if not envelope.fits:
         raise ConfigError(f"pool {spec.name}: does not fit: {envelope.reason}")
     out_price = _output_usd_per_million(spec, envelope)
-    previous = previous or {}
     answers_to = answers_to or {}
     endpoints = []
     for url in dict.fromkeys(urls):
@@ -185,13 +211,71 @@ def build_pool(
         spec.billing.input_per_million_usd / 1e6,
         tuple(endpoints),
         (performance.model_source, performance.accelerator_source),
+        deployment.model.max_context_tokens,
+        deployment.model,
     )
 
 
-def _output_usd_per_million(spec: PoolSpec, envelope: PerfResult) -> float:
+def _hosted_pool(
+    spec: PoolSpec, catalog: Catalog, old: EndpointState | None, keys: KeySource | None
+) -> RoutedPool:
+    """A pool a provider's API serves: one endpoint, the provider's URL (none while the pool
+    is scaled to zero), priced as its billing states, no envelope."""
+    hosted = spec.endpoint
+    assert hosted is not None
+    key = _api_key(spec, keys)
+    model = catalog.models.get(spec.model)
+    context = hosted.max_context_tokens or (model.max_context_tokens if model else None)
+    stated = spec.billing.output_per_million_usd
+    if context is None or stated is None:  # the spec's validators refuse both
+        raise ConfigError(f"pool {spec.name}: a hosted pool needs its billing and context")
+    endpoints: tuple[EndpointState, ...] = ()
+    if spec.replicas > 0:
+        ep = _endpoint(old, spec, hosted.url, spec.names)
+        ep.hosted = HostedApi(hosted.url, hosted.model, key, hosted.timeout_s)
+        endpoints = (ep,)
+    return RoutedPool(
+        spec,
+        None,
+        None,
+        stated / 1e6,
+        spec.billing.input_per_million_usd / 1e6,
+        endpoints,
+        ("catalog", "catalog"),
+        context,
+        model,
+    )
+
+
+#: Where a hosted pool's key comes from when its endpoint names a Secret (Kubernetes
+#: discovery's `SecretKeys`); None where no Secret can be read (a router file).
+KeySource = SecretKeys
+
+
+def _api_key(spec: PoolSpec, keys: KeySource | None) -> ApiKey:
+    """The pool's key, where its endpoint says; ConfigError when a key file cannot be read
+    now (a pool must not start, or reload, with a key that is not there)."""
+    hosted = spec.endpoint
+    assert hosted is not None
+    if hosted.api_key_file is not None:
+        key = FileKey(hosted.api_key_file)
+        try:
+            key.value()
+        except KeyUnavailable as exc:
+            raise ConfigError(f"pool {spec.name}: endpoint.apiKeyFile: {exc}") from None
+        return key
+    ref = hosted.api_key_secret_ref
+    if ref is None or keys is None:
+        raise ConfigError(f"pool {spec.name}: endpoint.apiKeyFile is required")
+    return SecretKey(keys, ref.name, ref.key)
+
+
+def _output_usd_per_million(spec: PoolSpec, envelope: PerfResult | None) -> float:
     """A pool's output price per million tokens: its billing's, else its envelope's cost."""
     stated = spec.billing.output_per_million_usd
-    return stated if stated is not None else envelope.cost_per_million_output_tokens_usd
+    if stated is not None:
+        return stated
+    return envelope.cost_per_million_output_tokens_usd if envelope is not None else 0.0
 
 
 def _endpoint(
@@ -204,6 +288,7 @@ def _endpoint(
     # object and release on it, so a copy would undercount now and overcount forever after.
     # The old view's candidate sets say their tier and model as a whole, not per member.
     old.tier, old.model, old.served_names = spec.tier, spec.model, names
+    old.hosted = None  # a hosted pool's builder sets it anew
     return old
 
 
@@ -214,6 +299,7 @@ def build_view(
     urls_of: Callable[[PoolSpec], Sequence[str]] = lambda s: s.endpoints,
     on_error: Callable[[PoolSpec, ConfigError], None] | None = None,
     answers_to: Callable[[PoolSpec], Mapping[str, Collection[str]]] | None = None,
+    keys: KeySource | None = None,
 ) -> PoolView:
     """A view of `specs`, reusing `previous`' endpoint states where pool and URL match.
 
@@ -227,7 +313,7 @@ def build_view(
     for spec in specs:
         try:
             names = answers_to(spec) if answers_to is not None else None
-            pools.append(build_pool(spec, catalog, urls_of(spec), old, names))
+            pools.append(build_pool(spec, catalog, urls_of(spec), old, names, keys))
         except ConfigError as exc:
             if on_error is None:
                 raise

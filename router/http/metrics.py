@@ -16,7 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tiergate.router.discovery.view import PoolView
+from tiergate.router.fleet_share import FleetShare
 from tiergate.router.http.budget_metrics import BudgetCollector
+from tiergate.router.http.fair_share_metrics import FairShareCollector
 from tiergate.router.http.gc_pauses import GcPauses
 from tiergate.router.http.shared_metrics import SharedMetrics
 from tiergate.router.ledger.postgres import PostgresLedger
@@ -178,6 +180,10 @@ class RouterMetrics:
     def count_connections(self, gate: ConnectionGate) -> None:
         """Export the client connections `gate` counts: open, the cap, refused, timed out."""
         self._read_when_scraped(_ConnectionCollector(gate))
+
+    def count_fair_share(self, share: FleetShare) -> None:
+        """Export how fair share across the fleet goes (router/fleet_share.py)."""
+        self._read_when_scraped(FairShareCollector(share))
 
     def count_check_budgets(self, spent_tenants: Callable[[], list[str]]) -> None:
         """Export how many tenants have spent their budget of cascade check time now (their

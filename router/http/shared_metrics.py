@@ -46,6 +46,8 @@ GAUGE_MODES: dict[str, GaugeMode] = {
     "tiergate_connections_open": "livesum",
     "tiergate_connections_max": "livesum",
     "tiergate_ledger_backlog_records": "livesum",
+    "tiergate_fair_share_fleet": "livesum",
+    "tiergate_fair_share_slots": "livesum",
     # One fact each worker reads on its own (the endpoints' queues, the ledger's size), or
     # each worker's own view of shared state (ejections, spent check budgets): the most any
     # worker sees.

@@ -2,9 +2,10 @@
 versioned migration every router replica runs at start.
 
 The request rows and daily totals are the SQLite ledger's (router/ledger/sqlite_schema.py), so
-both answer alike. Two more tables hold what replicas share: `budget_lease` (what each replica
-may have in flight of a tenant's budget) and `rate_bucket` (each tenant's token buckets). Their
-functions run each lease as one statement, under a per-tenant lock, in one round trip.
+both answer alike. More tables hold what replicas share: `budget_lease` (what each replica
+may have in flight of a tenant's budget), `rate_bucket` (each tenant's token buckets) and
+`fair_share` (each process's demand per tier and tenant, for fair share across the fleet).
+Their functions run each lease or exchange as one statement, in one round trip.
 
 Several replicas may start at once: the migration runs under an advisory lock, and a database
 of a newer schema version than this router's is refused.
@@ -31,7 +32,7 @@ __all__ = [
 
 log = logging.getLogger("tiergate.router")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: pg_advisory_xact_lock key held while the schema is created or migrated.
 MIGRATION_LOCK = 0x7469657267617465  # "tiergate"
 
@@ -96,6 +97,45 @@ CREATE TABLE IF NOT EXISTS rate_bucket (
 _VERSION_2 = """
 ALTER TABLE usage ADD COLUMN IF NOT EXISTS holder text;
 CREATE INDEX IF NOT EXISTS usage_incomplete ON usage (holder) WHERE outcome = 'incomplete';
+"""
+
+#: Version 3: what each router process claims of each tier, per tenant, for fair share across
+#: the fleet (router/fleet_share.py). A row lives until `expires_at` (the database's clock), so
+#: a process that died stops claiming; tenant '' marks a process that serves the tier.
+_VERSION_3 = """
+CREATE TABLE IF NOT EXISTS fair_share (
+    holder text NOT NULL,
+    tier text NOT NULL,
+    tenant text NOT NULL,
+    weight double precision NOT NULL CHECK (weight > 0),
+    holding integer NOT NULL CHECK (holding >= 0),
+    waiting integer NOT NULL CHECK (waiting >= 0),
+    served double precision NOT NULL CHECK (served >= 0),
+    expires_at double precision NOT NULL,
+    PRIMARY KEY (holder, tier, tenant)
+);
+"""
+
+#: One exchange: replace the holder's claims with the ones given (living `p_ttl_s`), forget
+#: rows expired a minute ago, and return every live claim, the holder's own included.
+_SHARE_EXCHANGE = """
+CREATE OR REPLACE FUNCTION tiergate_share_exchange(
+    p_holder text, p_ttl_s double precision, p_tiers text[], p_tenants text[],
+    p_weights double precision[], p_holding integer[], p_waiting integer[],
+    p_served double precision[])
+RETURNS TABLE (holder text, tier text, tenant text, weight double precision,
+    holding integer, waiting integer, served double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := extract(epoch FROM clock_timestamp());
+BEGIN
+    DELETE FROM fair_share AS f WHERE f.holder = p_holder OR f.expires_at < now_s - 60;
+    INSERT INTO fair_share
+        SELECT p_holder, c.*, now_s + p_ttl_s
+        FROM unnest(p_tiers, p_tenants, p_weights, p_holding, p_waiting, p_served) AS c;
+    RETURN QUERY SELECT f.holder, f.tier, f.tenant, f.weight, f.holding, f.waiting, f.served
+        FROM fair_share AS f WHERE f.expires_at > now_s;
+END $$;
 """
 
 #: One budget lease, under the tenant's lock. The holder has `local` USD in flight (holds and
@@ -253,8 +293,10 @@ async def migrate(conn: Any, where: str) -> None:
         )  # fmt: skip
         await conn.execute(_TABLES)
         await conn.execute(_VERSION_2)
+        await conn.execute(_VERSION_3)
         await conn.execute(_LEASE_BUDGET)
         await conn.execute(_TAKE_TOKENS)
+        await conn.execute(_SHARE_EXCHANGE)
         await conn.execute("INSERT INTO tiergate_schema VALUES ($1)", SCHEMA_VERSION)
 
 

@@ -195,6 +195,24 @@ def upstream_body(request: CompletionRequest) -> bytes:
         raise _bad(TOO_DEEP) from None
 
 
+#: What the router asks of a hosted API's stream: the usage at its end, the one stream option
+#: OpenAI's API defines (a strict provider refuses vLLM's `continuous_usage_stats`). A hosted
+#: stream cut short is therefore billed by the router's count of what it relayed.
+HOSTED_STREAM_OPTIONS: Final = MappingProxyType({"include_usage": True})
+
+
+def hosted_body(request: CompletionRequest, model: str) -> bytes:
+    """The body sent to a hosted API: the client's, naming the provider's `model`, and for a
+    stream asking for its usage (`HOSTED_STREAM_OPTIONS`, nothing else)."""
+    body = {**request.body, "model": model}
+    if request.stream:
+        body["stream_options"] = dict(HOSTED_STREAM_OPTIONS)
+    try:
+        return dumps(body)
+    except ValueError:
+        raise _bad(TOO_DEEP) from None
+
+
 def cap_output(request: CompletionRequest, cap: int) -> None:
     """Set `request`'s output cap to `cap` tokens, in every spelling its endpoint reads (the
     body is re-encoded upstream)."""

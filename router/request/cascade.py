@@ -122,8 +122,9 @@ def cascade_plan(
     family: set[str] = set()
     for pool in view.pools.values():
         if request.model in pool.spec.names:
-            model = pool.deployment.model
-            family |= {model.name, *([model.distilled_from] if model.distilled_from else [])}
+            model = pool.model
+            if model is not None:
+                family |= {model.name, *([model.distilled_from] if model.distilled_from else [])}
     models = []
     for tier in (cascade.first, cascade.then):
         # The first name of a related pool that an endpoint of the tier answers to (the view's
@@ -134,9 +135,8 @@ def cascade_plan(
                 name
                 for p in view.pools.values()
                 if p.spec.tier == tier
-                and (
-                    p.deployment.model.name in family or p.deployment.model.distilled_from in family
-                )
+                and p.model is not None
+                and (p.model.name in family or p.model.distilled_from in family)
                 for name in p.spec.names
                 if view.candidates(name, tier)
             ),

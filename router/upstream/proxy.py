@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import aiohttp
 from yarl import URL
 
+from tiergate.router.discovery.hosted import HostedApi, KeyUnavailable
 from tiergate.router.discovery.state import EndpointState
 from tiergate.router.http.errors import RouterError
 
@@ -144,6 +145,7 @@ class Upstream:
         self._on_failure = on_failure
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, URL] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self.retries = 0  # total extra attempts made (a metric)
 
     def _client(self) -> aiohttp.ClientSession:
@@ -166,12 +168,17 @@ class Upstream:
         path: str,
         body: bytes,
         headers: dict[str, str],
+        hosted_body: Callable[[HostedApi], bytes] | None = None,
     ) -> Opened:
         """POST `body` to `path` on the first endpoint that answers well enough.
 
-        Returns the first non-retryable response (2xx, or a 4xx that is the request's fault,
-        passed through to the client). Raises UpstreamUnavailable (a 503) when every attempt
-        failed; its message names no endpoint (the log line `upstream_unavailable` does).
+        A hosted API's endpoint is sent `hosted_body(api)` instead (the provider's model name),
+        with the provider's key and none of `headers` (`HostedApi.headers`), at its own URL and
+        timeout. Returns the first non-retryable response (2xx, or a 4xx that is the request's
+        fault, passed through to the client; a provider's 401 or 403 refuses the router's key,
+        not the request, and counts as its failure). Raises UpstreamUnavailable (a 503) when
+        every attempt failed; its message names no endpoint (the log line
+        `upstream_unavailable` does).
         """
         session = self._client()
         failures: list[tuple[EndpointState, str]] = []
@@ -180,10 +187,23 @@ class Upstream:
             if failures:
                 self.retries += 1
                 await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
+            hosted = endpoint.hosted
+            url, data, sent, timeout = endpoint.url + path, body, headers, self.timeout
+            if hosted is not None:
+                try:
+                    sent = hosted.headers()
+                except KeyUnavailable as exc:
+                    log.warning("event=provider_key_unavailable pool=%s problem=%s",
+                                endpoint.pool, exc)  # fmt: skip
+                    self._on_failure(endpoint)
+                    failures.append((endpoint, "the provider's API key is unavailable"))
+                    continue
+                url, timeout = hosted.url(path), self._hosted_timeout(hosted.timeout_s)
+                data = hosted_body(hosted) if hosted_body is not None else body
             endpoint.inflight += 1
             try:
                 response = await session.post(
-                    self._url(endpoint.url + path), data=body, headers=headers
+                    self._url(url), data=data, headers=sent, timeout=timeout
                 )
             except (*CONNECTION_ERRORS, ValueError) as exc:  # ValueError: a URL it cannot use
                 endpoint.inflight -= 1
@@ -193,10 +213,15 @@ class Upstream:
             except BaseException:
                 endpoint.inflight -= 1
                 raise
-            if response.status in RETRYABLE_STATUSES:
+            refused_key = hosted is not None and response.status in (401, 403)
+            if response.status in RETRYABLE_STATUSES or refused_key:
                 endpoint.inflight -= 1
                 response.close()
-                if response.status == 500:
+                if refused_key:
+                    log.warning("event=provider_refused_key pool=%s status=%d",
+                                endpoint.pool, response.status)  # fmt: skip
+                    self._on_failure(endpoint)
+                elif response.status == 500:
                     answered_500.append(endpoint)
                 else:
                     self._on_failure(endpoint)
@@ -232,6 +257,18 @@ class Upstream:
             f"{len(failures)} attempt(s); last: {last}",
             len(failures),
         )
+
+    def _hosted_timeout(self, read_s: float) -> aiohttp.ClientTimeout:
+        """The upstream timeouts, with a hosted API's own for its reply (cached per value)."""
+        timeout = self._timeouts.get(read_s)
+        if timeout is None:
+            timeout = self._timeouts[read_s] = aiohttp.ClientTimeout(
+                total=None,
+                connect=self.timeout.connect,
+                sock_connect=self.timeout.sock_connect,
+                sock_read=read_s,
+            )
+        return timeout
 
     def failed(self, endpoint: EndpointState) -> None:
         """An endpoint's response failed after it started (its stream broke before the first

@@ -64,9 +64,11 @@ async def relay_whole(
     service_tier: str,
     settle: Callable[[], Awaitable[None]],
     guard: DisconnectGuard,
+    model: str | None = None,
 ) -> None:
     """Relay a whole reply; `service_tier` is the value its body's field gets
-    (`tiers.openai_service_tier`)."""
+    (`tiers.openai_service_tier`), and `model` its model's (a hosted API's reply names the
+    provider's model: the client is told the name it asked for)."""
     try:
         with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
             body = await opened.read()
@@ -83,6 +85,8 @@ async def relay_whole(
         data, dumps = loads_reply(body)
         bill(done, pool, data)
         data["service_tier"] = service_tier
+        if model is not None:
+            data["model"] = model
         payload = dumps(data)
     except (ValueError, TypeError, AttributeError):
         raise bad_reply("the serving node returned a malformed reply") from None
@@ -139,6 +143,7 @@ async def first_token(
         include_usage=request.include_usage,
         continuous_usage=request.continuous_usage,
         cost_of=pool.cost_usd,
+        model=request.model if pool.spec.endpoint is not None else None,
     )
     chunks = opened.chunks()
     head: list[bytes] = []

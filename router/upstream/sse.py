@@ -15,6 +15,7 @@ events pass through and are remembered.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -45,9 +46,13 @@ def _count(value: object) -> int:
     return int(value)
 
 
+#: A chunk's `model` field (the first: the chunk's own, before its choices). A string inside
+#: the chunk cannot match: its quotes are escaped.
+_MODEL_FIELD = re.compile(rb'"model":\s*"(?:[^"\\]|\\.)*"')
 #: Reads one JSON value from a point in a text (the usage object inside a chunk).
 _DECODER = json.JSONDecoder()
 _USAGE_KEY = b'"usage":{'
+_USAGE_KEY_SPACED = b'"usage": {'  # json.dumps' default separators (some providers')
 #: How a chunk with no choices (the last usage chunk) says so, compact or not.
 _NO_CHOICES, _NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 
@@ -66,8 +71,13 @@ class StreamRewriter:
         include_usage: bool,
         cost_of: Callable[[int, int], float],
         continuous_usage: bool = False,
+        model: str | None = None,
     ) -> None:
+        """`model`: the model name every chunk is to say (a hosted API's chunks name the
+        provider's model; the client is told the name it asked for). None: as they come."""
         self._service_tier = service_tier
+        self._model = model
+        self._model_field = None if model is None else b'"model":' + orjson.dumps(model)
         self._tier_field = b'"service_tier":"' + service_tier.encode() + b'",'
         self._include_usage = include_usage
         self._continuous_usage = continuous_usage
@@ -97,11 +107,13 @@ class StreamRewriter:
                 self.done = True
             return event + b"\n\n"
         counted = False
-        at = event.rfind(_USAGE_KEY)
+        at, key = event.rfind(_USAGE_KEY), _USAGE_KEY
+        if at < 0:
+            at, key = event.rfind(_USAGE_KEY_SPACED), _USAGE_KEY_SPACED
         if at >= 0:
             if _NO_CHOICES in event or _NO_CHOICES_SPACED in event:
                 return self._usage(event)
-            event, counted = self._chunk_usage(event, at)
+            event, counted = self._chunk_usage(event, at, len(key))
         elif event.startswith(b'data: {"error"'):
             try:
                 self.error = json.loads(event[6:]).get("error")
@@ -110,13 +122,16 @@ class StreamRewriter:
             return event + b"\n\n"
         self.content_chunks += 1
         self.chunks_since_usage = 0 if counted else self.chunks_since_usage + 1
+        if self._model_field is not None:
+            field = self._model_field
+            event = _MODEL_FIELD.sub(lambda _: field, event, count=1)
         return b"data: {" + self._tier_field + event[7:] + b"\n\n"
 
-    def _chunk_usage(self, event: bytes, at: int) -> tuple[bytes, bool]:
+    def _chunk_usage(self, event: bytes, at: int, key_length: int) -> tuple[bytes, bool]:
         """A content chunk's usage so far, counted (whether it was); the chunk as the client is
         to get it: with the usage and its cost if it asked for usage on every chunk, else
         without it."""
-        start = at + len(_USAGE_KEY) - 1
+        start = at + key_length - 1
         end = event.find(b"}", start) + 1
         try:
             try:
@@ -156,6 +171,8 @@ class StreamRewriter:
         if isinstance(usage, dict):
             usage["cost_usd"] = round(self.cost_usd or 0.0, 10)
         data["service_tier"] = self._service_tier
+        if self._model is not None and "model" in data:
+            data["model"] = self._model
         try:
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
         except RecursionError:  # read, but too deep to write back

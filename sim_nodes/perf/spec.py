@@ -72,10 +72,12 @@ class ServingSpec(_Spec):
     model: str = Field(
         description="Catalog model name, or the name spec.modelProfile is registered under."
     )
-    accelerator: str = Field(
+    accelerator: str | None = Field(
+        default=None,
         description=(
-            "Catalog accelerator name, or the name spec.acceleratorProfile is registered under."
-        )
+            "Catalog accelerator name, or the name spec.acceleratorProfile is registered under "
+            "(required unless spec.endpoint names a hosted API)."
+        ),
     )
     model_profile: ModelProfile | None = Field(
         default=None,
@@ -110,6 +112,20 @@ class ServingSpec(_Spec):
         default=None, description="Speculative decoding, if any."
     )
     pricing: PricingSpec | None = Field(default=None, description="Price override.")
+
+    @model_validator(mode="after")
+    def _names_its_hardware(self) -> ServingSpec:
+        """A replica runs on hardware. (The InferencePool spec overrides this check: a hosted
+        pool names an API instead.)"""
+        if self.accelerator is None:
+            raise PydanticCustomError("missing", "accelerator: Field required")
+        return self
+
+    def hardware(self) -> str:
+        """The accelerator's name; PerfConfigError for a spec that names none (hosted)."""
+        if self.accelerator is None:
+            raise PerfConfigError("no accelerator: a hosted pool has no hardware to model")
+        return self.accelerator
 
     @model_validator(mode="after")
     def _profiles_named_as_the_spec(self) -> ServingSpec:
@@ -158,7 +174,9 @@ def profile_sources(spec: ServingSpec, catalog: Catalog) -> tuple[ProfileSource,
 
     return (
         source(spec.model_profile is not None, spec.model in catalog.models),
-        source(spec.accelerator_profile is not None, spec.accelerator in catalog.accelerators),
+        source(
+            spec.accelerator_profile is not None, (spec.accelerator or "") in catalog.accelerators
+        ),
     )
 
 
@@ -170,7 +188,7 @@ def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0)
     """
     catalog = layered_catalog(spec, catalog)
     model = catalog.model(spec.model)
-    accelerator = catalog.accelerator(spec.accelerator)
+    accelerator = catalog.accelerator(spec.hardware())
     if spec.pricing is not None:
         accelerator = accelerator.model_copy(
             update={"price_per_chip_hour_usd": spec.pricing.per_chip_hour_usd}

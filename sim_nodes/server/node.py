@@ -93,7 +93,7 @@ def _sizing_kv_tokens(config: NodeConfig, catalog: Catalog) -> int:
     tensor-parallel layout takes the fewest chips that hold the weights (the KV cache gets what
     is left), as a vLLM deployment would.
     """
-    accelerator = catalog.accelerator(config.serving.accelerator)
+    accelerator = catalog.accelerator(config.serving.hardware())
     if accelerator.layout != "pipeline":
         return 0
     return config.serving.batching.max_num_seqs * config.sizing_tokens_per_sequence

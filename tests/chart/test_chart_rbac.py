@@ -78,6 +78,14 @@ def test_router_reads_pools_and_pods_only(any_manifests: list[Manifest]) -> None
         assert ("ServiceAccount", ROUTER, NAMESPACE) not in subjects(cluster_binding)
 
 
+def test_router_reads_the_provider_key_secrets_it_is_told_of_by_name_only(helm: Helm) -> None:
+    manifests = helm.template(sets=["router.providerKeySecrets={openai-key,vendor-key}"])
+    role = one(manifests, "Role", ROUTER)
+    (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert rule == {"apiGroups": [""], "resources": ["secrets"],
+                    "resourceNames": ["openai-key", "vendor-key"], "verbs": ["get"]}  # fmt: skip
+
+
 def test_router_role_lives_in_the_discovery_namespace(
     default_manifests: list[Manifest], variant_manifests: list[Manifest]
 ) -> None:

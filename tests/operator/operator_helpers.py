@@ -37,6 +37,7 @@ class FakeCluster:
         # ns, pool -> the HPA targeting it, or HpaUnknown (the operator may not list them)
         self.hpas: dict[tuple[str, str], str | HpaUnknown] = {}
         self.writes: list[tuple[str, str, Any]] = []  # (what, pool, value), in order
+        self.deleted: list[tuple[str, str, str]] = []  # kind, ns, name
 
     def apply(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
@@ -44,6 +45,12 @@ class FakeCluster:
             raise ApplyRejected(self.rejects[manifest["kind"]])
         self.applied.append(copy.deepcopy(manifest))
         self.existing[(manifest["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(meta)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self.deleted.append((kind, namespace, name))
+        self.existing.pop((kind, namespace, name), None)
+        if kind == "Deployment":
+            self.deployments.pop((namespace, name), None)
 
     def metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.existing.get((kind, namespace, name))

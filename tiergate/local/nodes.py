@@ -79,6 +79,8 @@ def start_nodes(
     try:
         for pool in config.pools:
             d = view.pools[pool.name].deployment
+            if d is None:  # a hosted pool: the provider serves it
+                continue
             for _ in range(pool.replicas):
                 cmd = node_command(
                     pool, d.chips, d.tensor_parallel, host, port, seed=port,
@@ -98,7 +100,7 @@ def start_nodes(
 def node_ports(config: RouterConfig) -> range:
     """The ports `start_nodes` gives the nodes, one per replica."""
     first = config.local.first_port
-    return range(first, first + sum(pool.replicas for pool in config.pools))
+    return range(first, first + sum(p.replicas for p in config.pools if p.endpoint is None))
 
 
 def _spawn(cmd: list[str], stderr: IO[bytes]) -> subprocess.Popen[bytes]:

@@ -91,7 +91,7 @@ def load(args: argparse.Namespace) -> RouterConfig:
             f"{len(ports)} sim nodes from port {ports[0]} would need ports past 65535: "
             "lower --first-node-port"
         )
-    if not ports:
+    if not ports and not any(p.endpoint is not None and p.replicas for p in config.pools):
         raise CliError("the configuration has no pool replicas to run: nothing would serve")
     return config
 
@@ -161,13 +161,14 @@ def run(args: argparse.Namespace) -> int:
 def summary(view: PoolView, router_url: str, metrics_url: str) -> str:
     rows = []
     for name, pool in view.pools.items():
-        e = pool.envelope
+        e, d = pool.envelope, pool.deployment
         model_source, accelerator_source = pool.profile_sources
+        hosted = pool.spec.endpoint
         rows.append([
             pool.spec.tier, name, profile_label(pool.spec.names[0], model_source),
-            f"{pool.deployment.chips} x "
-            f"{profile_label(pool.deployment.accelerator.name, accelerator_source)}",
-            f"{e.output_tokens_per_s_per_stream:.0f}",
+            f"{d.chips} x {profile_label(d.accelerator.name, accelerator_source)}"
+            if d is not None else f"hosted ({hosted.model if hosted else '?'})",
+            f"{e.output_tokens_per_s_per_stream:.0f}" if e is not None else "-",
             f"{pool.output_price_per_token_usd * 1e6:.2f}",
             " ".join(ep.url for ep in pool.endpoints),
         ])  # fmt: skip

@@ -1,0 +1,186 @@
+"""Hosted pools: a tier served by someone else's OpenAI-compatible API (`spec.endpoint`).
+
+Such a pool has no pods and no hardware: the operator renders nothing for it, the router sends
+its requests to the provider's URL with the provider's key, and bills at the pool's stated
+price (`spec.billing`), since no performance model applies to another's hardware. The fields
+that describe pods or hardware are refused beside `spec.endpoint`, and each rule has one
+sentence, the same from a pool file and from `kubectl apply` (operator/crd.py `hosted_rules`).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from tiergate.sim_nodes.catalogs import Catalog
+
+from .base import Api
+
+__all__ = [
+    "DEFAULT_MAX_CONCURRENT_REQUESTS",
+    "HOSTED_URL_PATTERN",
+    "HOSTED_URL_PROBLEM",
+    "POD_FIELDS",
+    "Billing",
+    "HostedEndpoint",
+    "SecretKeyRef",
+    "hosted_url_problem",
+    "needs_accelerator_problem",
+    "needs_billing_problem",
+    "needs_context_problem",
+    "needs_secret_problem",
+    "pod_field_problem",
+]
+
+#: A hosted pool's concurrent requests when `maxConcurrentRequests` is not set.
+DEFAULT_MAX_CONCURRENT_REQUESTS = 64
+
+#: The spec's fields (camelCase) that describe pods or hardware: refused beside spec.endpoint.
+POD_FIELDS = (
+    "accelerator",
+    "acceleratorProfile",
+    "modelProfile",
+    "chips",
+    "tensorParallel",
+    "weightDtype",
+    "kvDtype",
+    "batching",
+    "speculativeDecoding",
+    "pricing",
+    "background",
+    "engine",
+    "modelSource",
+    "huggingFaceTokenSecretRef",
+    "template",
+    "autoscaling",
+    "slo",
+    "workload",
+)
+
+
+class SecretKeyRef(Api):
+    """One key of a Secret in the pool's namespace."""
+
+    name: str = Field(min_length=1, description="The Secret's name.")
+    key: str = Field(min_length=1, description="The key in the Secret.")
+
+
+class Billing(Api):
+    """What the router charges tenants per token the pool serves."""
+
+    output_per_million_usd: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="USD per million output tokens; none: the envelope's predicted cost "
+        "(a hosted pool must state it).",
+    )
+    input_per_million_usd: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="USD per million prompt tokens."
+    )
+
+
+class HostedEndpoint(Api):
+    """An OpenAI-compatible API that serves the pool (OpenAI, a vendor's, another gateway)."""
+
+    url: str = Field(
+        description="The API's base URL, as OpenAI's SDKs take it (requests go to "
+        "URL/chat/completions and URL/completions), e.g. https://api.openai.com/v1."
+    )
+    model: str = Field(
+        min_length=1,
+        description="The provider's name for the model; clients ask for the pool's names "
+        "(spec.model, spec.servedModelName, spec.aliases) and replies say the name they asked.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="The Secret key holding the provider's API key (sent as a Bearer token; "
+        "the router must be allowed to read that Secret).",
+    )
+    max_context_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="The model's context length, which caps what a request may cost "
+        "(default: the catalog model's, when spec.model names one).",
+    )
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds the router waits for the provider's reply to begin, and between "
+        "two parts of a streamed reply; past it the provider counts a failure and a reply "
+        "not begun goes to another endpoint of the tier.",
+    )
+    max_concurrent_requests: int = Field(
+        default=DEFAULT_MAX_CONCURRENT_REQUESTS,
+        ge=1,
+        description="Requests the router has open to the provider at once; more wait in "
+        "the tier's queue.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _without_trailing_slash(cls, url: str) -> str:
+        # Checked by the spec (`hosted_url_problem`), where the message names the field whole.
+        return url.rstrip("/")
+
+
+#: The CEL rule's pattern and the pydantic check of spec.endpoint.url, and what both say.
+HOSTED_URL_PATTERN = r"^https?://[^/@?#\s]+(/[^?#\s]*)?$"
+HOSTED_URL_PROBLEM = (
+    "spec.endpoint.url must be an http(s) base URL with a host, and no credentials, query or "
+    "fragment (e.g. https://api.openai.com/v1)"
+)
+
+
+def hosted_url_problem(url: str) -> str | None:
+    """What is wrong with a hosted API's base URL, or None."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - ValueError when out of range or not a number
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+        or any(c.isspace() for c in url)
+    ):
+        return HOSTED_URL_PROBLEM
+    return None
+
+
+def needs_billing_problem() -> str:
+    return (
+        "a hosted pool (spec.endpoint) needs spec.billing.outputPerMillionUsd: no performance "
+        "model prices someone else's hardware, so the pool states its price"
+    )
+
+
+def needs_secret_problem() -> str:
+    return "spec.endpoint.apiKeySecretRef is required: the Secret key holding the provider's key"
+
+
+def needs_accelerator_problem() -> str:
+    return (
+        "spec.accelerator is required (the hardware the pool runs on), unless spec.endpoint "
+        "names a hosted API"
+    )
+
+
+def pod_field_problem(field: str) -> str:
+    return (
+        f"spec.{field} describes the pool's pods or hardware; a hosted pool (spec.endpoint) "
+        "has neither: remove it"
+    )
+
+
+def needs_context_problem(catalog: Catalog) -> str:
+    return (
+        "a hosted pool whose spec.model is not a catalog model "
+        f"({', '.join(sorted(catalog.models))}) needs spec.endpoint.maxContextTokens"
+    )

@@ -1,0 +1,166 @@
+"""A stand-in for someone else's OpenAI-compatible API, strict the way hosted providers are:
+a real HTTP server on a loopback port that wants its own Bearer key and its own model name,
+refuses `stream_options` fields OpenAI's API does not define (vLLM's
+`continuous_usage_stats`), and says the usage of every reply (a stream's in a last chunk
+with no choices, as OpenAI does). It records what it was sent, and can be told to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PROMPT_TOKENS, COMPLETION_TOKENS = 1000, 500
+#: The model name the provider's replies give (dated, as OpenAI's are).
+REPLY_MODEL_SUFFIX = "-2026-01-01"
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+
+
+@dataclass
+class Provider:
+    """The server's state: what it was sent, and how it is to answer."""
+
+    key: str
+    model: str
+    url: str = ""
+    received: list[Received] = field(default_factory=list)
+    #: None: answer well; an HTTP status: answer that (an error envelope); "hang": say nothing
+    #: for `hang_s` seconds.
+    fail: int | str | None = None
+    hang_s: float = 5.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def requests(self, path: str = "/v1/chat/completions") -> list[Received]:
+        with self.lock:
+            return [r for r in self.received if r.path == path]
+
+    def paths(self) -> set[str]:
+        with self.lock:
+            return {r.path for r in self.received}
+
+
+def _lower(items: Any) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in items}
+
+
+def _error(handler: BaseHTTPRequestHandler, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+        def do_GET(self) -> None:
+            with provider.lock:
+                provider.received.append(Received(self.path, _lower(self.headers.items()), None))
+            _error(self, 404, "no such path")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            with provider.lock:
+                provider.received.append(Received(self.path, _lower(self.headers.items()), body))
+            if self.headers.get("authorization") != f"Bearer {provider.key}":
+                return _error(self, 401, "Incorrect API key provided")
+            if provider.fail == "hang":
+                time.sleep(provider.hang_s)
+                return _error(self, 504, "too late")
+            if isinstance(provider.fail, int):
+                return _error(self, provider.fail, "the provider is unwell")
+            if self.path != "/v1/chat/completions" or not isinstance(body, dict):
+                return _error(self, 404, "no such path")
+            if body.get("model") != provider.model:
+                return _error(self, 404, f"The model {body.get('model')!r} does not exist")
+            options = body.get("stream_options")
+            if options is not None and set(options) - {"include_usage"}:
+                return _error(self, 400, f"Unrecognized stream_options: {sorted(options)}")
+            if body.get("stream"):
+                return self._stream(bool(options and options.get("include_usage")))
+            reply = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": provider.model + REPLY_MODEL_SUFFIX,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
+                          "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
+            }  # fmt: skip
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _stream(self, include_usage: bool) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            head = {"id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 1,
+                    "model": provider.model + REPLY_MODEL_SUFFIX}  # fmt: skip
+            usage_field = {"usage": None} if include_usage else {}
+            for word in ("hel", "lo"):
+                chunk = {**head, "choices": [{"index": 0, "delta": {"content": word}}],
+                         **usage_field}  # fmt: skip
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            if include_usage:
+                usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
+                         "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}  # fmt: skip
+                last = {**head, "choices": [], "usage": usage}
+                self.wfile.write(b"data: " + json.dumps(last).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return None  # the router hung up on a slow reply: expected, and no one to tell
+
+
+@contextmanager
+def running_provider(key: str, model: str) -> Iterator[Provider]:
+    """A provider on a free loopback port (`Provider.url`: its base URL, `.../v1`)."""
+    provider = Provider(key, model)
+    server = _Server(("127.0.0.1", 0), _handler(provider))
+    provider.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield provider
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

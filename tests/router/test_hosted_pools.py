@@ -1,0 +1,309 @@
+"""Hosted pools against a real router process and two fake providers on loopback ports: the
+router sends the provider's key and model name (never the tenant's key), asks a stream for its
+usage the way OpenAI's API does, bills at the pool's stated price from the provider's usage,
+never scrapes a provider, logs no key, and fails over from a provider that errs or hangs,
+ejecting it. Bad hosted pools in a file stop the CLI with one line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fake_provider import COMPLETION_TOKENS, PROMPT_TOKENS, Provider, running_provider
+from polling_helpers import until
+from process_helpers import Running, start_router
+
+TENANT_KEY = "tenant-key-0123456789abcdef"
+KEYS = {"a": "sk-provider-a-secret-0123456789", "b": "sk-provider-b-secret-9876543210"}
+INPUT_USD, OUTPUT_USD = 2.0, 10.0  # per million tokens
+COST_USD = (PROMPT_TOKENS * INPUT_USD + COMPLETION_TOKENS * OUTPUT_USD) / 1e6
+TENANT = {"authorization": f"Bearer {TENANT_KEY}"}
+
+
+@dataclass
+class Hosted:
+    url: str
+    router: Running
+    providers: dict[str, Provider]
+    ledger: Path
+
+    def chat(self, **fields: Any) -> httpx.Response:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], **fields}
+        return httpx.post(self.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30)
+
+    def provider_of(self, reply: httpx.Response) -> Provider:
+        return self.providers[reply.headers["x-tiergate-pool"].removeprefix("hosted-")]
+
+
+def pool_yaml(name: str, provider: Provider, key_file: Path, timeout_s: float) -> str:
+    endpoint = (
+        f"{{url: {json.dumps(provider.url)}, model: {provider.model}, "
+        f"apiKeyFile: {json.dumps(str(key_file))}, timeoutS: {timeout_s}}}"
+    )
+    return (
+        f"  - {{name: hosted-{name}, tier: batched, model: llama-3.1-8b, servedModelName: chat, "
+        f"billing: {{inputPerMillionUsd: {INPUT_USD}, outputPerMillionUsd: {OUTPUT_USD}}}, "
+        f"endpoint: {endpoint}}}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosted]:
+    tmp = tmp_path_factory.mktemp("hosted")
+    with (
+        running_provider(KEYS["a"], "prov-model-a") as a,
+        running_provider(KEYS["b"], "prov-model-b") as b,
+    ):
+        (tmp / "tenants.yaml").write_text(
+            f"tenants:\n  - {{name: acme, apiKeys: [{TENANT_KEY}]}}\n"
+        )
+        pools = ""
+        for name, provider in (("a", a), ("b", b)):
+            key_file = tmp / f"{name}.key"
+            key_file.write_text(KEYS[name] + "\n")
+            pools += pool_yaml(name, provider, key_file, 0.5 if name == "a" else 5.0)
+        config = tmp / "router.yaml"
+        config.write_text(
+            f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}, tenantsFile: {tmp / 'tenants.yaml'},"
+            " scrapeIntervalS: 0.1}\npools:\n" + pools
+        )
+        router = start_router(config, tmp / "router.log", "--log-level", "debug")
+        try:
+            until(lambda: _ready(router.url), "the router is not ready", 60)
+            yield Hosted(router.url, router, {"a": a, "b": b}, tmp / "ledger.sqlite")
+        finally:
+            router.stop()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def billed(hosted: Hosted, request_id: str) -> tuple[int, int, float]:
+    rows: list[tuple[int, int, float]] = []
+    query = (
+        "SELECT prompt_tokens, completion_tokens, cost_usd FROM usage "
+        "WHERE request_id = ? AND outcome = 'ok'"
+    )
+
+    def written() -> bool:
+        with contextlib.closing(sqlite3.connect(hosted.ledger)) as db:
+            rows[:] = db.execute(query, (request_id,)).fetchall()
+        return bool(rows)
+
+    until(written, "the request was never billed", 30)
+    return rows[0]
+
+
+def test_the_provider_gets_its_key_and_model_and_never_the_tenants_key(hosted: Hosted) -> None:
+    reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == 200, reply.text
+    provider = hosted.provider_of(reply)
+    sent = provider.requests()[-1]
+    assert sent.headers["authorization"] == f"Bearer {provider.key}"
+    assert sent.body is not None and sent.body["model"] == provider.model
+    assert not any(TENANT_KEY in value for value in sent.headers.values()), sent.headers
+    assert not any(k.lower().startswith("x-tiergate") for k in sent.headers), sent.headers
+    assert reply.json()["model"] == "chat"  # the name the client asked for, not the provider's
+
+
+def test_a_whole_reply_is_billed_at_the_stated_price_from_the_providers_usage(
+    hosted: Hosted,
+) -> None:
+    reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == 200, reply.text
+    usage = reply.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (PROMPT_TOKENS,
+                                                                    COMPLETION_TOKENS)  # fmt: skip
+    assert usage["cost_usd"] == pytest.approx(COST_USD)
+    assert float(reply.headers["x-tiergate-cost-usd"]) == pytest.approx(COST_USD)
+    prompt, completion, cost = billed(hosted, reply.headers["x-tiergate-request-id"])
+    assert (prompt, completion) == (PROMPT_TOKENS, COMPLETION_TOKENS)
+    assert cost == pytest.approx(COST_USD)
+
+
+def test_a_stream_asks_for_usage_as_openai_does_and_is_billed_from_its_last_chunk(
+    hosted: Hosted,
+) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    with httpx.stream(
+        "POST", hosted.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
+    ) as reply:
+        assert reply.status_code == 200, reply.read()
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        request_id = reply.headers["x-tiergate-request-id"]
+        provider = hosted.provider_of(reply)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "hello"
+    assert {c["model"] for c in chunks} == {"chat"}
+    last = chunks[-1]
+    assert last["choices"] == [] and last["usage"]["cost_usd"] == pytest.approx(COST_USD)
+    sent = provider.requests()[-1].body
+    assert sent is not None and sent["stream_options"] == {"include_usage": True}
+    assert billed(hosted, request_id)[2] == pytest.approx(COST_USD)
+
+
+def test_a_stream_that_did_not_ask_for_usage_gets_none_and_is_billed_all_the_same(
+    hosted: Hosted,
+) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream(
+        "POST", hosted.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
+    ) as reply:
+        assert reply.status_code == 200, reply.read()
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        request_id = reply.headers["x-tiergate-request-id"]
+    assert all("usage" not in json.loads(e) or not json.loads(e)["usage"] for e in events[:-1])
+    assert billed(hosted, request_id)[2] == pytest.approx(COST_USD)
+
+
+def test_a_provider_is_never_scraped(hosted: Hosted) -> None:
+    reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == 200, reply.text
+    ledger_rounds = hosted.router.log_text().count("event=")  # the router has been running
+    assert ledger_rounds > 0
+    for provider in hosted.providers.values():
+        assert provider.paths() <= {"/v1/chat/completions"}, provider.paths()
+
+
+def test_a_provider_that_hangs_past_its_timeout_fails_over(hosted: Hosted) -> None:
+    a = hosted.providers["a"]
+    a.fail, a.hang_s = "hang", 3.0  # its timeout is 0.5 s
+    try:
+        before = len(a.requests())
+
+        def a_was_tried() -> bool:
+            started = time.monotonic()
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["x-tiergate-pool"] == "hosted-b"
+            assert time.monotonic() - started < 2.5  # a's timeout, not its late reply
+            return len(a.requests()) > before
+
+        until(a_was_tried, "provider a was never tried", 60)
+    finally:
+        a.fail = None
+
+
+def test_when_every_provider_fails_the_client_gets_an_openai_error(hosted: Hosted) -> None:
+    for provider in hosted.providers.values():
+        provider.fail = 502
+    try:
+        reply = hosted.chat(max_tokens=5)
+    finally:
+        for provider in hosted.providers.values():
+            provider.fail = None
+    assert reply.status_code == 503, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "upstream_unavailable" and error["type"] == "server_error"
+    assert "127.0.0.1" not in reply.text and "prov-model" not in reply.text
+
+
+def ejected(hosted: Hosted, pool: str) -> bool:
+    text = httpx.get(hosted.router.metrics_url, timeout=10).text
+    line = f'tiergate_pool_endpoints{{pool="{pool}",state="ejected",tier="batched"}} 1.0'
+    return line in text
+
+
+def test_a_provider_that_fails_is_ejected_and_its_requests_fail_over(hosted: Hosted) -> None:
+    a = hosted.providers["a"]
+    a.fail = 503
+    try:
+        before = len(a.requests())
+
+        def a_is_ejected() -> bool:
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200, reply.text  # the other provider served it
+            assert reply.headers["x-tiergate-pool"] == "hosted-b"
+            return ejected(hosted, "hosted-a")
+
+        until(a_is_ejected, "provider a was never ejected", 60)
+        assert len(a.requests()) > before
+        tried = len(a.requests())
+        for _ in range(10):  # ejected: no request goes its way
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200 and reply.headers["x-tiergate-pool"] == "hosted-b"
+        assert len(a.requests()) == tried
+    finally:
+        a.fail = None
+
+
+def test_no_key_reaches_the_log(hosted: Hosted) -> None:
+    assert hosted.chat(max_tokens=5).status_code == 200
+    log = hosted.router.log_text()
+    assert "event=" in log  # it logs, at debug level
+    for key in (*KEYS.values(), TENANT_KEY):
+        assert key not in log
+
+
+# -- bad files ---------------------------------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "tiergate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+BAD_POOLS = {
+    "no key file": (
+        "endpoint: {url: 'https://api.example.com/v1', model: m, apiKeyFile: KEY}, "
+        "billing: {outputPerMillionUsd: 1}",
+        "endpoint.apiKeyFile: cannot read the key file",
+    ),
+    "no billing": (
+        "endpoint: {url: 'https://api.example.com/v1', model: m, apiKeyFile: KEY}",
+        "needs spec.billing.outputPerMillionUsd",
+    ),
+    "no key at all": (
+        "endpoint: {url: 'https://api.example.com/v1', model: m}, "
+        "billing: {outputPerMillionUsd: 1}",
+        "endpoint.apiKeyFile is required",
+    ),
+    "a Secret in a file": (
+        "endpoint: {url: 'https://api.example.com/v1', model: m, "
+        "apiKeySecretRef: {name: s, key: k}}, billing: {outputPerMillionUsd: 1}",
+        "a router file gives endpoint.apiKeyFile",
+    ),
+    "an accelerator too": (
+        "accelerator: h100-sxm, endpoint: {url: 'https://api.example.com/v1', model: m, "
+        "apiKeyFile: KEY}, billing: {outputPerMillionUsd: 1}",
+        "spec.accelerator describes the pool's pods or hardware",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["router", "up"])
+@pytest.mark.parametrize("case", list(BAD_POOLS))
+def test_a_bad_hosted_pool_stops_the_cli_with_one_line(
+    tmp_path: Path, command: str, case: str
+) -> None:
+    fields, expected = BAD_POOLS[case]
+    fields = fields.replace("KEY", str(tmp_path / "missing.key"))
+    config = tmp_path / "pools.yaml"
+    config.write_text(
+        f"router: {{ledgerPath: {tmp_path / 'ledger.sqlite'}}}\n"
+        f"pools:\n  - {{name: h, tier: batched, model: llama-3.1-8b, {fields}}}\n"
+    )
+    done = run_cli(command, "--config", str(config), "--port", "0", "--metrics-port", "0")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], done.stderr
