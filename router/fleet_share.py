@@ -22,11 +22,11 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
-from tiergate.router.background import LoopService
+from tiergate.router.base.background import LoopService
+from tiergate.router.base.tiers import Tier
 from tiergate.router.fleet_allotment import Claim, HolderSlots, allot
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import LedgerError
-from tiergate.router.request.tiers import Tier
 from tiergate.router.tenants.fleet_budgets import holder_id
 from tiergate.router.tier_queue import FleetSlots, TierQueue
 

@@ -17,12 +17,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from tiergate.router.admission import Admission, AdmissionEvents, Saturation
-from tiergate.router.config import RouterSettings
-from tiergate.router.discovery.hosted import HostedApi
-from tiergate.router.discovery.state import RequestContext
-from tiergate.router.discovery.view import PoolView, RoutedPool
-from tiergate.router.exchange import Exchange
-from tiergate.router.http.asgi import (
+from tiergate.router.base.asgi import (
     ClientGone,
     Receive,
     Scope,
@@ -31,7 +26,13 @@ from tiergate.router.http.asgi import (
     read_body,
     send_error,
 )
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import Tier, TierChoice, openai_service_tier
+from tiergate.router.config import RouterSettings
+from tiergate.router.discovery.hosted import HostedApi
+from tiergate.router.discovery.state import RequestContext
+from tiergate.router.discovery.view import PoolView, RoutedPool
+from tiergate.router.exchange import Exchange
 from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.ledger.accounting import Accountant, ledger_unavailable
 from tiergate.router.ledger.store import LedgerStore
@@ -55,7 +56,6 @@ from tiergate.router.request.tier_choice import (
     most_it_may_cost,
     tiers_to_try,
 )
-from tiergate.router.request.tiers import Tier, TierChoice, openai_service_tier
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry

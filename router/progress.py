@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.discovery.view import RoutedPool
 from tiergate.router.ledger.entry import LedgerEntry
 from tiergate.router.ledger.records import Outcome
-from tiergate.router.request.tiers import Tier
 
 
 @dataclass

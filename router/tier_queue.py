@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from tiergate.router.request.tiers import Priority, Tier
+from tiergate.router.base.tiers import Priority, Tier
 
 __all__ = [
     "AdmissionOrder",

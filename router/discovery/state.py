@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.discovery.hosted import HostedApi
-from tiergate.router.request.tiers import Tier
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tiergate.operator.api import predict
+from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.config import ConfigError, PoolSpec, RouterConfig, load_config
 from tiergate.router.discovery.file_watch import WatchedFile, watch
 from tiergate.router.discovery.hosted import (
@@ -34,7 +35,6 @@ from tiergate.router.discovery.hosted import (
     SecretKeys,
 )
 from tiergate.router.discovery.state import CandidateSet, EndpointState
-from tiergate.router.request.tiers import TIERS, Tier
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError, ModelProfile
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
 

@@ -15,8 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from tiergate.router.handler import Router
-from tiergate.router.http.asgi import (
+from tiergate.router.base.asgi import (
     Message,
     Receive,
     Scope,
@@ -25,7 +24,8 @@ from tiergate.router.http.asgi import (
     send_error,
     send_json,
 )
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
+from tiergate.router.handler import Router
 from tiergate.router.http.metrics_app import MetricsApp
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.ledger.records import LedgerError

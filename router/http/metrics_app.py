@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from tiergate.router.http.asgi import Receive, Scope, Send, send_bytes, send_error
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.asgi import Receive, Scope, Send, send_bytes, send_error
+from tiergate.router.base.errors import RouterError
 from tiergate.router.http.metrics import CONTENT_TYPE
 
 __all__ = ["METRICS_PATH", "MetricsApp"]

@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from tiergate.router.background import LoopService
+from tiergate.router.base.background import LoopService
 from tiergate.router.http.gc_pauses import BUCKETS_S, GcPauses
 from tiergate.router.http.gc_pauses import HELP as GC_HELP
 

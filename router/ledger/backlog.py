@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tiergate.router.background import LoopService
+from tiergate.router.base.background import LoopService
 from tiergate.router.ledger.sqlite import Ledger
 
 __all__ = ["LedgerBacklogWriter"]

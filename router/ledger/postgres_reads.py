@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import asyncpg
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.ledger.entry import LedgerEntry
 from tiergate.router.ledger.postgres_connect import reason
 from tiergate.router.ledger.records import (
@@ -23,7 +24,6 @@ from tiergate.router.ledger.records import (
     utc_day,
 )
 from tiergate.router.ledger.sqlite_schema import totals_delta
-from tiergate.router.request.tiers import Tier
 
 __all__ = ["PostgresReads"]
 

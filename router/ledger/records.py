@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tiergate.router.request.tiers import Tier
+from tiergate.router.base.tiers import Tier
 
 __all__ = [
     "MAX_DAY",

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from tiergate.router.background import LoopService
+from tiergate.router.base.background import LoopService
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.ledger.sqlite import Ledger
 from tiergate.router.ledger.store import LedgerStore

@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Protocol
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.ledger.records import (
     MAX_DAY,
     LedgerError,
@@ -17,7 +18,6 @@ from tiergate.router.ledger.records import (
     utc_day,
 )
 from tiergate.router.ledger.sqlite_schema import totals_delta
-from tiergate.router.request.tiers import Tier
 
 __all__ = ["SqliteReads", "prune", "spend_in_days", "tenant_totals", "used_bytes"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from tiergate.router.base.tiers import TIERS
 from tiergate.router.ledger.store import LedgerStore
-from tiergate.router.request.tiers import TIERS
 from tiergate.router.tenants.guards import Budgets
 from tiergate.router.tenants.registry import Tenant
 

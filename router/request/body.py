@@ -5,7 +5,7 @@ that the body is a JSON object with messages or a prompt). Everything else is th
 node's to validate; unknown fields are passed through, as OpenAI ignores them.
 
 Bodies are read with orjson, faster than the standard library's json
-(router/request/jsonbytes.py). It is strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an
+(router/base/jsonbytes.py). It is strict where JSON (RFC 8259) is: `NaN`, `Infinity` and an
 unpaired surrogate escape are refused with a 400, which Python's `json` would let through (a
 UTF-8 byte-order mark is dropped, as `json.loads(bytes)` skips it). Integers beyond 64 bits are
 read as floats. The node receives the client's own bytes, with `stream_options` appended to a
@@ -30,8 +30,8 @@ from typing import Any, Final
 
 import orjson
 
-from tiergate.router.http.errors import RouterError
-from tiergate.router.request.jsonbytes import dumps
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.jsonbytes import dumps
 from tiergate.sim_nodes.server.nesting import MAX_BODY_NESTING, body_too_deep
 
 TOO_DEEP = f"the request body nests arrays or objects more than {MAX_BODY_NESTING} levels deep"

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tiergate.router.admission import Admission
+from tiergate.router.base.tiers import Priority, Tier
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
 from tiergate.router.request.body import CompletionRequest
-from tiergate.router.request.tiers import Priority, Tier
 from tiergate.router.tenants.registry import Tenant
 from tiergate.router.tenants.spill_policy import SpillPolicy, parse_spill_headers
 

@@ -3,11 +3,11 @@ the most it may cost there (its budget hold)."""
 
 from __future__ import annotations
 
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import Tier, TierChoice, resolve_tier
 from tiergate.router.discovery.view import PoolView
-from tiergate.router.http.errors import RouterError
 from tiergate.router.request.body import CompletionRequest
 from tiergate.router.request.cascade import CascadePlan
-from tiergate.router.request.tiers import Tier, TierChoice, resolve_tier
 from tiergate.router.tenants.registry import Tenant, authorize_tier
 
 __all__ = ["budget_cap", "choose_tier", "most_it_may_cost", "tiers_to_try"]

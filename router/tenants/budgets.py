@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.ledger.sqlite import Ledger, utc_day
 from tiergate.router.tenants.registry import BudgetPeriod, Tenant
 

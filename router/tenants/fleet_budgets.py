@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tiergate.router.background import LoopService
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.background import LoopService
+from tiergate.router.base.errors import RouterError
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import MAX_DAY, LedgerError, utc_day
 from tiergate.router.tenants.budgets import BudgetStatus, budget_refusal, period_bounds

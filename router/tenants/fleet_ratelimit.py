@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from tiergate.router.background import LoopService
+from tiergate.router.base.background import LoopService
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.tenants.ratelimit import RateLimiter, rate_limited

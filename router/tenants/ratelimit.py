@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.tenants.registry import Tenant
 
 __all__ = ["RateLimiter", "rate_limited"]

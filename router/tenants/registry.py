@@ -40,8 +40,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from tiergate.router.http.errors import RouterError
-from tiergate.router.request.tiers import TIERS, Tier
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.tenants.spill_policy import NO_SPILL, SpillOverSpec, SpillPolicy
 from tiergate.sim_nodes.validation import field_path
 

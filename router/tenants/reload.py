@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from tiergate.router.background import LoopService
+from tiergate.router.base.background import LoopService
 from tiergate.router.discovery.file_watch import WatchedFile, watch
 from tiergate.router.tenants.registry import (
     SECRET_FILE_NAME,

@@ -24,8 +24,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from tiergate.router.http.errors import RouterError
-from tiergate.router.request.tiers import TIERS, Tier
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import TIERS, Tier
 
 __all__ = [
     "SPILL_PRICE_HEADER",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from tiergate.router.http.asgi import ClientGone, Receive
+from tiergate.router.base.asgi import ClientGone, Receive
 
 #: How long a request runs before its client is watched.
 WATCH_AFTER_S = 0.05

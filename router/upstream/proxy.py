@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import aiohttp
 from yarl import URL
 
+from tiergate.router.base.errors import RouterError
 from tiergate.router.discovery.hosted import HostedApi, KeyUnavailable
 from tiergate.router.discovery.state import EndpointState
-from tiergate.router.http.errors import RouterError
 
 log = logging.getLogger("tiergate.router")
 

@@ -21,14 +21,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tiergate.router.base.asgi import Receive, Send, encode_headers, send_bytes
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.jsonbytes import dumps as json_bytes
+from tiergate.router.base.jsonbytes import loads_reply
 from tiergate.router.discovery.view import RoutedPool
-from tiergate.router.http.asgi import Receive, Send, encode_headers, send_bytes
-from tiergate.router.http.errors import RouterError
 from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.progress import Progress
 from tiergate.router.request.body import CompletionRequest
-from tiergate.router.request.jsonbytes import dumps as json_bytes
-from tiergate.router.request.jsonbytes import loads_reply
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, UpstreamError
 from tiergate.router.upstream.sse import DONE, StreamRewriter, usage_tokens

@@ -1,7 +1,7 @@
 """Rewriting an upstream SSE stream for the client, event by event, without buffering.
 
 Every `data: {...}` chunk gets the `service_tier` that served it (in OpenAI's vocabulary:
-router/request/tiers.py `openai_service_tier`), inserted as bytes rather than by re-encoding
+router/base/tiers.py `openai_service_tier`), inserted as bytes rather than by re-encoding
 the JSON: a busy router relays thousands of chunks a second.
 
 The router asks the node for the usage on every chunk (vLLM's `continuous_usage_stats`): the

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.discovery.state import EndpointState, RequestContext
-from tiergate.router.request.tiers import Tier
 
 MODEL = "llama-3.1-8b"
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from tenant_router_helpers import KEY, tenant_router
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.ledger.sqlite import Ledger, UsageRecord
 from tiergate.router.tenants.budgets import BudgetGuard, period_bounds
 from tiergate.router.tenants.registry import ANONYMOUS, BudgetPeriod, Tenant

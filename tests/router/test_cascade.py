@@ -16,10 +16,11 @@ import httpx
 import pytest
 from polling_helpers import until
 
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import TIERS
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.view import StaticSource, build_view
-from tiergate.router.http.errors import RouterError
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.ledger.sqlite import LedgerError, UsageRecord
 from tiergate.router.request.body import parse_completion
@@ -30,7 +31,6 @@ from tiergate.router.request.cascade import (
     cascade_plan,
     parse_cascade,
 )
-from tiergate.router.request.tiers import TIERS
 from tiergate.router.request.tool_calls import tool_call_problem
 from tiergate.router.tenants.registry import ANONYMOUS
 from tiergate.sim_nodes.catalogs import default_catalog

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tiergate.router.http.asgi import ClientGone
+from tiergate.router.base.asgi import ClientGone
 from tiergate.router.upstream.disconnect import DisconnectGuard
 
 

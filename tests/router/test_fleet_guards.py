@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from private_ledger import private_ledger
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.ledger.records import UsageRecord
 from tiergate.router.ledger.sqlite import Ledger

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 from private_ledger import private_ledger
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.fleet_share import FleetShare
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
-from tiergate.router.request.tiers import Tier
 from tiergate.router.tier_queue import Grant, TierQueue
 
 SLOTS = 8

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tiergate.router.request.jsonbytes import dumps, loads_reply
+from tiergate.router.base.jsonbytes import dumps, loads_reply
 
 
 def test_nesting_orjson_will_not_write_is_written_by_json() -> None:

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import resolve_tier
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.request.body import parse_completion, upstream_body
-from tiergate.router.request.tiers import resolve_tier
 
 SCHEMA = schemathesis.openapi.from_dict(openapi_document())
 ENDPOINTS = [("/v1/chat/completions", True), ("/v1/completions", False)]

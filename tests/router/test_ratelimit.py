@@ -2,7 +2,7 @@
 
 import pytest
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.tenants.ratelimit import RateLimiter
 from tiergate.router.tenants.registry import ANONYMOUS, Tenant
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.request.body import parse_completion, upstream_body
 
 

@@ -12,12 +12,12 @@ from contextlib import asynccontextmanager
 import pytest
 
 from tiergate.router.admission import Admission, Grant, Saturation
+from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.view import PoolView, build_view
 from tiergate.router.policy.latency import LatencyPredictor
 from tiergate.router.request.body import CompletionRequest, parse_completion
 from tiergate.router.request.spill import Spill, choose_spill, spill_targets
-from tiergate.router.request.tiers import TIERS, Tier
 from tiergate.router.tenants.spill_policy import SpillPolicy
 from tiergate.sim_nodes.catalogs import default_catalog
 

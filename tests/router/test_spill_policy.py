@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tiergate.router.http.errors import RouterError
-from tiergate.router.request.tiers import TIERS, Tier
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.tenants.spill_policy import (
     SPILL_PRICE_HEADER,
     SPILL_TO_HEADER,

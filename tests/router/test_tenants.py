@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.router.tenants.registry import (
     ANONYMOUS,
     TenantConfigError,

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from tiergate.router.request.tiers import Priority
+from tiergate.router.base.tiers import Priority
 from tiergate.router.tier_queue import AdmissionOrder, Grant, Shed, TenantQueueFull, TierQueue
 
 TOKENS = 100

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from tiergate.router.http.errors import RouterError
-from tiergate.router.request.tiers import Priority, Tier, openai_service_tier, resolve_tier
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import Priority, Tier, openai_service_tier, resolve_tier
 
 BOTH = ("batched", "premium")
 

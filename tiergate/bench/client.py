@@ -28,7 +28,7 @@ from jsonschema import Draft202012Validator
 
 from tiergate.bench.results import RequestResult
 from tiergate.bench.workload import TOOL_NAME, TOOL_SCHEMA, PlannedRequest, Workload
-from tiergate.router.request.tiers import TIER_HEADER, TIERS
+from tiergate.router.base.tiers import TIER_HEADER, TIERS
 
 __all__ = [
     "COST_HEADER",

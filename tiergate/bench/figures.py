@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from tiergate.router.request.tiers import TIERS
+from tiergate.router.base.tiers import TIERS
 
 __all__ = ["in_tier_order", "ms", "percentile"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiergate.bench.errors import BenchError
-from tiergate.router.request.tiers import TIERS
+from tiergate.router.base.tiers import TIERS
 from tiergate.sim_nodes.tiers import DEFINITIONS
 
 __all__ = [

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from tiergate.router.http.errors import RouterError
-from tiergate.router.request.jsonbytes import dumps
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.jsonbytes import dumps
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

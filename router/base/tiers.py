@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tiergate.router.http.errors import RouterError
+from tiergate.router.base.errors import RouterError
 from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS, TIERS, Priority, Tier
 
 __all__ = [
