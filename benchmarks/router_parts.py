@@ -38,8 +38,8 @@ import uvloop
 
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.scraper import MetricsFetcher
-from tiergate.router.discovery.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.discovery.view import build_view
+from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.policy import default_policy
 from tiergate.router.policy.pipeline import Pipeline
 from tiergate.router.upstream.disconnect import DisconnectGuard

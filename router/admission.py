@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.tiers import TIERS, Priority, Tier
-from tiergate.router.discovery.state import EndpointState
 from tiergate.router.discovery.view import PoolView
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.tenants.registry import Tenant
 from tiergate.router.tier_queue import AdmissionOrder, Grant, Shed, TenantQueueFull, TierQueue
 

@@ -12,8 +12,8 @@ from tiergate.router.config import RouterConfig, load_config
 from tiergate.router.discovery.kube import KubeSource
 from tiergate.router.discovery.outliers import OutlierDetector
 from tiergate.router.discovery.scraper import MetricsFetcher, Scraper
-from tiergate.router.discovery.state import EndpointState
 from tiergate.router.discovery.view import FileSource, PoolSource, PoolView
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.fleet_share import FleetShare
 from tiergate.router.handler import Router
 from tiergate.router.http.app import RouterApp, Service
@@ -181,6 +181,7 @@ def build_app(
         synced=lambda: source.synced,
         ready_needs_endpoints=source.ready_needs_endpoints,
         connections=connections,
+        metrics=metrics,
     )
 
 

@@ -27,18 +27,16 @@ from tiergate.router.base.asgi import (
     send_error,
 )
 from tiergate.router.base.errors import RouterError
+from tiergate.router.base.metrics import RequestMetrics
 from tiergate.router.base.tiers import Tier, TierChoice, openai_service_tier
 from tiergate.router.config import RouterSettings
-from tiergate.router.discovery.hosted import HostedApi
-from tiergate.router.discovery.state import RequestContext
 from tiergate.router.discovery.view import PoolView, RoutedPool
-from tiergate.router.exchange import Exchange
-from tiergate.router.http.metrics import RouterMetrics
-from tiergate.router.ledger.accounting import Accountant, ledger_unavailable
+from tiergate.router.endpoints.hosted import HostedApi
+from tiergate.router.endpoints.state import RequestContext
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from tiergate.router.policy.latency import LatencyPredictor
-from tiergate.router.progress import Progress
+from tiergate.router.request.accounting import Accountant, ledger_unavailable
 from tiergate.router.request.body import (
     CompletionRequest,
     cap_output,
@@ -48,7 +46,16 @@ from tiergate.router.request.body import (
     upstream_body,
 )
 from tiergate.router.request.cascade import cascade_plan, serve_first_tier
+from tiergate.router.request.exchange import Exchange
 from tiergate.router.request.ids import new_request_id
+from tiergate.router.request.progress import Progress
+from tiergate.router.request.relay import (
+    FirstToken,
+    bad_reply,
+    first_token,
+    relay_stream,
+    relay_whole,
+)
 from tiergate.router.request.spill import spill_over
 from tiergate.router.request.tier_choice import (
     budget_cap,
@@ -61,13 +68,6 @@ from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
-from tiergate.router.upstream.relay import (
-    FirstToken,
-    bad_reply,
-    first_token,
-    relay_stream,
-    relay_whole,
-)
 from tiergate.sim_nodes.perf import Deployment
 
 log = logging.getLogger("tiergate.router")
@@ -88,7 +88,7 @@ class Router:
     budgets: Budgets
     ledger: LedgerStore
     upstream: Upstream
-    metrics: RouterMetrics
+    metrics: RequestMetrics
     settings: RouterSettings
     #: The routing policy now (a reloaded file's is applied with its view).
     policy: Callable[[], PolicyConfig]

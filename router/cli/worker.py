@@ -67,7 +67,7 @@ def serve_worker(args: argparse.Namespace, on_started: Callable[[], None]) -> in
     sock, metrics_sock = addresses.bind(shared_port_socket)
     try:
         app = build(config, source, cap)
-        app.services.append(app.router.metrics.share(Path(metrics_dir), restarted=args.restarted))
+        app.services.append(app.metrics.share(Path(metrics_dir), restarted=args.restarted))
         sock.listen(LISTEN_BACKLOG)
         metrics_sock.listen(LISTEN_BACKLOG)
         ok = run_router(app, sock, metrics_sock, args.log_level, on_started)

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tiergate.router.config import ConfigError, PoolSpec
-from tiergate.router.discovery.hosted import SecretKeys
 from tiergate.router.discovery.kube_state import (
     RESOURCES,
     ClusterState,
@@ -40,6 +39,7 @@ from tiergate.router.discovery.kube_state import (
 )
 from tiergate.router.discovery.kube_watch import SERVER_TIMEOUT_S, Backoff, KubeApi, ResourceWatcher
 from tiergate.router.discovery.view import PoolView, build_view
+from tiergate.router.endpoints.hosted import SecretKeys
 from tiergate.sim_nodes.catalogs import Catalog
 
 log = logging.getLogger("tiergate.router.kube")

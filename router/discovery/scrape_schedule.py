@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 
 __all__ = ["ScrapeSchedule", "ScrapeTick"]
 

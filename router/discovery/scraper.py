@@ -31,7 +31,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tiergate.router.discovery.scrape_schedule import ScrapeSchedule
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 
 __all__ = [
     "EndpointMetrics",

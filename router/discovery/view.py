@@ -26,7 +26,7 @@ from tiergate.operator.api import predict
 from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.config import ConfigError, PoolSpec, RouterConfig, load_config
 from tiergate.router.discovery.file_watch import WatchedFile, watch
-from tiergate.router.discovery.hosted import (
+from tiergate.router.endpoints.hosted import (
     ApiKey,
     FileKey,
     HostedApi,
@@ -34,7 +34,7 @@ from tiergate.router.discovery.hosted import (
     SecretKey,
     SecretKeys,
 )
-from tiergate.router.discovery.state import CandidateSet, EndpointState
+from tiergate.router.endpoints.state import CandidateSet, EndpointState
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError, ModelProfile
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, PerfResult, ProfileSource
 

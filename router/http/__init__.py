@@ -1,1 +1,2 @@
-"""The HTTP face: the ASGI app, its routes, the OpenAPI document, metrics and the error envelope."""
+"""The HTTP face: the ASGI app, its routes (the usage API among them), the OpenAPI document and
+metrics."""

@@ -26,10 +26,11 @@ from tiergate.router.base.asgi import (
 )
 from tiergate.router.base.errors import RouterError
 from tiergate.router.handler import Router
+from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.http.metrics_app import MetricsApp
 from tiergate.router.http.openapi import openapi_document
+from tiergate.router.http.usage import usage_response
 from tiergate.router.ledger.records import LedgerError
-from tiergate.router.ledger.usage import usage_response
 from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
 
 log = logging.getLogger("tiergate.router")
@@ -56,8 +57,11 @@ class RouterApp:
         synced: Callable[[], bool] = lambda: True,
         ready_needs_endpoints: bool = True,
         connections: ConnectionGate | None = None,
+        metrics: RouterMetrics,
     ) -> None:
         self.router = router
+        # The same object as the router's (which sees only what its stages report).
+        self.metrics = metrics
         # Its clients' connections, as the server that serves the app limits and counts them.
         self.connections = connections or ConnectionGate(ConnectionLimits(), log)
         self.ready_needs_endpoints = ready_needs_endpoints
@@ -67,7 +71,7 @@ class RouterApp:
         # would make a load balancer send requests that could only get 503 or 404.
         self.synced = synced
         # The metrics port's app: the same router's metrics, served apart from tenants.
-        self.metrics_app = MetricsApp(router.metrics)
+        self.metrics_app = MetricsApp(metrics)
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -129,7 +133,7 @@ class RouterApp:
         try:
             await handler(scope, receive, tracking_send)
         except Exception:
-            self.router.metrics.internal_errors.inc()
+            self.metrics.internal_errors.inc()
             log.exception("event=internal_error path=%s", scope["path"])
             if not started:
                 error = RouterError(500, "internal router error", type="server_error",
@@ -137,7 +141,7 @@ class RouterApp:
                 await send_error(send, error)
 
     async def start(self) -> None:
-        self.router.metrics.gc_pauses.install()
+        self.metrics.gc_pauses.install()
         for service in self.services:
             started = service.start()
             if started is not None:
@@ -152,7 +156,7 @@ class RouterApp:
                 await stopped
         await self.router.upstream.aclose()
         self.router.ledger.close()
-        self.router.metrics.gc_pauses.uninstall()
+        self.metrics.gc_pauses.uninstall()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -1,3 +1,3 @@
-"""What each request cost: the usage ledger, its backlog and retention, the usage API and the
-accounting that writes it.
+"""What each request cost: the usage ledger (SQLite for one process, PostgreSQL shared), its
+backlog, spool and retention.
 """

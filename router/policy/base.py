@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.sim_nodes.perf import Deployment
 
 __all__ = [

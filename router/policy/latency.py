@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.sim_nodes.perf import Deployment, step_terms
 
 __all__ = ["LatencyEstimate", "LatencyPredictor", "endpoint_load"]

@@ -13,7 +13,7 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from typing import cast
 
-from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.router.policy.base import Filter, Picker, PluginContext, Sampler, Scorer
 from tiergate.router.policy.config import PolicyConfig
 from tiergate.router.policy.registry import build_plugin

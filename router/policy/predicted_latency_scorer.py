@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.router.policy.base import Parameters, PluginContext, Scorer
 from tiergate.router.policy.latency import LatencyPredictor
 from tiergate.router.policy.registry import register

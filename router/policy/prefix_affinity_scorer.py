@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 
 from pydantic import Field
 
-from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.router.policy.base import Parameters, PluginContext, Scorer
 from tiergate.router.policy.registry import register
 

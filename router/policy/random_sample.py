@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 
 from pydantic import Field
 
-from tiergate.router.discovery.state import CandidateSet, EndpointState, RequestContext
+from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.policy.base import Parameters, PluginContext, Sampler
 from tiergate.router.policy.registry import register
 

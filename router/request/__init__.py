@@ -1,1 +1,3 @@
-"""A request's stages before routing: reading its body, its tier, its cascade."""
+"""The request path's stages and what they share: the exchange and its progress, reading the
+body, choosing the tier, spill-over, the cascade (and its tool-call check), relaying the reply
+and accounting for it. router/handler.py runs them in order."""

@@ -20,18 +20,18 @@ from typing import Any, Protocol
 from tiergate.router.admission import Admission
 from tiergate.router.base.asgi import encode_headers, send_bytes
 from tiergate.router.base.errors import RouterError
+from tiergate.router.base.metrics import CascadeMetrics
 from tiergate.router.base.tiers import TIERS, Tier, TierChoice, openai_service_tier
 from tiergate.router.discovery.view import PoolView, RoutedPool
-from tiergate.router.exchange import Exchange
-from tiergate.router.http.metrics import RouterMetrics
-from tiergate.router.ledger.accounting import Accountant
 from tiergate.router.policy import Pipeline
-from tiergate.router.progress import Progress
+from tiergate.router.request.accounting import Accountant
 from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.exchange import Exchange
+from tiergate.router.request.progress import Progress
+from tiergate.router.request.relay import bad_reply, bill
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
 from tiergate.router.upstream.proxy import Opened, UpstreamError
-from tiergate.router.upstream.relay import bad_reply, bill
 
 log = logging.getLogger("tiergate.router")
 
@@ -158,8 +158,10 @@ class CascadeStages(Protocol):
 
     accountant: Accountant
     admission: Admission
-    metrics: RouterMetrics
     tool_checker: ToolCallChecker
+
+    @property
+    def metrics(self) -> CascadeMetrics: ...
 
     async def open(
         self,

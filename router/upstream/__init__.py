@@ -1,3 +1,3 @@
-"""The serving node's side: one shared connection pool with retries, relaying a reply, whole or
-streamed, and a client that leaves.
+"""The serving node's side: one shared connection pool with retries, reading a stream's events,
+and a client that leaves.
 """

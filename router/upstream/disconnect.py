@@ -5,7 +5,7 @@ is not streamed, for the node's whole reply. A client that gives up meanwhile (a
 retry) leaves nothing to serve, yet without this the router would keep its place in the queue
 and the node would decode the whole reply for nobody: under overload every client retry adds
 abandoned work that live requests wait behind. (Streams watch for themselves once they start:
-router/upstream/relay.py.)
+router/request/relay.py.)
 
 The request's task reads `http.disconnect` off the ASGI `receive` channel (the body has been
 read by then, so nothing else arrives on it). Watching costs a task, so it starts only once

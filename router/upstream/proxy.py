@@ -33,8 +33,8 @@ import aiohttp
 from yarl import URL
 
 from tiergate.router.base.errors import RouterError
-from tiergate.router.discovery.hosted import HostedApi, KeyUnavailable
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.hosted import HostedApi, KeyUnavailable
+from tiergate.router.endpoints.state import EndpointState
 
 log = logging.getLogger("tiergate.router")
 

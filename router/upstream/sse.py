@@ -165,7 +165,7 @@ class StreamRewriter:
                 self.cost_usd = self._cost_of(*self.counts)
                 self.usage, self.chunks_since_usage = usage, 0
             except ValueError:
-                usage = None  # billed as a stream without usage (router/upstream/relay.py `tally`)
+                usage = None  # billed as a stream without usage (router/request/relay.py `tally`)
         if not self._include_usage:
             return b""  # the client did not ask for usage: the usage-only chunk goes
         if isinstance(usage, dict):

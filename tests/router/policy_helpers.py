@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tiergate.router.base.tiers import Tier
-from tiergate.router.discovery.state import EndpointState, RequestContext
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 
 MODEL = "llama-3.1-8b"
 

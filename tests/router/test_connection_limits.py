@@ -43,7 +43,7 @@ def envelope(reply: bytes) -> dict[str, Any]:
 
 
 def metric(app: RouterApp, sample: str) -> float:
-    for line in app.router.metrics.exposition().decode().splitlines():
+    for line in app.metrics.exposition().decode().splitlines():
         if line.startswith(sample + " "):
             return float(line.rpartition(" ")[2])
     raise AssertionError(f"no sample {sample}")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kube_helpers import ReplayApi, eventually, kube_source, recorded
 
-from tiergate.router.discovery.hosted import KeyUnavailable
 from tiergate.router.discovery.kube import KubeSource
 from tiergate.router.discovery.kube_state import INFERENCE_POOLS as POOLS
 from tiergate.router.discovery.kube_state import PODS, KubeApiError
+from tiergate.router.endpoints.hosted import KeyUnavailable
 
 SECRET_VALUE = "sk-hosted-secret-0123456789"
 HOSTED_SPEC = {

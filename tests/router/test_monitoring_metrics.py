@@ -69,7 +69,7 @@ def test_every_pool_lists_every_state_zeros_included(tmp_path: Path) -> None:
     app = build_app(config, StaticSource(view))
     endpoint = view.endpoints()[0]
     endpoint.scrape_failures = 1
-    text = app.router.metrics.exposition().decode()
+    text = app.metrics.exposition().decode()
     found = samples(text, "tiergate_pool_endpoints")
     states = {(dict(k)["pool"], dict(k)["state"]): v for k, v in found.items()}
     assert states == {
@@ -77,7 +77,7 @@ def test_every_pool_lists_every_state_zeros_included(tmp_path: Path) -> None:
         ("empty", "ready"): 0, ("empty", "ejected"): 0, ("empty", "unreachable"): 0,
     }  # fmt: skip
     endpoint.scrape_failures = 0
-    found = samples(app.router.metrics.exposition().decode(), "tiergate_pool_endpoints")
+    found = samples(app.metrics.exposition().decode(), "tiergate_pool_endpoints")
     assert found[(("pool", "alive"), ("state", "ready"), ("tier", "batched"))] == 1
 
 
@@ -85,7 +85,7 @@ def test_shed_and_spill_series_exist_at_zero_before_their_first_event(tmp_path: 
     """rate() and increase() need a sample before an event to count it."""
     config = parse_config(f"router: {{ledgerPath: {tmp_path / 'ledger.sqlite'}}}\npools: []", "t")
     app = build_app(config, StaticSource(build_view([], default_catalog())))
-    text = app.router.metrics.exposition().decode()
+    text = app.metrics.exposition().decode()
     shed = samples(text, "tiergate_shed_total")
     assert len(shed) == 9 and set(shed.values()) == {0.0}  # 3 tiers x 3 priorities
     spills = samples(text, "tiergate_spills_total")

@@ -4,7 +4,7 @@ import pytest
 from policy_helpers import endpoint, endpoints
 
 from tiergate.router.discovery.outliers import OutlierDetector
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 
 
 def fail(detector: OutlierDetector, ep: EndpointState, times: int, now_s: float) -> list[bool]:

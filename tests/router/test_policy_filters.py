@@ -2,7 +2,7 @@
 
 from policy_helpers import MODEL, endpoint, endpoints, request
 
-from tiergate.router.discovery.state import CandidateSet
+from tiergate.router.endpoints.state import CandidateSet
 from tiergate.router.policy import NoParameters, PluginContext
 from tiergate.router.policy.ejected_filter import EjectedFilter
 from tiergate.router.policy.model_filter import ModelFilter

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from policy_helpers import MODEL, endpoint, endpoints, request
 
-from tiergate.router.discovery.state import CandidateSet, EndpointState, RequestContext
+from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.policy import (
     NoParameters,
     Pipeline,

@@ -8,7 +8,7 @@ import pytest
 from policy_helpers import MODEL, endpoint, endpoints, request
 from pydantic import ValidationError
 
-from tiergate.router.discovery.state import CandidateSet
+from tiergate.router.endpoints.state import CandidateSet
 from tiergate.router.policy import PluginContext, PolicyConfig
 from tiergate.router.policy.random_sample import RandomSample, RandomSampleParameters
 

@@ -16,8 +16,8 @@ from policy_helpers import request
 
 from tiergate.router.admission import Saturation
 from tiergate.router.config import parse_config
-from tiergate.router.discovery.state import EndpointState, RequestContext
 from tiergate.router.discovery.view import PoolView, build_view
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.router.policy import Pipeline, default_policy, prefix_hashes
 from tiergate.sim_nodes.catalogs import default_catalog
 

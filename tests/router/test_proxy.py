@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tiergate.router.base.errors import RouterError
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.upstream.proxy import REQUEST_ID_HEADER as REQUEST_ID
 from tiergate.router.upstream.proxy import Upstream
 

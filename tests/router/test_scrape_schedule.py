@@ -10,7 +10,7 @@ import pytest
 from policy_helpers import endpoint
 
 from tiergate.router.discovery.scrape_schedule import ScrapeSchedule, ScrapeTick
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 
 INTERVAL_S = 0.5
 MAX_SCRAPES_PER_S = 50.0

@@ -24,7 +24,7 @@ from tiergate.router.discovery.scraper import (
     ScrapeRound,
     parse_vllm_metrics,
 )
-from tiergate.router.discovery.state import EndpointState
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 

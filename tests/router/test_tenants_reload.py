@@ -103,6 +103,6 @@ def test_a_router_with_a_pools_file_and_a_tenants_file_counts_the_reloads_of_bot
         "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]\n"
     )
     config, source = file_source(path, default_catalog())
-    text = build_app(config, source).router.metrics.exposition().decode()
+    text = build_app(config, source).metrics.exposition().decode()
     for name in ("pools", "tenants"):
         assert f'tiergate_config_reloads_total{{config="{name}",result="applied"}} 0.0' in text

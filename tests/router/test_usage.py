@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from tiergate.router.base.tiers import Tier
+from tiergate.router.http.usage import usage_response
 from tiergate.router.ledger.sqlite import Ledger, UsageRecord
-from tiergate.router.ledger.usage import usage_response
 from tiergate.router.tenants.budgets import BudgetGuard
 from tiergate.router.tenants.registry import Tenant
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from tiergate.router.base.asgi import Receive, Send
 from tiergate.router.base.tiers import TierChoice
-from tiergate.router.progress import Progress
 from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.progress import Progress
 from tiergate.router.request.spill import Spill
 from tiergate.router.tenants.registry import Tenant
 from tiergate.router.upstream.disconnect import DisconnectGuard

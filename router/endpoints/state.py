@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tiergate.router.base.tiers import Tier
-from tiergate.router.discovery.hosted import HostedApi
+from tiergate.router.endpoints.hosted import HostedApi
 
 
 @dataclass(slots=True)

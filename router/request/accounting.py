@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable
 
 from tiergate.router.base.errors import RouterError
+from tiergate.router.base.metrics import AccountingMetrics
 from tiergate.router.base.tiers import DEFAULT_TIER
-from tiergate.router.exchange import Exchange
-from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.ledger.records import LedgerError, Outcome, UsageRecord
 from tiergate.router.ledger.store import LedgerStore
-from tiergate.router.progress import Progress
+from tiergate.router.request.exchange import Exchange
+from tiergate.router.request.progress import Progress
 from tiergate.router.tenants.guards import Budgets, Limits
 
 __all__ = ["Accountant", "ledger_unavailable"]
@@ -34,7 +34,7 @@ class Accountant:
         ledger: LedgerStore,
         budgets: Budgets,
         limiter: Limits,
-        metrics: RouterMetrics,
+        metrics: AccountingMetrics,
         clock: Callable[[], float],
         wall: Callable[[], float],
     ) -> None:

@@ -28,4 +28,4 @@ class Progress:
     escalated: bool = False
     entry: LedgerEntry | None = None  # its row in the ledger, once written
     billed_usd: float = 0.0  # its cost counted against the tenant's budget so far
-    accounted: bool = False  # counted and billed for good (router/ledger/accounting.py)
+    accounted: bool = False  # counted and billed for good (router/request/accounting.py)

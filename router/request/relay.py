@@ -25,10 +25,10 @@ from tiergate.router.base.asgi import Receive, Send, encode_headers, send_bytes
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.jsonbytes import dumps as json_bytes
 from tiergate.router.base.jsonbytes import loads_reply
+from tiergate.router.base.metrics import RelayMetrics
 from tiergate.router.discovery.view import RoutedPool
-from tiergate.router.http.metrics import RouterMetrics
-from tiergate.router.progress import Progress
 from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.progress import Progress
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, UpstreamError
 from tiergate.router.upstream.sse import DONE, StreamRewriter, usage_tokens
@@ -165,7 +165,7 @@ async def relay_stream(
     settle: Callable[[], Awaitable[None]],
     bill_so_far: Callable[[], None],
     clock: Callable[[], float],
-    metrics: RouterMetrics,
+    metrics: RelayMetrics,
     start_s: float,
 ) -> None:
     """Relay a stream from its first token on (`first_token`); `start_s` is when the router
@@ -233,7 +233,7 @@ async def _rewritten(first: FirstToken) -> AsyncIterator[bytes]:
         yield first.rewriter.feed(raw)
 
 
-def _observe_tpot(metrics: RouterMetrics, tier: str, done: Progress, last_s: float) -> None:
+def _observe_tpot(metrics: RelayMetrics, tier: str, done: Progress, last_s: float) -> None:
     """Time per output token after the first, from the first token to the last (`last_s`
     after the router started asking upstream)."""
     if done.ttft_s is not None and done.completion_tokens > 1:
@@ -261,7 +261,7 @@ async def _settle_before_done(
 
 
 async def _failed_midstream(
-    send: Send, first: FirstToken, exc: BaseException, metrics: RouterMetrics, *, client_gone: bool
+    send: Send, first: FirstToken, exc: BaseException, metrics: RelayMetrics, *, client_gone: bool
 ) -> None:
     """The node failed after the stream began: count and log it, and end the client's stream
     with an error event (the status line is long gone)."""
