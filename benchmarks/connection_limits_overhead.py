@@ -1,4 +1,4 @@
-"""Benchmark: what the connection limits (sim_nodes/commands/limited_protocol.py) cost a request.
+"""Benchmark: what the connection limits (tiergate/common/limited_protocol.py) cost a request.
 
 One tiny ASGI app (reads the body, answers 2 bytes) served by uvicorn on uvloop twice: with
 uvicorn's own httptools protocol, and with the limited one the router and the sim nodes use.
@@ -24,8 +24,8 @@ import time
 
 SERVER = r"""
 import logging, socket, sys, uvicorn, uvloop
-from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
-from tiergate.sim_nodes.commands.limited_protocol import server_options
+from tiergate.common.connection_limits import ConnectionGate, ConnectionLimits
+from tiergate.common.limited_protocol import server_options
 
 async def app(scope, receive, send):
     if scope["type"] != "http":

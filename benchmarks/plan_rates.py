@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tiergate.common.cli import table
 from tiergate.plan import PlanFile, TierPlan, plan_fleet, plan_traffic
 from tiergate.plan.confirm import attainment
 from tiergate.plan.screen import screen
 from tiergate.plan.space import candidates
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import table
 from tiergate.sim_nodes.engine.simulation import simulate
 from tiergate.sim_nodes.engine.workload import parse_length, poisson_workload
 

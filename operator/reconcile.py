@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from tiergate.common.validation import first_problem
 from tiergate.sim_nodes.catalogs import Catalog
-from tiergate.sim_nodes.validation import first_problem
 
 from .api import (
     GROUP,

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tiergate.common.connection_limits import ConnectionGate
 from tiergate.router.admission import Saturation
 from tiergate.router.config import RouterConfig, load_config
 from tiergate.router.discovery.kube import KubeSource
@@ -36,7 +37,6 @@ from tiergate.router.tenants.registry import TenantRegistry, load_tenants
 from tiergate.router.tenants.reload import TenantsReloader
 from tiergate.router.upstream.proxy import Upstream
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
-from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
 
 log = logging.getLogger("tiergate.router")
 

@@ -32,6 +32,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from tiergate.common.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
+from tiergate.common.validation import first_problem, yaml_position
 from tiergate.operator.api import (
     DNS_LABEL,
     BackgroundLoad,
@@ -42,8 +44,6 @@ from tiergate.operator.api import (
 )
 from tiergate.router.policy.config import PolicyConfig, default_policy
 from tiergate.router.tier_queue import AdmissionOrder
-from tiergate.sim_nodes.commands.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
-from tiergate.sim_nodes.validation import first_problem, yaml_position
 
 __all__ = [
     "BackgroundLoad",
@@ -146,7 +146,7 @@ Size = Annotated[ByteSize, BeforeValidator(_quantity_units)]
 
 class ConnectionSettings(_Model):
     """Limits on clients' connections: slow or idle ones are closed, and past the cap new ones
-    are refused (sim_nodes/commands/connection_limits.py). Read when the router starts."""
+    are refused (tiergate/common/connection_limits.py). Read when the router starts."""
 
     header_timeout_s: float = Field(
         default=10.0,

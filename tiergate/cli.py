@@ -16,10 +16,10 @@ from types import ModuleType
 from pydantic import ValidationError
 
 from tiergate import __version__
+from tiergate.common.cli import CliError
+from tiergate.common.validation import first_problem
 from tiergate.sim_nodes.catalogs import CatalogError
-from tiergate.sim_nodes.commands.common import CliError
 from tiergate.sim_nodes.perf import PerfConfigError
-from tiergate.sim_nodes.validation import first_problem
 
 #: subcommand -> (module implementing it, one-line help). A module is imported only when its
 #: subcommand runs, so `tiergate perf` never pays for the server's imports.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from tiergate.common.cli import CliError
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
-from tiergate.sim_nodes.commands.common import CliError
 
 from ..crd import inference_pool_crd
 

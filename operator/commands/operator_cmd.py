@@ -19,8 +19,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from tiergate.common.cli import CliError, configure_logging
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
-from tiergate.sim_nodes.commands.common import CliError, configure_logging
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 

@@ -20,9 +20,9 @@ import yaml
 from pydantic import ValidationError
 
 from tiergate import __version__
+from tiergate.common.cli import CliError
+from tiergate.common.validation import first_problem
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import CliError
-from tiergate.sim_nodes.validation import first_problem
 
 from ..api import InferencePool
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy

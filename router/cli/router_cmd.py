@@ -16,6 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiergate.common.cli import (
+    CliError,
+    configure_logging,
+    listen_socket,
+    port_number,
+    positive_int,
+)
 from tiergate.router.build import build_app, router_source
 from tiergate.router.cli.serve import connection_cap, run_router
 from tiergate.router.config import ConfigError, RouterConfig
@@ -24,13 +31,6 @@ from tiergate.router.http.app import RouterApp
 from tiergate.router.ledger.postgres import open_check
 from tiergate.router.ledger.records import LedgerError
 from tiergate.router.tenants.registry import TenantConfigError
-from tiergate.sim_nodes.commands.common import (
-    CliError,
-    configure_logging,
-    listen_socket,
-    port_number,
-    positive_int,
-)
 
 log = logging.getLogger("tiergate.router")
 #: uvicorn's own default.

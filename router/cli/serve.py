@@ -7,12 +7,12 @@ import logging
 import socket
 from collections.abc import Callable
 
+from tiergate.common.cli import CliError
+from tiergate.common.connection_limits import ConnectionGate, ConnectionLimits
+from tiergate.common.fd_budget import FdBudgetError, max_connections
 from tiergate.router.config import ConnectionSettings
 from tiergate.router.http.app import RouterApp
 from tiergate.router.upstream import proxy
-from tiergate.sim_nodes.commands.common import CliError
-from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
-from tiergate.sim_nodes.commands.fd_budget import FdBudgetError, max_connections
 
 log = logging.getLogger("tiergate.router")
 
@@ -28,7 +28,7 @@ METRICS_MAX_CONNECTIONS = 16
 
 
 def connection_cap(settings: ConnectionSettings) -> int:
-    """The most client connections the router may hold (sim_nodes/commands/fd_budget.py);
+    """The most client connections the router may hold (tiergate/common/fd_budget.py);
     CliError when `router.connections.maxConnections` does not fit the open-file limit."""
     try:
         cap, open_files = max_connections(
@@ -88,7 +88,7 @@ async def serve(
     """
     import uvicorn
 
-    from tiergate.sim_nodes.commands.limited_protocol import server_options
+    from tiergate.common.limited_protocol import server_options
 
     metrics_gate = ConnectionGate(ConnectionLimits(max_connections=METRICS_MAX_CONNECTIONS), log)
     metrics_server = uvicorn.Server(

@@ -36,11 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiergate.common.cli import CliError, listen_socket, shared_port_socket
 from tiergate.router.cli.router_cmd import Addresses, check_ledger, listening
 from tiergate.router.cli.serve import GRACEFUL_SHUTDOWN_S, connection_cap
 from tiergate.router.config import ConfigError, RouterConfig, load_config
 from tiergate.router.tenants.registry import TenantConfigError, load_tenants
-from tiergate.sim_nodes.commands.common import CliError, listen_socket, shared_port_socket
 
 __all__ = ["KILL_MARGIN_S", "RestartBackoff", "supervise"]
 

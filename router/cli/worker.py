@@ -18,10 +18,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tiergate.common.cli import CliError, configure_logging, shared_port_socket
 from tiergate.router.cli.router_cmd import LISTEN_BACKLOG, Addresses, build, load
 from tiergate.router.cli.serve import connection_cap, run_router
 from tiergate.router.cli.supervisor import METRICS_DIR_ENV
-from tiergate.sim_nodes.commands.common import CliError, configure_logging, shared_port_socket
 
 #: prctl(2): the signal this process gets when its parent dies.
 PR_SET_PDEATHSIG = 1

@@ -28,9 +28,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tiergate.common.validation import first_problem
 from tiergate.operator.api import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR, served_names
 from tiergate.router.config import ConfigError, PoolSpec
-from tiergate.sim_nodes.validation import first_problem
 
 log = logging.getLogger("tiergate.router.kube")
 

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from tiergate.common.connection_limits import ConnectionGate, ConnectionLimits
 from tiergate.router.base.asgi import (
     Message,
     Receive,
@@ -31,7 +32,6 @@ from tiergate.router.http.metrics_app import MetricsApp
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.http.usage import usage_response
 from tiergate.router.ledger.records import LedgerError
-from tiergate.sim_nodes.commands.connection_limits import ConnectionGate, ConnectionLimits
 
 log = logging.getLogger("tiergate.router")
 

@@ -30,9 +30,9 @@ from typing import Any, Final
 
 import orjson
 
+from tiergate.common.nesting import MAX_BODY_NESTING, body_too_deep
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.jsonbytes import dumps
-from tiergate.sim_nodes.server.nesting import MAX_BODY_NESTING, body_too_deep
 
 TOO_DEEP = f"the request body nests arrays or objects more than {MAX_BODY_NESTING} levels deep"
 

@@ -40,10 +40,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from tiergate.common.validation import field_path
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.tenants.spill_policy import NO_SPILL, SpillOverSpec, SpillPolicy
-from tiergate.sim_nodes.validation import field_path
 
 __all__ = [
     "ANONYMOUS",

@@ -14,7 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..validation import first_problem
+from tiergate.common.validation import first_problem
+
 from .profiles import Accelerator, Dtype
 
 __all__ = ["AcceleratorKind", "FittedField", "accelerator_kinds", "kind_problem"]

@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..validation import first_problem, yaml_position
+from tiergate.common.validation import first_problem, yaml_position
+
 from .kinds import kind_problem
 from .profiles import Accelerator, ModelProfile
 

@@ -10,6 +10,8 @@ import argparse
 import statistics
 from pathlib import Path
 
+from tiergate.common.cli import CliError, table
+
 from ..catalogs import default_catalog
 from ..perf.calibration import (
     FAMILIES,
@@ -24,7 +26,6 @@ from ..perf.calibration import (
     parse_measurements,
 )
 from ..perf.fitting import LeaveOneOut, current_values, fit, leave_one_out
-from .common import CliError, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

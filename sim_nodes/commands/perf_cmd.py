@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import argparse
 
+from tiergate.common.cli import int_or, non_negative_int, positive_int
+
 from ..catalogs import Accelerator, default_catalog
 from ..perf import PerfResult, Workload, build_deployment, evaluate
-from .common import (
-    add_serving_arguments,
-    int_or,
-    non_negative_int,
-    positive_int,
-    spec_from_args,
-)
+from .serving_args import add_serving_arguments, spec_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from tiergate.common.cli import table
+
 from ..catalogs import default_catalog
 from ..perf import evaluate_seed_tiers, load_seed_tiers
 from ..perf.seeds import SeedFile, SeedTier
 from ..tiers import DEFAULT_TIER
-from .common import table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

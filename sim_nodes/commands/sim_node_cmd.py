@@ -23,6 +23,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tiergate.common.cli import (
+    CliError,
+    configure_logging,
+    listen_socket,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+    unit_interval,
+)
+from tiergate.common.connection_limits import ConnectionGate, ConnectionLimits
+from tiergate.common.fd_budget import FdBudgetError, max_connections
+from tiergate.common.validation import first_problem
+
 from ..catalogs import default_catalog
 from ..engine.errors import EngineError
 from ..replica_spec import (
@@ -35,21 +49,7 @@ from ..replica_spec import (
     pool_fields,
 )
 from ..server.config import DEFAULT_MAX_BODY_BYTES, NodeConfig, PoolFileError, load_pool_spec
-from ..validation import first_problem
-from .common import (
-    CliError,
-    add_serving_arguments,
-    configure_logging,
-    listen_socket,
-    non_negative_int,
-    port_number,
-    positive_float,
-    positive_int,
-    spec_overrides,
-    unit_interval,
-)
-from .connection_limits import ConnectionGate, ConnectionLimits
-from .fd_budget import FdBudgetError, max_connections
+from .serving_args import add_serving_arguments, spec_overrides
 from .vllm_flags import add_vllm_arguments, vllm_overrides
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -152,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Limits on clients' connections (sim_nodes/commands/connection_limits.py)."""
+    """Limits on clients' connections (tiergate/common/connection_limits.py)."""
     limits = ConnectionLimits()
     g = parser.add_argument_group("connections")
     g.add_argument(
@@ -337,8 +337,9 @@ def _serve(
 ) -> int:
     import uvicorn
 
+    from tiergate.common.limited_protocol import server_options
+
     from ..server.app import create_app
-    from .limited_protocol import server_options
 
     port = sock.getsockname()[1]
     config = node_config(args, spec, port)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import random
 
+from tiergate.common.cli import CliError, non_negative_int, positive_float, positive_int, table
+
 from ..catalogs import default_catalog
 from ..engine.errors import EngineError
 from ..engine.simulation import SimulationReport, simulate
@@ -20,15 +22,7 @@ from ..engine.workload import (
     poisson_workload,
 )
 from ..perf import build_deployment
-from .common import (
-    CliError,
-    add_serving_arguments,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    spec_from_args,
-    table,
-)
+from .serving_args import add_serving_arguments, spec_from_args
 
 #: vLLM's default batch cap.
 DEFAULT_MAX_NUM_SEQS = 256

@@ -16,8 +16,9 @@ import argparse
 import json
 from typing import Any
 
+from tiergate.common.cli import CliError, positive_int
+
 from ..catalogs import Catalog
-from .common import CliError, positive_int
 
 __all__ = ["add_vllm_arguments", "catalog_model_name", "vllm_overrides"]
 

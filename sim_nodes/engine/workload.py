@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..validation import first_problem
+from tiergate.common.validation import first_problem
 
 __all__ = [
     "LengthDistribution",

@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
+from tiergate.common.nesting import MAX_BODY_NESTING, body_too_deep
+
 from .errors import ApiError, bad_request
-from .nesting import MAX_BODY_NESTING, body_too_deep
 
 __all__ = ["read_json_object", "validate_body"]
 

@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from tiergate.common.validation import yaml_position
+
 from ..perf import ServingSpec
 from ..replica_spec import PoolSpecError, pool_fields
-from ..validation import yaml_position
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "NodeConfig", "PoolFileError", "load_pool_spec"]
 

@@ -20,7 +20,7 @@ from pydantic import (
     model_serializer,
 )
 
-from .nesting import JsonObject
+from tiergate.common.nesting import JsonObject
 
 __all__ = [
     "ChatChoice",

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from tiergate.sim_nodes.commands.limited_protocol import MAX_HEAD_BYTES
+from tiergate.common.limited_protocol import MAX_HEAD_BYTES
 
 #: The longest a test waits for the server to close a connection before it fails.
 CLOSE_WITHIN_S = 15.0

@@ -12,6 +12,7 @@ import yaml
 from crd_helpers import generated_crd, problems, schema_of
 from pydantic import ValidationError
 
+from tiergate.common.validation import first_problem
 from tiergate.operator.api import (
     DEFAULT_SCALE_DOWN_STABILIZATION_S,
     DEFAULT_TARGET_UTILIZATION,
@@ -20,7 +21,6 @@ from tiergate.operator.api import (
     InferencePool,
     InferencePoolSpec,
 )
-from tiergate.sim_nodes.validation import first_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,11 @@ import pytest
 from crd_helpers import generated_crd, problems, schema_of
 from pydantic import ValidationError
 
+from tiergate.common.validation import first_problem
 from tiergate.operator.api import ENGINES, InferencePoolSpec
 from tiergate.operator.api.engines import kv_dtype_problem, memory_kind_problem, weights_problem
 from tiergate.operator.crd import engine_rules
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.validation import first_problem
 
 CATALOG = default_catalog()
 

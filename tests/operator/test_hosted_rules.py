@@ -11,6 +11,7 @@ import pytest
 from crd_helpers import generated_crd, problems, schema_of
 from pydantic import ValidationError
 
+from tiergate.common.validation import first_problem
 from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.api.hosted import (
     HOSTED_URL_PROBLEM,
@@ -22,7 +23,6 @@ from tiergate.operator.api.hosted import (
     pod_field_problem,
 )
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.validation import first_problem
 
 CATALOG = default_catalog()
 ENDPOINT = {

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from tiergate.sim_nodes.commands.connection_limits import ConnectionGate
-from tiergate.sim_nodes.commands.limited_protocol import server_options
+from tiergate.common.connection_limits import ConnectionGate
+from tiergate.common.limited_protocol import server_options
 
 
 @contextmanager

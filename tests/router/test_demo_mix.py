@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tiergate.common.cli import CliError
 from tiergate.local.demo_cmd import even_mix
-from tiergate.sim_nodes.commands.common import CliError
 from tiergate.sim_nodes.tiers import TIERS
 
 

@@ -30,7 +30,7 @@ from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
 from tiergate.bench.stats import BenchReport, SloTargets
 from tiergate.bench.tenants import BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_max_tokens, parse_mix
-from tiergate.sim_nodes.commands.common import (
+from tiergate.common.cli import (
     non_negative_float,
     positive_float,
     positive_int,

@@ -3,7 +3,7 @@ stopped (Ctrl-C) before it sent anything (exit 130)."""
 
 from __future__ import annotations
 
-from tiergate.sim_nodes.commands.common import CliError
+from tiergate.common.cli import CliError
 
 __all__ = ["BenchError", "BenchInterrupted"]
 

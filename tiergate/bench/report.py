@@ -14,7 +14,7 @@ from typing import Any
 from tiergate.bench.errors import BenchError
 from tiergate.bench.fairness import TenantStats
 from tiergate.bench.stats import BenchReport, RunInfo, SloTargets, TierStats
-from tiergate.sim_nodes.commands.common import table
+from tiergate.common.cli import table
 
 __all__ = ["PLOT_INSTALL_HINT", "render_table", "require_matplotlib", "write_json", "write_plot"]
 

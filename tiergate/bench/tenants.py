@@ -37,7 +37,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from tiergate.bench.errors import BenchError
-from tiergate.sim_nodes.validation import field_path, yaml_position
+from tiergate.common.validation import field_path, yaml_position
 
 __all__ = ["BenchTenant", "load_tenants", "parse_tenants"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from tiergate.bench.discovery import parse_model_list
-from tiergate.sim_nodes.commands.common import CliError, positive_int
+from tiergate.common.cli import CliError, positive_int
 from tiergate.sim_nodes.tiers import TIERS
 
 ROUTER = "http://127.0.0.1:8080"

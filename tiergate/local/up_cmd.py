@@ -12,6 +12,13 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from tiergate.common.cli import (
+    CliError,
+    configure_logging,
+    listen_socket,
+    port_number,
+    table,
+)
 from tiergate.local.nodes import (
     NodeStartError,
     NodeSupervisor,
@@ -27,13 +34,6 @@ from tiergate.router.discovery.view import PoolView, StaticSource, build_view
 from tiergate.router.ledger.sqlite import LedgerError
 from tiergate.router.tenants.registry import TenantConfigError
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import (
-    CliError,
-    configure_logging,
-    listen_socket,
-    port_number,
-    table,
-)
 from tiergate.sim_nodes.perf import profile_label
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from tiergate.common.cli import CliError
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.commands.common import CliError
 
 from .errors import PlanError
 from .pools import write_pools

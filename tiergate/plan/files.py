@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tiergate.sim_nodes.validation import yaml_position
+from tiergate.common.validation import yaml_position
 
 from .errors import PlanError
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tiergate.sim_nodes.commands.common import table
+from tiergate.common.cli import table
 
 __all__ = [
     "Configuration",

@@ -17,7 +17,7 @@ from tiergate.bench.workload import (
     parse_mix,
     synthetic_prompt,
 )
-from tiergate.sim_nodes.commands.common import CliError
+from tiergate.common.cli import CliError
 from tiergate.sim_nodes.server.tokenizer import count_chat_tokens
 from tiergate.sim_nodes.tiers import DEFINITIONS
 

@@ -8,12 +8,12 @@ import resource
 
 import pytest
 
-from tiergate.sim_nodes.commands.connection_limits import (
+from tiergate.common.connection_limits import (
     DEFAULT_MAX_CONNECTIONS,
     ConnectionGate,
     ConnectionLimits,
 )
-from tiergate.sim_nodes.commands.fd_budget import (
+from tiergate.common.fd_budget import (
     FdBudgetError,
     connection_cap,
     max_connections,

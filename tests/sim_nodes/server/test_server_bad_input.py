@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sim_server_helpers import MODEL, ClientFactory, chat, nested
 
-from tiergate.sim_nodes.server.nesting import MAX_NESTING
+from tiergate.common.nesting import MAX_NESTING
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 LONG_PROMPT = "word " * 140_000  # > 131072 tokens: longer than llama-3.1-8b's context

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tiergate.cli import build_parser, main
-from tiergate.sim_nodes.commands.common import CliError
+from tiergate.common.cli import CliError
 from tiergate.sim_nodes.commands.sim_node_cmd import node_config, replica_spec
 from tiergate.sim_nodes.replica_spec import ReplicaSpec
 
