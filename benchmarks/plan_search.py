@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+from tiergate.common.tiers import Tier
 from tiergate.operator.api import InferencePool
 from tiergate.plan import (
     PlanFile,
@@ -36,7 +37,6 @@ from tiergate.plan.window import window
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 from tiergate.sim_nodes.engine.simulation import simulate
 from tiergate.sim_nodes.perf import build_deployment
-from tiergate.sim_nodes.tiers import Tier
 
 TARGET_WALL_S = 60.0
 SEED_PLAN = Path(__file__).resolve().parents[1] / "examples" / "plan" / "seed.yaml"

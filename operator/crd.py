@@ -19,13 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tiergate.common.tiers import DEFINITIONS, batch_cap_problem
 from tiergate.sim_nodes.catalogs import Catalog
-from tiergate.sim_nodes.tiers import (
-    DEFINITIONS,
-    accelerators_with,
-    batch_cap_problem,
-    memory_problem,
-)
+from tiergate.sim_nodes.tier_rules import accelerators_with, memory_problem
 
 from .api import (
     ENGINES,
@@ -206,7 +202,7 @@ ENDPOINT_RULES: list[Schema] = [
 
 
 def tier_rules(catalog: Catalog) -> list[Schema]:
-    """Each tier's rules (sim_nodes/tiers.py) as CEL, with the sentences pool files give. A
+    """Each tier's rules (tiergate/common/tiers.py) as CEL, with the sentences pool files give. A
     hosted pool's hardware is the provider's business: no tier rule applies to it."""
     rules: list[Schema] = []
     for tier in DEFINITIONS.values():

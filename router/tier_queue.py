@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 AdmissionOrder = Literal["fair", "fcfs"]
-#: Priorities in the order they are served (sim_nodes/tiers.py `Priority`).
+#: Priorities in the order they are served (tiergate/common/tiers.py `Priority`).
 PRIORITY_RANK: dict[Priority, int] = {p: rank for rank, p in enumerate(get_args(Priority))}
 
 

@@ -1,10 +1,10 @@
-"""A tier added to sim_nodes/tiers.py, and to nothing else, is accepted by the CRD, the Helm
+"""A tier added to tiergate/common/tiers.py, and to nothing else, is accepted by the CRD, the Helm
 chart's values schema and the reference docs once the generated files are regenerated
 (`make docs-reference`).
 
 The tier is added in a copy of the sources: a temporary tree with the product's packages,
 tools, chart schema, CRDs and reference pages, imported as `tiergate` through a view like the
-Makefile's (`make view`). Only its sim_nodes/tiers.py is edited; the generators then run in it
+Makefile's (`make view`). Only its tiergate/common/tiers.py is edited; the generators then run in it
 and the test reads what they wrote.
 """
 
@@ -23,7 +23,7 @@ import pytest
 import yaml
 from crd_helpers import problems
 
-from tiergate.sim_nodes.tiers import TIERS
+from tiergate.common.tiers import TIERS
 
 REPO = Path(__file__).resolve().parents[1]
 NEW = "economy"
@@ -39,7 +39,7 @@ def _add_the_tier(tiers_py: Path) -> None:
     text = tiers_py.read_text(encoding="utf-8")
     names = ", ".join(f'"{t}"' for t in TIERS)
     literal = f"Tier = Literal[{names}]"
-    assert literal in text, "sim_nodes/tiers.py no longer spells Tier as this test expects"
+    assert literal in text, "tiergate/common/tiers.py no longer spells Tier as this test expects"
     text = text.replace(literal, f'Tier = Literal[{names}, "{NEW}"]')
     table = "DEFINITIONS: dict[Tier, TierDefinition] = {\n"
     assert table in text
@@ -51,7 +51,7 @@ def _add_the_tier(tiers_py: Path) -> None:
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the sources with the fourth tier in its sim_nodes/tiers.py."""
+    """A copy of the sources with the fourth tier in its tiergate/common/tiers.py."""
     root = tmp_path_factory.mktemp("fourth-tier")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in COPIED:
@@ -59,7 +59,7 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for path in (CHART_SCHEMA, CHART_CRD):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, root / path)
-    _add_the_tier(root / "sim_nodes" / "tiers.py")
+    _add_the_tier(root / "tiergate" / "common" / "tiers.py")
     view = root / "view" / "tiergate"
     view.mkdir(parents=True)
     for entry in (root / "tiergate").iterdir():
@@ -88,7 +88,7 @@ def regenerated(copy: Path) -> dict[str, subprocess.CompletedProcess[str]]:
     """The checks before regenerating (they must find every generated file stale), then
     `make docs-reference`'s three generators, run in the copy."""
     out = {
-        "tiers": run(copy, "-c", "from tiergate.sim_nodes import tiers; print(tiers.__file__)"),
+        "tiers": run(copy, "-c", "from tiergate.common import tiers; print(tiers.__file__)"),
         "crds --check": run(copy, "-m", "tiergate", "crds", "--check"),
         "chart --check": run(copy, "tools/chart_schema.py", "--check"),
         "docs --check": run(copy, "tools/reference_docs.py", "--check"),
@@ -104,7 +104,7 @@ def regenerated(copy: Path) -> dict[str, subprocess.CompletedProcess[str]]:
 def test_the_copy_is_what_runs(
     copy: Path, regenerated: dict[str, subprocess.CompletedProcess[str]]
 ) -> None:
-    assert regenerated["tiers"].stdout.strip() == str(copy / "view/tiergate/sim_nodes/tiers.py")
+    assert regenerated["tiers"].stdout.strip() == str(copy / "view/tiergate/common/tiers.py")
 
 
 def test_every_generated_file_was_stale_before_regenerating(
@@ -191,4 +191,4 @@ def test_nothing_but_the_tier_definition_and_generated_files_differs(copy: Path)
             continue
         if path.read_bytes() != (REPO / relative).read_bytes():
             edited.append(str(relative))
-    assert edited == ["sim_nodes/tiers.py"]
+    assert edited == ["tiergate/common/tiers.py"]

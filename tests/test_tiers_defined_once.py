@@ -1,4 +1,4 @@
-"""A tier is defined once (sim_nodes/tiers.py): no other module of the product spells a tier's
+"""A tier is defined once (tiergate/common/tiers.py): no other module of the product spells a tier's
 name, not even the bench's and demo's traffic mixes, so adding a tier is its `Tier` name and
 `TierDefinition` there, the regenerated CRD, chart schema and reference pages
 (`make docs-reference`), and its tests."""
@@ -6,10 +6,10 @@ name, not even the bench's and demo's traffic mixes, so adding a tier is its `Ti
 import ast
 from pathlib import Path
 
-from tiergate.sim_nodes.tiers import TIERS
+from tiergate.common.tiers import TIERS
 
 REPO = Path(__file__).resolve().parents[1]
-DEFINED_IN = REPO / "sim_nodes" / "tiers.py"
+DEFINED_IN = REPO / "tiergate" / "common" / "tiers.py"
 
 
 def spelled_tiers(path: Path) -> list[str]:
@@ -33,7 +33,7 @@ def test_no_module_but_the_definition_spells_a_tier_s_name() -> None:
             found = spelled_tiers(path)
             if found:
                 spelled[str(path.relative_to(REPO))] = found
-    assert spelled == {}, "read the tier from sim_nodes/tiers.py instead"
+    assert spelled == {}, "read the tier from tiergate/common/tiers.py instead"
 
 
 def test_the_scan_finds_a_tier_spelled_out() -> None:

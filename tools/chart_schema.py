@@ -3,7 +3,7 @@
     python -P tools/chart_schema.py          # rewrite charts/tiergate/values.schema.json
     python -P tools/chart_schema.py --check  # write nothing; exit 1 when it is stale
 
-- `definitions.tier`: the tier names of sim_nodes/tiers.py; every value that names a tier
+- `definitions.tier`: the tier names of tiergate/common/tiers.py; every value that names a tier
   (a tenant's `allowedTiers` and `spillOver`, the alerts' objectives per tier, the tier
   `helm test` asks for) refers to it with `$ref`, so a tier added there needs no other edit;
 - `router.policy`: the routing policy's schema (router/policy/schema.py), so a plugin type or
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tiergate.common.tiers import TIERS
 from tiergate.router.policy.schema import policy_json_schema
-from tiergate.sim_nodes.tiers import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = Path("charts/tiergate/values.schema.json")
@@ -36,7 +36,7 @@ def tier_schema() -> dict[str, Any]:
     return {
         "type": "string",
         "enum": list(TIERS),
-        "description": "A tier (sim_nodes/tiers.py).",
+        "description": "A tier (tiergate/common/tiers.py).",
     }
 
 

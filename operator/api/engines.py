@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tiergate.sim_nodes.catalogs import Catalog, Dtype, MemoryKind
-from tiergate.sim_nodes.tiers import accelerators_with
+from tiergate.sim_nodes.tier_rules import accelerators_with
 
 __all__ = [
     "DEFAULT_ENGINE",

@@ -18,10 +18,11 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from tiergate.common.tiers import DEFINITIONS, Tier
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import ProfileSource
 from tiergate.sim_nodes.replica_spec import ReplicaSpec
-from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, tier_problem
+from tiergate.sim_nodes.tier_rules import tier_problem
 
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .base import Api
@@ -202,9 +203,10 @@ class InferencePoolSpec(ReplicaSpec):
 
     @model_validator(mode="after")
     def _follows_its_tier(self) -> InferencePoolSpec:
-        """The tier's rules (sim_nodes/tiers.py), in the words of the CRD's CEL rules, so that a
-        pool file and `kubectl apply` refuse the same pools alike. A hosted pool's hardware is
-        the provider's business: no tier rule applies to it."""
+        """The tier's rules (tiergate/common/tiers.py, sim_nodes/tier_rules.py), in the words
+        of the CRD's CEL rules, so that a pool file and `kubectl apply` refuse the same pools
+        alike. A hosted pool's hardware is the provider's business: no tier rule applies to
+        it."""
         if self.accelerator is None:
             return self
         inline = self.accelerator_profile

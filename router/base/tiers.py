@@ -22,8 +22,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tiergate.common.tiers import DEFAULT_TIER, DEFINITIONS, TIERS, Priority, Tier
 from tiergate.router.base.errors import RouterError
-from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS, TIERS, Priority, Tier
 
 __all__ = [
     "DEFAULT_TIER",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 TIER_HEADER = "x-tiergate-tier"
 
-#: `"speed": "fast"` and OpenAI's `service_tier` values that name a tier (sim_nodes/tiers.py).
+#: `"speed": "fast"` and OpenAI's `service_tier` values that name a tier (tiergate/common/tiers.py).
 _FAST = next(t.name for t in DEFINITIONS.values() if t.speed_fast)
 _BY_SERVICE_TIER: dict[str, Tier] = {
     t.openai_service_tier: t.name for t in DEFINITIONS.values() if t.openai_service_tier

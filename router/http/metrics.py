@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tiergate.common.connection_limits import ConnectionGate
+from tiergate.common.tiers import Priority
 from tiergate.router.base.tiers import TIERS
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.fleet_share import FleetShare
@@ -31,7 +32,6 @@ from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.request.spill import SpillReason
 from tiergate.router.tenants.guards import Budgets
 from tiergate.router.tenants.registry import Tenant
-from tiergate.sim_nodes.tiers import Priority
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tiergate import __version__
+from tiergate.common.tiers import DEFAULT_TIER, DEFINITIONS
 from tiergate.router.base.tiers import TIER_HEADER, TIERS, Tier
 from tiergate.router.request.body import (
     MAX_SEQUENCES,
@@ -25,7 +26,6 @@ from tiergate.router.request.body import (
 )
 from tiergate.router.request.cascade import CASCADE_HEADER
 from tiergate.router.tenants.spill_policy import SPILL_PRICE_HEADER, SPILL_TO_HEADER
-from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS
 
 
 class _Open(BaseModel):

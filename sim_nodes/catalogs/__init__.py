@@ -1,5 +1,7 @@
 """Hardware and model catalogs: data shipped as YAML, loaded into pydantic models."""
 
+from tiergate.common.memory import MemoryKind
+
 from .loader import CATALOG_ENV, Catalog, CatalogError, default_catalog, load_catalog
 from .profiles import (
     DTYPE_BYTES,
@@ -7,7 +9,6 @@ from .profiles import (
     Accelerator,
     ChipLayout,
     Dtype,
-    MemoryKind,
     ModelProfile,
 )
 

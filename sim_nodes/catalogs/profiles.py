@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import SkipJsonSchema
 
+from tiergate.common.memory import MemoryKind
+
 Dtype = Literal["bf16", "fp8", "int8", "fp4"]
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp8", "int8", "fp4")
-#: Where an accelerator holds weights and KV cache.
-MemoryKind = Literal["hbm", "sram"]
 #: How a deployment spreads a model over several chips of an accelerator.
 ChipLayout = Literal["tensor-parallel", "pipeline"]
 

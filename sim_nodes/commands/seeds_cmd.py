@@ -6,11 +6,11 @@ import argparse
 import json
 
 from tiergate.common.cli import table
+from tiergate.common.tiers import DEFAULT_TIER
 
 from ..catalogs import default_catalog
 from ..perf import evaluate_seed_tiers, load_seed_tiers
 from ..perf.seeds import SeedFile, SeedTier
-from ..tiers import DEFAULT_TIER
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,8 +8,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from tiergate.common.tiers import Tier
+
 from ..catalogs import Catalog
-from ..tiers import Tier
 from .spec import ServingSpec, build_deployment
 from .steady_state import PerfResult, Workload, evaluate
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from chart_helpers import CHART, Helm, HelmFailed
 
-from tiergate.sim_nodes.tiers import TIERS
+from tiergate.common.tiers import TIERS
 
 ROOT = CHART.parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -136,7 +136,7 @@ def test_good_values_of_each_kind_are_accepted(helm: Helm) -> None:
 
 
 def test_the_chart_s_generated_parts_are_what_the_code_generates() -> None:
-    """values.schema.json's tier list and router.policy come from sim_nodes/tiers.py and the
+    """values.schema.json's tier list and router.policy come from tiergate/common/tiers.py and the
     plugin registry: a tier, plugin type or parameter added without regenerating the file
     would be refused by helm."""
     committed = (CHART / "values.schema.json").read_text()

@@ -14,12 +14,13 @@ import yaml
 from crd_helpers import generated_crd, problems, schema_of, walk
 from pydantic import ValidationError
 
+from tiergate.common.tiers import DEFINITIONS, TIERS, batch_cap_problem
 from tiergate.common.validation import first_problem
 from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.commands.crds_cmd import FILE_NAME, TARGETS, render
 from tiergate.operator.crd import tier_rules
 from tiergate.sim_nodes.catalogs import default_catalog
-from tiergate.sim_nodes.tiers import DEFINITIONS, TIERS, batch_cap_problem, memory_problem
+from tiergate.sim_nodes.tier_rules import memory_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

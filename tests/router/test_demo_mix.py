@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tiergate.common.cli import CliError
+from tiergate.common.tiers import TIERS
 from tiergate.local.demo_cmd import even_mix
-from tiergate.sim_nodes.tiers import TIERS
 
 
 def models(*tiers_per_model: list[str] | None) -> dict[str, object]:

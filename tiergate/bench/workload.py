@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiergate.bench.errors import BenchError
+from tiergate.common.tiers import DEFINITIONS
 from tiergate.router.base.tiers import TIERS
-from tiergate.sim_nodes.tiers import DEFINITIONS
 
 __all__ = [
     "DEFAULT_MIX",
@@ -30,7 +30,7 @@ __all__ = [
     "tool_definition",
 ]
 
-#: Every tier with a traffic share (sim_nodes/tiers.py), e.g. `batched=.6,premium=.3,...`.
+#: Every tier with a traffic share (tiergate/common/tiers.py), e.g. `batched=.6,premium=.3,...`.
 DEFAULT_MIX = ",".join(
     f"{d.name}={d.traffic_share:g}".replace("=0.", "=.")
     for d in DEFINITIONS.values()

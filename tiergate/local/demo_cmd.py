@@ -15,7 +15,7 @@ import httpx
 
 from tiergate.bench.discovery import parse_model_list
 from tiergate.common.cli import CliError, positive_int
-from tiergate.sim_nodes.tiers import TIERS
+from tiergate.common.tiers import TIERS
 
 ROUTER = "http://127.0.0.1:8080"
 

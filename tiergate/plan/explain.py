@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tiergate.sim_nodes.tiers import Tier
+from tiergate.common.tiers import Tier
 
 from .bound import Found
 from .confirm import Trial

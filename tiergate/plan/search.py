@@ -11,8 +11,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from tiergate.common.tiers import Tier
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
-from tiergate.sim_nodes.tiers import Tier, memory_problem
+from tiergate.sim_nodes.tier_rules import memory_problem
 
 from .bound import Progress, branch_and_bound
 from .confirm import Trial, run_trial

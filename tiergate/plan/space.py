@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
+from tiergate.common.tiers import DEFINITIONS, Tier, batch_cap_problem
 from tiergate.sim_nodes.catalogs import Accelerator, Catalog, Dtype, ModelProfile
 from tiergate.sim_nodes.perf import (
     BatchingSpec,
@@ -21,7 +22,7 @@ from tiergate.sim_nodes.perf import (
     chips_to_hold,
     default_tensor_parallel,
 )
-from tiergate.sim_nodes.tiers import DEFINITIONS, Tier, batch_cap_problem, tier_problem
+from tiergate.sim_nodes.tier_rules import tier_problem
 
 from .errors import PlanError
 from .report import Configuration

@@ -22,10 +22,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from tiergate.common.tiers import Tier
 from tiergate.common.validation import first_problem
 from tiergate.sim_nodes.catalogs import Dtype
 from tiergate.sim_nodes.engine.workload import LengthDistribution, WorkloadError, parse_length
-from tiergate.sim_nodes.tiers import Tier
 
 from .errors import PlanError
 from .files import parse_yaml, read_text

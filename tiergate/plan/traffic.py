@@ -13,10 +13,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tiergate.common.tiers import Tier
 from tiergate.common.validation import first_problem
 from tiergate.sim_nodes.engine.workload import WorkloadRequest
 from tiergate.sim_nodes.perf import Workload
-from tiergate.sim_nodes.tiers import Tier
 
 from .errors import PlanError
 from .files import parse_json, read_text

@@ -18,8 +18,8 @@ from tiergate.bench.workload import (
     synthetic_prompt,
 )
 from tiergate.common.cli import CliError
+from tiergate.common.tiers import DEFINITIONS
 from tiergate.sim_nodes.server.tokenizer import count_chat_tokens
-from tiergate.sim_nodes.tiers import DEFINITIONS
 
 
 def workload(**overrides: object) -> Workload:
