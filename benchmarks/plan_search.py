@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from tiergate.common.tiers import Tier
-from tiergate.operator.api import InferencePool
 from tiergate.plan import (
     PlanFile,
     PlanReport,
@@ -34,6 +33,7 @@ from tiergate.plan.confirm import attainment
 from tiergate.plan.screen import screen
 from tiergate.plan.space import Candidate
 from tiergate.plan.window import window
+from tiergate.pools import InferencePool
 from tiergate.sim_nodes.catalogs import Catalog, default_catalog
 from tiergate.sim_nodes.engine.simulation import simulate
 from tiergate.sim_nodes.perf import build_deployment

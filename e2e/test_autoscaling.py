@@ -15,9 +15,9 @@ from release import Release
 from test_pools import EXAMPLES, event_reasons, warning_reasons
 
 from tiergate.bench.stats import SloTargets
-from tiergate.operator.api.autoscaling import MIN_ABOVE_MAX
 from tiergate.operator.autoscale import AUTOSCALE_INTERVAL_S
 from tiergate.operator.autoscaling import REASONS
+from tiergate.pools.autoscaling import MIN_ABOVE_MAX
 
 POOL = "chat-autoscaled"
 EXAMPLE = EXAMPLES / "autoscaling" / f"{POOL}.yaml"

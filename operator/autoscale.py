@@ -20,9 +20,9 @@ from typing import Any, Literal
 import httpx
 from pydantic import ValidationError
 
+from tiergate.pools import AutoscalingStatus, Condition, InferencePoolSpec
 from tiergate.sim_nodes.catalogs import Catalog
 
-from .api import AutoscalingStatus, Condition, InferencePoolSpec
 from .autoscaling import (
     Decision,
     MetricsError,

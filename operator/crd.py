@@ -20,10 +20,7 @@ import json
 from typing import Any
 
 from tiergate.common.tiers import DEFINITIONS, batch_cap_problem
-from tiergate.sim_nodes.catalogs import Catalog
-from tiergate.sim_nodes.tier_rules import accelerators_with, memory_problem
-
-from .api import (
+from tiergate.pools import (
     ENGINES,
     GROUP,
     KIND,
@@ -33,13 +30,13 @@ from .api import (
     InferencePool,
     InferencePoolSpec,
 )
-from .api.engines import (
+from tiergate.pools.engines import (
     kv_dtype_problem,
     memory_kind_problem,
     models_with_weights,
     weights_problem,
 )
-from .api.hosted import (
+from tiergate.pools.hosted import (
     HOSTED_URL_PATTERN,
     HOSTED_URL_PROBLEM,
     POD_FIELDS,
@@ -49,6 +46,8 @@ from .api.hosted import (
     needs_secret_problem,
     pod_field_problem,
 )
+from tiergate.sim_nodes.catalogs import Catalog
+from tiergate.sim_nodes.tier_rules import accelerators_with, memory_problem
 
 __all__ = [
     "engine_rules",
@@ -154,7 +153,7 @@ def spec_rules(catalog: Catalog) -> list[Schema]:
 
 
 def hosted_rules(catalog: Catalog) -> list[Schema]:
-    """A pool names its hardware or a hosted API (operator/api/hosted.py), as CEL with the
+    """A pool names its hardware or a hosted API (tiergate/pools/hosted.py), as CEL with the
     sentences pool files give."""
     listed = ", ".join(f"'{name}'" for name in sorted(catalog.models))
     return [
@@ -232,7 +231,8 @@ def tier_rules(catalog: Catalog) -> list[Schema]:
 
 
 def engine_rules(catalog: Catalog) -> list[Schema]:
-    """Each engine's rules (operator/api/engines.py) as CEL, with the sentences pool files give."""
+    """Each engine's rules (tiergate/pools/engines.py) as CEL, with the sentences pool files
+    give."""
     rules: list[Schema] = []
     for engine in ENGINES.values():
         # spec.engine's default (sim) is the operator's to apply: absent means sim.

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 
+from tiergate.pools import InferencePoolSpec, Layout
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf.spec import layered_catalog
-
-from .api import InferencePoolSpec, Layout
 
 __all__ = [
     "CONTAINER_PORT",

@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tiergate.pools import HTTP_PORT_NAME, InferencePoolSpec, Layout
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf.spec import layered_catalog
-
-from .api import HTTP_PORT_NAME, InferencePoolSpec, Layout
 
 __all__ = [
     "ENGINE_TERMINATION_GRACE_S",

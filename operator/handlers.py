@@ -23,9 +23,9 @@ from typing import Any
 
 import kopf
 
+from tiergate.pools import GROUP, PLURAL, VERSION
 from tiergate.sim_nodes.catalogs import Catalog
 
-from .api import GROUP, PLURAL, VERSION
 from .autoscale import AUTOSCALE_INTERVAL_S, MetricsScraper, Scrape, autoscale
 from .images import ImagePolicy
 from .kube import Cluster, KubeCluster

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import InferencePoolSpec
+from tiergate.pools import InferencePoolSpec
+
 from .engine_args import SGLANG_VERSION, VLLM_VERSION
 
 __all__ = ["DEFAULT_SGLANG_IMAGE", "DEFAULT_VLLM_IMAGE", "ImagePolicy"]

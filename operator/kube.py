@@ -22,7 +22,8 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .api import GROUP, KIND, PLURAL, VERSION, label_selector, pool_selector_labels
+from tiergate.pools import GROUP, KIND, PLURAL, VERSION, label_selector, pool_selector_labels
+
 from .autoscaling import HpaUnknown
 from .render import FIELD_MANAGER
 

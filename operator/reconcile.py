@@ -22,9 +22,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from tiergate.common.validation import first_problem
-from tiergate.sim_nodes.catalogs import Catalog
-
-from .api import (
+from tiergate.pools import (
     GROUP,
     KIND,
     POOL_LABEL,
@@ -34,6 +32,8 @@ from .api import (
     label_selector,
     pool_selector_labels,
 )
+from tiergate.sim_nodes.catalogs import Catalog
+
 from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster
 from .render import GENERATION_ANNOTATION, pool_manifests

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiergate.sim_nodes.replica_spec import NODE_NAME_ENV, POOL_JSON_ENV, pool_json
-
-from .api import (
+from tiergate.pools import (
     HTTP_PORT_NAME,
     SERVES_ANNOTATION,
     InferencePoolSpec,
@@ -26,6 +24,8 @@ from .api import (
     pool_selector_labels,
     serves_annotation,
 )
+from tiergate.sim_nodes.replica_spec import NODE_NAME_ENV, POOL_JSON_ENV, pool_json
+
 from .engine_args import (
     CONTAINER_PORT,
     SGLANG_COMMAND,

@@ -15,11 +15,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from tiergate.pools import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.engine import Background, Engine, EngineCapacityError
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, profile_label
-
-from .api import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
 
 __all__ = [
     "Assessment",

@@ -34,7 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from tiergate.common.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from tiergate.common.validation import first_problem, yaml_position
-from tiergate.operator.api import (
+from tiergate.pools import (
     DNS_LABEL,
     BackgroundLoad,
     Billing,

@@ -136,7 +136,7 @@ def test_the_crd_accepts_the_new_tier(copy: Path) -> None:
         copy,
         "-c",
         "import json, sys\n"
-        "from tiergate.operator.api import InferencePoolSpec\n"
+        "from tiergate.pools import InferencePoolSpec\n"
         f"print(InferencePoolSpec.model_validate(json.loads({spec!r})).tier)",
     )
     assert parsed.stdout.strip() == NEW, parsed.stderr

@@ -3,7 +3,7 @@
     python -P tools/reference_docs.py          # rewrite docs/reference/<page>.md
     python -P tools/reference_docs.py --check  # write nothing; exit 1 when a page is stale
 
-- inference-pool.md: the CRD `tiergate crds` generates from operator/api's pydantic models
+- inference-pool.md: the CRD `tiergate crds` generates from tiergate/pools's pydantic models
   (fields, CEL rules, printer columns), so the page says what the API server enforces;
 - router-config.md: the configuration file's models (router/config.py) and the routing policy's
   plugin registry (router/policy);
@@ -179,7 +179,7 @@ def inference_pool_page() -> str:
     spec, status = schema["properties"]["spec"], schema["properties"]["status"]
     group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
     out = [
-        _header("the CRD that `tiergate crds` generates from operator/api"),
+        _header("the CRD that `tiergate crds` generates from tiergate/pools"),
         f"# InferencePool ({group}/{version['name']})\n",
         f"{_cell(schema['description'])}\n",
         f"`kind: {kind}`, plural `{crd['spec']['names']['plural']}`, "

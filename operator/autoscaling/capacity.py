@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tiergate.pools import InferencePoolSpec, predict
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.perf import PerfConfigError, Resident, Workload, slo_capacity
-
-from ..api import InferencePoolSpec, predict
 
 __all__ = ["Capacity", "RequestShape", "replica_capacity"]
 

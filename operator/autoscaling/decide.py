@@ -15,7 +15,8 @@ import datetime
 import math
 from dataclasses import dataclass
 
-from ..api import AutoscalingSpec, AutoscalingStatus, Recommendation
+from tiergate.pools import AutoscalingSpec, AutoscalingStatus, Recommendation
+
 from .capacity import Capacity
 
 __all__ = ["REASONS", "Decision", "HpaUnknown", "ObservedLoad", "decide"]

@@ -22,9 +22,9 @@ from pydantic import ValidationError
 from tiergate import __version__
 from tiergate.common.cli import CliError
 from tiergate.common.validation import first_problem
+from tiergate.pools import InferencePool
 from tiergate.sim_nodes.catalogs import default_catalog
 
-from ..api import InferencePool
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 from ..render import pool_manifests
 from ..status import assess

@@ -11,7 +11,7 @@ identity, not the Service's view of them; and the API server refuses loopback ad
 EndpointSlices (ValidateEndpointIP: "may not be in the loopback range"), while the local
 end-to-end backend (kwok) gives pods IPs in 127.0.0.0/8.
 
-The operator's contract (`tiergate.operator.api.sim_node_pods`): every sim-node pod of the
+The operator's contract (`tiergate.pools.sim_node_pods`): every sim-node pod of the
 InferencePool P is labelled `app.kubernetes.io/name=tiergate-sim-node` and
 `tiergate.dev/pool=P`, its container has a port named `http`, and its annotation
 `tiergate.dev/serves` lists the model names it answers to (those of the spec it was made from,
@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tiergate.common.validation import first_problem
-from tiergate.operator.api import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR, served_names
+from tiergate.pools import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR, served_names
 from tiergate.router.config import ConfigError, PoolSpec
 
 log = logging.getLogger("tiergate.router.kube")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tiergate.operator.api import predict
+from tiergate.pools import predict
 from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.config import ConfigError, PoolSpec, RouterConfig, load_config
 from tiergate.router.discovery.file_watch import WatchedFile, watch

@@ -23,7 +23,7 @@ from chart_helpers import (
     one,
 )
 
-from tiergate.operator.api.sim_node_pods import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_NAME
+from tiergate.pools.sim_node_pods import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_NAME
 
 FULLNAME = f"{RELEASE}-tiergate"
 MONITORING_KINDS = ("PodMonitor", "PrometheusRule")

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from chart_helpers import NAMESPACE, RELEASE, ROUTER, Helm, Manifest, find, one
 
-from tiergate.operator.api import HTTP_PORT_NAME, InferencePool
 from tiergate.operator.render import CONTAINER_PORT, deployment_manifest
 from tiergate.operator.status import assess
+from tiergate.pools import HTTP_PORT_NAME, InferencePool
 from tiergate.sim_nodes.catalogs import default_catalog
 
 POLICY = f"{RELEASE}-tiergate-sim-nodes"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from engine_process import installer
 
-from tiergate.operator.api import InferencePoolSpec, Layout
 from tiergate.operator.engine_args import vllm_args
+from tiergate.pools import InferencePoolSpec, Layout
 
 #: Run in the engine's venv: parse each argument list read from stdin; print, one JSON line,
 #: the values the router's pools depend on, or the parser's complaint.

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from tiergate.operator.api import InferencePoolSpec, predict
 from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
 from tiergate.operator.kube import ApplyRejected, PodAddress
+from tiergate.pools import InferencePoolSpec, predict
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import Workload, evaluate
 

@@ -13,7 +13,7 @@ from crd_helpers import generated_crd, problems, schema_of
 from pydantic import ValidationError
 
 from tiergate.common.validation import first_problem
-from tiergate.operator.api import (
+from tiergate.pools import (
     DEFAULT_SCALE_DOWN_STABILIZATION_S,
     DEFAULT_TARGET_UTILIZATION,
     MIN_ABOVE_MAX,

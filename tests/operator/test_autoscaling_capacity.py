@@ -8,8 +8,8 @@ from typing import Any
 
 from operator_helpers import pool, tpot_ms
 
-from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.autoscaling import RequestShape, replica_capacity
+from tiergate.pools import InferencePoolSpec
 from tiergate.sim_nodes.catalogs import default_catalog
 
 

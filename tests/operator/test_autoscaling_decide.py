@@ -8,7 +8,6 @@ import datetime
 
 import pytest
 
-from tiergate.operator.api import AutoscalingSpec, AutoscalingStatus, InferencePoolSpec, SloSpec
 from tiergate.operator.autoscaling import (
     Capacity,
     Decision,
@@ -18,6 +17,7 @@ from tiergate.operator.autoscaling import (
     decide,
     replica_capacity,
 )
+from tiergate.pools import AutoscalingSpec, AutoscalingStatus, InferencePoolSpec, SloSpec
 from tiergate.sim_nodes.catalogs import default_catalog
 
 T0 = datetime.datetime(2026, 11, 21, tzinfo=datetime.UTC)

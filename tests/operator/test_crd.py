@@ -16,9 +16,9 @@ from pydantic import ValidationError
 
 from tiergate.common.tiers import DEFINITIONS, TIERS, batch_cap_problem
 from tiergate.common.validation import first_problem
-from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.commands.crds_cmd import FILE_NAME, TARGETS, render
 from tiergate.operator.crd import tier_rules
+from tiergate.pools import InferencePoolSpec
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.tier_rules import memory_problem
 

@@ -13,9 +13,9 @@ from crd_helpers import generated_crd, problems, schema_of
 from pydantic import ValidationError
 
 from tiergate.common.validation import first_problem
-from tiergate.operator.api import ENGINES, InferencePoolSpec
-from tiergate.operator.api.engines import kv_dtype_problem, memory_kind_problem, weights_problem
 from tiergate.operator.crd import engine_rules
+from tiergate.pools import ENGINES, InferencePoolSpec
+from tiergate.pools.engines import kv_dtype_problem, memory_kind_problem, weights_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 
 CATALOG = default_catalog()

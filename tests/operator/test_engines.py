@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from tiergate.operator.api import InferencePoolSpec, Layout, served_names
 from tiergate.operator.engine_args import SGLANG_VERSION, VLLM_VERSION, sglang_args, vllm_args
 from tiergate.operator.images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 from tiergate.operator.render import deployment_manifest
 from tiergate.operator.status import assess
+from tiergate.pools import InferencePoolSpec, Layout, served_names
 from tiergate.sim_nodes.catalogs import default_catalog
 
 Manifest = dict[str, Any]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.operator.api import InferencePoolSpec, predict
+from tiergate.pools import InferencePoolSpec, predict
 from tiergate.sim_nodes.catalogs import default_catalog
 
 CATALOG = default_catalog()

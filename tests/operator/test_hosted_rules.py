@@ -12,8 +12,8 @@ from crd_helpers import generated_crd, problems, schema_of
 from pydantic import ValidationError
 
 from tiergate.common.validation import first_problem
-from tiergate.operator.api import InferencePoolSpec
-from tiergate.operator.api.hosted import (
+from tiergate.pools import InferencePoolSpec
+from tiergate.pools.hosted import (
     HOSTED_URL_PROBLEM,
     POD_FIELDS,
     needs_accelerator_problem,

@@ -20,15 +20,15 @@ import pytest
 import yaml
 
 from tiergate.cli import build_parser
-from tiergate.operator.api import (
+from tiergate.operator.render import deployment_manifest, service_manifest
+from tiergate.operator.status import assess
+from tiergate.pools import (
     InferencePool,
     InferencePoolSpec,
     Layout,
     pool_selector_labels,
     served_names,
 )
-from tiergate.operator.render import deployment_manifest, service_manifest
-from tiergate.operator.status import assess
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.commands.sim_node_cmd import node_config, replica_spec
 from tiergate.sim_nodes.replica_spec import ReplicaSpec

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from process_helpers import NODE_LISTENING, launch, wait_listening
 
-from tiergate.operator.api import InferencePoolSpec
 from tiergate.operator.engine_args import vllm_args
 from tiergate.operator.status import assess
+from tiergate.pools import InferencePoolSpec
 from tiergate.sim_nodes.catalogs import default_catalog
 
 

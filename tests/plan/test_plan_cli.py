@@ -14,8 +14,8 @@ from crd_helpers import generated_crd, problems
 from plan_helpers import tiny_plan, write_plan
 
 from tiergate.cli import main
-from tiergate.operator.api import InferencePool
 from tiergate.plan import PlanReport
+from tiergate.pools import InferencePool
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -10,10 +10,10 @@ from pathlib import Path
 import yaml
 from plan_helpers import screened_one
 
-from tiergate.operator.api import InferencePool
 from tiergate.plan import load_plan, plan_fleet, plan_traffic, pool_manifest
 from tiergate.plan.confirm import attainment, run_trial
 from tiergate.plan.window import window
+from tiergate.pools import InferencePool
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.engine.simulation import simulate
 from tiergate.sim_nodes.perf import build_deployment

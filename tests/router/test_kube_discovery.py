@@ -25,7 +25,7 @@ from kube_helpers import (
     watch_event,
 )
 
-from tiergate.operator.api import SERVES_ANNOTATION, serves_annotation
+from tiergate.pools import SERVES_ANNOTATION, serves_annotation
 from tiergate.router.discovery.kube import KubeSource
 from tiergate.router.discovery.kube_state import (
     INFERENCE_POOLS,

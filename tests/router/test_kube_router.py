@@ -11,7 +11,7 @@ import httpx
 import pytest
 from kube_helpers import ReplayApi, eventually, kube_source, recorded, set_ready, watch_event
 
-from tiergate.operator.api import SERVES_ANNOTATION, serves_annotation
+from tiergate.pools import SERVES_ANNOTATION, serves_annotation
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.kube_state import INFERENCE_POOLS, PODS

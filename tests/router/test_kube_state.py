@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kube_helpers import recorded, recorded_pod, set_ready, watch_event
 
-from tiergate.operator.api import SERVES_ANNOTATION, SIM_NODE_SELECTOR, InferencePoolSpec, Layout
 from tiergate.operator.render import deployment_manifest
+from tiergate.pools import SERVES_ANNOTATION, SIM_NODE_SELECTOR, InferencePoolSpec, Layout
 from tiergate.router.config import ConfigError
 from tiergate.router.discovery.kube_state import (
     INFERENCE_POOLS,

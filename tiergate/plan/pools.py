@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tiergate.operator.api import API_VERSION, KIND, InferencePool
+from tiergate.pools import API_VERSION, KIND, InferencePool
 
 from .errors import PlanError
 from .report import PlanReport, TierPlan

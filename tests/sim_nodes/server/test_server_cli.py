@@ -101,7 +101,7 @@ BAD_FILES = {
 
 
 def test_the_fields_a_node_ignores_are_the_inferencepool_spec_s_others() -> None:
-    from tiergate.operator.api import InferencePoolSpec
+    from tiergate.pools import InferencePoolSpec
     from tiergate.sim_nodes.replica_spec import POOL_ONLY_FIELDS, ReplicaSpec
 
     def aliases(model: type) -> set[str]:
