@@ -35,6 +35,15 @@ def engine_root() -> Path:
     return Path(result.stdout.strip())
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The engine holds both cores and ~4.7 GB: its tests run alone (`make unit`'s serial
+    phase), in one process, so that one engine serves them all."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.serial)
+
+
 #: Engines the fixture started, for `pytest_runtest_teardown` to stop.
 _STARTED: list[EngineProcess] = []
 
