@@ -48,8 +48,10 @@ unit: install
 	$(BIN)/python -P -m pytest -q -m serial || status=$$?; \
 	exit $$status
 
+# The quick loop while changing code: the tests that start no real process or server, in
+# parallel, stopping at the first failure. `make test` runs every test.
 test-fast: install
-	$(BIN)/python -P -m pytest -q -x
+	$(BIN)/python -P -m pytest -q -x -n $(WORKERS) --dist loadscope -m "not serial and not slow"
 
 lint: install view
 	$(BIN)/ruff check .

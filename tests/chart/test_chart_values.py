@@ -10,6 +10,9 @@ from chart_helpers import CHART, Helm, HelmFailed
 
 from tiergate.router.policy.schema import policy_json_schema
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TENANT = "router.tenants.inline[0]"
 A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
 

@@ -21,6 +21,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.tiers import DEFINITIONS, TIERS, batch_cap_problem, memory_problem
 from tiergate.sim_nodes.validation import first_problem
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
