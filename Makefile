@@ -61,15 +61,21 @@ lint: install view
 typecheck: install view
 	cd $(TYPEVIEW) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tiergate
 
-# The docs site into build/site: the generated reference pages must be current, and a broken
-# link, a missing page or a page left out of the nav fails the build (mkdocs.yml).
+# The docs site into build/site: the generated CRD, chart schema and reference pages must be
+# current, and a broken link, a missing page or a page left out of the nav fails the build
+# (mkdocs.yml).
 docs: install
+	$(BIN)/tiergate crds --check
+	$(BIN)/python -P tools/chart_schema.py --check
 	$(BIN)/python -P tools/reference_docs.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Rewrite the reference pages generated from the code (docs/reference: InferencePool, router
-# configuration, tenants file, CLI, HTTP API).
+# Rewrite everything generated from the code: the CRD (crds/ and the chart's copy), the chart's
+# values.schema.json (its tier list and routing policy) and the reference pages (docs/reference:
+# InferencePool, router configuration, tenants file, CLI, HTTP API).
 docs-reference: install
+	$(BIN)/tiergate crds
+	$(BIN)/python -P tools/chart_schema.py
 	$(BIN)/python -P tools/reference_docs.py
 
 view:

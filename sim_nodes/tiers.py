@@ -6,7 +6,9 @@ says it in OpenAI's words. The InferencePool schema and its CEL rules, pool file
 router's tier resolution, admission and replies, and the seed table all read it here; it sits
 in the lowest layer so that each of them can.
 
-Adding a tier: its name in `Tier`, its `TierDefinition` in `DEFINITIONS`, and its tests.
+Adding a tier: its name in `Tier`, its `TierDefinition` in `DEFINITIONS`, `make docs-reference`
+(the CRD, the chart's values schema and the reference pages are generated from this table), and
+its tests.
 """
 
 from __future__ import annotations
@@ -55,10 +57,15 @@ class TierDefinition:
     priority: Priority = "standard"
     #: Selected for a model that only its pools serve (a distilled model of its own).
     by_model: bool = False
+    #: Its weight in a mixed workload of every tier (`tiergate bench`'s default `--mix`); 0
+    #: leaves it out of that mix.
+    traffic_share: float = 0.0
 
 
 DEFINITIONS: dict[Tier, TierDefinition] = {
-    "batched": TierDefinition("batched", "ordinary GPU serving, large continuous batches"),
+    "batched": TierDefinition(
+        "batched", "ordinary GPU serving, large continuous batches", traffic_share=0.6
+    ),
     "premium": TierDefinition(
         "premium",
         "the same model with a small batch cap",
@@ -67,12 +74,14 @@ DEFINITIONS: dict[Tier, TierDefinition] = {
         openai_service_tier="priority",
         reply_service_tier="priority",
         priority="premium",
+        traffic_share=0.3,
     ),
     "wafer-scale": TierDefinition(
         "wafer-scale",
         "a model held in the SRAM of wafer-scale chips",
         memory_kind="sram",
         by_model=True,
+        traffic_share=0.1,
     ),
 }
 #: Every tier, in the order lists of them are shown and tried.

@@ -1,6 +1,7 @@
 """A tier is defined once (sim_nodes/tiers.py): no other module of the product spells a tier's
-name, so adding a tier is its `Tier` name and `TierDefinition` there, the regenerated CRD
-(`tiergate crds`), and its tests."""
+name, not even the bench's and demo's traffic mixes, so adding a tier is its `Tier` name and
+`TierDefinition` there, the regenerated CRD, chart schema and reference pages
+(`make docs-reference`), and its tests."""
 
 import ast
 from pathlib import Path
@@ -9,11 +10,6 @@ from tiergate.sim_nodes.tiers import TIERS
 
 REPO = Path(__file__).resolve().parents[1]
 DEFINED_IN = REPO / "sim_nodes" / "tiers.py"
-#: Clients of the router whose default traffic mixes name the tiers they send to.
-CLIENT_MIXES = {
-    REPO / "tiergate" / "bench" / "workload.py",
-    REPO / "tiergate" / "local" / "demo_cmd.py",
-}
 
 
 def spelled_tiers(path: Path) -> list[str]:
@@ -35,11 +31,16 @@ def test_no_module_but_the_definition_spells_a_tier_s_name() -> None:
             if path == DEFINED_IN:
                 continue
             found = spelled_tiers(path)
-            if found and path not in CLIENT_MIXES:
+            if found:
                 spelled[str(path.relative_to(REPO))] = found
     assert spelled == {}, "read the tier from sim_nodes/tiers.py instead"
 
 
 def test_the_scan_finds_a_tier_spelled_out() -> None:
     assert spelled_tiers(DEFINED_IN)  # the one place that spells them
-    assert spelled_tiers(REPO / "tiergate" / "bench" / "workload.py")
+
+
+def test_the_scan_finds_a_tier_in_a_traffic_mix(tmp_path: Path) -> None:
+    module = tmp_path / "mix.py"
+    module.write_text(f'MIX = "{TIERS[0]}=.6"\nBEST = "{TIERS[-1]}"\n', encoding="utf-8")
+    assert spelled_tiers(module) == [f"1: '{TIERS[0]}=.6'", f"2: '{TIERS[-1]}'"]

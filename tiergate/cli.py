@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "seeds": (
         "tiergate.sim_nodes.commands.seeds_cmd",
-        "print the batched, premium and wafer-scale seed tiers side by side",
+        "print the seed tiers side by side",
     ),
     "simulate": (
         "tiergate.sim_nodes.commands.simulate_cmd",

@@ -25,6 +25,7 @@ from tiergate.router.request.body import (
 from tiergate.router.request.cascade import CASCADE_HEADER
 from tiergate.router.request.tiers import TIER_HEADER, TIERS, Tier
 from tiergate.router.tenants.spill_policy import SPILL_PRICE_HEADER, SPILL_TO_HEADER
+from tiergate.sim_nodes.tiers import DEFAULT_TIER, DEFINITIONS
 
 
 class _Open(BaseModel):
@@ -58,11 +59,19 @@ class _Common(_Open):
     )
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
         default=None,
-        description="priority -> premium; flex -> batched at lowest priority; auto may be "
-        "served by another tier when its own is saturated.",
+        description="; ".join(
+            f"{d.openai_service_tier} -> {d.name}"
+            for d in DEFINITIONS.values()
+            if d.openai_service_tier
+        )
+        + f"; flex -> {DEFAULT_TIER} at lowest priority; auto may be served by another tier "
+        "when its own is saturated.",
     )
     speed: Literal["fast", "standard"] | None = Field(
-        default=None, description="Anthropic style: fast -> premium."
+        default=None,
+        description="Anthropic style: "
+        + "; ".join(f"fast -> {d.name}" for d in DEFINITIONS.values() if d.speed_fast)
+        + ".",
     )
 
 
@@ -164,6 +173,11 @@ _REQUEST_HEADERS: list[tuple[str, dict[str, Any], str]] = [
 ]  # fmt: skip
 
 
+def _reply_service_tiers() -> str:
+    """`tier: service_tier` of every tier's replies, e.g. for the 200 reply's description."""
+    return "; ".join(f"{d.name}: {d.reply_service_tier}" for d in DEFINITIONS.values())
+
+
 def _completion_op(summary: str, schema: str) -> dict[str, Any]:
     return {
         "summary": summary,
@@ -186,8 +200,8 @@ def _completion_op(summary: str, schema: str) -> dict[str, Any]:
             "200": {
                 "description": "The completion (JSON), or server-sent events when stream is "
                 "true. Its service_tier field is OpenAI's word for the tier that served it "
-                "(premium: priority; batched: default, or flex when asked for; wafer-scale: "
-                "default); the x-tiergate-tier header names the tier itself.",
+                f"({_reply_service_tiers()}; flex instead on a tier of standard priority when "
+                "the request asked for flex); the x-tiergate-tier header names the tier itself.",
                 "headers": {
                     k: {"description": v, "schema": {"type": "string"}}
                     for k, v in _REPLY_HEADERS.items()

@@ -4,7 +4,7 @@ Each plugin's `type` is one of the registered types, and its parameters are chec
 that type's own model (pydantic's schema, camelCase keys), so `helm install` refuses an unknown
 type or a bad parameter, naming it, before a router pod starts with a policy it cannot build.
 Two plugins of one name are left to the router, which refuses them at start.
-`tools/policy_schema.py` writes it into the chart; a chart test checks the two agree.
+`tools/chart_schema.py` writes it into the chart; a chart test checks the two agree.
 """
 
 from __future__ import annotations

@@ -1,7 +1,15 @@
 """Hardware and model catalogs: data shipped as YAML, loaded into pydantic models."""
 
 from .loader import CATALOG_ENV, Catalog, CatalogError, default_catalog, load_catalog
-from .profiles import DTYPE_BYTES, DTYPES, Accelerator, Dtype, MemoryKind, ModelProfile
+from .profiles import (
+    DTYPE_BYTES,
+    DTYPES,
+    Accelerator,
+    ChipLayout,
+    Dtype,
+    MemoryKind,
+    ModelProfile,
+)
 
 __all__ = [
     "CATALOG_ENV",
@@ -9,6 +17,7 @@ __all__ = [
     "DTYPE_BYTES",
     "Accelerator",
     "Catalog",
+    "ChipLayout",
     "CatalogError",
     "Dtype",
     "MemoryKind",

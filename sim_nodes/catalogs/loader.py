@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..validation import first_problem, yaml_position
+from .kinds import kind_problem
 from .profiles import Accelerator, ModelProfile
 
 CATALOG_ENV = "TIERGATE_CATALOG"
@@ -77,11 +78,16 @@ class Catalog:
 def _parse(text: str, origin: str) -> _CatalogFile:
     try:
         data = yaml.safe_load(text) or {}
-        return _CatalogFile.model_validate(data)
+        parsed = _CatalogFile.model_validate(data)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{origin}: not valid YAML{yaml_position(exc)}") from None
     except ValidationError as exc:
         raise CatalogError(f"{origin}: {first_problem(exc)}") from None
+    for accelerator in parsed.accelerators:
+        problem = kind_problem(accelerator)
+        if problem:
+            raise CatalogError(f"{origin}: {problem}")
+    return parsed
 
 
 def _shipped(filename: str) -> _CatalogFile:

@@ -15,11 +15,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import SkipJsonSchema
 
 Dtype = Literal["bf16", "fp8", "int8", "fp4"]
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp8", "int8", "fp4")
 #: Where an accelerator holds weights and KV cache.
 MemoryKind = Literal["hbm", "sram"]
+#: How a deployment spreads a model over several chips of an accelerator.
+ChipLayout = Literal["tensor-parallel", "pipeline"]
 
 #: Bytes per element of each storage dtype (fp4 packs two values per byte).
 DTYPE_BYTES: dict[Dtype, float] = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
@@ -48,6 +51,26 @@ class Accelerator(BaseModel):
         "spec.accelerator)."
     )
     memory_kind: MemoryKind = Field(description="Where weights and KV cache live.")
+    chip_layout: ChipLayout | None = Field(
+        default=None,
+        description="How a model spans chips. tensor-parallel: groups of chips within a system "
+        "split every layer, whole systems become pipeline stages, and a deployment takes the "
+        "fewest chips that hold the weights (the KV cache gets what is left), as on GPUs. "
+        "pipeline: layers are laid out chip after chip (a tensor-parallel group per stage only "
+        "when chips outnumber layers), and a deployment takes the chips the weights and a full "
+        "batch's KV cache need, since a chip more only adds a hop, as on SRAM dataflow chips. "
+        "Default: pipeline when memoryKind is sram, else tensor-parallel.",
+    )
+    kind: SkipJsonSchema[str | None] = Field(
+        default=None,
+        description="The accelerator kind (sim_nodes/catalogs/kinds.yaml) whose calibrated "
+        "parameters it shares; unset, it keeps its own values. Catalog files only.",
+    )
+    fitted_alone: SkipJsonSchema[tuple[str, ...]] = Field(
+        default=(),
+        description="Fields of its kind's calibrated parameters it fits on its own rows instead "
+        "of sharing them. Catalog files only.",
+    )
     gpu_product: str | None = Field(
         default=None,
         description="The node label nvidia.com/gpu.product of nodes with this GPU (NVIDIA GPU "
@@ -103,6 +126,14 @@ class Accelerator(BaseModel):
         if "bf16" not in self.peak_tflops:
             raise ValueError(f"accelerator {self.name}: peak_tflops needs a bf16 entry")
         return self
+
+    @property
+    def layout(self) -> ChipLayout:
+        """`chip_layout`, or its default: SRAM chips keep a layer's weights resident on each
+        chip of a pipeline; other chips split layers in tensor-parallel groups."""
+        if self.chip_layout is not None:
+            return self.chip_layout
+        return "pipeline" if self.memory_kind == "sram" else "tensor-parallel"
 
     @property
     def memory_bytes(self) -> float:

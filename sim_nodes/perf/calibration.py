@@ -14,9 +14,9 @@ import io
 import statistics
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
 
 from ..catalogs import Catalog, Dtype
+from ..catalogs.kinds import accelerator_kinds
 from .deployment import Deployment, Speculative, chips_to_hold, default_tensor_parallel
 from .steady_state import PerfResult, Workload, evaluate
 
@@ -41,8 +41,14 @@ VENDOR_SPECULATIVE_TOKENS = 3
 #: run no faster than the wafer's fixed costs allow the rows that do not.
 VENDOR_SPECULATIVE_ACCEPTANCE = 0.13
 
-Family = Literal["dense GPU", "MoE GPU", "wafer single", "wafer multi", "LPU"]
-FAMILIES: tuple[Family, ...] = ("dense GPU", "MoE GPU", "wafer single", "wafer multi", "LPU")
+#: A row's family in the error report, from its accelerator's kind (catalogs/kinds.yaml).
+Family = str
+#: Every family, in report order: the kinds' (e.g. dense GPU, MoE GPU, wafer single, ...).
+FAMILIES: tuple[Family, ...] = tuple(
+    family for kind in accelerator_kinds().values() for family in kind.report_families()
+)
+#: The family of a row on an accelerator of no kind.
+NO_KIND = "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +161,11 @@ def deployment_for(
 
 
 def family_of(row: Measurement, deployment: Deployment) -> Family:
-    """Which family a row belongs to, for the error report."""
-    if deployment.accelerator.memory_kind == "hbm":
-        return "MoE GPU" if deployment.model.is_moe else "dense GPU"
-    if deployment.accelerator.name.startswith("wse"):
-        return "wafer single" if deployment.chips == 1 else "wafer multi"
-    return "LPU"
+    """Which family a row belongs to, for the error report: its accelerator kind's."""
+    kind = accelerator_kinds().get(deployment.accelerator.kind or "")
+    if kind is None:
+        return NO_KIND
+    return kind.family_of(moe=deployment.model.is_moe, chips=deployment.chips)
 
 
 def predict(

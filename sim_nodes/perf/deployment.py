@@ -169,10 +169,10 @@ def chips_to_hold(
 ) -> int:
     """Fewest chips whose memory holds the weights plus `kv_tokens` of KV cache.
 
-    GPUs are sized in tensor-parallel groups (a power of two dividing the heads, up to a
-    system, then whole systems as pipeline stages); SRAM chips one chip at a time, since their
-    layout is a pipeline. When nothing holds the model the largest candidate is returned, so
-    evaluating it reports `fits: false` with the numbers rather than failing.
+    A tensor-parallel layout is sized in groups (a power of two dividing the heads, up to a
+    system, then whole systems as pipeline stages); a pipeline layout one chip at a time. When
+    nothing holds the model the largest candidate is returned, so evaluating it reports
+    `fits: false` with the numbers rather than failing.
     """
     params = model.total_params_b * 1e9 + (draft.total_params_b * 1e9 if draft else 0.0)
     need = params * DTYPE_BYTES[weight_dtype] + kv_tokens * model.kv_bytes_per_token(
@@ -180,8 +180,8 @@ def chips_to_hold(
     )
     per_chip = max(accelerator.usable_bytes_per_chip, 1.0)
     lower = max(1, math.ceil(need / per_chip))
-    if accelerator.memory_kind == "sram":
-        return _sram_size(lower, model)
+    if accelerator.layout == "pipeline":
+        return _pipeline_size(lower, model)
     sizes = _gpu_sizes(accelerator.chips_per_system, model)
     # KV heads are replicated when tensor parallel exceeds them, so check each size for real.
     for chips in sizes:
@@ -194,7 +194,7 @@ def chips_to_hold(
     return sizes[-1]
 
 
-def _sram_size(lower: int, model: ModelProfile) -> int:
+def _pipeline_size(lower: int, model: ModelProfile) -> int:
     """Fewest chips >= `lower` that lay out as (tensor-parallel group) x (stages <= layers).
 
     One layer per chip at most while the model spans fewer chips than it has layers; beyond
@@ -224,12 +224,12 @@ def _gpu_sizes(per_system: int, model: ModelProfile) -> list[int]:
 def default_tensor_parallel(chips: int, model: ModelProfile, accelerator: Accelerator) -> int:
     """The layout an operator would pick.
 
-    GPUs: the largest group that fits in one system, divides the chips and divides the
-    attention heads; the rest of the chips become pipeline stages. SRAM chips: a pure pipeline
-    while there are no more chips than layers, then the smallest tensor-parallel group per
-    stage that makes the stages fit the layers.
+    Tensor-parallel layouts (GPUs): the largest group that fits in one system, divides the
+    chips and divides the attention heads; the rest of the chips become pipeline stages.
+    Pipeline layouts (SRAM chips): a pure pipeline while there are no more chips than layers,
+    then the smallest tensor-parallel group per stage that makes the stages fit the layers.
     """
-    if accelerator.memory_kind == "sram":
+    if accelerator.layout == "pipeline":
         fitting = [
             tp for tp in _head_divisors(model) if chips % tp == 0 and chips // tp <= model.layers
         ]

@@ -1,15 +1,13 @@
 """Fitting the calibrated parameters, and the leave-one-out pass that keeps the fit honest.
 
-Parameters are fitted per accelerator *group*, never per row: the HBM GPUs share bandwidth and
-compute efficiency, the engine overhead per step and the share of the fp4 peak fp4 kernels
-reach; expert grouped GEMMs have one efficiency for Hopper and Ampere and one for B200; WSE-3
-has its per-step cost, per-layer latency and wafer-to-wafer hop, the LPU its per-layer latency;
-the acceptance rate of vendors' speculative drafts is fitted with the wafer rows (the only rows
-that decode speculatively). The fit minimises the sum of squared log errors (over- and
-under-prediction weigh the same) by Nelder-Mead within physical bounds.
+Parameters are fitted per accelerator *kind* (catalogs/kinds.yaml), never per row: the kind
+lists the fields fitted on its chips' rows and their bounds, and a field is shared by the
+kind's chips unless a chip fits it alone (`fitted_alone`). The fit minimises the sum of squared
+log errors (over- and under-prediction weigh the same) by Nelder-Mead within physical bounds.
 
 Leave-one-out predicts each row with parameters fitted without it: that is the error a new
-measurement should expect. A group left with no rows keeps the catalog's values (its prior).
+measurement should expect. A kind left with no rows keeps the catalog's values, or the kind's
+priors where it states them.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..catalogs import Catalog
+from ..catalogs.kinds import SPECULATIVE_ACCEPTANCE, AcceleratorKind, accelerator_kinds
 from . import fit_cache
 from .calibration import (
     VENDOR_SPECULATIVE_ACCEPTANCE,
@@ -28,11 +27,21 @@ from .calibration import (
     shipped_measurements,
 )
 
-#: The acceptance-rate parameter's name (it belongs to no accelerator).
-SPECULATIVE_ACCEPTANCE = "speculative.acceptance_rate"
-#: Values a group falls back on when leave-one-out leaves it no rows: the estimates the
-#: catalog held before any row of that group was fitted (groq-lpu: 40 us per layer).
-PRIORS: dict[str, float] = {"groq-lpu.layer_latency_us": 40.0}
+__all__ = [
+    "SPECULATIVE_ACCEPTANCE",
+    "Group",
+    "LeaveOneOut",
+    "Parameter",
+    "current_values",
+    "fit",
+    "fit_group",
+    "groups",
+    "leave_one_out",
+    "predict_with",
+    "priors",
+    "sees",
+    "with_values",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,8 @@ class Parameter:
     accelerators: tuple[str, ...]
     low: float
     high: float
+    with_dtype: str | None = None  # priced only by rows whose weights are of this dtype
+    prior: float | None = None  # its value when leave-one-out leaves its kind no rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,32 +66,35 @@ class Group:
     parameters: tuple[Parameter, ...]
 
 
-#: GPU efficiencies fitted per accelerator rather than shared by all GPUs. B200's expert
-#: grouped GEMMs (fp4, in every B200 row) reach a smaller share of the roofline than Hopper's
-#: (fp8) in the same software release.
-OWN_EFFICIENCIES: dict[str, tuple[str, ...]] = {"b200": ("grouped_gemm_efficiency",)}
-
-
-def _gpu_parameters(gpus: tuple[str, ...], fp4_gpus: tuple[str, ...]) -> tuple[Parameter, ...]:
-    """The GPU group: each field shared by the GPUs that do not fit it on their own, and the
-    fp4 kernels' share of the fp4 peak, shared by the GPUs that have fp4 units."""
-    bounds = {
-        "memory_bandwidth_efficiency": (0.4, 1.0),
-        "compute_efficiency": (0.2, 1.0),
-        "step_overhead_us": (50.0, 3000.0),
-        "grouped_gemm_efficiency": (0.05, 1.0),
-    }
+def _parameters(
+    kind: AcceleratorKind, catalog: Catalog, members: tuple[str, ...]
+) -> list[Parameter]:
+    """A kind's parameters: each fitted field shared by the members that do not fit it alone
+    (named after the kind, or after the member when it is the kind's only one), then one per
+    member that does (named after it)."""
     out = []
-    for field, (low, high) in bounds.items():
-        apart = tuple(n for n in gpus if field in OWN_EFFICIENCIES.get(n, ()))
-        shared = tuple(n for n in gpus if n not in apart)
-        out.append(Parameter(f"gpu.{field}", field, shared, low, high))
-        out += [Parameter(f"{n}.{field}", field, (n,), low, high) for n in apart]
-    if fp4_gpus:
-        out.append(
-            Parameter("gpu.fp4_compute_efficiency", "fp4_compute_efficiency", fp4_gpus, 0.1, 1.0)
+    for f in kind.fitted:
+        if f.field == SPECULATIVE_ACCEPTANCE:
+            out.append(Parameter(f.field, f.field, members, f.low, f.high, prior=f.prior))
+            continue
+        having = tuple(
+            n
+            for n in members
+            if f.with_dtype is None or f.with_dtype in catalog.accelerators[n].peak_tflops
         )
-    return tuple(out)
+        if not having:
+            continue
+        apart = tuple(n for n in having if f.field in catalog.accelerators[n].fitted_alone)
+        shared = tuple(n for n in having if n not in apart)
+        prefix = kind.name if len(members) > 1 else members[0]
+        out.append(
+            Parameter(f"{prefix}.{f.field}", f.field, shared, f.low, f.high, f.with_dtype, f.prior)
+        )
+        out += [
+            Parameter(f"{n}.{f.field}", f.field, (n,), f.low, f.high, f.with_dtype, f.prior)
+            for n in apart
+        ]
+    return out
 
 
 def sees(p: Parameter, row: Measurement, catalog: Catalog) -> bool:
@@ -91,36 +105,25 @@ def sees(p: Parameter, row: Measurement, catalog: Catalog) -> bool:
         return bool(row.speculative)
     if p.field == "grouped_gemm_efficiency":
         return catalog.model(row.model).is_moe
-    if p.field == "fp4_compute_efficiency":
-        return row.weight_dtype == "fp4"
+    if p.with_dtype is not None:
+        return row.weight_dtype == p.with_dtype
     return True
 
 
 def groups(catalog: Catalog) -> list[Group]:
-    """The parameter groups of `catalog`: one per kind of accelerator that has rows."""
-    gpus = tuple(n for n, a in catalog.accelerators.items() if a.memory_kind == "hbm")
-    fp4_gpus = tuple(n for n in gpus if "fp4" in catalog.accelerators[n].peak_tflops)
-    wse, lpu = ("wse-3",), ("groq-lpu",)
-    return [
-        Group("GPU", gpus, _gpu_parameters(gpus, fp4_gpus)),
-        Group(
-            "WSE-3",
-            wse,
-            (
-                Parameter("wse-3.layer_latency_us", "layer_latency_us", wse, 1.0, 60.0),
-                Parameter(
-                    "wse-3.interconnect_latency_us", "interconnect_latency_us", wse, 1.0, 500.0
-                ),
-                Parameter("wse-3.step_overhead_us", "step_overhead_us", wse, 1.0, 3000.0),
-                Parameter(SPECULATIVE_ACCEPTANCE, SPECULATIVE_ACCEPTANCE, wse, 0.05, 0.95),
-            ),
-        ),
-        Group(
-            "LPU",
-            lpu,
-            (Parameter("groq-lpu.layer_latency_us", "layer_latency_us", lpu, 2.0, 200.0),),
-        ),
-    ]
+    """The parameter groups of `catalog`: one per accelerator kind that has accelerators in it,
+    in the kinds' order."""
+    out = []
+    for kind in accelerator_kinds().values():
+        members = tuple(n for n, a in catalog.accelerators.items() if a.kind == kind.name)
+        if members:
+            out.append(Group(kind.name, members, tuple(_parameters(kind, catalog, members))))
+    return out
+
+
+def priors(group: Group) -> dict[str, float]:
+    """The values `group`'s parameters fall back on when no row of it is left to fit them."""
+    return {p.name: p.prior for p in group.parameters if p.prior is not None}
 
 
 Values = dict[str, float]
@@ -328,6 +331,6 @@ def _leave_one_out(catalog: Catalog, rows: list[Measurement]) -> list[LeaveOneOu
             out.append(LeaveOneOut(predict_with(row, catalog, start), True))
             continue
         peers = [r for r in others if r.accelerator in group.accelerators and r.active]
-        values = fit_group(group, others, catalog, start) if peers else {**start, **PRIORS}
+        values = fit_group(group, others, catalog, start) if peers else {**start, **priors(group)}
         out.append(LeaveOneOut(predict_with(row, catalog, values), not peers))
     return out

@@ -88,11 +88,12 @@ class Node:
 def _sizing_kv_tokens(config: NodeConfig, catalog: Catalog) -> int:
     """KV tokens `chips: auto` must hold besides the weights.
 
-    SRAM chips hold the KV cache in the same scarce memory as the weights, so a full batch
-    of `sizing_tokens_per_sequence` each is provisioned; HBM layouts take the fewest chips
-    that hold the weights (the KV cache gets what is left), as a vLLM deployment would.
+    A pipeline layout (SRAM chips) holds the KV cache in the same scarce memory as the
+    weights, so a full batch of `sizing_tokens_per_sequence` each is provisioned; a
+    tensor-parallel layout takes the fewest chips that hold the weights (the KV cache gets what
+    is left), as a vLLM deployment would.
     """
     accelerator = catalog.accelerator(config.serving.hardware())
-    if accelerator.memory_kind != "sram":
+    if accelerator.layout != "pipeline":
         return 0
     return config.serving.batching.max_num_seqs * config.sizing_tokens_per_sequence

@@ -4,11 +4,18 @@ templates' own cross-field checks)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from chart_helpers import CHART, Helm, HelmFailed
 
-from tiergate.router.policy.schema import policy_json_schema
+from tiergate.sim_nodes.tiers import TIERS
+
+ROOT = CHART.parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import chart_schema  # noqa: E402  (a tool, beside the repository's other generators)
 
 #: Real processes and servers, or seconds of work: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -47,6 +54,19 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         (["runAsUser=0"], "/runAsUser"),
         (["tests.tier=fast"], "/tests/tier"),
         ([*A_TENANT, f"{TENANT}.allowedTiers={{batched,turbo}}"], "/allowedTiers/1"),
+        ([*A_TENANT, f"{TENANT}.spillOver.to={{turbo}}"], "/spillOver/to/0"),
+        (
+            [
+                *A_TENANT,
+                f"{TENANT}.spillOver.to={{batched}}",
+                f"{TENANT}.spillOver.notForTools={{x}}",
+            ],
+            "/spillOver/notForTools/0",
+        ),
+        (
+            ["monitoring.rules.ttftP99ObjectiveSeconds.turbo=1"],
+            "invalid propertyName 'turbo'",
+        ),
         ([*A_TENANT, f"{TENANT}.requestsPerMinute=0"], "/requestsPerMinute"),
         ([*A_TENANT, f"{TENANT}.budgetPeriod=year"], "/budgetPeriod"),
         ([*A_TENANT, f"{TENANT}.apiKeySha256[0]=not-a-digest"], "/apiKeySha256/0"),
@@ -118,14 +138,53 @@ def test_good_values_of_each_kind_are_accepted(helm: Helm) -> None:
     assert helm.template(sets=sets)
 
 
-def test_the_chart_s_policy_schema_is_the_router_s_plugins() -> None:
-    """values.schema.json's router.policy is generated from the plugin registry: a plugin type
-    or parameter added without regenerating it would be refused by helm."""
+def test_the_chart_s_generated_parts_are_what_the_code_generates() -> None:
+    """values.schema.json's tier list and router.policy come from sim_nodes/tiers.py and the
+    plugin registry: a tier, plugin type or parameter added without regenerating the file
+    would be refused by helm."""
+    committed = (CHART / "values.schema.json").read_text()
+    generated = chart_schema.text_of(chart_schema.generated(json.loads(committed)))
+    assert committed == generated, "run: make docs-reference"
+    schema = json.loads(committed)
+    assert schema["definitions"]["tier"]["enum"] == list(TIERS)
+
+
+def test_no_value_spells_the_tiers_but_the_generated_list() -> None:
+    """Every value naming a tier refers to `definitions.tier`, so regenerating that one list is
+    all a new tier needs."""
     schema = json.loads((CHART / "values.schema.json").read_text())
-    wanted = policy_json_schema()
-    assert schema["properties"]["router"]["properties"]["policy"] == wanted, (
-        "run: python -P tools/policy_schema.py"
-    )
+    spelled, refs = [], []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if set(node.get("enum", [])) & set(TIERS):
+                spelled.append(path)
+            if node.get("$ref") == "#/definitions/tier":
+                refs.append(path)
+            for key, child in node.items():
+                walk(child, f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, child in enumerate(node):
+                walk(child, f"{path}/{index}")
+
+    walk(schema, "")
+    assert spelled == ["/definitions/tier"]
+    assert len(refs) == 5, refs  # allowedTiers, spillOver.to/notForTools, objectives, helm test
+
+
+def test_the_check_fails_on_a_stale_tier_list(tmp_path: Path) -> None:
+    target = tmp_path / "charts" / "tiergate" / "values.schema.json"
+    target.parent.mkdir(parents=True)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    schema["definitions"]["tier"]["enum"] = list(TIERS)[:-1]
+    target.write_text(chart_schema.text_of(schema))
+    tool = [sys.executable, "-P", str(ROOT / "tools" / "chart_schema.py"), "--root", str(tmp_path)]
+    stale = subprocess.run([*tool, "--check"], capture_output=True, text=True, timeout=60)
+    assert stale.returncode == 1 and "stale" in stale.stdout
+    assert json.loads(target.read_text())["definitions"]["tier"]["enum"] == list(TIERS)[:-1]
+    subprocess.run(tool, check=True, capture_output=True, timeout=60)
+    assert subprocess.run([*tool, "--check"], capture_output=True, timeout=60).returncode == 0
+    assert json.loads(target.read_text())["definitions"]["tier"]["enum"] == list(TIERS)
 
 
 def test_schema_refuses_unknown_keys_at_every_level() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from tiergate.bench.errors import BenchError
 from tiergate.router.request.tiers import TIERS
+from tiergate.sim_nodes.tiers import DEFINITIONS
 
 __all__ = [
     "DEFAULT_MIX",
@@ -29,7 +30,12 @@ __all__ = [
     "tool_definition",
 ]
 
-DEFAULT_MIX = "batched=.6,premium=.3,wafer-scale=.1"
+#: Every tier with a traffic share (sim_nodes/tiers.py), e.g. `batched=.6,premium=.3,...`.
+DEFAULT_MIX = ",".join(
+    f"{d.name}={d.traffic_share:g}".replace("=0.", "=.")
+    for d in DEFINITIONS.values()
+    if d.traffic_share > 0
+)
 
 TOOL_NAME = "run_shell_command"
 
@@ -160,7 +166,8 @@ def parse_max_tokens(text: str) -> tuple[int | None, int]:
 
 
 def parse_mix(text: str) -> dict[str, float]:
-    """`batched=.6,premium=.3` -> {tier: weight}; weights are relative (need not sum to 1).
+    """`tier=weight[,tier=weight...]` -> {tier: weight}; weights are relative (need not sum
+    to 1).
 
     Raises BenchError for bad syntax, an unknown or repeated tier, a negative or non-finite
     weight, or weights that add up to nothing.

@@ -1,5 +1,7 @@
 """`tiergate demo` (what `make demo` runs): `tiergate up` on the embedded default, a short
-`tiergate bench` through it, the per-tier table, and everything stopped again."""
+`tiergate bench` through it, the per-tier table, and everything stopped again.
+
+The bench sends an even mix of every tier the router serves, so a short run shows each."""
 
 from __future__ import annotations
 
@@ -7,10 +9,13 @@ import argparse
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 
+from tiergate.bench.discovery import parse_model_list
 from tiergate.sim_nodes.commands.common import CliError, positive_int
+from tiergate.sim_nodes.tiers import TIERS
 
 ROUTER = "http://127.0.0.1:8080"
 
@@ -34,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return main([
             "bench", "--router", ROUTER,
             "--requests", str(args.requests), "--concurrency", str(args.concurrency),
-            "--mix", "batched=.4,premium=.3,wafer-scale=.3",
+            "--mix", even_mix(httpx.get(ROUTER + "/v1/models", timeout=5).json()),
             "--tools-fraction", "0.5", "--max-tokens", "200",
         ])  # fmt: skip
     finally:
@@ -66,3 +71,13 @@ def _wait_until_up(up: subprocess.Popen[str], timeout_s: float = 90.0) -> str:
         time.sleep(0.2)
     detail = lines[-1] if lines else "no output"
     raise CliError(f"tiergate up did not become ready: {detail}")
+
+
+def even_mix(model_list: Any) -> str:
+    """A `--mix` giving each tier that `model_list` (the router's `GET /v1/models`) says it
+    serves the same weight, in the tiers' own order."""
+    served = {tier for model in parse_model_list(model_list) for tier in model.tiers or ()}
+    tiers = [tier for tier in TIERS if tier in served]
+    if not tiers:
+        raise CliError("the router serves no tier (GET /v1/models lists none)")
+    return ",".join(f"{tier}=1" for tier in tiers)

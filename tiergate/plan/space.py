@@ -180,8 +180,8 @@ def _layouts(
             draft=draft,
         )
 
-    if accelerator.memory_kind == "sram":
-        # More wafers than the batch needs only add pipeline hops.
+    if accelerator.layout == "pipeline":
+        # More chips than the batch needs only add pipeline hops.
         chips = hold(kv_tokens)
         return [(chips, default_tensor_parallel(chips, model, accelerator))]
     fewest = hold(longest_request)

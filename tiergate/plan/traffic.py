@@ -63,7 +63,7 @@ class TraceLine(BaseModel):
     arrival_s: float = Field(
         ge=0, le=1e9, allow_inf_nan=False, description="Arrival time, seconds."
     )
-    tier: Tier = Field(description="batched, premium or wafer-scale.")
+    tier: Tier = Field(description="The tier the request asks for.")
     prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS, description="Prompt length, tokens.")
     output_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS, description="Tokens to generate.")
     cached_prompt_tokens: int = Field(

@@ -9,6 +9,7 @@ import pytest
 
 from tiergate.bench.errors import BenchError
 from tiergate.bench.workload import (
+    DEFAULT_MIX,
     TOOL_MIN_MAX_TOKENS,
     TOOL_NAME,
     Workload,
@@ -18,6 +19,7 @@ from tiergate.bench.workload import (
 )
 from tiergate.sim_nodes.commands.common import CliError
 from tiergate.sim_nodes.server.tokenizer import count_chat_tokens
+from tiergate.sim_nodes.tiers import DEFINITIONS
 
 
 def workload(**overrides: object) -> Workload:
@@ -39,6 +41,13 @@ def test_mix_parses_relative_weights_and_drops_zero_ones() -> None:
         "wafer-scale": 0.1,
     }
     assert parse_mix("premium=3,batched=0") == {"premium": 3.0}
+
+
+def test_the_default_mix_is_each_tier_s_traffic_share() -> None:
+    assert parse_mix(DEFAULT_MIX) == {
+        d.name: d.traffic_share for d in DEFINITIONS.values() if d.traffic_share > 0
+    }
+    assert DEFAULT_MIX == "batched=.6,premium=.3,wafer-scale=.1"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,30 @@
+"""`tiergate demo` sends an even mix of the tiers the router says it serves."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiergate.local.demo_cmd import even_mix
+from tiergate.sim_nodes.commands.common import CliError
+from tiergate.sim_nodes.tiers import TIERS
+
+
+def models(*tiers_per_model: list[str] | None) -> dict[str, object]:
+    entries: list[dict[str, object]] = []
+    for i, tiers in enumerate(tiers_per_model):
+        entries.append({"id": f"m{i}", **({"tiers": tiers} if tiers is not None else {})})
+    return {"object": "list", "data": entries}
+
+
+def test_every_served_tier_once_in_the_tiers_order() -> None:
+    served = models([TIERS[-1]], list(reversed(TIERS)), [TIERS[0]])
+    assert even_mix(served) == ",".join(f"{t}=1" for t in TIERS)
+
+
+def test_a_tier_no_pool_serves_is_left_out() -> None:
+    assert even_mix(models([TIERS[1]], None)) == f"{TIERS[1]}=1"
+
+
+def test_no_served_tier_is_an_error() -> None:
+    with pytest.raises(CliError, match="serves no tier"):
+        even_mix(models(None))
