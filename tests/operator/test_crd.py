@@ -26,7 +26,13 @@ from tiergate.sim_nodes.validation import first_problem
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+#: Every InferencePool example: those `kubectl apply -f examples/` creates, and those in folders
+#: of their own (they need something first: a Secret, a metrics pipeline).
+EXAMPLES = [
+    p
+    for pattern in ("*.yaml", "autoscaling/*.yaml", "hosted/*.yaml")
+    for p in sorted((ROOT / "examples").glob(pattern))
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +81,7 @@ def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
 # -- validation as the API server does it: OpenAPI schema, then CEL rules ---------------------
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_examples_are_accepted(crd: dict[str, Any], path: Path) -> None:
     assert problems(crd, yaml.safe_load(path.read_text(encoding="utf-8"))) == []
 
