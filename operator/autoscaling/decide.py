@@ -194,7 +194,8 @@ def decide(
         desired = base
     at_routers = ""
     if routers is not None:
-        at_routers = f", {queued} queued at {routers.routers - routers.unread} routers"
+        read = routers.routers - routers.unread
+        at_routers = f", {queued} queued at {read} router{'' if read == 1 else 's'}"
     why = (
         f"{demand} concurrent requests ({load.running} running, {load.waiting} waiting "
         f"on {load.pods} pods{at_routers}) / {per_replica:.1f} per replica at the SLO"
