@@ -193,7 +193,7 @@ def hosted_rules(catalog: Catalog) -> list[Schema]:
 #: Rules on spec.endpoint itself.
 ENDPOINT_RULES: list[Schema] = [
     {
-        "rule": f"self.url.matches('{HOSTED_URL_PATTERN}')",
+        "rule": f"self.url.matches(r'{HOSTED_URL_PATTERN}')",
         "message": HOSTED_URL_PROBLEM,
         "fieldPath": ".url",
     },
