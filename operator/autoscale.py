@@ -88,6 +88,9 @@ class MetricsScraper:
         reply.raise_for_status()
         return reply.text
 
+    def close(self) -> None:
+        self._client.close()
+
 
 Scrape = Callable[[PodAddress], str]
 
