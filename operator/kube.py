@@ -75,43 +75,9 @@ class Cluster(Protocol):
 
     def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None: ...
 
-    def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
-        """The pool's sim-node pods (by its selector labels); ready: the pod's Ready
-        condition is True and it is not being deleted."""
-        selector = label_selector(pool_selector_labels(pool))
-        try:
-            return self._pods(namespace, selector)
-        except ApiException as exc:
-            raise _temporary(f"list the pods of InferencePool {namespace}/{pool}", exc) from None
+    def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]: ...
 
-    def router_pods(self, namespace: str, selector: str) -> list[PodAddress]:
-        """The router's pods (`selector`, a label selector), ready as `pool_pods` says.
-        Raises RoutersUnknown when they cannot be listed (the message says why)."""
-        try:
-            return self._pods(namespace, selector)
-        except ApiException as exc:
-            if exc.status == 403:
-                raise RoutersUnknown(f"the operator may not list pods in {namespace}") from None
-            raise RoutersUnknown(
-                f"listing the router pods in {namespace}: HTTP {exc.status}: {_message(exc)}"
-            ) from None
-
-    def _pods(self, namespace: str, selector: str) -> list[PodAddress]:
-        pods = self._core.list_namespaced_pod(
-            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
-        )
-        found = []
-        for pod in pods.items or []:
-            status, meta = pod.status, pod.metadata
-            if meta is None:
-                continue
-            ready = meta.deletion_timestamp is None and any(
-                c.type == "Ready" and c.status == "True"
-                for c in (status.conditions if status else None) or []
-            )
-            ip = status.pod_ip if status else None
-            found.append(PodAddress(str(meta.name), ip, ready))
-        return found
+    def router_pods(self, namespace: str, selector: str) -> list[PodAddress]: ...
 
     def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None: ...
 
@@ -265,11 +231,26 @@ class KubeCluster:
         condition is True and it is not being deleted."""
         selector = label_selector(pool_selector_labels(pool))
         try:
-            pods = self._core.list_namespaced_pod(
-                namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
-            )
+            return self._pods(namespace, selector)
         except ApiException as exc:
             raise _temporary(f"list the pods of InferencePool {namespace}/{pool}", exc) from None
+
+    def router_pods(self, namespace: str, selector: str) -> list[PodAddress]:
+        """The router's pods (`selector`, a label selector), ready as `pool_pods` says.
+        Raises RoutersUnknown when they cannot be listed (the message says why)."""
+        try:
+            return self._pods(namespace, selector)
+        except ApiException as exc:
+            if exc.status == 403:
+                raise RoutersUnknown(f"the operator may not list pods in {namespace}") from None
+            raise RoutersUnknown(
+                f"listing the router pods in {namespace}: HTTP {exc.status}: {_message(exc)}"
+            ) from None
+
+    def _pods(self, namespace: str, selector: str) -> list[PodAddress]:
+        pods = self._core.list_namespaced_pod(
+            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
+        )
         found = []
         for pod in pods.items or []:
             status, meta = pod.status, pod.metadata

@@ -85,7 +85,7 @@ def test_one_tick_reaches_what_the_step_needs_and_an_unanswering_router_holds_th
         scrapers.append(node_scraper)
         cluster = FakeCluster()
         cluster.pods[(NS, POOL)] = [node_pod]
-        cluster.router_pods = lambda namespace, selector: [p for p, _ in pods.values()]  # type: ignore[method-assign]
+        cluster.routers = [pod for pod, _ in pods.values()]
         config = Routers(ROUTERS_NS, "app=router", NS, lambda pod: pods[pod.name][1](pod))
 
         errors: list[BaseException] = []
