@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 from operator_helpers import CATALOG, FakeCluster
 from polling_helpers import until
 from process_helpers import Running, start_router, start_sim_node
@@ -19,6 +20,9 @@ from tiergate.operator.api import AutoscalingStatus
 from tiergate.operator.autoscale import ROUTER_QUEUES_UNKNOWN, MetricsScraper, Routers, autoscale
 from tiergate.operator.autoscaling import parse_router_waiting
 from tiergate.operator.kube import PodAddress
+
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 NS, POOL, MODEL = "team-a", "chat", "llama-3.1-8b"
 ROUTERS_NS = "tiergate-system"
