@@ -38,11 +38,20 @@ test: install
 	@$(PHASE) unit $(MAKE) --no-print-directory unit
 	@$(PHASE) e2e $(MAKE) --no-print-directory e2e
 
+# Unit and integration tests: most in WORKERS parallel processes (pytest-xdist, each taking
+# whole modules, so a module's fixtures start once), then those marked `serial` alone: they
+# measure time on real processes or hold the machine (the real engine). Both phases always run.
+WORKERS ?= 3
 unit: install
-	$(BIN)/python -P -m pytest -q
+	status=0; \
+	$(BIN)/python -P -m pytest -q -n $(WORKERS) --dist loadscope -m "not serial" || status=$$?; \
+	$(BIN)/python -P -m pytest -q -m serial || status=$$?; \
+	exit $$status
 
+# The quick loop while changing code: the tests that start no real process or server, in
+# parallel, stopping at the first failure. `make test` runs every test.
 test-fast: install
-	$(BIN)/python -P -m pytest -q -x
+	$(BIN)/python -P -m pytest -q -x -n $(WORKERS) --dist loadscope -m "not serial and not slow"
 
 lint: install view
 	$(BIN)/ruff check .

@@ -30,7 +30,7 @@ from cluster import (  # noqa: E402
     reap_stale_test_clusters,
     tools_bin,
 )
-from release import BACKEND, Release, installed, namespace_for  # noqa: E402
+from release import BACKEND, Release, installed, namespace_for, settle  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -53,6 +53,7 @@ def cluster() -> Iterator[LocalCluster]:
         (state / "kubeconfig").unlink(missing_ok=True)
         (state / "kubeconfig").symlink_to(Path(kubeconfig).resolve())
         yield c
+        settle()
         return
     try:
         bin_dir = tools_bin()
@@ -68,6 +69,7 @@ def cluster() -> Iterator[LocalCluster]:
         c.delete()
         pytest.fail(f"cannot start the local cluster: {exc}")
     yield c
+    settle()
     c.delete()
     shutil.rmtree(c.state, ignore_errors=True)
 

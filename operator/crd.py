@@ -188,7 +188,8 @@ def hosted_rules(catalog: Catalog) -> list[Schema]:
 #: Rules on spec.endpoint itself.
 ENDPOINT_RULES: list[Schema] = [
     {
-        "rule": f"self.url.matches('{HOSTED_URL_PATTERN}')",
+        # A raw string: CEL's quoted strings have no \s escape (the API server refuses it).
+        "rule": f"self.url.matches(r'{HOSTED_URL_PATTERN}')",
         "message": HOSTED_URL_PROBLEM,
         "fieldPath": ".url",
     },

@@ -6,7 +6,8 @@
 - `deployment_changed`: a Deployment the operator owns changed (pods became ready, someone
   deleted it): reconcile its pool at once rather than at the next timer.
 - `inferencepool_autoscale`: a timer on pools with `spec.autoscaling`, every
-  `AUTOSCALE_INTERVAL_S`: performs `autoscale`'s tick (status first, then the scale).
+  `AUTOSCALE_INTERVAL_S`: performs `autoscale`'s tick (status first, then the scale); the
+  routers' queues count when `OperatorMemo.routers` says where the routers run.
 
 Operator settings (`configure`): watch timeouts so a silently stalled watch is re-opened,
 progress kept in annotations (the CRD's structural schema would prune kopf's `status.kopf`),
@@ -26,7 +27,7 @@ import kopf
 from tiergate.pools import GROUP, PLURAL, VERSION
 from tiergate.sim_nodes.catalogs import Catalog
 
-from .autoscale import AUTOSCALE_INTERVAL_S, MetricsScraper, Scrape, autoscale
+from .autoscale import AUTOSCALE_INTERVAL_S, MetricsScraper, Routers, Scrape, autoscale
 from .images import ImagePolicy
 from .kube import Cluster, KubeCluster
 from .metrics import Handler, OperatorMetrics, result_of
@@ -79,6 +80,8 @@ class OperatorMemo:
     namespaced: bool = False  # watching named namespaces only (no cluster-wide permissions)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     scrape: Scrape = field(default_factory=MetricsScraper)  # a pod's /metrics text
+    #: Where the routers run, whose queues count in the pools' demand (None: not read).
+    routers: Routers | None = None
     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
     #: The PersistentVolumeClaim real engines cache weights on (None: an emptyDir per pod).
     model_cache_claim: str | None = None
@@ -216,7 +219,7 @@ def inferencepool_autoscale(body: kopf.Body, memo: OperatorMemo, **_: Any) -> No
         return
     cluster = memo.api()
     try:
-        tick = autoscale(dict(body), cluster, memo.catalog, memo.scrape, memo.clock())
+        tick = autoscale(dict(body), cluster, memo.catalog, memo.scrape, memo.clock(), memo.routers)
         if tick is None:
             return
         cluster.patch_pool_status(namespace, name, tick.status)

@@ -7,8 +7,9 @@ handlers in threads); tests pass a fake. A transient API failure raises `kopf.Te
 so kopf retries with backoff; a manifest the API server refuses as invalid raises
 `ApplyRejected`, which retrying cannot mend.
 
-The autoscaler reads the pool's pods (address, readiness) and the HPAs of its namespace, and
-writes `spec.replicas` through the pool's scale subresource, as an HPA would.
+The autoscaler reads the pool's pods (address, readiness), the router's pods (to read their
+queues) and the HPAs of the pool's namespace, and writes `spec.replicas` through the pool's
+scale subresource, as an HPA would.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "Cluster",
     "KubeCluster",
     "PodAddress",
+    "RoutersUnknown",
     "current_namespace",
     "load_kube_config",
 ]
@@ -41,6 +43,10 @@ Manifest = dict[str, Any]
 #: Seconds before a request to the API server is abandoned (a stalled call must not hang).
 REQUEST_TIMEOUT_S = 30
 RETRY_DELAY_S = 10
+
+
+class RoutersUnknown(Exception):
+    """The router's pods could not be listed: what waits in their queues is unknown."""
 
 
 class ApplyRejected(Exception):
@@ -71,6 +77,8 @@ class Cluster(Protocol):
     def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None: ...
 
     def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]: ...
+
+    def router_pods(self, namespace: str, selector: str) -> list[PodAddress]: ...
 
     def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None: ...
 
@@ -224,11 +232,26 @@ class KubeCluster:
         condition is True and it is not being deleted."""
         selector = label_selector(pool_selector_labels(pool))
         try:
-            pods = self._core.list_namespaced_pod(
-                namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
-            )
+            return self._pods(namespace, selector)
         except ApiException as exc:
             raise _temporary(f"list the pods of InferencePool {namespace}/{pool}", exc) from None
+
+    def router_pods(self, namespace: str, selector: str) -> list[PodAddress]:
+        """The router's pods (`selector`, a label selector), ready as `pool_pods` says.
+        Raises RoutersUnknown when they cannot be listed (the message says why)."""
+        try:
+            return self._pods(namespace, selector)
+        except ApiException as exc:
+            if exc.status == 403:
+                raise RoutersUnknown(f"the operator may not list pods in {namespace}") from None
+            raise RoutersUnknown(
+                f"listing the router pods in {namespace}: HTTP {exc.status}: {_message(exc)}"
+            ) from None
+
+    def _pods(self, namespace: str, selector: str) -> list[PodAddress]:
+        pods = self._core.list_namespaced_pod(
+            namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
+        )
         found = []
         for pod in pods.items or []:
             status, meta = pod.status, pod.metadata

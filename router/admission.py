@@ -121,6 +121,9 @@ class Admission:
         self.headroom_per_pool = headroom_per_pool
         self.queues: dict[Tier, TierQueue] = {}
         self._events = events or AdmissionEvents()
+        #: Requests inside a tier's queue now, by (tier, model asked for): the queue itself
+        #: does not know the model, which is what tells which pools will serve them.
+        self._waiting: dict[tuple[Tier, str], int] = {}
 
     def resize(self, view: PoolView) -> None:
         """Size each tier's queue for `view`: its endpoints' batch caps."""
@@ -169,6 +172,8 @@ class Admission:
                 continue
             if not last and not self.has_room(candidate):
                 continue  # full here: try the next tier before waiting
+            key = (candidate, model)
+            self._waiting[key] = self._waiting.get(key, 0) + 1
             try:
                 grant = await queue.acquire(
                     priority,
@@ -185,9 +190,22 @@ class Admission:
                 if last:
                     raise shed_error(candidate, 1) from None
                 continue
+            finally:
+                self._unwait(key)
             self._events.waited(candidate, tenant.name, grant.waited_s)
             return grant
         raise shed_error(tiers[0], 1)  # unreachable: the last tier either admits or raises
+
+    def waiting(self) -> dict[tuple[Tier, str], int]:
+        """Requests waiting in the tiers' queues now, by (tier, model asked for)."""
+        return dict(self._waiting)
+
+    def _unwait(self, key: tuple[Tier, str]) -> None:
+        left = self._waiting[key] - 1
+        if left:
+            self._waiting[key] = left
+        else:
+            del self._waiting[key]
 
     def release(self, grant: Grant, served_tokens: int | None = None) -> None:
         """Give back the slot `admit` granted; `served_tokens` is what the request used

@@ -146,6 +146,7 @@ def build_app(
         fleet_share = FleetShare(ledger, lambda: router.admission.queues, period_s=interval_s)
         shared.append(fleet_share)  # stops before the ledger: it withdraws its claims
         metrics.count_fair_share(fleet_share)
+    metrics.count_pool_waiting(view, router.admission.waiting)
     # Read through `router`: a reload swaps its tenants.
     metrics.count_budgets(
         lambda: router.tenants.tenants.values(), lambda: router.budgets, lambda: router.wall()

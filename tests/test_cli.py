@@ -131,6 +131,7 @@ def test_bad_input_exits_2_with_one_line(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # a fit per row: tens of seconds until the fits are on disk
 def test_calibrate_reports_every_row(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "calibrate")
     assert code == 0

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -202,12 +203,30 @@ def installed(
         yield r
     finally:
         r.close()
-        # Pools first, while their operator still runs (its sim nodes stop with them), then
-        # the release, then the namespace: the next test starts on a quiet machine.
-        ns = ("-n", namespace)
-        cluster.kubectl(*ns, "delete", "inferencepools", "--all", "--timeout=60s", check=False)
-        cluster.helm("uninstall", r.name, *ns, "--wait", "--timeout", "2m", check=False)
-        cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
+        # Emptied while the next test starts (it is in a namespace of its own); `settle` waits.
+        remover = threading.Thread(target=_remove, args=(cluster, namespace, r.name))
+        remover.start()
+        _removals.append(remover)
+
+
+#: Namespaces of tests that ended, still being emptied.
+_removals: list[threading.Thread] = []
+
+
+def settle() -> None:
+    """Wait until every earlier test's namespace is gone: before a test that measures speed
+    (it needs the machine quiet) and before the cluster is deleted."""
+    while _removals:
+        _removals.pop().join()
+
+
+def _remove(cluster: LocalCluster, namespace: str, release: str) -> None:
+    # Pools first, while their operator still runs (its sim nodes stop with them), then the
+    # release, then the namespace.
+    ns = ("-n", namespace)
+    cluster.kubectl(*ns, "delete", "inferencepools", "--all", "--timeout=60s", check=False)
+    cluster.helm("uninstall", release, *ns, "--wait", "--timeout", "2m", check=False)
+    cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
 
 
 def _healthy(r: Release) -> bool:

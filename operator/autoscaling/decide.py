@@ -7,6 +7,12 @@ in `status.autoscaling` (recommendations, `observingSince`), so an operator rest
 nothing: the same observations and status give the same decision. A manual `kubectl scale`
 (spec.replicas differs from the last decision) is overridden: the decision is made from the
 last decided count, as if the edit had not happened.
+
+The demand is what the pods run and queue plus what waits for the pool at the routers
+(router_load.py), so one tick sees a step whole. When a router's queue could not be read the
+demand is known only from below: the decision scales up on it but never down, and the
+recommendation it keeps for the window is at least the current count, so that a window of
+partial readings cannot scale down later either.
 """
 
 from __future__ import annotations
@@ -19,7 +25,15 @@ from tiergate.pools import AutoscalingSpec, AutoscalingStatus, Recommendation
 
 from .capacity import Capacity
 
-__all__ = ["REASONS", "Decision", "HpaUnknown", "ObservedLoad", "decide"]
+__all__ = [
+    "REASONS",
+    "Decision",
+    "HpaUnknown",
+    "ObservedLoad",
+    "RouterQueues",
+    "decide",
+    "unread_routers",
+]
 
 #: Every reason a decision can give: the autoscaler acting (the first five) or holding because
 #: it cannot (the rest).
@@ -53,6 +67,23 @@ class ObservedLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterQueues:
+    """Requests waiting at the routers for one pool, summed over the router pods that reported;
+    `unread` router pods did not (their queue is unknown); `problem`: why none could be
+    listed at all (then `routers` and `waiting` are 0 and the demand is incomplete)."""
+
+    routers: int
+    waiting: int
+    unread: int = 0
+    problem: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Every router's queue is in `waiting`."""
+        return self.unread == 0 and self.problem is None
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What to do, and what to say about it."""
 
@@ -78,10 +109,12 @@ def decide(
     previous: AutoscalingStatus | None,
     now: datetime.datetime,
     hpa: str | HpaUnknown | None = None,
+    routers: RouterQueues | None = None,
 ) -> Decision:
     """The decision for one pool at `now` (timezone-aware). `current`: spec.replicas;
     `load` None: no pod could be read; `hpa`: the name of an HPA targeting the pool, or
-    HpaUnknown when the HPAs could not be listed."""
+    HpaUnknown when the HPAs could not be listed; `routers`: what waits for the pool at the
+    routers (None: the operator is not told where the routers are)."""
     previous = previous or AutoscalingStatus()
     window = datetime.timedelta(seconds=policy.stabilization_s)
     kept = [r for r in previous.recommendations if _time(r.time) > now - window]
@@ -104,6 +137,14 @@ def decide(
                 "observed_waiting": load.waiting,
             }
         )
+    # Each tick's own reading of the routers: none carries over from the last status.
+    status = status.model_copy(
+        update={
+            "observed_routers": routers.routers - routers.unread if routers else None,
+            "observed_queued": routers.waiting if routers else None,
+            "queues_unknown": None if not routers or routers.complete else unread_routers(routers),
+        }
+    )
 
     def hold(reason: str, message: str, active: bool) -> Decision:
         held = status.model_copy(update={"desired_replicas": current})
@@ -133,8 +174,13 @@ def decide(
             return hold("NoMetrics", "no pod of the pool reported its load: holding", False)
         load = ObservedLoad(0, 0, 0)  # out of range: back within it, whatever the load
         base = current
-    needed = math.ceil(load.demand / per_replica - 1e-9)
+    queued = routers.waiting if routers is not None else 0
+    partial = routers is not None and not routers.complete
+    demand = load.demand + queued
+    needed = math.ceil(demand / per_replica - 1e-9)
     recommended = min(max(needed, low), high)
+    if partial:  # a lower bound: it may raise the count, never lower it
+        recommended = max(recommended, min(base, high))
     kept = _dominant([*kept, Recommendation(time=_text(now), replicas=recommended)])
     status = status.model_copy(update={"recommendations": kept})
     observed_whole = _time(since) <= now - window
@@ -147,9 +193,13 @@ def decide(
         desired = min(base, stable)
     else:
         desired = base
+    at_routers = ""
+    if routers is not None:
+        read = routers.routers - routers.unread
+        at_routers = f", {queued} queued at {read} router{'' if read == 1 else 's'}"
     why = (
-        f"{load.demand} concurrent requests ({load.running} running, {load.waiting} waiting "
-        f"on {load.pods} pods) / {per_replica:.1f} per replica at the SLO"
+        f"{demand} concurrent requests ({load.running} running, {load.waiting} waiting "
+        f"on {load.pods} pods{at_routers}) / {per_replica:.1f} per replica at the SLO"
     )
     reason = _reason(desired, current, base, low, high, needed)
     message = f"{current} -> {desired} replicas: {why}" if desired != current else why
@@ -157,6 +207,8 @@ def decide(
         message += f"; the load needs {needed} replicas, more than maxReplicas {high}"
     elif desired > recommended:
         message += f"; scaling down to {stable} after the {policy.stabilization_s} s window"
+    if routers is not None and not routers.complete:
+        message += f"; {unread_routers(routers)}: not scaling down until they are read"
     status = status.model_copy(update={"desired_replicas": desired})
     if desired != current:
         status = status.model_copy(
@@ -167,6 +219,13 @@ def decide(
             }
         )
     return Decision(current, desired, reason, message, True, status)
+
+
+def unread_routers(routers: RouterQueues) -> str:
+    """Why some routers' queues are unknown."""
+    if routers.problem is not None:
+        return f"the routers' queues are unknown: {routers.problem}"
+    return f"{routers.unread} of {routers.routers} routers did not report their queue"
 
 
 def _reason(desired: int, current: int, base: int, low: int, high: int, needed: int) -> str:

@@ -8,6 +8,9 @@ may name only those images or one given with `--allowed-image`.
 Replicas of the operator elect one writer through kopf peering: each starts with a random
 priority, the highest one runs, the others stand by and take over when its peering record
 expires. `--standalone` turns peering off (local development).
+`--router-selector` says where the routers run (their pods' labels, in `--router-namespace`):
+the autoscaler then counts the requests waiting in their queues in each pool's demand, for
+pools of `--router-pools-namespace`, the namespace the routers route to.
 """
 
 from __future__ import annotations
@@ -17,14 +20,19 @@ import asyncio
 import os
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tiergate.common.cli import CliError, configure_logging
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 
+if TYPE_CHECKING:
+    from ..autoscale import Routers
+
 PEERING_NAME = "tiergate"
+#: The router's metrics port unless told otherwise (the chart's router.metricsPort default).
+DEFAULT_ROUTER_METRICS_PORT = 8090
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +65,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
     p.add_argument("--metrics-port", type=int, default=8082,
                    help="Prometheus metrics: GET /metrics (0: none)")  # fmt: skip
+    routers = p.add_argument_group("the routers' queues, read by the autoscaler")
+    routers.add_argument("--router-selector", metavar="SELECTOR",
+                         help="label selector of the router's pods (unset: the autoscaler "
+                              "reads the pools' pods alone)")  # fmt: skip
+    routers.add_argument("--router-namespace", metavar="NAMESPACE",
+                         help="where the router's pods run (default: the operator's own "
+                              "namespace)")  # fmt: skip
+    routers.add_argument("--router-metrics-port", type=int, default=DEFAULT_ROUTER_METRICS_PORT,
+                         metavar="PORT", help="the router's metrics port (default: "
+                         f"{DEFAULT_ROUTER_METRICS_PORT})")  # fmt: skip
+    routers.add_argument("--router-pools-namespace", metavar="NAMESPACE",
+                         help="the namespace whose pools the routers route to (default: "
+                              "--router-namespace)")  # fmt: skip
     p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
@@ -92,6 +113,23 @@ def image_policy(args: argparse.Namespace) -> ImagePolicy:
     )
 
 
+def routers(args: argparse.Namespace, own_namespace: Callable[[], str]) -> Routers | None:
+    """Where the routers run, from the --router-* flags (None without --router-selector)."""
+    if not args.router_selector:
+        return None
+    if not 0 < args.router_metrics_port < 65536:
+        raise CliError(f"--router-metrics-port {args.router_metrics_port}: not a port")
+    from ..autoscale import MetricsScraper, Routers  # kopf and the API client: not for --help
+
+    namespace = args.router_namespace or own_namespace()
+    return Routers(
+        namespace=namespace,
+        selector=args.router_selector,
+        serves=args.router_pools_namespace or namespace,
+        scrape=MetricsScraper(port=args.router_metrics_port),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.image:
         raise CliError("no sim-node image: pass --image or set TIERGATE_IMAGE")
@@ -118,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         images=image_policy(args),
         namespaced=not options["clusterwide"],
         model_cache_claim=args.model_cache_claim,
+        routers=routers(args, lambda: current_namespace(args.kubeconfig)),
     )
     if args.metrics_port:
         try:

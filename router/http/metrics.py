@@ -7,7 +7,7 @@ A worker of `tiergate router --workers N` exports the metrics of all of them add
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import get_args
 
@@ -17,12 +17,13 @@ from prometheus_client.registry import Collector
 
 from tiergate.common.connection_limits import ConnectionGate
 from tiergate.common.tiers import Priority
-from tiergate.router.base.tiers import TIERS
+from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.fleet_share import FleetShare
 from tiergate.router.http.budget_metrics import BudgetCollector
 from tiergate.router.http.fair_share_metrics import FairShareCollector
 from tiergate.router.http.gc_pauses import GcPauses
+from tiergate.router.http.pool_demand_metrics import PoolWaitingCollector
 from tiergate.router.http.shared_metrics import SharedMetrics
 from tiergate.router.ledger.postgres import PostgresLedger
 from tiergate.router.ledger.records import LedgerError
@@ -184,6 +185,13 @@ class RouterMetrics:
     def count_fair_share(self, share: FleetShare) -> None:
         """Export how fair share across the fleet goes (router/fleet_share.py)."""
         self._read_when_scraped(FairShareCollector(share))
+
+    def count_pool_waiting(
+        self, view: Callable[[], PoolView], waiting: Callable[[], Mapping[tuple[Tier, str], int]]
+    ) -> None:
+        """Export the requests waiting in the tier queues (`waiting()`: by tier and model),
+        attributed to the pools of `view()` that serve them."""
+        self._read_when_scraped(PoolWaitingCollector(view, waiting))
 
     def count_check_budgets(self, spent_tenants: Callable[[], list[str]]) -> None:
         """Export how many tenants have spent their budget of cascade check time now (their

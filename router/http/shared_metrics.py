@@ -43,6 +43,7 @@ SYNC_INTERVAL_S = 1.0
 GAUGE_MODES: dict[str, GaugeMode] = {
     # Each worker's own: the pod's total.
     "tiergate_inflight_requests": "livesum",
+    "tiergate_pool_waiting_requests": "livesum",
     "tiergate_connections_open": "livesum",
     "tiergate_connections_max": "livesum",
     "tiergate_ledger_backlog_records": "livesum",

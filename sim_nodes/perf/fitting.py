@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..catalogs import Catalog
 from ..catalogs.kinds import SPECULATIVE_ACCEPTANCE, AcceleratorKind, accelerator_kinds
+from . import fit_cache
 from .calibration import (
     VENDOR_SPECULATIVE_ACCEPTANCE,
     Comparison,
@@ -245,9 +246,21 @@ def fit_group(group: Group, rows: list[Measurement], catalog: Catalog, start: Va
 
     Only parameters some row sees are fitted (`sees`: an accelerator's own efficiencies need a
     row of it, the acceptance rate a speculative row); the others keep their `start` values.
+    The answer is kept on disk for the next run with the same inputs and code (fit_cache.py).
     """
-    values = dict(start)
     mine = [r for r in rows if r.accelerator in group.accelerators and r.active]
+    key = fit_cache.fit_key(
+        repr(group), repr(mine), _catalog_key(catalog), repr(sorted(start.items()))
+    )
+    kept = fit_cache.load(key)
+    if kept is None:
+        kept = _fit_group(group, mine, catalog, start)
+        fit_cache.store(key, kept)
+    return kept
+
+
+def _fit_group(group: Group, mine: list[Measurement], catalog: Catalog, start: Values) -> Values:
+    values = dict(start)
     free = [p for p in group.parameters if any(sees(p, r, catalog) for r in mine)]
     if not free:
         return values

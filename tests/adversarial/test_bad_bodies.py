@@ -24,6 +24,9 @@ from adversarial_helpers import (
     running_system,
 )
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ALICE = bearer("alice-key-0123456789")
 TENANTS = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
 #: The router's default body limit (router.maxBodyBytes).

@@ -20,6 +20,9 @@ import httpx
 import pytest
 from adversarial_helpers import Pool, System, assert_refused, assert_serves, bearer, running_system
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 BUDGET_USD = 5.0
 #: One tenant per test (a spent budget stays spent for the day).
 NAMES = [

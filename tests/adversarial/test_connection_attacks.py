@@ -29,6 +29,9 @@ from adversarial_helpers import (
 from connection_helpers import connect, read_until_closed, send_growing_head, trickling
 from polling_helpers import until
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 QUICK = "connections: {headerTimeoutS: 1, bodyTimeoutS: 1, idleTimeoutS: 1}"
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n"
 

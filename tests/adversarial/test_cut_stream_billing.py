@@ -20,6 +20,9 @@ import pytest
 from adversarial_helpers import Pool, System, chat, running_system
 from polling_helpers import until
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 SPECULATIVE = "{draftModel: llama-3.2-1b, tokens: 4, acceptanceRate: 0.8}"
 INPUT_USD, OUTPUT_USD = 2.0, 10.0  # per million tokens
 

@@ -31,6 +31,9 @@ from adversarial_helpers import (
     running_system,
 )
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 FAULTS = ("--enable-fault-injection",)
 
 

@@ -19,6 +19,9 @@ from types import ModuleType
 
 import pytest
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "openapi_fuzz.py"
 CASES, SEED = 400, 0
 

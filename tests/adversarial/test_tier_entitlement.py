@@ -23,6 +23,9 @@ from adversarial_helpers import (
 )
 from polling_helpers import until
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ALICE, BOB, DAVE = (bearer(f"{name}-key-0123456789") for name in ("alice", "bob", "dave"))
 BOB_KEY = BOB["authorization"].encode()
 CHAT_BYTES = json.dumps(chat("coder", max_tokens=2)).encode()

@@ -23,6 +23,17 @@ VARIANT_IMAGE = (
 )
 
 
+def router_flags(pools_namespace: str = NAMESPACE) -> list[str]:
+    """The operator's flags that say where the routers run, whose queues it reads."""
+    return [
+        "--router-namespace", NAMESPACE,
+        "--router-selector", f"app.kubernetes.io/component=router,app.kubernetes.io/instance="
+        f"{RELEASE},app.kubernetes.io/name=tiergate",
+        "--router-metrics-port", "8090",
+        "--router-pools-namespace", pools_namespace,
+    ]  # fmt: skip
+
+
 def container(manifests: list[Manifest], kind: str, name: str) -> dict[str, Any]:
     spec = one(manifests, kind, name)["spec"]
     pod = spec["template"]["spec"] if kind == "Deployment" else spec
@@ -56,6 +67,7 @@ def test_operator_watches_the_release_namespace_by_default(
     assert operator["image"] == "tiergate:0.1.0"
     assert operator["args"] == [
         "operator", "--health-port", "8081", "--metrics-port", "8082", "--namespace", NAMESPACE,
+        *router_flags(),
     ]  # fmt: skip
     assert env_of(operator)["TIERGATE_IMAGE"] == operator["image"]
     assert env_of(operator)["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -101,7 +113,7 @@ def test_operator_gets_one_namespace_flag_per_watched_namespace(
     operator = container(variant_manifests, "Deployment", OPERATOR)
     assert operator["args"] == [
         "operator", "--health-port", "8081", "--metrics-port", "8082",
-        "--namespace", "team-a", "--namespace", "team-b",
+        "--namespace", "team-a", "--namespace", "team-b", *router_flags("pools"),
     ]  # fmt: skip
     # Sim nodes run the very image the operator runs, digest and all.
     assert operator["image"] == env_of(operator)["TIERGATE_IMAGE"] == VARIANT_IMAGE
@@ -119,7 +131,7 @@ def test_operator_cluster_wide_and_allowed_images_become_its_flags(helm: Helm) -
     assert args[5:] == [
         "--all-namespaces",
         "--allowed-image", "mirror.example.com/tiergate:0.1.0",
-        "--allowed-image", "lab/tiergate@sha256:ab",
+        "--allowed-image", "lab/tiergate@sha256:ab", *router_flags(),
     ]  # fmt: skip
     from tiergate.cli import build_parser
     from tiergate.operator.commands.operator_cmd import image_policy

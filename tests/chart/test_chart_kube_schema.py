@@ -15,6 +15,9 @@ import kubernetes_validate
 import pytest
 from chart_helpers import VARIANT, Helm, Manifest
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 KUBERNETES = "1.33"
 # The Prometheus Operator's kinds; the kopf peering kinds: their CRDs ship in crds/.
 MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}

@@ -30,6 +30,9 @@ from chart_helpers import (
 
 from tiergate.router.config import RouterConfig
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 POSTGRES_HOST = [
     "router.ledger.postgres.host=db.example.com",
     "router.ledger.postgres.passwordSecret.name=tiergate-db",

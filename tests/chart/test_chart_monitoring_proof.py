@@ -36,6 +36,9 @@ from prometheus_server import PrometheusMissing, PrometheusServer, binaries, che
 from tiergate.local.up_cmd import default_config_text
 from tiergate.operator.metrics import OperatorMetrics
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 DASHBOARD = CHART / "dashboards" / "tiergate.json"
 #: What Grafana would put in for the template variables: every tier, pool and tenant; a rate
 #: window of several of this Prometheus' 1 s scrapes.

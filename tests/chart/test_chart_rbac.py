@@ -168,3 +168,28 @@ def test_deployments_run_as_their_bound_accounts(any_manifests: list[Manifest]) 
         spec = one(any_manifests, "Deployment", name)["spec"]["template"]["spec"]
         assert spec["serviceAccountName"] == name
         one(any_manifests, "ServiceAccount", name)
+
+
+def test_the_operator_may_list_the_router_s_pods_its_flags_select(helm: Helm) -> None:
+    """The autoscaler lists the router's pods (in the release namespace) to read their
+    queues: its flags select the router's pods, on their metrics port, and a Role lets it
+    list pods there, whichever namespaces it watches."""
+    for sets in ([], ["operator.watchNamespaces={team-a}"], ["operator.clusterWide=true"]):
+        manifests = helm.template(sets=sets)
+        operator = one(manifests, "Deployment", OPERATOR)["spec"]["template"]["spec"]
+        args = build_parser("operator").parse_args(operator["containers"][0]["args"])
+        router = one(manifests, "Deployment", ROUTER)["spec"]["template"]
+        labels = router["metadata"]["labels"]
+        selector = dict(pair.split("=") for pair in args.router_selector.split(","))
+        assert selector.items() <= labels.items(), (sets, selector)
+        ports = {p["name"]: p["containerPort"] for p in router["spec"]["containers"][0]["ports"]}
+        assert (args.router_namespace, args.router_metrics_port) == (NAMESPACE, ports["metrics"])
+        grants = [
+            rule
+            for m in manifests
+            if m["kind"] in ("Role", "ClusterRole")
+            and m["metadata"].get("namespace", NAMESPACE) == NAMESPACE
+            and OPERATOR in m["metadata"]["name"]
+            for rule in m["rules"]
+        ]
+        assert any("pods" in r["resources"] and "list" in r["verbs"] for r in grants), sets

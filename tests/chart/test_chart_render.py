@@ -106,13 +106,15 @@ def test_default_render_is_the_minimal_install(default_manifests: list[Manifest]
     assert kinds(default_manifests) == {
         "ServiceAccount": 2,
         "ConfigMap": 1,
-        "Role": 2,  # the router's and the operator's, both in the release namespace
-        "RoleBinding": 2,
+        # The router's, the operator's, and the operator's to list the router's pods (whose
+        # queues its autoscaler reads), all in the release namespace.
+        "Role": 3,
+        "RoleBinding": 3,
         "Service": 2,  # the router's, and its metrics port's
         "Deployment": 2,
         "Pod": 1,  # the helm test hook
         "KopfPeering": 1,  # operator replicas elect one writer through it
-        # Only the router reaches the sim nodes; nothing reaches the router's metrics port.
+        # Only the router reaches the sim nodes; only the operator the router's metrics port.
         "NetworkPolicy": 2,
     }
     assert one(default_manifests, "Deployment", ROUTER)["spec"]["replicas"] == 1

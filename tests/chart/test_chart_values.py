@@ -17,6 +17,9 @@ ROOT = CHART.parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import chart_schema  # noqa: E402  (a tool, beside the repository's other generators)
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TENANT = "router.tenants.inline[0]"
 A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
 

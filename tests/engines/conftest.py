@@ -35,6 +35,18 @@ def engine_root() -> Path:
     return Path(result.stdout.strip())
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here needs the engine's venv (slow). A running engine holds both cores and
+    ~4.7 GB: the tests that start it run alone (`make unit`'s serial phase), in one process,
+    so that one engine serves them all."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+            if "engine" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.serial)
+
+
 #: Engines the fixture started, for `pytest_runtest_teardown` to stop.
 _STARTED: list[EngineProcess] = []
 

@@ -12,7 +12,7 @@ import yaml
 
 from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
-from tiergate.operator.kube import ApplyRejected, PodAddress
+from tiergate.operator.kube import ApplyRejected, PodAddress, RoutersUnknown
 from tiergate.pools import InferencePoolSpec, predict
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import Workload, evaluate
@@ -34,6 +34,8 @@ class FakeCluster:
         self.existing: dict[tuple[str, str, str], dict[str, Any]] = {}  # kind, ns, name
         self.rejects: dict[str, str] = {}  # kind -> the API server's message
         self.pods: dict[tuple[str, str], list[PodAddress]] = {}  # ns, pool -> its pods
+        # The router's pods, or why they cannot be listed.
+        self.routers: list[PodAddress] | RoutersUnknown = []
         # ns, pool -> the HPA targeting it, or HpaUnknown (the operator may not list them)
         self.hpas: dict[tuple[str, str], str | HpaUnknown] = {}
         self.writes: list[tuple[str, str, Any]] = []  # (what, pool, value), in order
@@ -71,6 +73,11 @@ class FakeCluster:
 
     def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
         return list(self.pods.get((namespace, pool), []))
+
+    def router_pods(self, namespace: str, selector: str) -> list[PodAddress]:
+        if isinstance(self.routers, RoutersUnknown):
+            raise self.routers
+        return list(self.routers)
 
     def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:
         return self.hpas.get((namespace, pool))

@@ -4,6 +4,7 @@ CEL rules) refuses bad pools with readable messages while accepting the examples
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,17 @@ from tiergate.pools import InferencePoolSpec
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.tier_rules import memory_problem
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+#: Every InferencePool example: those `kubectl apply -f examples/` creates, and those in folders
+#: of their own (they need something first: a Secret, a metrics pipeline).
+EXAMPLES = [
+    p
+    for pattern in ("*.yaml", "autoscaling/*.yaml", "hosted/*.yaml")
+    for p in sorted((ROOT / "examples").glob(pattern))
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +82,7 @@ def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
 # -- validation as the API server does it: OpenAPI schema, then CEL rules ---------------------
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_examples_are_accepted(crd: dict[str, Any], path: Path) -> None:
     assert problems(crd, yaml.safe_load(path.read_text(encoding="utf-8"))) == []
 
@@ -273,3 +283,36 @@ def test_every_tier_rule_of_the_definitions_is_in_the_crd(crd: dict[str, Any]) -
         for problem in (batch_cap_problem(tier.name), memory_problem(tier.name, default_catalog())):
             assert problem is None or problem in stated, problem
     assert spec["properties"]["tier"]["enum"] == list(TIERS)
+
+
+#: A quoted CEL string literal (group 1: its prefix, r or R when raw; group 2: its body).
+_CEL_STRING = re.compile(r"""([rRbB]*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
+#: The escapes CEL's quoted strings define (the CEL spec's string literals).
+_CEL_ESCAPE = re.compile(
+    r"""\\(?:[\\?"'`abfnrtv]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-3][0-7]{2})"""
+)
+
+
+def cel_escape_problems(rule: str) -> list[str]:
+    """Escapes in `rule`'s non-raw string literals that CEL does not define."""
+    found = []
+    for prefix, literal in _CEL_STRING.findall(rule):
+        if "r" in prefix.lower():
+            continue
+        body = _CEL_ESCAPE.sub("", literal[1:-1])
+        found += [f"\\{m}" for m in re.findall(r"\\(.)", body)]
+    return found
+
+
+def test_every_cel_rule_uses_only_escapes_cel_defines(crd: dict[str, Any]) -> None:
+    """cel-python (these tests' evaluator) reads escapes the API server's CEL refuses."""
+    rules = [
+        (path, r["rule"])
+        for path, node in walk(schema_of(crd))
+        for r in node.get("x-kubernetes-validations", [])
+    ]
+    assert rules
+    bad = {rule: cel_escape_problems(rule) for _, rule in rules if cel_escape_problems(rule)}
+    assert not bad, bad
+    assert cel_escape_problems(r"self.url.matches('^[^\s]+$')") == ["\\s"]
+    assert cel_escape_problems(r"self.url.matches(r'^[^\s]+$') && self.a == 'it\'s'") == []

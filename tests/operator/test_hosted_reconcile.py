@@ -1,4 +1,4 @@
-"""Reconciling a hosted pool (examples/hosted.yaml): no Deployment or Service, Ready by its
+"""Reconciling a hosted pool (examples/hosted/batched.yaml): no Deployment or Service, Ready by its
 provider, and an envelope that states the price instead of predicting one. A pool that was
 run by pods and becomes hosted loses its pods."""
 
@@ -11,7 +11,7 @@ from tiergate.operator.reconcile import reconcile
 
 def test_a_hosted_pool_gets_no_objects_and_a_stated_envelope() -> None:
     cluster = FakeCluster()
-    outcome = reconcile(pool("hosted"), cluster, CATALOG, IMAGE, clock())
+    outcome = reconcile(pool("hosted/batched"), cluster, CATALOG, IMAGE, clock())
     assert cluster.applied == [] and cluster.deleted == []
     status = outcome.status
     assert status["envelope"]["basis"] == "stated"
@@ -27,14 +27,14 @@ def test_a_hosted_pool_gets_no_objects_and_a_stated_envelope() -> None:
 
 
 def test_a_hosted_pool_scaled_to_zero_is_not_ready() -> None:
-    outcome = reconcile(pool("hosted", replicas=0), FakeCluster(), CATALOG, IMAGE, clock())
+    outcome = reconcile(pool("hosted/batched", replicas=0), FakeCluster(), CATALOG, IMAGE, clock())
     ready = conditions(outcome.status)["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
 
 
 def test_a_pool_that_becomes_hosted_loses_its_own_pods_only() -> None:
     cluster = FakeCluster()
-    before = pool("hosted")
+    before = pool("hosted/batched")
     name = before["metadata"]["name"]
     owned = {"ownerReferences": [{"kind": "InferencePool", "apiVersion": "tiergate.dev/v1alpha1",
                                   "name": name, "uid": "uid-1", "controller": True}]}  # fmt: skip

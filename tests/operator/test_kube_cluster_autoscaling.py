@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from tiergate.operator.autoscaling import HpaUnknown
-from tiergate.operator.kube import KubeCluster, PodAddress
+from tiergate.operator.kube import KubeCluster, PodAddress, RoutersUnknown
 
 NS = "team-a"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -179,3 +179,25 @@ def test_the_scale_subresource_is_patched_and_a_deleted_pool_is_no_error(
     api.answers[("PATCH", SCALE)] = (409, status_body(409, "Conflict", "try again"))
     with pytest.raises(kopf.TemporaryError, match="try again"):
         cluster.scale_pool(NS, "frontier-premium", 2)
+
+
+def test_the_router_pods_are_listed_by_the_selector_given_and_a_refusal_says_why(
+    api: ApiServer,
+) -> None:
+    api.answers[("GET", PODS)] = (200, {"kind": "PodList", "apiVersion": "v1", "items": [
+        pod("router-a", "10.0.1.1", "True"), pod("router-b", "10.0.1.2", "False"),
+    ]})  # fmt: skip
+    cluster = cluster_of(api)
+    selector = "app.kubernetes.io/component=router,app.kubernetes.io/instance=tg"
+    assert cluster.router_pods(NS, selector) == [
+        PodAddress("router-a", "10.0.1.1", True),
+        PodAddress("router-b", "10.0.1.2", False),
+    ]
+    assert api.requests[-1][2]["labelSelector"] == selector
+    forbidden = status_body(403, "Forbidden", 'pods is forbidden: cannot list resource "pods"')
+    api.answers[("GET", PODS)] = (403, forbidden)
+    with pytest.raises(RoutersUnknown, match=f"the operator may not list pods in {NS}"):
+        cluster.router_pods(NS, selector)
+    api.answers[("GET", PODS)] = (500, status_body(500, "InternalError", "etcd is down"))
+    with pytest.raises(RoutersUnknown, match="HTTP 500: etcd is down"):
+        cluster.router_pods(NS, selector)

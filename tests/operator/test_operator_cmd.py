@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tiergate.cli import build_parser
 from tiergate.operator.commands.operator_cmd import PEERING_NAME, operator_options
@@ -74,3 +77,31 @@ def test_its_own_namespace_is_the_pod_s_else_the_kubeconfig_s(tmp_path: Path) ->
     kubeconfig.write_text(KUBECONFIG.replace("    namespace: pools\n", ""))
     assert current_namespace(str(kubeconfig), namespace_file=missing) == "default"
     assert current_namespace(str(tmp_path / "none"), namespace_file=missing) == "default"
+
+
+def test_the_router_flags_say_where_the_routers_queues_are_read() -> None:
+    from tiergate.common.cli import CliError
+    from tiergate.operator.autoscale import MetricsScraper
+    from tiergate.operator.commands.operator_cmd import routers
+
+    def parse(*argv: str) -> Any:
+        return build_parser("operator").parse_args(["operator", "--image", "t:x", *argv])
+
+    assert routers(parse(), lambda: "tiergate-system") is None  # not told: the pods alone
+    found = routers(parse("--router-selector", "app=router"), lambda: "tiergate-system")
+    assert found is not None
+    assert (found.namespace, found.selector, found.serves) == (
+        "tiergate-system", "app=router", "tiergate-system",
+    )  # fmt: skip
+    assert isinstance(found.scrape, MetricsScraper) and found.scrape.port == 8090
+    found.scrape.close()
+    found = routers(
+        parse("--router-selector", "app=router", "--router-namespace", "gw",
+              "--router-metrics-port", "9105", "--router-pools-namespace", "pools"),
+        lambda: "unused",
+    )  # fmt: skip
+    assert found is not None and (found.namespace, found.serves) == ("gw", "pools")
+    assert isinstance(found.scrape, MetricsScraper) and found.scrape.port == 9105
+    found.scrape.close()
+    with pytest.raises(CliError, match="--router-metrics-port 0: not a port"):
+        routers(parse("--router-selector", "a=b", "--router-metrics-port", "0"), lambda: "x")

@@ -17,6 +17,9 @@ from tiergate.cli import main
 from tiergate.plan import PlanReport
 from tiergate.pools import InferencePool
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["plan", *argv])

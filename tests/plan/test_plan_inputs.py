@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 from plan_helpers import plan_cli, tiny_plan, write_plan
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 def traced(trace: str) -> dict[str, Any]:
     data = tiny_plan()

@@ -16,6 +16,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.engine.simulation import simulate
 from tiergate.sim_nodes.engine.workload import parse_length, poisson_workload
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 SLO = {"percentile": 90, "ttftMs": 500, "tpotMs": 30}
 #: Request lifetimes the steady check's arrivals span; the first and last are not measured.
 STEADY_LIFETIMES = 6

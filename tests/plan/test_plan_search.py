@@ -14,6 +14,9 @@ from tiergate.plan.confirm import Trial, fewest_replicas, run_trial
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.engine.simulation import SimulationReport
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 SCENARIOS = {
     "tight-tpot": {},
     "loose": {"ratePerS": 120, "slo": {"percentile": 90, "ttftMs": 1000, "tpotMs": 30}},

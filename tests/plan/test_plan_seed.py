@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from plan_helpers import screened_one
 
@@ -17,6 +18,9 @@ from tiergate.pools import InferencePool
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.engine.simulation import simulate
 from tiergate.sim_nodes.perf import build_deployment
+
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 SEED_PLAN = Path(__file__).resolve().parents[2] / "examples" / "plan" / "seed.yaml"
 

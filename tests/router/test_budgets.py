@@ -17,6 +17,9 @@ from tiergate.router.ledger.sqlite import Ledger, UsageRecord
 from tiergate.router.tenants.budgets import BudgetGuard, period_bounds
 from tiergate.router.tenants.registry import ANONYMOUS, BudgetPeriod, Tenant
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def ledger() -> Iterator[Ledger]:

@@ -37,6 +37,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TOOL = {
     "type": "function",
     "function": {

@@ -20,6 +20,9 @@ from tiergate.cli import main
 from tiergate.router.config import ConfigError, parse_config
 from tiergate.router.http.app import RouterApp
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 Served = Callable[[Any], AbstractContextManager[str]]
 
 QUICK = "headerTimeoutS: 0.5, bodyTimeoutS: 0.5, idleTimeoutS: 0.5"

@@ -16,6 +16,9 @@ import pytest
 from flood_clients import Caller, attained_tokens, flood, p90, shares
 from process_helpers import Running, start_router, start_sim_node
 
+#: Shares and times to first token on real processes: measured with the machine to itself.
+pytestmark = pytest.mark.serial
+
 #: Tenants, their weights: the flooders a, b, c and the pair heavy, light.
 WEIGHTS = {"a": 1, "b": 1, "c": 2, "heavy": 1, "light": 1}
 #: How far a share may be from its weight's, relative to it.

@@ -32,6 +32,9 @@ from postgres_server import PASSWORD, PostgresServer, free_port, started_server
 
 from tiergate.router.ledger.postgres import open_check
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROUTERS = 3
 BURST = 300
 #: Every request asks for at most this many tokens, so its budget hold is HOLD_USD.

@@ -24,6 +24,9 @@ from polling_helpers import until
 from postgres_server import PostgresServer
 from prometheus_client.parser import text_string_to_metric_families
 
+#: Shares and times to first token on real processes: measured with the machine to itself.
+pytestmark = pytest.mark.serial
+
 #: How far a share may be from its weight's, relative to it.
 SHARE_TOLERANCE = 0.10
 #: Slots of each pool held for a tenant below its share: what takes a light tenant within a

@@ -25,6 +25,9 @@ from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.ratelimit import RateLimiter
 from tiergate.router.tenants.registry import Tenant
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 BUDGET = 1.0
 HOLD = 0.02  # the most a request may cost
 COST = 0.01  # what each one costs

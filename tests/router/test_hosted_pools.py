@@ -23,6 +23,9 @@ from fake_provider import COMPLETION_TOKENS, PROMPT_TOKENS, Provider, running_pr
 from polling_helpers import until
 from process_helpers import Running, start_router
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TENANT_KEY = "tenant-key-0123456789abcdef"
 KEYS = {"a": "sk-provider-a-secret-0123456789", "b": "sk-provider-b-secret-9876543210"}
 INPUT_USD, OUTPUT_USD = 2.0, 10.0  # per million tokens

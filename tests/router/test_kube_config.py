@@ -14,6 +14,9 @@ from tiergate.router.discovery.kube import KubeSource
 from tiergate.router.discovery.kube_client import resolve_namespace
 from tiergate.router.discovery.view import FileSource
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 POOL = "{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}"
 KUBE = "discovery:\n  kubernetes:\n    namespace: inference\n"
 KUBECONFIG = """

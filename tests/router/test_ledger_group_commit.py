@@ -18,6 +18,9 @@ from test_ledger_backlog import rows, usage, write_locked
 
 from tiergate.router.ledger.sqlite import Ledger, LedgerError, UsageRecord
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:

@@ -17,6 +17,9 @@ from tiergate.router.ledger.postgres import PostgresLedger, open_check, where
 from tiergate.router.ledger.postgres_schema import SCHEMA_VERSION
 from tiergate.router.ledger.records import LedgerError, UsageRecord, utc_day
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 NOW = time.time()
 
 

@@ -34,6 +34,9 @@ from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.ledger.records import LedgerError, UsageRecord
 from tiergate.router.ledger.spool import LedgerSpool, latest
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 NOW = time.time()
 #: The longest the routers may take to write what they spooled once the database is back.
 WRITTEN_WITHIN_S = 60.0

@@ -18,6 +18,9 @@ from tiergate.router.base.tiers import resolve_tier
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.request.body import parse_completion, upstream_body
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 SCHEMA = schemathesis.openapi.from_dict(openapi_document())
 ENDPOINTS = [("/v1/chat/completions", True), ("/v1/completions", False)]
 

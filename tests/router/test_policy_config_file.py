@@ -23,6 +23,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 POOL = "pools: [{name: b, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm}]\n"
 
 #: Every request goes where the first one went: prefix affinity alone, the best score wins.

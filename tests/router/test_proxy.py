@@ -16,6 +16,9 @@ from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.upstream.proxy import REQUEST_ID_HEADER as REQUEST_ID
 from tiergate.router.upstream.proxy import Upstream
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 def endpoint(url: str) -> EndpointState:
     return EndpointState(url, "pool", "batched", "m", ("m",))

@@ -19,6 +19,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TENANTS = """
 tenants:
   - name: alice
@@ -252,7 +255,12 @@ def test_tenants_are_authenticated_authorized_and_limited(system: dict[str, Any]
 def test_usage_shows_only_the_callers_own_and_the_ledger_is_on_disk(
     system: dict[str, Any],
 ) -> None:
-    post(system, chat(max_tokens=3))
+    for body in (
+        chat(max_tokens=3),
+        chat(max_tokens=3, speed="fast"),
+        chat("coder-spark", max_tokens=3),
+    ):
+        assert post(system, body).status_code == 200
     mine = httpx.get(system["url"] + "/v1/usage", headers=ALICE).json()
     assert mine["tenant"] == "alice" and mine["totals"]["completion_tokens"] >= 3
     assert httpx.get(system["url"] + "/v1/usage").status_code == 401

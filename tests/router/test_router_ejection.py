@@ -29,6 +29,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 Served = Callable[[Any], AbstractContextManager[str]]
 KEY = {"authorization": "Bearer batch-key-0123456789"}
 

@@ -27,6 +27,9 @@ from tiergate.router.discovery.view import StaticSource, build_view
 from tiergate.router.http.app import RouterApp
 from tiergate.sim_nodes.catalogs import default_catalog
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 Served = Callable[[Any], AbstractContextManager[str]]
 
 PREMIUM_USD_PER_MTOK = 20.0

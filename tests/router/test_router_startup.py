@@ -19,6 +19,9 @@ from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.kube_state import INFERENCE_POOLS, PODS
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TENANTS = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
 POOLS = """pools:
   - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3,

@@ -32,6 +32,9 @@ from process_tree import alive, children, server_end
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 Served = Callable[[Any], AbstractContextManager[str]]
 
 CONFIG = """\

@@ -16,6 +16,9 @@ import pytest
 
 from tiergate.router.request.tool_check import ToolCallChecker
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 # Exponential backtracking in Python's re: 2^40 ways to split the a's before the "!" fails.
 EVIL_PATTERN = {"type": "object", "properties": {"cmd": {"type": "string", "pattern": "^(a+)+$"}}}
 EVIL_ARGUMENTS = '{"cmd": "' + "a" * 40 + '!"}'

@@ -17,6 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 CONFIG = """
 router: {{ledgerPath: {ledger}}}
 pools:

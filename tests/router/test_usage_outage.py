@@ -18,6 +18,9 @@ from fleet_helpers import fleet, key, tenant_yaml
 from polling_helpers import until
 from postgres_server import PostgresServer, started_server
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 #: The longest the router may take to read usage again once the database is back.
 BACK_WITHIN_S = 60.0
 

@@ -95,6 +95,20 @@ class AutoscalingStatus(Api):
     observed_pods: int = Field(default=0, description="Pods whose metrics were read.")
     observed_running: int = Field(default=0, description="Requests running, all pods.")
     observed_waiting: int = Field(default=0, description="Requests waiting, all pods.")
+    observed_queued: int | None = Field(
+        default=None,
+        description="Requests waiting for this pool in the routers' queues, over the routers "
+        "read (unset: the operator is not told where the routers are).",
+    )
+    observed_routers: int | None = Field(
+        default=None, description="Router pods whose queue was read."
+    )
+    queues_unknown: str | None = Field(
+        default=None,
+        description="Why some routers' queues are unknown this tick (a router pod that did "
+        "not answer, router pods that could not be listed): the demand is then a lower bound "
+        "and the pool is not scaled down. Unset when every router was read.",
+    )
     observed_input_tokens: int | None = Field(
         default=None, description="Mean prompt tokens per request used for the capacity."
     )

@@ -26,6 +26,9 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MODEL = "llama-3.1-8b"
 TIERS = ("batched", "premium", "wafer-scale")
 REPO = Path(__file__).resolve().parents[3]

@@ -22,6 +22,9 @@ from tiergate.sim_nodes.perf.calibration import (
 )
 from tiergate.sim_nodes.perf.fitting import LeaveOneOut, current_values, fit, leave_one_out
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 #: The published rows the calibration is anchored on, as published (the shipped
 #: catalog extends them: more rows, longer sources). A copy in the repo, so the check runs
 #: on any clone.

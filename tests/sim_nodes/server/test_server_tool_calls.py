@@ -13,6 +13,9 @@ from sim_server_helpers import ClientFactory, chat, sse
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server.tool_calls import arguments_for_schema, malform, plan_tool_call
 
+#: Real processes and servers, or seconds of work: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
