@@ -108,6 +108,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         self._appending = False
         self._unwritten: dict[str, float] = {}  # tenant -> USD not yet committed
         self._committed: dict[str, float] = {}  # tenant -> USD committed since start
+        self._refused_work = False  # what `refusing` said last, to log its changes once
         self._wake: asyncio.Event | None = None
         self._halt: asyncio.Event | None = None  # set by stop(): the backlog writer ends
         self._tasks: list[asyncio.Task[None]] = []
@@ -275,7 +276,17 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         """Whether new work should be refused: the spool holds records and is nearly full,
         so a request served now might find no durable place for its record."""
         spool = self.spool
-        return spool is not None and spool.bytes >= spool.max_bytes * (1 - SPOOL_RESERVE)
+        now = spool is not None and spool.bytes >= spool.max_bytes * (1 - SPOOL_RESERVE)
+        if now != self._refused_work:
+            self._refused_work = now
+            held = spool.bytes if spool is not None else 0
+            if now:
+                log.warning(
+                    "event=ledger_refusing_new_work where=%s spool_bytes=%d", self.where, held
+                )
+            else:
+                log.warning("event=ledger_accepting_new_work where=%s", self.where)
+        return now
 
     @property
     def backlog(self) -> int:

@@ -4,11 +4,14 @@ when it is missing), on its own data directory and a free loopback port, stopped
 A missing server is a failure with a clear message, never a skip. Run as root (this machine's
 CI), the server runs as the `postgres` user the package creates: PostgreSQL refuses root.
 Connections use a password (scram-sha-256), so a wrong one is refused as in production.
+A server may get a data directory of its own small size (a tmpfs, mounted as root), which a
+test fills to see what a full disk does.
 (A uniquely named module: conftest names clash.)
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import pwd
@@ -77,6 +80,8 @@ class PostgresServer:
     bin: Path = field(default_factory=server_bin)
     port: int = field(default_factory=free_port)
     host: str = "127.0.0.1"
+    #: The data directory's size in MiB (a tmpfs of its own), or None for the root's disk.
+    data_mb: int | None = None
 
     def __post_init__(self) -> None:
         self.data = self.root / "data"
@@ -87,6 +92,15 @@ class PostgresServer:
             account = pwd.getpwnam(USER)
             self._ids = (account.pw_uid, account.pw_gid)
             os.chown(self.root, *self._ids)
+        if self.data_mb is not None:
+            self._mount_data(self.data_mb)
+        try:
+            self._init_data()
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_data(self) -> None:
         pwfile = self.root / "pwfile"
         pwfile.write_text(PASSWORD + "\n")
         if self._as_user:
@@ -108,6 +122,44 @@ class PostgresServer:
         with (self.data / "pg_hba.conf").open("a") as hba:
             # Pods of the e2e suite's local cluster connect from their own 127.x addresses.
             hba.write("host all all 127.0.0.0/8 scram-sha-256\n")
+
+    def _mount_data(self, size_mb: int) -> None:
+        if not self._as_user:
+            raise RuntimeError(
+                "a PostgreSQL data directory of its own size is a tmpfs, and mounting one "
+                "needs root: run the tests as root"
+            )
+        self.data.mkdir(mode=0o700)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tiergate-pg",
+             str(self.data)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if mounted.returncode != 0:
+            raise RuntimeError(f"cannot mount a tmpfs for PostgreSQL: {mounted.stderr.strip()}")
+        os.chown(self.data, *self._ids)
+
+    @property
+    def _filler(self) -> Path:
+        return self.data / "tiergate-filler"
+
+    def fill_disk(self) -> None:
+        """Take every free byte of the data directory's disk (a `data_mb` server only)."""
+        if self.data_mb is None:
+            raise RuntimeError("only a server with a data_mb of its own can fill its disk")
+        chunk = b"\0" * (1 << 16)
+        with self._filler.open("ab") as filler:
+            try:
+                while True:
+                    filler.write(chunk)
+                    filler.flush()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+
+    def free_disk(self) -> None:
+        """Give back what `fill_disk` took."""
+        self._filler.unlink(missing_ok=True)
 
     def _run(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
         command = [str(self.bin / tool), *args]
@@ -156,6 +208,8 @@ class PostgresServer:
                 self.stop("immediate")
             except RuntimeError:
                 pass
+        if self.data_mb is not None:
+            subprocess.run(["umount", "--lazy", str(self.data)], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def dsn(self, database: str = "postgres", *, password: str | None = PASSWORD) -> str:
@@ -181,10 +235,11 @@ class PostgresServer:
         return result.stdout.strip()
 
 
-def started_server(prefix: str = "tiergate-pg-") -> PostgresServer:
-    """A new running server in a fresh folder under the system's temp dir."""
+def started_server(prefix: str = "tiergate-pg-", *, data_mb: int | None = None) -> PostgresServer:
+    """A new running server in a fresh folder under the system's temp dir; its data directory
+    `data_mb` MiB in size if given."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
-    server = PostgresServer(root)
+    server = PostgresServer(root, data_mb=data_mb)
     try:
         server.start()
     except BaseException:

@@ -4,8 +4,8 @@ next one, a full spool refuses rather than serving unbilled, and an amendment ma
 backlog writer writes an older copy of a row is not lost.
 
 Process death is real: a child process is SIGKILLed with records in its spool, or a router
-worker of `tiergate router --workers 3` is, between a PostgreSQL restart and the database's
-return, mid-burst.
+worker of `tiergate router --workers 3` is, mid-burst, while PostgreSQL is stopped or its disk
+is full (a tmpfs of its own, filled), before the database is back.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -277,13 +279,46 @@ STAGGER_S = 0.01
 MAX_TOKENS = 40
 
 
-def test_postgres_restarted_then_a_worker_killed_mid_burst_loses_no_reply_and_bills_none_twice(
-    tmp_path: Path,
+@dataclass(frozen=True)
+class Fault:
+    """What takes the database away mid-burst, and what gives it back."""
+
+    name: str
+    data_mb: int | None
+    #: What the router logs when it cannot write.
+    logged: str
+    begin: Callable[[PostgresServer], None]
+    end: Callable[[PostgresServer], None]
+
+
+FAULTS = [
+    Fault(
+        "restarted",
+        None,
+        "event=ledger_write_failed",
+        lambda server: server.stop(),
+        lambda server: server.start(),
+    ),
+    # Writes fail with "could not extend file" (SQLSTATE 53100) while the server stays up.
+    Fault(
+        "disk full",
+        96,
+        "No space left on device",
+        lambda server: server.fill_disk(),
+        lambda server: server.free_disk(),
+    ),
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[fault.name for fault in FAULTS])
+def test_postgres_down_then_a_worker_killed_mid_burst_loses_no_reply_and_bills_none_twice(
+    tmp_path: Path, fault: Fault
 ) -> None:
-    """PostgreSQL stops mid-burst; the workers serve on, their records spooled; one worker that
-    holds records is SIGKILLed; PostgreSQL starts again. Every reply a client had whole is in
-    the ledger at what the client was told it cost, and the daily totals are the rows' sums."""
-    server = started_server("tiergate-pg-spool-")
+    """PostgreSQL stops (or its disk fills) mid-burst; the workers serve on, their records
+    spooled; one worker that holds records is SIGKILLed; PostgreSQL comes back. Every reply a
+    client had whole is in the ledger at what the client was told it cost, and the daily totals
+    are the rows' sums."""
+    server = started_server("tiergate-pg-spool-", data_mb=fault.data_mb)
     spool = tmp_path / "spool"
     node = start_sim_node(
         tmp_path / "node.log", "--model", "llama-3.1-8b", "--accelerator", "wse-3",
@@ -299,7 +334,7 @@ def test_postgres_restarted_then_a_worker_killed_mid_burst_loses_no_reply_and_bi
         )
         router = start_router(config, tmp_path / "router.log", "--workers", "3")
         try:
-            replies, killed = asyncio.run(_burst_through_a_restart(router.url, server, spool))
+            replies, killed = asyncio.run(_burst_through_a_fault(router.url, server, spool, fault))
             had = {r.request_id: r.cost_usd for r in replies if r.whole}
 
             def all_written() -> bool:
@@ -322,6 +357,7 @@ def test_postgres_restarted_then_a_worker_killed_mid_burst_loses_no_reply_and_bi
         server.close()
     assert f"pid={killed} code=-9 signal=SIGKILL" in log
     assert "event=ledger_spool_replayed" in log
+    assert fault.logged in log
     whole_while_down = [r for r in replies if r.whole and r.answered_in == "down"]
     assert whole_while_down, "no reply went out while the database was down"
     for request_id, cost in had.items():
@@ -330,12 +366,12 @@ def test_postgres_restarted_then_a_worker_killed_mid_burst_loses_no_reply_and_bi
     assert daily_usd == pytest.approx(sum(rows.values()))  # and its cost once
 
 
-async def _burst_through_a_restart(
-    url: str, server: PostgresServer, spool: Path
+async def _burst_through_a_fault(
+    url: str, server: PostgresServer, spool: Path, fault: Fault
 ) -> tuple[list[Reply], int]:
-    """The burst, with PostgreSQL stopped after 20 whole replies, a worker holding spooled
-    records SIGKILLed once 20 more came back, and PostgreSQL started again; the replies and
-    the killed worker's pid."""
+    """The burst, with the fault begun after 20 whole replies, a worker holding spooled records
+    SIGKILLed once 20 more came back and some worker spooled, and the fault ended; the replies
+    and the killed worker's pid."""
     phase = ["up"]
     replies: list[Reply] = []
     changed = asyncio.Event()
@@ -348,9 +384,12 @@ async def _burst_through_a_restart(
         replies.append(reply)
         changed.set()
 
-    async def whole(count: int) -> None:
+    def holding() -> list[Path]:
+        return [f for f in spool_files(spool) if f.stat().st_size > 0]
+
+    async def whole(count: int, *, spooled: bool = False) -> None:
         async with asyncio.timeout(WRITTEN_WITHIN_S):
-            while sum(r.whole for r in replies) < count:
+            while sum(r.whole for r in replies) < count or (spooled and not holding()):
                 changed.clear()
                 await changed.wait()
 
@@ -358,18 +397,107 @@ async def _burst_through_a_restart(
     async with httpx.AsyncClient(timeout=30, limits=limits) as http:
         burst = asyncio.gather(*(one(http, i) for i in range(BURST)))
         await whole(20)
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(fault.begin, server)
         phase[0] = "down"
-        await whole(sum(r.whole for r in replies) + 20)
-        holding = [f for f in spool_files(spool) if f.stat().st_size > 0]
-        assert holding, "no worker spooled while the database was down"
-        killed = int(holding[0].name.split("-")[0])
+        try:
+            await whole(sum(r.whole for r in replies) + 20, spooled=True)
+        except TimeoutError:
+            raise AssertionError("no worker spooled while the database was down") from None
+        killed = int(holding()[0].name.split("-")[0])
         os.kill(killed, signal.SIGKILL)
         phase[0] = "killed"
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(fault.end, server)
         phase[0] = "up again"
         await burst
     return replies, killed
+
+
+#: The smallest spool the router takes (64 KiB): it refuses past 90%, some 160 records.
+SMALL_SPOOL = "64Ki"
+
+
+def test_a_router_whose_spool_is_full_refuses_with_503_and_leaves_nothing_served_unbilled(
+    tmp_path: Path,
+) -> None:
+    """PostgreSQL stopped, one worker with the smallest spool: it serves (and spools) until the
+    spool is nearly full, then answers 503 `ledger_unavailable` before reading a body. Once the
+    database is back it serves again, and every reply a client had whole is billed, once."""
+    server = started_server("tiergate-pg-spool-")
+    spool = tmp_path / "spool"
+    node = start_sim_node(
+        tmp_path / "node.log", "--model", "llama-3.1-8b", "--accelerator", "wse-3",
+        "--served-model-name", "coder", "--max-num-seqs", "64",
+    )  # fmt: skip
+    try:
+        dsn = server.dsn(server.create_database())
+        tenants = tmp_path / "tenants.yaml"
+        tenants.write_text("tenants:\n" + tenant_yaml("gina"))
+        config = tmp_path / "router.yaml"
+        config.write_text(
+            ROUTER_CONFIG.format(tenants=tenants, dsn=dsn, spool=spool, node=node.url)
+            .replace("  ledgerSpoolDir:", f"  ledgerSpoolMaxSize: {SMALL_SPOOL}\n  ledgerSpoolDir:")
+        )  # fmt: skip
+        router = start_router(config, tmp_path / "router.log", "--workers", "1")
+        try:
+            replies = asyncio.run(_until_refused(router.url, server))
+            had = {r.request_id: r.cost_usd for r in replies if r.whole}
+
+            def all_written() -> bool:
+                rows = dict(asyncio.run(fetch(dsn, "SELECT request_id, cost_usd FROM usage")))
+                return set(had) <= set(rows)
+
+            until(all_written, "whole replies are missing from the ledger", WRITTEN_WITHIN_S)
+            after = asyncio.run(_one(router.url))
+        finally:
+            router.stop()
+        rows = dict(asyncio.run(fetch(dsn, "SELECT request_id, cost_usd FROM usage")))
+        ((daily_requests,),) = asyncio.run(fetch(dsn, "SELECT SUM(requests) FROM tenant_daily"))
+        log = (tmp_path / "router.log").read_text()
+    finally:
+        node.stop()
+        server.close()
+    refused = [r for r in replies if r.status == 503]
+    assert refused, "the router never refused"
+    assert {r.code for r in refused} == {"ledger_unavailable"}
+    assert all(not r.whole for r in refused)
+    assert [r.status for r in replies if r.failure is None and r.status not in (200, 503)] == []
+    served_down = [r for r in replies if r.whole]
+    assert len(served_down) >= 100, "the spool took far fewer records than its size allows"
+    for request_id, cost in had.items():
+        assert rows[request_id] == pytest.approx(cost), request_id
+    assert after.whole, f"not served once the database was back: {after}"
+    assert daily_requests == len(rows)  # every row counted once
+    assert log.count("event=ledger_refusing_new_work") == 1
+    assert log.count("event=ledger_accepting_new_work") == 1
+
+
+async def _until_refused(url: str, server: PostgresServer) -> list[Reply]:
+    """PostgreSQL stopped, then requests 8 at a time until 16 of them were refused, and
+    PostgreSQL started again; the replies."""
+    await asyncio.to_thread(server.stop)
+    replies: list[Reply] = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _batch in range(100):
+            sent = [Reply(0, bool(i % 2), "gina") for i in range(8)]
+            await asyncio.gather(*(request(http, url, MAX_TOKENS, r) for r in sent))
+            replies += sent
+            if sum(r.status == 503 for r in replies) >= 16:
+                break
+        else:
+            raise AssertionError("800 requests and never 16 refusals")
+    await asyncio.to_thread(server.start)
+    return replies
+
+
+async def _one(url: str) -> Reply:
+    """One request, retried while the router still refuses (until its spool is replayed)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        deadline = time.monotonic() + WRITTEN_WITHIN_S
+        while True:
+            reply = await request(http, url, MAX_TOKENS, Reply(0, False, "gina"))
+            if reply.code != "ledger_unavailable" or time.monotonic() > deadline:
+                return reply
+            await asyncio.sleep(0.2)
 
 
 async def test_a_dead_processs_streams_are_closed_once_its_lease_expires(
