@@ -5,6 +5,8 @@
   or edited Deployment is re-applied) and refreshes readiness in the status.
 - `deployment_changed`: a Deployment the operator owns changed (pods became ready, someone
   deleted it): reconcile its pool at once rather than at the next timer.
+- With `OperatorMemo.gateway`, each reconciliation of a pool of the routers' namespace also
+  keeps the Gateway API Inference Extension InferencePool there (`gateway_pool`).
 - `inferencepool_autoscale`: a timer on pools with `spec.autoscaling`, every
   `AUTOSCALE_INTERVAL_S`: performs `autoscale`'s tick (status first, then the scale); the
   routers' queues count when `OperatorMemo.routers` says where the routers run.
@@ -28,8 +30,9 @@ from tiergate.pools import GROUP, PLURAL, VERSION
 from tiergate.sim_nodes.catalogs import Catalog
 
 from .autoscale import AUTOSCALE_INTERVAL_S, MetricsScraper, Routers, Scrape, autoscale
+from .gateway_pool import GatewayPool, GatewayPoolMissing, sync_gateway_pool
 from .images import ImagePolicy
-from .kube import Cluster, KubeCluster
+from .kube import ApplyRejected, Cluster, KubeCluster
 from .metrics import Handler, OperatorMetrics, result_of
 from .reconcile import Outcome, reconcile
 from .render import FIELD_MANAGER
@@ -85,6 +88,10 @@ class OperatorMemo:
     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
     #: The PersistentVolumeClaim real engines cache weights on (None: an emptyDir per pod).
     model_cache_claim: str | None = None
+    #: The GIE InferencePool to keep beside the routers' pools (None: none).
+    gateway: GatewayPool | None = None
+    #: Why the GIE pool could not be kept, last time (logged when it changes, not each resync).
+    gateway_problem: str | None = None
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -129,12 +136,36 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
     outcome = _reconcile(dict(body), memo, "reconcile" if report else "resync")
     patch.status.update(outcome.status)
     _alert(body, outcome, memo)
+    _keep_gateway_pool(body, memo, report=report)
     if not report:
         return
     for reason, message in outcome.warnings:
         memo.warn(body, reason=reason, message=message)
     if outcome.permanent_error is not None:
         raise kopf.PermanentError(outcome.permanent_error)
+
+
+def _keep_gateway_pool(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> None:
+    """Apply the GIE InferencePool for the pools of the routers' namespace (with
+    `memo.gateway`). A missing CRD or a refused manifest is logged when it first happens and
+    posted on the pool reconciled for a spec change; it never fails the pool's own handler."""
+    gateway = memo.gateway
+    if gateway is None or body.metadata.namespace != gateway.namespace:
+        return
+    try:
+        sync_gateway_pool(gateway, memo.api())
+    except (GatewayPoolMissing, ApplyRejected) as exc:
+        problem = str(exc)
+        if problem != memo.gateway_problem:
+            log.warning("event=gateway_pool_not_kept pool=%s/%s message=%s",
+                        gateway.namespace, gateway.name, problem)  # fmt: skip
+        memo.gateway_problem = problem
+        if report:
+            memo.warn(body, reason="GatewayPoolNotKept", message=problem)
+        return
+    if memo.gateway_problem is not None:
+        log.info("event=gateway_pool_kept pool=%s/%s", gateway.namespace, gateway.name)
+    memo.gateway_problem = None
 
 
 def _reconcile(pool: dict[str, Any], memo: OperatorMemo, handler: Handler) -> Outcome:

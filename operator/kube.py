@@ -9,7 +9,8 @@ so kopf retries with backoff; a manifest the API server refuses as invalid raise
 
 The autoscaler reads the pool's pods (address, readiness), the router's pods (to read their
 queues) and the HPAs of the pool's namespace, and writes `spec.replicas` through the pool's
-scale subresource, as an HPA would.
+scale subresource, as an HPA would. Behind a gateway, it keeps a Gateway API Inference
+Extension InferencePool beside the pools (`gateway_pool`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from tiergate.pools import GROUP, KIND, PLURAL, VERSION, label_selector, pool_selector_labels
 
 from .autoscaling import HpaUnknown
+from .gateway_pool import GATEWAY_GROUP, GATEWAY_VERSION, GatewayApi, GatewayPoolMissing
 from .render import FIELD_MANAGER
 
 __all__ = [
@@ -63,7 +65,7 @@ class PodAddress:
     ready: bool
 
 
-class Cluster(Protocol):
+class Cluster(GatewayApi, Protocol):
     def apply(self, manifest: Manifest) -> None: ...
 
     def metadata(self, kind: str, namespace: str, name: str) -> Manifest | None: ...
@@ -216,6 +218,53 @@ class KubeCluster:
                 return None
             raise _temporary(f"read InferencePool {namespace}/{name}", exc) from None
         return obj if isinstance(obj, dict) else None
+
+    def list_pools(self, namespace: str) -> list[Manifest]:
+        """Every tiergate InferencePool of `namespace`."""
+        try:
+            listed = self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            raise _temporary(f"list InferencePools in {namespace}", exc) from None
+        items = listed.get("items") if isinstance(listed, dict) else None
+        return [item for item in items or [] if isinstance(item, dict)]
+
+    def apply_gateway_pool(self, manifest: Manifest) -> None:
+        """Server-side apply of a GIE InferencePool (`gateway_pool`); GatewayPoolMissing when
+        the API server does not know the kind."""
+        meta = manifest["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        where = f"{GATEWAY_GROUP} InferencePool {namespace}/{name}"
+        try:
+            self._custom.patch_namespaced_custom_object(
+                GATEWAY_GROUP, GATEWAY_VERSION, namespace, "inferencepools", name, manifest,
+                field_manager=FIELD_MANAGER, force=True,
+                _content_type="application/apply-patch+yaml",
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                raise GatewayPoolMissing(
+                    f"cannot create {where}: the API server has no "
+                    f"inferencepools.{GATEWAY_GROUP}/{GATEWAY_VERSION} (install the Gateway API "
+                    "Inference Extension's CRD, or the chart's gatewayPool.installCRD)"
+                ) from None
+            if exc.status in (400, 422):
+                raise ApplyRejected(f"the API server rejected {where}: {_message(exc)}") from None
+            raise _temporary(f"apply {where}", exc) from None
+
+    def delete_gateway_pool(self, namespace: str, name: str) -> None:
+        """Delete the GIE InferencePool `name` (gone already, or no such kind: nothing to do)."""
+        try:
+            self._custom.delete_namespaced_custom_object(
+                GATEWAY_GROUP, GATEWAY_VERSION, namespace, "inferencepools", name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:
+                where = f"{GATEWAY_GROUP} InferencePool {namespace}/{name}"
+                raise _temporary(f"delete {where}", exc) from None
 
     def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None:
         try:

@@ -11,6 +11,9 @@ expires. `--standalone` turns peering off (local development).
 `--router-selector` says where the routers run (their pods' labels, in `--router-namespace`):
 the autoscaler then counts the requests waiting in their queues in each pool's demand, for
 pools of `--router-pools-namespace`, the namespace the routers route to.
+`--gateway-pool NAME` puts the routers behind a Gateway API gateway: the operator keeps a
+Gateway API Inference Extension InferencePool of that name in the routers' pools namespace,
+selecting every pool's pods, with the routers' endpoint picker (`--epp-service`, `--epp-port`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 
 if TYPE_CHECKING:
     from ..autoscale import Routers
+    from ..gateway_pool import GatewayPool
 
 PEERING_NAME = "tiergate"
 #: The router's metrics port unless told otherwise (the chart's router.metricsPort default).
 DEFAULT_ROUTER_METRICS_PORT = 8090
+#: The endpoint picker's port unless told otherwise (GIE's convention, the chart's default).
+DEFAULT_EPP_PORT = 9002
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,6 +84,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     routers.add_argument("--router-pools-namespace", metavar="NAMESPACE",
                          help="the namespace whose pools the routers route to (default: "
                               "--router-namespace)")  # fmt: skip
+    gateway = p.add_argument_group("behind a Gateway API gateway")
+    gateway.add_argument("--gateway-pool", metavar="NAME",
+                         help="keep a GIE InferencePool (inference.networking.k8s.io/v1) of "
+                              "this name in --router-pools-namespace (unset: none)")  # fmt: skip
+    gateway.add_argument("--epp-service", metavar="SERVICE",
+                         help="the Service of the routers' endpoint picker (required with "
+                              "--gateway-pool)")  # fmt: skip
+    gateway.add_argument("--epp-port", type=int, default=DEFAULT_EPP_PORT, metavar="PORT",
+                         help=f"that Service's port (default: {DEFAULT_EPP_PORT})")  # fmt: skip
+    gateway.add_argument("--gateway-failure-mode", choices=("FailClose", "FailOpen"),
+                         default="FailClose",
+                         help="what the gateway does when the picker does not answer: refuse "
+                              "(FailClose, the default) or pick a pod itself")  # fmt: skip
     p.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     p.add_argument("--kubeconfig", default=None, help="outside a cluster (default: $KUBECONFIG)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
@@ -130,6 +149,26 @@ def routers(args: argparse.Namespace, own_namespace: Callable[[], str]) -> Route
     )
 
 
+def gateway_pool(args: argparse.Namespace, own_namespace: Callable[[], str]) -> GatewayPool | None:
+    """The GIE InferencePool to keep, from the --gateway-pool flags (None without it)."""
+    if not args.gateway_pool:
+        return None
+    if not args.epp_service:
+        raise CliError("--gateway-pool needs --epp-service: the Service of the endpoint picker")
+    if not 0 < args.epp_port < 65536:
+        raise CliError(f"--epp-port {args.epp_port}: not a port")
+    from ..gateway_pool import GatewayPool
+
+    namespace = args.router_pools_namespace or args.router_namespace or own_namespace()
+    return GatewayPool(
+        namespace=namespace,
+        name=args.gateway_pool,
+        epp_service=args.epp_service,
+        epp_port=args.epp_port,
+        failure_mode=args.gateway_failure_mode,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.image:
         raise CliError("no sim-node image: pass --image or set TIERGATE_IMAGE")
@@ -157,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         namespaced=not options["clusterwide"],
         model_cache_claim=args.model_cache_claim,
         routers=routers(args, lambda: current_namespace(args.kubeconfig)),
+        gateway=gateway_pool(args, lambda: current_namespace(args.kubeconfig)),
     )
     if args.metrics_port:
         try:

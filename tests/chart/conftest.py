@@ -63,7 +63,13 @@ def postgres_manifests(helm: Helm) -> list[Manifest]:
     )
 
 
-@pytest.fixture(scope="session", params=["default", "variant", "persistent", "postgres"])
+@pytest.fixture(scope="session")
+def gateway_manifests(helm: Helm) -> list[Manifest]:
+    """Behind a Gateway API gateway: the GIE CRD, the endpoint picker's Service."""
+    return helm.template(sets=["gatewayPool.enabled=true", "router.eppPort=9002"])
+
+
+@pytest.fixture(scope="session", params=["default", "variant", "persistent", "postgres", "gateway"])
 def any_manifests(request: pytest.FixtureRequest) -> Iterator[list[Manifest]]:
     """Each rendering in turn."""
     yield request.getfixturevalue(f"{request.param}_manifests")

@@ -113,3 +113,31 @@ def tpot_ms(streams: int) -> float:
     deployment = predict(spec, w, CATALOG).deployment
     shape = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, streams)
     return evaluate(deployment, shape, spec.batching.to_batching()).tpot_s * 1e3
+
+
+class GatewayCluster(FakeCluster):
+    """A FakeCluster whose API server knows GIE's InferencePool (or not: `gateway_crd`), whose
+    tiergate pools are `pools`, and that records the GIE pools applied and deleted."""
+
+    def __init__(self, *, gateway_crd: bool = True) -> None:
+        super().__init__()
+        self.gateway_crd = gateway_crd
+        self.gateway_pools: dict[tuple[str, str], dict[str, Any]] = {}
+        self.gateway_deletes: list[tuple[str, str]] = []
+
+    def apply_gateway_pool(self, manifest: dict[str, Any]) -> None:
+        from tiergate.operator.gateway_pool import GatewayPoolMissing
+
+        if not self.gateway_crd:
+            raise GatewayPoolMissing(
+                "the API server has no inferencepools.inference.networking.k8s.io/v1"
+            )
+        meta = manifest["metadata"]
+        self.gateway_pools[(meta["namespace"], meta["name"])] = copy.deepcopy(manifest)
+
+    def delete_gateway_pool(self, namespace: str, name: str) -> None:
+        self.gateway_deletes.append((namespace, name))
+        self.gateway_pools.pop((namespace, name), None)
+
+    def list_pools(self, namespace: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for (ns, _), p in sorted(self.pools.items()) if ns == namespace]

@@ -24,6 +24,12 @@
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch, update, delete]
+{{- if .Values.gatewayPool.enabled }}
+# Behind a gateway: the Gateway API Inference Extension InferencePool beside the pools.
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
+{{- end }}
 # kopf reports handler outcomes as events, through either API.
 - apiGroups: [""]
   resources: [events]
