@@ -321,7 +321,7 @@ BAD_POOLS = {
     ),
     "no billing": (
         "endpoint: {url: 'https://api.example.com/v1', model: m, apiKeyFile: KEY}",
-        "needs spec.billing.outputPerMillionUsd",
+        "a hosted pool (endpoint) needs billing.outputPerMillionUsd",
     ),
     "no key at all": (
         "endpoint: {url: 'https://api.example.com/v1', model: m}, "
@@ -336,7 +336,7 @@ BAD_POOLS = {
     "an accelerator too": (
         "accelerator: h100-sxm, endpoint: {url: 'https://api.example.com/v1', model: m, "
         "apiKeyFile: KEY}, billing: {outputPerMillionUsd: 1}",
-        "spec.accelerator describes the pool's pods or hardware",
+        "accelerator describes the pool's pods or hardware",
     ),
 }
 
@@ -357,3 +357,4 @@ def test_a_bad_hosted_pool_stops_the_cli_with_one_line(
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert "spec." not in lines[0], lines[0]  # a file's pool has no `spec`: its fields are its own

@@ -13,7 +13,7 @@ Wire names are camelCase (Kubernetes style); Python names snake_case.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -29,6 +29,7 @@ from .base import Api
 from .engines import DEFAULT_ENGINE, ENGINES, Engine, engine_problem
 from .hosted import (
     POD_FIELDS,
+    SPEC,
     Billing,
     HostedEndpoint,
     SecretKeyRef,
@@ -116,6 +117,9 @@ class InferencePoolSpec(ReplicaSpec):
     by the sim nodes, which validate the spec they are handed with that same model.
     """
 
+    #: How problems name the spec's fields: an InferencePool's are under `spec.`.
+    field_prefix: ClassVar[str] = SPEC
+
     tier: Tier = Field(
         description="; ".join(f"{d.name}: {d.summary}" for d in DEFINITIONS.values()) + "."
     )
@@ -169,23 +173,26 @@ class InferencePoolSpec(ReplicaSpec):
     def _names_its_hardware(self) -> InferencePoolSpec:
         """A pool runs on an accelerator, or is hosted (spec.endpoint) and names none of
         the pods' fields: the CRD's CEL rules (operator/crd.py `hosted_rules`) in words."""
+        prefix = self.field_prefix
         if self.endpoint is None:
             if self.accelerator is None:
-                raise PydanticCustomError("hosted_rule", needs_accelerator_problem())
+                raise PydanticCustomError("hosted_rule", needs_accelerator_problem(prefix))
             return self
         fields = type(self).model_fields
         given = {fields[name].alias or name for name in self.model_fields_set}
         for field in POD_FIELDS:
             if field in given:
-                raise PydanticCustomError("hosted_rule", pod_field_problem(field))
+                raise PydanticCustomError("hosted_rule", pod_field_problem(field, prefix))
         endpoint = self.endpoint
-        problem = hosted_url_problem(endpoint.url)
+        problem = hosted_url_problem(endpoint.url, prefix)
         if problem is not None:
             raise PydanticCustomError("hosted_rule", problem)
         if self.billing.output_per_million_usd is None:
-            raise PydanticCustomError("hosted_rule", needs_billing_problem())
+            raise PydanticCustomError("hosted_rule", needs_billing_problem(prefix))
         if endpoint.max_context_tokens is None and self.model not in default_catalog().models:
-            raise PydanticCustomError("hosted_rule", needs_context_problem(default_catalog()))
+            raise PydanticCustomError(
+                "hosted_rule", needs_context_problem(default_catalog(), prefix)
+            )
         problem = self._hosted_key_problem(endpoint)
         if problem is not None:
             raise PydanticCustomError("hosted_rule", problem)
