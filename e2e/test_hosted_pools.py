@@ -139,6 +139,8 @@ def test_a_hosted_pool_runs_no_pods_and_states_its_price(hosted: Hosted) -> None
     assert envelope["costPerMillionOutputTokensUSD"] == OUTPUT_USD, envelope
     assert envelope["costPerMillionInputTokensUSD"] == INPUT_USD, envelope
     assert "tokensPerSecondPerStream" not in envelope, envelope  # no physics for it
+    assert status["billed"] == {"basis": "stated", "outputPerMillionUsd": OUTPUT_USD,
+                                "inputPerMillionUsd": INPUT_USD}  # fmt: skip
     assert release.condition("hosted-batched", "Ready")["reason"] == "Hosted"  # type: ignore[index]
     for kind in ("deployment", "service"):
         assert not release.exists(kind, "hosted-batched"), kind

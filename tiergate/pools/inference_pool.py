@@ -311,6 +311,32 @@ class Envelope(Api):
     )
 
 
+class BilledPrice(Api):
+    """What the router charges tenants per million tokens the pool serves."""
+
+    basis: EnvelopeBasis = Field(
+        description="stated: spec.billing's output price; predicted: no output price is "
+        "stated, so tenants pay the envelope's predicted cost."
+    )
+    output_per_million_usd: float = Field(description="USD per million output tokens.")
+    input_per_million_usd: float = Field(
+        description="USD per million prompt tokens (spec.billing's; 0 when it states none)."
+    )
+
+
+def billed_price(billing: Billing, envelope: Envelope) -> BilledPrice:
+    """What tenants pay for a pool with this `billing` and `envelope` (the router charges the
+    same: router/discovery/view.py)."""
+    stated = billing.output_per_million_usd
+    return BilledPrice(
+        basis="predicted" if stated is None else "stated",
+        output_per_million_usd=envelope.cost_per_million_output_tokens_usd
+        if stated is None
+        else stated,
+        input_per_million_usd=billing.input_per_million_usd,
+    )
+
+
 class InferencePoolStatus(Api):
     """What the operator observed and predicted."""
 
@@ -321,6 +347,11 @@ class InferencePoolStatus(Api):
     replicas: int | None = Field(default=None, description="Replicas of the Deployment.")
     ready_replicas: int | None = Field(default=None, description="Replicas passing readiness.")
     envelope: Envelope | None = Field(default=None, description="Predicted performance.")
+    billed: BilledPrice | None = Field(
+        default=None,
+        description="What tenants pay: spec.billing's price where it states one, which can "
+        "differ from the envelope's predicted cost; else that cost.",
+    )
     selector: str | None = Field(default=None, description="Label selector of the pods.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="What the autoscaler observed and decided."
