@@ -376,6 +376,7 @@ def inference_pool_crd(catalog: Catalog) -> Schema:
         ("Ready", "integer", ".status.readyReplicas", 0),
         ("Tok/s", "number", ".status.envelope.tokensPerSecondPerStream", 0),
         ("$/Mtok", "number", ".status.envelope.costPerMillionOutputTokensUSD", 0),
+        ("Billed$/Mtok", "number", ".status.billed.outputPerMillionUsd", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
         ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("ModelProfile", "string", ".status.envelope.modelSource", 1),

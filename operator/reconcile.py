@@ -26,9 +26,11 @@ from tiergate.pools import (
     GROUP,
     KIND,
     POOL_LABEL,
+    Billing,
     Condition,
     Envelope,
     InferencePoolSpec,
+    billed_price,
     label_selector,
     pool_selector_labels,
 )
@@ -104,11 +106,26 @@ def _status(
     )
     if not autoscaled and (old.get("autoscaling") is not None or _has_autoscaling(previous)):
         fields = {**fields, "autoscaling": None}  # a merge patch's null deletes it
+    if "envelope" in fields:
+        fields = {**fields, "billed": _billed(body, fields["envelope"])}
     return {
         "observedGeneration": generation,
         "conditions": [c.model_dump(by_alias=True, exclude_none=True) for c in merged],
         **fields,
     }
+
+
+def _billed(body: Manifest, envelope: Manifest | None) -> Manifest | None:
+    """status.billed: what tenants pay (spec.billing's price, else the envelope's cost); null
+    (deleted) while there is no envelope, as the router then sends the pool nothing."""
+    if envelope is None:
+        return None
+    try:
+        billing = Billing.model_validate((body.get("spec") or {}).get("billing") or {})
+        price = billed_price(billing, Envelope.model_validate(envelope))
+    except ValidationError:
+        return None
+    return price.model_dump(by_alias=True)
 
 
 def _has_autoscaling(previous: list[Condition]) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -82,6 +82,8 @@ class FileHostedEndpoint(HostedEndpoint):
 
 class PoolSpec(InferencePoolSpec):
     """One pool: an InferencePool spec plus its name and where its endpoints are."""
+
+    field_prefix: ClassVar[str] = ""  # a file's pool holds the spec's fields itself
 
     name: str = Field(pattern=DNS_LABEL, max_length=63, description="The pool's name.")
     endpoints: list[str] = Field(default_factory=list, description="Base URLs (static source).")

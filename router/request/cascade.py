@@ -28,6 +28,7 @@ from tiergate.router.request.accounting import Accountant
 from tiergate.router.request.body import CompletionRequest
 from tiergate.router.request.exchange import Exchange
 from tiergate.router.request.progress import Progress
+from tiergate.router.request.refusal import hosted_refusal
 from tiergate.router.request.relay import bad_reply, bill
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
@@ -264,10 +265,17 @@ async def _first_reply(
         finally:
             await opened.close()
         if one.status != 200:
-            return None, "no reply", body if _the_request_s_fault(one.status, body) else None
+            if not _the_request_s_fault(one.status, body):
+                return None, "no reply", None
+            hosted = opened.endpoint.hosted
+            if hosted is not None:
+                body = hosted_refusal(body, one.status, hosted.model, attempt.model)
+            return None, "no reply", body
         try:
             reply = json.loads(body)
             bill(one, pool, reply)
+            if opened.endpoint.hosted is not None:  # the provider's name for it is not the client's
+                reply["model"] = attempt.model
         except (ValueError, TypeError, AttributeError):
             return None, "a malformed reply", None
         return reply, None, None

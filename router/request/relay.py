@@ -29,6 +29,7 @@ from tiergate.router.base.metrics import RelayMetrics
 from tiergate.router.discovery.view import RoutedPool
 from tiergate.router.request.body import CompletionRequest
 from tiergate.router.request.progress import Progress
+from tiergate.router.request.refusal import hosted_refusal
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Opened, UpstreamError
 from tiergate.router.upstream.sse import DONE, StreamRewriter, usage_tokens
@@ -76,7 +77,11 @@ async def relay_whole(
         raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
     done.status = opened.status
     if opened.status != 200:
-        # The node refused the request itself (4xx): its envelope goes back as it is.
+        # The node refused the request itself (4xx): its envelope goes back as it is, a hosted
+        # API's told in the pool's names.
+        hosted = opened.endpoint.hosted
+        if hosted is not None and model is not None:
+            body = hosted_refusal(body, opened.status, hosted.model, model)
         done.outcome = "rejected"
         await settle()
         await send_bytes(send, opened.status, body, encode_headers(headers))

@@ -40,6 +40,11 @@ class Provider:
     #: for `hang_s` seconds.
     fail: int | str | None = None
     hang_s: float = 5.0
+    #: With `fail` a status: the error envelope's message and param (`{model}`: the provider's
+    #: model name, as providers' own errors name it), or a raw body in place of the envelope.
+    fail_message: str = "the provider is unwell"
+    fail_param: str | None = None
+    fail_body: bytes | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def requests(self, path: str = "/v1/chat/completions") -> list[Received]:
@@ -55,8 +60,15 @@ def _lower(items: Any) -> dict[str, str]:
     return {str(k).lower(): str(v) for k, v in items}
 
 
-def _error(handler: BaseHTTPRequestHandler, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
+def _error(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    message: str,
+    param: str | None = None,
+    raw: bytes | None = None,
+) -> None:
+    error = {"message": message, "type": "invalid_request_error", "param": param}
+    body = raw if raw is not None else json.dumps({"error": error}).encode()
     handler.send_response(status)
     handler.send_header("content-type", "application/json")
     handler.send_header("content-length", str(len(body)))
@@ -91,7 +103,10 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                 time.sleep(provider.hang_s)
                 return _error(self, 504, "too late")
             if isinstance(provider.fail, int):
-                return _error(self, provider.fail, "the provider is unwell")
+                model = provider.model
+                param = provider.fail_param.format(model=model) if provider.fail_param else None
+                return _error(self, provider.fail, provider.fail_message.format(model=model),
+                              param, provider.fail_body)  # fmt: skip
             if self.path != "/v1/chat/completions" or not isinstance(body, dict):
                 return _error(self, 404, "no such path")
             if body.get("model") != provider.model:

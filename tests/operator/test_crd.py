@@ -71,8 +71,8 @@ def test_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert version["subresources"]["status"] == {}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names[:8] == ["Tier", "Model", "Accelerator", "Replicas", "Ready", "Tok/s",
-                         "$/Mtok", "Age"]  # fmt: skip
+    assert names[:9] == ["Tier", "Model", "Accelerator", "Replicas", "Ready", "Tok/s",
+                         "$/Mtok", "Billed$/Mtok", "Age"]  # fmt: skip
     desired = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Desired")
     assert desired == {"name": "Desired", "type": "integer", "priority": 1,
                        "jsonPath": ".status.autoscaling.desiredReplicas"}  # fmt: skip

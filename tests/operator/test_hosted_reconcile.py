@@ -24,6 +24,8 @@ def test_a_hosted_pool_gets_no_objects_and_a_stated_envelope() -> None:
     assert found["Fits"]["reason"] == "Hosted" and found["Degraded"]["status"] == "False"
     assert outcome.warnings == [] and outcome.permanent_error is None
     assert "sk-" not in str(status)
+    assert status["billed"] == {"basis": "stated", "outputPerMillionUsd": 0.8,
+                                "inputPerMillionUsd": 0.6}  # fmt: skip
 
 
 def test_a_hosted_pool_scaled_to_zero_is_not_ready() -> None:

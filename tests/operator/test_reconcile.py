@@ -80,6 +80,28 @@ def test_a_model_that_does_not_fit_gets_no_deployment_and_the_numbers() -> None:
     assert outcome.status["envelope"] is None and outcome.permanent_error is None
 
 
+def test_status_says_what_tenants_pay_beside_the_predicted_cost() -> None:
+    predicted = reconcile(pool(), FakeCluster(), CATALOG, IMAGE, clock()).status
+    cost = predicted["envelope"]["costPerMillionOutputTokensUSD"]
+    assert predicted["billed"] == {"basis": "predicted", "outputPerMillionUsd": cost,
+                                   "inputPerMillionUsd": 0.0}  # fmt: skip
+    billing = {"outputPerMillionUsd": cost * 3, "inputPerMillionUsd": 1.5}
+    stated = reconcile(pool(billing=billing), FakeCluster(), CATALOG, IMAGE, clock()).status
+    assert stated["envelope"]["costPerMillionOutputTokensUSD"] == cost  # the hardware's cost
+    assert stated["billed"] == {"basis": "stated", "outputPerMillionUsd": cost * 3,
+                                "inputPerMillionUsd": 1.5}  # fmt: skip
+    # Only a prompt price stated: output tokens are billed at the predicted cost.
+    prompts = reconcile(pool(billing={"inputPerMillionUsd": 2}), FakeCluster(), CATALOG, IMAGE,
+                        clock()).status  # fmt: skip
+    assert prompts["billed"] == {"basis": "predicted", "outputPerMillionUsd": cost,
+                                 "inputPerMillionUsd": 2.0}  # fmt: skip
+
+
+def test_a_pool_that_does_not_fit_bills_nothing_in_status() -> None:
+    outcome = reconcile(pool(chips=1, tensorParallel=1), FakeCluster(), CATALOG, IMAGE, clock())
+    assert outcome.status["billed"] is None  # null: a merge patch deletes an earlier price
+
+
 @pytest.mark.parametrize(
     ("changes", "words"),
     [

@@ -246,6 +246,53 @@ def test_a_provider_that_fails_is_ejected_and_its_requests_fail_over(hosted: Hos
         a.fail = None
 
 
+@contextlib.contextmanager
+def refusing(hosted: Hosted, status: int, **how: Any) -> Iterator[None]:
+    """Every provider refuses every request with `status` (as `Provider.fail_*` say)."""
+    for provider in hosted.providers.values():
+        provider.fail = status
+        for field, value in how.items():
+            setattr(provider, f"fail_{field}", value)
+    try:
+        yield
+    finally:
+        for provider in hosted.providers.values():
+            provider.fail, provider.fail_param, provider.fail_body = None, None, None
+            provider.fail_message = "the provider is unwell"
+
+
+@pytest.mark.parametrize("status", [400, 404])
+def test_a_providers_refusal_names_the_pools_model_and_ejects_nothing(
+    hosted: Hosted, status: int
+) -> None:
+    until(  # an earlier test's ejection has run out
+        lambda: not ejected(hosted, "hosted-a") and not ejected(hosted, "hosted-b"),
+        "a provider stayed ejected",
+        150,
+    )
+    message = "The model `{model}` does not support tools"
+    with refusing(hosted, status, message=message, param="{model}"):
+        replies = [hosted.chat(max_tokens=5) for _ in range(12)]  # > consecutive failures
+        for reply in replies:
+            assert reply.status_code == status, reply.text
+            assert "prov-model" not in reply.text, reply.text
+            error = reply.json()["error"]
+            assert error["message"] == "The model `chat` does not support tools", error
+            assert error["param"] == "chat" and error["type"] == "invalid_request_error", error
+        assert not ejected(hosted, "hosted-a") and not ejected(hosted, "hosted-b")
+    served = {hosted.chat(max_tokens=5).headers["x-tiergate-pool"] for _ in range(12)}
+    assert served == {"hosted-a", "hosted-b"}  # both still in rotation
+
+
+def test_a_providers_refusal_that_is_no_envelope_becomes_one(hosted: Hosted) -> None:
+    with refusing(hosted, 400, body=b"<html>prov-model-a: bad request</html>"):
+        reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and "HTTP 400" in error["message"], error
+    assert "prov-model" not in reply.text
+
+
 def test_no_key_reaches_the_log(hosted: Hosted) -> None:
     assert hosted.chat(max_tokens=5).status_code == 200
     log = hosted.router.log_text()
@@ -274,7 +321,7 @@ BAD_POOLS = {
     ),
     "no billing": (
         "endpoint: {url: 'https://api.example.com/v1', model: m, apiKeyFile: KEY}",
-        "needs spec.billing.outputPerMillionUsd",
+        "a hosted pool (endpoint) needs billing.outputPerMillionUsd",
     ),
     "no key at all": (
         "endpoint: {url: 'https://api.example.com/v1', model: m}, "
@@ -289,7 +336,7 @@ BAD_POOLS = {
     "an accelerator too": (
         "accelerator: h100-sxm, endpoint: {url: 'https://api.example.com/v1', model: m, "
         "apiKeyFile: KEY}, billing: {outputPerMillionUsd: 1}",
-        "spec.accelerator describes the pool's pods or hardware",
+        "accelerator describes the pool's pods or hardware",
     ),
 }
 
@@ -310,3 +357,4 @@ def test_a_bad_hosted_pool_stops_the_cli_with_one_line(
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert "spec." not in lines[0], lines[0]  # a file's pool has no `spec`: its fields are its own

@@ -25,6 +25,7 @@ from .inference_pool import (
     KIND,
     PLURAL,
     VERSION,
+    BilledPrice,
     Condition,
     ConditionType,
     Envelope,
@@ -37,6 +38,7 @@ from .inference_pool import (
     SloSpec,
     TemplateSpec,
     Toleration,
+    billed_price,
 )
 from .sim_node_pods import (
     HTTP_PORT_NAME,
@@ -72,6 +74,7 @@ __all__ = [
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BackgroundLoad",
+    "BilledPrice",
     "Billing",
     "Condition",
     "ConditionType",
@@ -92,6 +95,7 @@ __all__ = [
     "SloSpec",
     "TemplateSpec",
     "Toleration",
+    "billed_price",
     "label_selector",
     "pool_selector_labels",
     "served_names",

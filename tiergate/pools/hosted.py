@@ -22,6 +22,7 @@ __all__ = [
     "HOSTED_URL_PATTERN",
     "HOSTED_URL_PROBLEM",
     "POD_FIELDS",
+    "SPEC",
     "Billing",
     "HostedEndpoint",
     "SecretKeyRef",
@@ -126,15 +127,20 @@ class HostedEndpoint(Api):
         return url.rstrip("/")
 
 
+#: Where the pool's fields are: an InferencePool's under `spec.`; a router file's pool holds
+#: them itself (the problems below name the fields as the reader wrote them: `prefix`).
+SPEC = "spec."
+
 #: The CEL rule's pattern and the pydantic check of spec.endpoint.url, and what both say.
 HOSTED_URL_PATTERN = r"^https?://[^/@?#\s]+(/[^?#\s]*)?$"
-HOSTED_URL_PROBLEM = (
-    "spec.endpoint.url must be an http(s) base URL with a host, and no credentials, query or "
+_URL_PROBLEM = (
+    "{prefix}endpoint.url must be an http(s) base URL with a host, and no credentials, query or "
     "fragment (e.g. https://api.openai.com/v1)"
 )
+HOSTED_URL_PROBLEM = _URL_PROBLEM.format(prefix=SPEC)
 
 
-def hosted_url_problem(url: str) -> str | None:
+def hosted_url_problem(url: str, prefix: str = SPEC) -> str | None:
     """What is wrong with a hosted API's base URL, or None."""
     try:
         parts = urlsplit(url)
@@ -150,14 +156,14 @@ def hosted_url_problem(url: str) -> str | None:
         or parts.fragment
         or any(c.isspace() for c in url)
     ):
-        return HOSTED_URL_PROBLEM
+        return _URL_PROBLEM.format(prefix=prefix)
     return None
 
 
-def needs_billing_problem() -> str:
+def needs_billing_problem(prefix: str = SPEC) -> str:
     return (
-        "a hosted pool (spec.endpoint) needs spec.billing.outputPerMillionUsd: no performance "
-        "model prices someone else's hardware, so the pool states its price"
+        f"a hosted pool ({prefix}endpoint) needs {prefix}billing.outputPerMillionUsd: no "
+        "performance model prices someone else's hardware, so the pool states its price"
     )
 
 
@@ -165,22 +171,22 @@ def needs_secret_problem() -> str:
     return "spec.endpoint.apiKeySecretRef is required: the Secret key holding the provider's key"
 
 
-def needs_accelerator_problem() -> str:
+def needs_accelerator_problem(prefix: str = SPEC) -> str:
     return (
-        "spec.accelerator is required (the hardware the pool runs on), unless spec.endpoint "
-        "names a hosted API"
+        f"{prefix}accelerator is required (the hardware the pool runs on), unless "
+        f"{prefix}endpoint names a hosted API"
     )
 
 
-def pod_field_problem(field: str) -> str:
+def pod_field_problem(field: str, prefix: str = SPEC) -> str:
     return (
-        f"spec.{field} describes the pool's pods or hardware; a hosted pool (spec.endpoint) "
-        "has neither: remove it"
+        f"{prefix}{field} describes the pool's pods or hardware; a hosted pool "
+        f"({prefix}endpoint) has neither: remove it"
     )
 
 
-def needs_context_problem(catalog: Catalog) -> str:
+def needs_context_problem(catalog: Catalog, prefix: str = SPEC) -> str:
     return (
-        "a hosted pool whose spec.model is not a catalog model "
-        f"({', '.join(sorted(catalog.models))}) needs spec.endpoint.maxContextTokens"
+        f"a hosted pool whose {prefix}model is not a catalog model "
+        f"({', '.join(sorted(catalog.models))}) needs {prefix}endpoint.maxContextTokens"
     )

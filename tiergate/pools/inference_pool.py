@@ -13,7 +13,7 @@ Wire names are camelCase (Kubernetes style); Python names snake_case.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -29,6 +29,7 @@ from .base import Api
 from .engines import DEFAULT_ENGINE, ENGINES, Engine, engine_problem
 from .hosted import (
     POD_FIELDS,
+    SPEC,
     Billing,
     HostedEndpoint,
     SecretKeyRef,
@@ -116,6 +117,9 @@ class InferencePoolSpec(ReplicaSpec):
     by the sim nodes, which validate the spec they are handed with that same model.
     """
 
+    #: How problems name the spec's fields: an InferencePool's are under `spec.`.
+    field_prefix: ClassVar[str] = SPEC
+
     tier: Tier = Field(
         description="; ".join(f"{d.name}: {d.summary}" for d in DEFINITIONS.values()) + "."
     )
@@ -169,23 +173,26 @@ class InferencePoolSpec(ReplicaSpec):
     def _names_its_hardware(self) -> InferencePoolSpec:
         """A pool runs on an accelerator, or is hosted (spec.endpoint) and names none of
         the pods' fields: the CRD's CEL rules (operator/crd.py `hosted_rules`) in words."""
+        prefix = self.field_prefix
         if self.endpoint is None:
             if self.accelerator is None:
-                raise PydanticCustomError("hosted_rule", needs_accelerator_problem())
+                raise PydanticCustomError("hosted_rule", needs_accelerator_problem(prefix))
             return self
         fields = type(self).model_fields
         given = {fields[name].alias or name for name in self.model_fields_set}
         for field in POD_FIELDS:
             if field in given:
-                raise PydanticCustomError("hosted_rule", pod_field_problem(field))
+                raise PydanticCustomError("hosted_rule", pod_field_problem(field, prefix))
         endpoint = self.endpoint
-        problem = hosted_url_problem(endpoint.url)
+        problem = hosted_url_problem(endpoint.url, prefix)
         if problem is not None:
             raise PydanticCustomError("hosted_rule", problem)
         if self.billing.output_per_million_usd is None:
-            raise PydanticCustomError("hosted_rule", needs_billing_problem())
+            raise PydanticCustomError("hosted_rule", needs_billing_problem(prefix))
         if endpoint.max_context_tokens is None and self.model not in default_catalog().models:
-            raise PydanticCustomError("hosted_rule", needs_context_problem(default_catalog()))
+            raise PydanticCustomError(
+                "hosted_rule", needs_context_problem(default_catalog(), prefix)
+            )
         problem = self._hosted_key_problem(endpoint)
         if problem is not None:
             raise PydanticCustomError("hosted_rule", problem)
@@ -304,6 +311,32 @@ class Envelope(Api):
     )
 
 
+class BilledPrice(Api):
+    """What the router charges tenants per million tokens the pool serves."""
+
+    basis: EnvelopeBasis = Field(
+        description="stated: spec.billing's output price; predicted: no output price is "
+        "stated, so tenants pay the envelope's predicted cost."
+    )
+    output_per_million_usd: float = Field(description="USD per million output tokens.")
+    input_per_million_usd: float = Field(
+        description="USD per million prompt tokens (spec.billing's; 0 when it states none)."
+    )
+
+
+def billed_price(billing: Billing, envelope: Envelope) -> BilledPrice:
+    """What tenants pay for a pool with this `billing` and `envelope` (the router charges the
+    same: router/discovery/view.py)."""
+    stated = billing.output_per_million_usd
+    return BilledPrice(
+        basis="predicted" if stated is None else "stated",
+        output_per_million_usd=envelope.cost_per_million_output_tokens_usd
+        if stated is None
+        else stated,
+        input_per_million_usd=billing.input_per_million_usd,
+    )
+
+
 class InferencePoolStatus(Api):
     """What the operator observed and predicted."""
 
@@ -314,6 +347,11 @@ class InferencePoolStatus(Api):
     replicas: int | None = Field(default=None, description="Replicas of the Deployment.")
     ready_replicas: int | None = Field(default=None, description="Replicas passing readiness.")
     envelope: Envelope | None = Field(default=None, description="Predicted performance.")
+    billed: BilledPrice | None = Field(
+        default=None,
+        description="What tenants pay: spec.billing's price where it states one, which can "
+        "differ from the envelope's predicted cost; else that cost.",
+    )
     selector: str | None = Field(default=None, description="Label selector of the pods.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="What the autoscaler observed and decided."
