@@ -55,7 +55,7 @@ def served(release: Release) -> bool:
 
 
 def autoscaling(release: Release, pool: str) -> dict[str, Any]:
-    status = release.get("inferencepool", pool).get("status") or {}
+    status = release.get("inferencepool.tiergate.dev", pool).get("status") or {}
     return dict(status.get("autoscaling") or {})
 
 
@@ -98,7 +98,7 @@ def test_a_load_step_scales_the_pool_up_holds_through_an_operator_restart_and_ba
         f"{POOL} Autoscaling=True Holding",
         3 * AUTOSCALE_INTERVAL_S,
     )
-    assert release.get("inferencepool", POOL)["spec"]["replicas"] == 1
+    assert release.get("inferencepool.tiergate.dev", POOL)["spec"]["replicas"] == 1
 
     with Timeline(release.cluster.kubeconfig, release.namespace, POOL) as timeline:
         load = StepLoad(release.router_url(), BENCH, tmp_path)
@@ -220,7 +220,7 @@ def test_autoscaling_refuses_or_reports_what_it_cannot_do_and_scales_nothing(
         capture_output=True, text=True, env=release.cluster.env, check=False,
     )  # fmt: skip
     assert done.returncode != 0 and MIN_ABOVE_MAX in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr and not release.exists("inferencepool", POOL)
+    assert "Traceback" not in done.stderr and not release.exists("inferencepool.tiergate.dev", POOL)
 
     release.kubectl("apply", "-f", "-", input=UNREACHABLE)
     release.kubectl("apply", "-f", "-", input=DOES_NOT_FIT)
@@ -237,9 +237,9 @@ def test_autoscaling_refuses_or_reports_what_it_cannot_do_and_scales_nothing(
     small = release.condition("too-small", "Autoscaling") or {}
     assert small["status"] == "False" and " GB" in small["message"], small
     time.sleep(2 * AUTOSCALE_INTERVAL_S)  # more ticks: still nothing scaled, one event each
-    assert release.get("inferencepool", "too-strict")["spec"]["replicas"] == 2
+    assert release.get("inferencepool.tiergate.dev", "too-strict")["spec"]["replicas"] == 2
     assert release.get("deployment", "too-strict")["spec"]["replicas"] == 2
-    assert release.get("inferencepool", "too-small")["spec"]["replicas"] == 1
+    assert release.get("inferencepool.tiergate.dev", "too-small")["spec"]["replicas"] == 1
     assert not release.exists("deployment", "too-small")  # nothing rolled out
     assert warning_reasons(release, "too-strict").count("SloUnreachable") == 1
     assert warning_reasons(release, "too-small").count("ModelDoesNotFit") >= 1

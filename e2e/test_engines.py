@@ -136,4 +136,4 @@ def test_a_wafer_scale_vllm_pool_is_refused_with_the_reason(release: Release) ->
     assert done.returncode != 0
     assert "engine vllm runs on GPUs" in done.stderr, done.stderr
     assert "wse-3" in done.stderr and "SRAM" in done.stderr, done.stderr
-    assert not release.exists("inferencepool", "spark-vllm")
+    assert not release.exists("inferencepool.tiergate.dev", "spark-vllm")

@@ -133,7 +133,7 @@ def test_a_hosted_pool_runs_no_pods_and_states_its_price(hosted: Hosted) -> None
         return cond is not None and cond["status"] == "True"
 
     release.wait(ready, "the hosted pool Ready")
-    status = release.get("inferencepool", "hosted-batched")["status"]
+    status = release.get("inferencepool.tiergate.dev", "hosted-batched")["status"]
     envelope = status["envelope"]
     assert envelope["basis"] == "stated", envelope
     assert envelope["costPerMillionOutputTokensUSD"] == OUTPUT_USD, envelope
@@ -245,4 +245,4 @@ def test_a_bad_hosted_pool_is_refused_by_kubectl_with_the_reason(
     assert done.returncode != 0, done.stdout
     assert reason in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2, done.stderr  # a message, no dump
-    assert not hosted.release.exists("inferencepool", name)
+    assert not hosted.release.exists("inferencepool.tiergate.dev", name)

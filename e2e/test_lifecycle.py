@@ -51,7 +51,9 @@ class SteadyLoad:
 def test_a_node_deleted_under_load_leaves_no_request_unanswered(release: Release) -> None:
     pool = "spark-wafer"
     release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
-    release.kubectl("patch", "inferencepool", pool, "--type=merge", "-p", '{"spec":{"replicas":2}}')
+    release.kubectl(
+        "patch", "inferencepool.tiergate.dev", pool, "--type=merge", "-p", '{"spec":{"replicas":2}}'
+    )
     release.wait(
         lambda: release.ready_replicas(pool) == 2,
         "2 ready replicas",

@@ -127,5 +127,5 @@ def test_pools_applied_without_a_namespace_land_where_the_operator_watches(
         "frontier-batched reconciled in the release namespace",
     )
     assert not cluster.kubectl(
-        "get", "inferencepools", "-n", "default", "--ignore-not-found", "-o", "name"
+        "get", "inferencepools.tiergate.dev", "-n", "default", "--ignore-not-found", "-o", "name"
     ).strip()

@@ -104,7 +104,7 @@ def test_examples_become_ready_with_an_envelope(release: Release) -> None:
     apply_examples(release)
     envelopes: dict[str, dict[str, Any]] = {}
     for tier, pool in POOLS.items():
-        obj = release.get("inferencepool", pool)
+        obj = release.get("inferencepool.tiergate.dev", pool)
         envelope = obj["status"]["envelope"]
         assert envelope["tokensPerSecondPerStream"] > 0, envelope
         assert envelope["costPerMillionOutputTokensUSD"] > 0, envelope
@@ -114,7 +114,7 @@ def test_examples_become_ready_with_an_envelope(release: Release) -> None:
     speed = {t: e["tokensPerSecondPerStream"] for t, e in envelopes.items()}
     assert speed["batched"] < speed["premium"] < speed["wafer-scale"], speed
     # The printer columns a person sees: numbers, not blanks.
-    table = release.kubectl("get", "inferencepools", "-o", "wide")
+    table = release.kubectl("get", "inferencepools.tiergate.dev", "-o", "wide")
     header, *rows = table.strip().splitlines()
     assert "TOK/S" in header and "$/MTOK" in header, header
     columns = header.split()
@@ -227,7 +227,7 @@ def test_the_operator_takes_no_other_apps_object_and_says_what_it_could_not_appl
     service = release.get("service", "billing")
     assert not service["metadata"].get("ownerReferences"), service["metadata"]
     assert service["spec"]["selector"] == {"app": "billing"}
-    release.kubectl("delete", "inferencepool", "billing", "--wait=true")
+    release.kubectl("delete", "inferencepool.tiergate.dev", "billing", "--wait=true")
     assert release.exists("service", "billing")  # deleting the pool took nothing of the app's
     release.kubectl("delete", "service", "billing")
 
@@ -242,7 +242,7 @@ def test_the_operator_takes_no_other_apps_object_and_says_what_it_could_not_appl
     progressing = release.condition("bad-label", "Progressing") or {}
     assert "team a" in progressing["message"], progressing
     assert "ApplyRejected" in warning_reasons(release, "bad-label")
-    release.kubectl("delete", "inferencepool", "bad-label", "--wait=true")
+    release.kubectl("delete", "inferencepool.tiergate.dev", "bad-label", "--wait=true")
 
 
 def test_a_refused_edit_leaves_the_previous_pods_serving_and_says_so(release: Release) -> None:
@@ -253,13 +253,13 @@ def test_a_refused_edit_leaves_the_previous_pods_serving_and_says_so(release: Re
     release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
     pool = POOLS["wafer-scale"]
     before = release.get("deployment", pool)
-    served_generation = release.get("inferencepool", pool)["metadata"]["generation"]
+    served_generation = release.get("inferencepool.tiergate.dev", pool)["metadata"]["generation"]
     for patch, reason, words in (
         ('{"spec": {"batching": {"maxNumSeqs": 4}}}', "InvalidSpec", "no batch slot"),
         ('{"spec": {"batching": {"maxNumSeqs": 8}, "template": {"image": "evil/miner:1"}}}',
          "ImageNotAllowed", "evil/miner:1 is not allowed"),
     ):  # fmt: skip
-        release.kubectl("patch", "inferencepool", pool, "--type=merge", "-p", patch)
+        release.kubectl("patch", "inferencepool.tiergate.dev", pool, "--type=merge", "-p", patch)
         release.wait(
             lambda r=reason: (release.condition(pool, "Progressing") or {}).get("reason") == r,
             f"{pool} Progressing=False {reason}",
@@ -287,7 +287,7 @@ def test_an_invalid_pool_is_refused_with_a_readable_message(release: Release) ->
     assert done.returncode != 0
     assert "maxNumSeqs" in done.stderr and "16" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
-    assert not release.exists("inferencepool", "too-wide")
+    assert not release.exists("inferencepool.tiergate.dev", "too-wide")
     # A name that cannot name its Service is refused by the API server too (CEL on the name).
     done = subprocess.run(
         [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
@@ -303,7 +303,7 @@ def test_an_invalid_pool_is_refused_with_a_readable_message(release: Release) ->
 def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
     release.kubectl("apply", "-f", str(EXAMPLES / "wafer-scale.yaml"))
     release.wait(lambda: served_by(release, "wafer-scale"), "the router to serve wafer-scale")
-    release.kubectl("scale", "inferencepool/spark-wafer", "--replicas=3")
+    release.kubectl("scale", "inferencepool.tiergate.dev/spark-wafer", "--replicas=3")
     release.wait(
         lambda: release.ready_replicas("spark-wafer") == 3,
         "3 ready replicas",
@@ -330,7 +330,7 @@ def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
 def test_deleting_a_pool_removes_its_objects_and_its_routes(release: Release) -> None:
     release.kubectl("apply", "-f", str(EXAMPLES / "premium.yaml"))
     release.wait(lambda: served_by(release, "premium"), "the router to serve premium")
-    release.kubectl("delete", "inferencepool", "frontier-premium")
+    release.kubectl("delete", "inferencepool.tiergate.dev", "frontier-premium")
     release.wait(
         lambda: (
             not release.exists("deployment", "frontier-premium")
@@ -358,7 +358,9 @@ def test_operator_restarted_while_a_pool_is_edited_converges(release: Release) -
         ),
         "the operator pod gone",
     )
-    release.kubectl("patch", "inferencepool", pool, "--type=merge", "-p", '{"spec":{"replicas":2}}')
+    release.kubectl(
+        "patch", "inferencepool.tiergate.dev", pool, "--type=merge", "-p", '{"spec":{"replicas":2}}'
+    )
     time_of_edit = release.get("deployment", pool)["spec"]["replicas"]
     assert time_of_edit == 1, "nothing may act on the edit while the operator is down"
     release.kubectl("scale", "deployment", operator, "--replicas=1")

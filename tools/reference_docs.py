@@ -205,7 +205,8 @@ def inference_pool_page() -> str:
         "Written by the operator; the router ignores it.\n",
         _table(_rows(status, "status"), defaults=False),
         "## Printer columns\n",
-        "`kubectl get inferencepools` shows these (`-o wide` adds those of priority 1).\n",
+        "`kubectl get ipool` (`inferencepools.tiergate.dev`) shows these (`-o wide` adds those of "
+        "priority 1).\n",
         "| column | type | from | priority |",
         "|---|---|---|---|",
     ]

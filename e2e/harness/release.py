@@ -54,7 +54,7 @@ class Release:
 
     def ready_replicas(self, pool: str) -> int:
         """The pool's status.readyReplicas (0 before the operator's first status write)."""
-        status = self.get("inferencepool", pool).get("status") or {}
+        status = self.get("inferencepool.tiergate.dev", pool).get("status") or {}
         return int(status.get("readyReplicas") or 0)
 
     def pool_pods(self, pool: str, *, ready: bool = False) -> dict[str, str]:
@@ -96,7 +96,7 @@ class Release:
         )
 
     def condition(self, pool: str, kind: str) -> dict[str, Any] | None:
-        status = self.get("inferencepool", pool).get("status") or {}
+        status = self.get("inferencepool.tiergate.dev", pool).get("status") or {}
         for cond in status.get("conditions") or []:
             if cond.get("type") == kind:
                 return dict(cond)
@@ -146,8 +146,8 @@ class Release:
         """What a person would look at first: objects, describe, pod logs."""
         parts = []
         for args in (
-            ("get", "inferencepools,deployments,pods,services", "-o", "wide"),
-            ("describe", "inferencepools"),
+            ("get", "inferencepools.tiergate.dev,deployments,pods,services", "-o", "wide"),
+            ("describe", "inferencepools.tiergate.dev"),
             ("describe", "pods"),
             ("get", "events", "--sort-by=.lastTimestamp"),
         ):
@@ -224,7 +224,9 @@ def _remove(cluster: LocalCluster, namespace: str, release: str) -> None:
     # Pools first, while their operator still runs (its sim nodes stop with them), then the
     # release, then the namespace.
     ns = ("-n", namespace)
-    cluster.kubectl(*ns, "delete", "inferencepools", "--all", "--timeout=60s", check=False)
+    cluster.kubectl(
+        *ns, "delete", "inferencepools.tiergate.dev", "--all", "--timeout=60s", check=False
+    )
     cluster.helm("uninstall", release, *ns, "--wait", "--timeout", "2m", check=False)
     cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
 
