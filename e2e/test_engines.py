@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from release import BACKEND, Release
 
@@ -137,3 +138,36 @@ def test_a_wafer_scale_vllm_pool_is_refused_with_the_reason(release: Release) ->
     assert "engine vllm runs on GPUs" in done.stderr, done.stderr
     assert "wse-3" in done.stderr and "SRAM" in done.stderr, done.stderr
     assert not release.exists("inferencepool.tiergate.dev", "spark-vllm")
+
+
+def test_the_same_pool_as_sim_renders_the_same_arguments_and_serves(
+    release: Release, gpu_node: str
+) -> None:
+    """`engine: sim` in place of `engine: vllm`: the sim image runs the very `vllm serve`
+    arguments, and the pool serves through the router."""
+    release.kubectl("apply", "-f", "-", input=VLLM_POOL)
+    sim_pool = VLLM_POOL.replace("name: llama-vllm", "name: llama-sim").replace(
+        "engine: vllm", "engine: sim"
+    )
+    release.kubectl("apply", "-f", "-", input=sim_pool)
+    release.wait(
+        lambda: all(release.exists("deployment", d) for d in ("llama-vllm", "llama-sim")),
+        "both pools' Deployments",
+    )
+    vllm = release.get("deployment", "llama-vllm")["spec"]["template"]["spec"]["containers"][0]
+    sim = release.get("deployment", "llama-sim")["spec"]["template"]["spec"]["containers"][0]
+    assert sim["args"] == vllm["args"]
+    assert sim["image"] != vllm["image"] and sim["command"] != vllm["command"]
+    release.kubectl("delete", "inferencepool.tiergate.dev", "llama-vllm", "--wait=true")
+
+    def served() -> bool:
+        reply = httpx.post(
+            f"{release.router_url()}/v1/chat/completions",
+            json={"model": "llama-70b", "messages": [{"role": "user", "content": "hi"}],
+                  "max_tokens": 8},
+            headers={"x-tiergate-tier": "batched"},
+            timeout=60.0,
+        )  # fmt: skip
+        return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
+
+    release.wait(served, "the sim pool serving llama-70b through the router", 120)
