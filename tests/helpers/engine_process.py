@@ -48,6 +48,8 @@ class EngineProcess:
         self.root = root
         self.log = log
         self.max_num_seqs = max_num_seqs
+        #: The key the engine requires on /v1 (vLLM's --api-key), or None for none.
+        self.api_key: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
@@ -66,8 +68,11 @@ class EngineProcess:
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts} on port {port}\n".encode())
             out.flush()
+            command = module.engine_command(self.root, port, self.max_num_seqs)
+            if self.api_key is not None:
+                command += ["--api-key", self.api_key]
             self.process = subprocess.Popen(
-                module.engine_command(self.root, port, self.max_num_seqs),
+                command,
                 env=module.engine_environment(),
                 # Not the repository: its `operator/` would shadow the standard library in the
                 # engine's helper processes, which run without -P.
