@@ -358,3 +358,39 @@ def test_a_bad_hosted_pool_stops_the_cli_with_one_line(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], done.stderr
     assert "spec." not in lines[0], lines[0]  # a file's pool has no `spec`: its fields are its own
+
+
+def _spent(hosted: Hosted) -> float:
+    reply = httpx.get(hosted.url + "/v1/usage", headers=TENANT, timeout=10)
+    return float(reply.json()["totals"]["cost_usd"])
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (401, None, 503),  # the router's key refused: the provider's failure, not the request's
+        (429, None, 503),  # the provider's own limit: tried elsewhere, then unavailable
+        (500, None, 503),
+        (200, b"}}not json at all", 502),  # garbage with a 200
+    ],
+    ids=["401", "429", "500", "garbage"],
+)
+def test_a_provider_that_fails_is_a_clear_envelope_and_bills_nothing(
+    hosted: Hosted, status: int, body: bytes | None, expected: int
+) -> None:
+    """Every provider answering so: the client gets an OpenAI error naming no provider, model
+    or key, and the tenant's spend does not move."""
+    until(
+        lambda: not ejected(hosted, "hosted-a") and not ejected(hosted, "hosted-b"),
+        "a provider stayed ejected",
+        150,
+    )
+    before = _spent(hosted)
+    with refusing(hosted, status, body=body):
+        reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == expected, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "server_error" and error["message"], error
+    for secret in ("prov-model", "127.0.0.1", *KEYS.values()):
+        assert secret not in reply.text
+    assert _spent(hosted) == before
