@@ -1,0 +1,1 @@
+"""The endpoint picker: tiergate behind a Gateway API gateway (Envoy ext_proc)."""
