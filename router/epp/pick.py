@@ -123,13 +123,15 @@ class GatewayOpener:
             picked.inflight -= 1
             raise
         served, attempts = picked, 1
-        if head.served is not None and head.served in addresses[1:]:
-            at = addresses.index(head.served)
-            served, attempts = chosen[at], at + 1
-            for failed in chosen[:at]:  # the gateway went past them: they failed it
-                self.on_failure(failed)
-            picked.inflight -= 1
-            served.inflight += 1
+        if head.served is not None and head.served != addresses[0]:
+            other = next((e for e in endpoints if address_of(e) == head.served), None)
+            if other is not None:  # a fallback, or the gateway's own retry elsewhere
+                at = addresses.index(head.served) if head.served in addresses else len(chosen)
+                served, attempts = other, at + 1
+                for failed in chosen[:at]:  # the gateway went past them: they failed it
+                    self.on_failure(failed)
+                picked.inflight -= 1
+                served.inflight += 1
         reply = GatewayReply(served, attempts, head, self.gateway)
         if head.status in ENDPOINT_FAILED:
             await reply.close()
