@@ -36,16 +36,22 @@ tenants:
     allowedTiers: [batched, premium, wafer-scale]
     budgetUsd: 0.0000001
     budgetPeriod: day
+  - name: dave
+    apiKeys: [dave-key-0123456789]
+    allowedTiers: [batched, premium, wafer-scale]
+    budgetUsd: 1000
+    budgetPeriod: day
 """
 ALICE = {"authorization": "Bearer alice-key-0123456789"}
 BOB = {"authorization": "Bearer bob-key-0123456789"}
 CAROL = {"authorization": "Bearer carol-key-0123456789"}
+DAVE = {"authorization": "Bearer dave-key-0123456789"}
 
 
-def node(names: list[str], **overrides: Any) -> NodeConfig:
-    """Fast tokens: the 8B model on one wafer-scale chip."""
+def node(names: list[str], accelerator: str = "wse-3", **overrides: Any) -> NodeConfig:
+    """The 8B model on one chip: fast tokens on a wafer-scale one (the default)."""
     serving = ServingSpec(
-        model="llama-3.1-8b", accelerator="wse-3", batching=BatchingSpec(max_num_seqs=16)
+        model="llama-3.1-8b", accelerator=accelerator, batching=BatchingSpec(max_num_seqs=16)
     )
     return NodeConfig(serving=serving, served_model_names=names, **overrides)
 
@@ -101,6 +107,14 @@ class System:
         if request_ids is not None:
             rows = [r for r in rows if r["request_id"] in request_ids]
         return rows
+
+
+def slots_free(system: System) -> bool:
+    """No admission slot held and no request in flight at any endpoint."""
+    router = system.app.router
+    queues = router.admission.queues.values()
+    endpoints = router.view().endpoints()
+    return all(q.active == 0 for q in queues) and all(e.inflight == 0 for e in endpoints)
 
 
 def address(url: str) -> str:

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 from envoy_process import Envoy
-from epp_system import ALICE, BOB, CAROL, System, address, chat, epp_system, post
+from epp_system import ALICE, BOB, CAROL, System, address, chat, epp_system, post, slots_free
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tiergate.router.epp.server import HEALTH_NAMES
@@ -34,14 +34,6 @@ def system(
 @pytest.fixture(scope="module")
 def envoy(system: System) -> Envoy:
     return system.envoy()
-
-
-def slots_free(system: System) -> bool:
-    """No admission slot held and no request in flight at any endpoint."""
-    router = system.app.router
-    queues = router.admission.queues.values()
-    endpoints = router.view().endpoints()
-    return all(q.active == 0 for q in queues) and all(e.inflight == 0 for e in endpoints)
 
 
 def test_the_openai_sdk_chats_and_streams_through_the_gateway(envoy: Envoy) -> None:
