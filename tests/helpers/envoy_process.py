@@ -215,7 +215,10 @@ class GatewayConfig:
             "name": "inference_pool",
             "type": "STATIC",
             "connect_timeout": "2s",
-            "load_assignment": {"cluster_name": "inference_pool", "endpoints": [{"lb_endpoints": hosts}]},
+            "load_assignment": {
+                "cluster_name": "inference_pool",
+                "endpoints": [{"lb_endpoints": hosts}],
+            },
             "load_balancing_policy": {
                 "policies": [
                     {
@@ -258,7 +261,13 @@ class GatewayConfig:
             },
             "load_assignment": {
                 "cluster_name": "epp",
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address("127.0.0.1", self.epp_port)}}]}],
+                "endpoints": [
+                    {
+                        "lb_endpoints": [
+                            {"endpoint": {"address": _address("127.0.0.1", self.epp_port)}}
+                        ]
+                    }
+                ],
             },
         }
 
@@ -314,7 +323,7 @@ def start_envoy(gateway: GatewayConfig, folder: Path, name: str = "envoy") -> En
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     envoy = Envoy(process, config, log, admin_file)
     try:
-        until(lambda: _listening(envoy), f"Envoy did not start:\n{envoy.log_text()}", START_WITHIN_S)
+        until(lambda: _listening(envoy), "Envoy did not start listening", START_WITHIN_S)
     except BaseException:
         envoy.stop()
         raise

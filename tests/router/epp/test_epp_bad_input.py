@@ -47,7 +47,9 @@ def headers(path: str = "/v1/chat/completions", **extra: str) -> ext.ProcessingR
     return ext.ProcessingRequest(
         request_headers=ext.HttpHeaders(
             headers=base_pb2.HeaderMap(
-                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()
+                ]
             )
         )
     )
@@ -160,9 +162,9 @@ def test_envoy_restarted_mid_burst_bills_nothing_twice(system: System) -> None:
 
     def client(url: str, stream: bool) -> None:
         try:
-            r = httpx.post(url + "/v1/chat/completions", headers=DAVE, timeout=120,
-                           json=chat(max_tokens=60, stream=stream,
-                                     stream_options={"include_usage": True} if stream else None))  # fmt: skip
+            options = {"include_usage": True} if stream else None
+            body = chat(max_tokens=60, stream=stream, stream_options=options)
+            r = httpx.post(url + "/v1/chat/completions", headers=DAVE, timeout=120, json=body)
             usage = None
             if r.status_code == 200 and not stream:
                 usage = r.json()["usage"]

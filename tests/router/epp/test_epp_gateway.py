@@ -131,9 +131,7 @@ def test_an_unknown_path_gets_the_404_envelope(envoy: Envoy) -> None:
     assert r.json()["error"]["code"] == "not_found"
 
 
-def test_the_gateway_follows_the_picks_within_the_subset_hint(
-    system: System, envoy: Envoy
-) -> None:
+def test_the_gateway_follows_the_picks_within_the_subset_hint(system: System, envoy: Envoy) -> None:
     """GIE's GatewayFollowingEPPRouting: every reply comes from an endpoint the picker was
     allowed to pick (here the gateway's subset hint: one node, then the other)."""
     for node in system.nodes["coder-batched"]:
@@ -173,7 +171,7 @@ def test_gateway_traffic_counts_in_usage_and_metrics(system: System, envoy: Envo
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith('tiergate_requests_total{') and 'outcome="ok"' in line
+            if line.startswith("tiergate_requests_total{") and 'outcome="ok"' in line
         )
 
     before_usage, before_served = json.dumps(usage()), served()
@@ -183,9 +181,7 @@ def test_gateway_traffic_counts_in_usage_and_metrics(system: System, envoy: Envo
     assert json.dumps(usage()) != before_usage
 
 
-def test_billing_through_the_gateway_equals_the_routers_port(
-    system: System, envoy: Envoy
-) -> None:
+def test_billing_through_the_gateway_equals_the_routers_port(system: System, envoy: Envoy) -> None:
     """The same requests, once on each way in: the same rows but for ids and times."""
     bodies = [
         chat(max_tokens=4),

@@ -50,9 +50,7 @@ def test_bodies_go_back_in_chunks_the_gateway_takes_ending_on_the_last() -> None
     assert empty.request_body.response.body_mutation.streamed_response.end_of_stream
 
 
-@pytest.mark.parametrize(
-    "value", [["10.0.0.1:8000", "10.0.0.2"], "10.0.0.1:8000, 10.0.0.2"]
-)
+@pytest.mark.parametrize("value", [["10.0.0.1:8000", "10.0.0.2"], "10.0.0.1:8000, 10.0.0.2"])
 def test_the_subset_hint_is_a_list_or_a_comma_separated_string(value: object) -> None:
     request = with_metadata(
         "envoy.lb.subset_hint", {"x-gateway-destination-endpoint-subset": value}
