@@ -1,0 +1,42 @@
+"""The endpoint picker in the chart: `router.eppPort` turns it on, and the router's
+configuration, its container port, its Service (an InferencePool's endpointPickerRef names it)
+and its NetworkPolicy follow; off by default."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from chart_helpers import ROUTER, Helm, HelmFailed, one
+
+
+def test_the_picker_is_off_by_default(helm: Helm) -> None:
+    manifests = helm.template()
+    config = yaml.safe_load(one(manifests, "ConfigMap", ROUTER)["data"]["router.yaml"])
+    assert "eppPort" not in config["router"]
+    service = one(manifests, "Service", ROUTER)
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+
+
+def test_every_part_follows_the_epp_port_value(helm: Helm) -> None:
+    manifests = helm.template(sets=["router.eppPort=9002", "router.eppFallbacks=1"])
+    config = yaml.safe_load(one(manifests, "ConfigMap", ROUTER)["data"]["router.yaml"])
+    assert (config["router"]["eppPort"], config["router"]["eppFallbacks"]) == (9002, 1)
+    pod = one(manifests, "Deployment", ROUTER)["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert {"name": "epp", "containerPort": 9002, "protocol": "TCP"} in container["ports"]
+    service = one(manifests, "Service", ROUTER)
+    epp = next(p for p in service["spec"]["ports"] if p["name"] == "epp")
+    assert (epp["port"], epp["targetPort"], epp["appProtocol"]) == (9002, "epp", "http2")
+    open_ports = [
+        p["port"]
+        for rule in one(manifests, "NetworkPolicy", ROUTER)["spec"]["ingress"]
+        if not rule.get("from")
+        for p in rule["ports"]
+    ]
+    assert "epp" in open_ports  # the gateway asks from its own namespace
+
+
+@pytest.mark.parametrize("port", ["8080", "8090"])
+def test_the_picker_needs_a_port_of_its_own(helm: Helm, port: str) -> None:
+    with pytest.raises(HelmFailed, match="eppPort"):
+        helm.template(sets=[f"router.eppPort={port}"])
