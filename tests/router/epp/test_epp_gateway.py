@@ -221,3 +221,47 @@ def test_health_answers_for_the_protocols_names(system: System) -> None:
 
 def test_every_slot_is_free_once_the_gateway_traffic_is_over(system: System) -> None:
     assert slots_free(system)
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"x-slo-ttft-ms": "-5"}, chat(max_tokens=2)),
+        ({"x-slo-ttft-ms": "0.000001"}, chat(max_tokens=2)),
+        ({}, chat("no-such-model", max_tokens=2)),
+        ({"x-tiergate-tier": "wafer-scale"}, chat(max_tokens=2)),
+        ({"x-tiergate-tier": "gold"}, chat(max_tokens=2)),
+        ({}, chat(max_tokens=0)),
+        ({}, {"model": "coder"}),
+        ({"x-tiergate-cascade": "wafer-scale>premium"}, chat(max_tokens=2)),
+    ],
+    ids=[
+        "bad-slo",
+        "unattainable-slo",
+        "unknown-model",
+        "tier-not-serving",
+        "unknown-tier",
+        "zero-cap",
+        "no-messages",
+        "cascade-without-tools",
+    ],  # fmt: skip
+)
+def test_a_request_gets_the_same_answer_through_the_gateway(
+    system: System, envoy: Envoy, headers: dict[str, str], body: dict[str, Any]
+) -> None:
+    """One request path: the same status and error code on either way in."""
+    direct, through = post(system.url, body, headers), post(envoy.url, body, headers)
+    assert through.status_code == direct.status_code, (direct.text, through.text)
+    if direct.status_code != 200:
+        assert through.json()["error"]["code"] == direct.json()["error"]["code"]
+    else:
+        assert through.headers["x-tiergate-tier"] == direct.headers["x-tiergate-tier"]
+
+
+def test_a_cascade_is_refused_through_the_gateway(envoy: Envoy) -> None:
+    """A cascade needs a second attempt on another tier: the gateway sends a request once."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = chat("coder-spark", max_tokens=2, tools=tools)
+    r = post(envoy.url, body, {"x-tiergate-cascade": "wafer-scale>premium"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "cascade_not_supported"
