@@ -1,6 +1,6 @@
 """The endpoint picker in the chart: `router.eppPort` turns it on, and the router's
-configuration, its container port, its Service (an InferencePool's endpointPickerRef names it)
-and its NetworkPolicy follow; off by default."""
+configuration, its container port (`epp`, which the picker's Service targets) and its
+NetworkPolicy follow; off by default."""
 
 from __future__ import annotations
 
@@ -13,20 +13,17 @@ def test_the_picker_is_off_by_default(helm: Helm) -> None:
     manifests = helm.template()
     config = yaml.safe_load(one(manifests, "ConfigMap", ROUTER)["data"]["router.yaml"])
     assert "eppPort" not in config["router"]
-    service = one(manifests, "Service", ROUTER)
-    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+    (container,) = one(manifests, "Deployment", ROUTER)["spec"]["template"]["spec"]["containers"]
+    assert "epp" not in [p["name"] for p in container["ports"]]
 
 
 def test_every_part_follows_the_epp_port_value(helm: Helm) -> None:
-    manifests = helm.template(sets=["router.eppPort=9002", "router.eppFallbacks=1"])
+    manifests = helm.template(sets=["router.eppPort=9002"])
     config = yaml.safe_load(one(manifests, "ConfigMap", ROUTER)["data"]["router.yaml"])
-    assert (config["router"]["eppPort"], config["router"]["eppFallbacks"]) == (9002, 1)
+    assert config["router"]["eppPort"] == 9002
     pod = one(manifests, "Deployment", ROUTER)["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert {"name": "epp", "containerPort": 9002, "protocol": "TCP"} in container["ports"]
-    service = one(manifests, "Service", ROUTER)
-    epp = next(p for p in service["spec"]["ports"] if p["name"] == "epp")
-    assert (epp["port"], epp["targetPort"], epp["appProtocol"]) == (9002, "epp", "http2")
     open_ports = [
         p["port"]
         for rule in one(manifests, "NetworkPolicy", ROUTER)["spec"]["ingress"]
