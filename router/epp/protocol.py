@@ -22,9 +22,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from envoy.type.v3 import http_status_pb2
 
 __all__ = [
+    "BODY_CHUNK_BYTES",
     "DESTINATION",
+    "SERVICE",
     "ProcessingRequest",
     "ProcessingResponse",
+    "ack",
     "add_servicer",
     "body_modes",
     "headers_of",
@@ -36,7 +39,6 @@ __all__ = [
     "served_of",
     "streamed_body",
     "subset_of",
-    "ack",
 ]
 
 #: The gRPC service a gateway calls, and the health service name the protocol gives it.
@@ -59,12 +61,6 @@ ProcessingResponse = Any
 def add_servicer(servicer: Any, server: Any) -> None:
     """Serve `servicer` (an `ExternalProcessorServicer`) on the gRPC `server`."""
     ext_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
-
-
-def servicer_base() -> type:
-    """The generated servicer class the picker's servicer derives from."""
-    base: type = ext_grpc.ExternalProcessorServicer
-    return base
 
 
 def phase(request: ProcessingRequest) -> str | None:

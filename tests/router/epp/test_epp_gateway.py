@@ -265,3 +265,26 @@ def test_a_cascade_is_refused_through_the_gateway(envoy: Envoy) -> None:
     r = post(envoy.url, body, {"x-tiergate-cascade": "wafer-scale>premium"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "cascade_not_supported"
+
+
+def test_a_chunked_request_body_and_one_larger_than_a_message_go_through(
+    system: System, envoy: Envoy
+) -> None:
+    """Bodies as clients send them: in pieces (chunked), and longer than one ext_proc
+    message carries (the picker sends them back in several)."""
+    data = json.dumps(chat(max_tokens=2)).encode()
+
+    def pieces() -> Iterator[bytes]:
+        yield data[:10]
+        yield data[10:]
+
+    headers = {**ALICE, "content-type": "application/json"}
+    r = httpx.post(envoy.url + "/v1/chat/completions", content=pieces(), headers=headers,
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    long_prompt = "word " * 40_000  # 200 kB
+    body = {"model": "coder", "messages": [{"role": "user", "content": long_prompt}],
+            "max_tokens": 2}  # fmt: skip
+    direct, through = post(system.url, body), post(envoy.url, body)
+    assert through.status_code == direct.status_code == 200, through.text
+    assert through.json()["usage"]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]
