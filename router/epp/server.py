@@ -101,9 +101,10 @@ class EppServer:
             await self._health.set(name, status)
 
     async def _keep_health(self) -> None:
+        # Its first look comes as soon as the router's start is over (this server starts last).
         while True:
-            await asyncio.sleep(HEALTH_INTERVAL_S)
             await self._follow_readiness()
+            await asyncio.sleep(HEALTH_INTERVAL_S)
 
     def stream(self) -> GatewayStream:
         return GatewayStream(

@@ -61,6 +61,8 @@ class GatewayConfig:
     override_host: list[str] = field(default_factory=list)
     retries: int = 0
     subset_header: bool = True
+    #: Envoy health-checks the picker over gRPC, as gateways do (the protocol's service name).
+    health_check: bool = False
 
     def bootstrap(self) -> dict[str, Any]:
         route: dict[str, Any] = {"cluster": "inference_pool", "timeout": "300s"}
@@ -249,7 +251,20 @@ class GatewayConfig:
         }
 
     def _epp_cluster(self) -> dict[str, Any]:
+        checks = [
+            {
+                "timeout": "1s",
+                "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "grpc_health_check": {
+                    "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"
+                },
+            }
+        ]
         return {
+            **({"health_checks": checks} if self.health_check else {}),
             "name": "epp",
             "type": "STATIC",
             "connect_timeout": "1s",

@@ -16,6 +16,7 @@ import pytest
 from envoy_process import Envoy
 from epp_system import ALICE, BOB, CAROL, System, address, chat, epp_system, post, slots_free
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from polling_helpers import until
 
 from tiergate.router.epp.server import HEALTH_NAMES
 
@@ -215,8 +216,20 @@ def test_health_answers_for_the_protocols_names(system: System) -> None:
                 found[name] = reply.status
             return found
 
-    statuses = asyncio.run(check())
-    assert set(statuses.values()) == {health_pb2.HealthCheckResponse.SERVING}, statuses
+    serving = {health_pb2.HealthCheckResponse.SERVING}
+    until(lambda: set(asyncio.run(check()).values()) == serving, "the picker is not SERVING")
+
+
+def test_envoy_health_checks_the_picker_as_healthy(system: System) -> None:
+    """A gateway's own gRPC health check of the picker's cluster (the protocol's name)."""
+    checked = system.envoy(health_check=True)
+
+    def healthy() -> bool:
+        stats = checked.stats()
+        return stats.get("cluster.epp.health_check.success", 0) >= 1
+
+    until(healthy, "Envoy never found the picker healthy")
+    assert checked.stats().get("cluster.epp.health_check.failure", 0) == 0
 
 
 def test_every_slot_is_free_once_the_gateway_traffic_is_over(system: System) -> None:
