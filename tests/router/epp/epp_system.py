@@ -36,6 +36,9 @@ tenants:
     allowedTiers: [batched, premium, wafer-scale]
     budgetUsd: 0.0000001
     budgetPeriod: day
+  - name: erin
+    apiKeys: [erin-key-0123456789]
+    requestsPerMinute: 2
   - name: dave
     apiKeys: [dave-key-0123456789]
     allowedTiers: [batched, premium, wafer-scale]
@@ -46,6 +49,7 @@ ALICE = {"authorization": "Bearer alice-key-0123456789"}
 BOB = {"authorization": "Bearer bob-key-0123456789"}
 CAROL = {"authorization": "Bearer carol-key-0123456789"}
 DAVE = {"authorization": "Bearer dave-key-0123456789"}
+ERIN = {"authorization": "Bearer erin-key-0123456789"}
 
 
 def node(names: list[str], accelerator: str = "wse-3", **overrides: Any) -> NodeConfig:

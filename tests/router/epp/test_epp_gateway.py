@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 from envoy_process import Envoy
-from epp_system import ALICE, BOB, CAROL, System, address, chat, epp_system, post, slots_free
+from epp_system import ALICE, BOB, CAROL, ERIN, System, address, chat, epp_system, post, slots_free
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from polling_helpers import until
 
@@ -117,6 +117,16 @@ def test_a_spent_budget_gets_the_429_envelope_with_retry_after(envoy: Envoy) -> 
     assert statuses[-1] == 429, statuses
     error = r.json()["error"]
     assert (error["type"], error["code"]) == ("insufficient_quota", "budget_exceeded")
+    assert int(r.headers["retry-after"]) >= 1
+
+
+def test_a_rate_limited_tenant_gets_the_429_envelope(envoy: Envoy) -> None:
+    statuses = [post(envoy.url, chat(max_tokens=2), ERIN).status_code for _ in range(2)]
+    assert statuses == [200, 200]
+    r = post(envoy.url, chat(max_tokens=2), ERIN)  # the third within the minute
+    assert r.status_code == 429, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
     assert int(r.headers["retry-after"]) >= 1
 
 
