@@ -291,9 +291,6 @@ def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host.strip("[]"), "port_value": port}}
 
 
-_BASE_IDS = iter(range(int.from_bytes(os.urandom(2), "big") * 16, 1 << 30))
-
-
 @dataclass
 class Envoy:
     """A running Envoy: its gateway URL, admin URL and log."""
@@ -331,7 +328,8 @@ def start_envoy(gateway: GatewayConfig, folder: Path, name: str = "envoy") -> En
     log, admin_file = folder / f"{name}.log", folder / f"{name}.admin"
     admin_file.unlink(missing_ok=True)
     argv = [
-        str(envoy_binary()), "-c", str(config), "--base-id", str(next(_BASE_IDS)),
+        # A base id no other Envoy here uses (its shared memory and domain sockets).
+        str(envoy_binary()), "-c", str(config), "--use-dynamic-base-id",
         "--admin-address-path", str(admin_file), "-l", "warning", "--concurrency", "1",
     ]  # fmt: skip
     with log.open("wb") as out:
