@@ -84,7 +84,6 @@ class GatewayStream:
         self._head: asyncio.Future[ReplyHead] = asyncio.get_running_loop().create_future()
         self._reply_ended = False
         self._chunks: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue()
-        self._answered_head = False
         self._refusal: Message | None = None
         self._refusal_body = b""
         self._finished = False
@@ -260,7 +259,6 @@ class GatewayStream:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message["headers"]}
         if message["status"] != head.status:
             headers[":status"] = str(message["status"])
-        self._answered_head = True
         # The body may be rewritten (its length with it): a length is set only when told.
         self._emit(protocol.reply_headers(headers, ("content-length",)))
 
