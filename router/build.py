@@ -176,7 +176,7 @@ def build_app(
     if isinstance(source, FileSource):
         file = source
         metrics.count_reloads("pools", lambda: (file.file.reloads, file.file.reload_errors))
-    return RouterApp(
+    app = RouterApp(
         router,
         services,
         synced=lambda: source.synced,
@@ -184,6 +184,22 @@ def build_app(
         connections=connections,
         metrics=metrics,
     )
+    if settings.epp_port is not None:
+        # Imported here: gRPC and Envoy's generated messages load only where the picker runs.
+        from tiergate.router.epp.server import EppServer
+
+        app.services.append(  # started last, stopped first: no stream outlives the router
+            EppServer(
+                router,
+                settings.host,
+                settings.epp_port,
+                fallbacks=settings.epp_fallbacks,
+                ready=lambda: app.readiness()[0],
+                on_failure=lambda e: outliers.record_failure(e, clock()),
+                internal_error=metrics.internal_errors.inc,
+            )
+        )
+    return app
 
 
 def _sqlite_ledger(path: Path) -> Ledger:

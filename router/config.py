@@ -217,6 +217,29 @@ class RouterSettings(_Model):
     metrics_host: str | None = Field(
         default=None, description="Address the metrics port listens on; none: `host`'s."
     )
+    epp_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description=(
+            "Port of the endpoint picker: Envoy's external processing service (gRPC, "
+            "envoy.service.ext_proc.v3.ExternalProcessor, and grpc.health.v1.Health) that a "
+            "Gateway API gateway asks which endpoint serves each request, on `host`. The same "
+            "tiers, tenants, budgets, fairness and ledger as the router's own port. None: off; "
+            "0: any free one."
+        ),
+    )
+    epp_fallbacks: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description=(
+            "Endpoints the picker names after its pick, for the gateway to try in order when "
+            "the pick fails (the x-gateway-destination-endpoint list). 0 for Envoy's "
+            "ORIGINAL_DST cluster, which takes one endpoint only; a gateway whose load balancer "
+            "reads the list (Envoy's override_host policy) can use more."
+        ),
+    )
     tenants_file: Path | None = Field(
         default=None, description="Tenants YAML, or a mounted Secret folder; none: open mode."
     )
@@ -364,6 +387,11 @@ class RouterSettings(_Model):
             raise ValueError(
                 f"metricsPort {self.metrics_port} is also the router's port: the metrics need "
                 "a port of their own"
+            )
+        if self.epp_port and self.epp_port in (self.port, self.metrics_port):
+            raise ValueError(
+                f"eppPort {self.epp_port} is also the router's or its metrics' port: the "
+                "endpoint picker needs a port of its own"
             )
         return self
 

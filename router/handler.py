@@ -67,7 +67,8 @@ from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.upstream.disconnect import DisconnectGuard
-from tiergate.router.upstream.proxy import Opened, Upstream, UpstreamError, UpstreamUnavailable
+from tiergate.router.upstream.proxy import Upstream, UpstreamError, UpstreamUnavailable
+from tiergate.router.upstream.reply import Opener, Reply
 from tiergate.sim_nodes.perf import Deployment
 
 log = logging.getLogger("tiergate.router")
@@ -161,8 +162,20 @@ class Router:
 
     # -- the request path ------------------------------------------------------------------
 
-    async def completion(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+    async def completion(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        chat: bool,
+        upstream: Opener | None = None,
+    ) -> None:
+        """Serve one completion request, whose reply goes out through `send`. `upstream`: the
+        way to its endpoint when another proxy carries the request (the endpoint picker's
+        gateway, router/epp); the router's own proxy otherwise."""
         ex = Exchange(new_request_id(), self.clock(), header_map(scope), receive, send)
+        ex.upstream = upstream
         try:
             await self._handle(ex, chat)
         except RouterError as error:
@@ -205,6 +218,8 @@ class Router:
         view = self.view()
         pipeline = self.pipeline(view)
         plan = cascade_plan(headers, request, view, tenant)
+        if plan is not None and ex.upstream is not None:
+            raise _no_cascade_through_gateway()
         if plan is None:
             choice, tier = choose_tier(headers, request, view, tenant)
         else:
@@ -309,13 +324,14 @@ class Router:
         tier: Tier,
         extra: dict[str, str],
         service_tier: str,
-    ) -> tuple[Opened, RoutedPool, FirstToken | None]:
+    ) -> tuple[Reply, RoutedPool, FirstToken | None]:
         """`open`, and for a stream, read up to its first token: a node that fails before it
         (killed while the request waited or prefilled) is the endpoint's failure, and the
         request goes to another endpoint, the client having seen nothing yet. Whole replies
         and refusals come back with no first token read."""
         request = ex.request
         assert request is not None
+        upstream = self.opener(ex)
         failed: set[str] = set()
         while True:
             try:
@@ -337,13 +353,13 @@ class Router:
                 return opened, pool, first
             except UpstreamError as exc:
                 await opened.close()
-                self.upstream.failed(opened.endpoint)
+                upstream.failed(opened.endpoint)
                 failed.add(opened.endpoint.url)
                 log.warning(
                     "event=stream_failed_before_first_token request_id=%s pool=%s endpoint=%s "
                     "error=%s", ex.request_id, pool.spec.name, opened.endpoint.url, exc,
                 )  # fmt: skip
-                if len(failed) >= self.upstream.attempts:
+                if len(failed) >= upstream.attempts:
                     raise _dropped_before_first_token(tier, len(failed)) from None
                 self.metrics.retries.inc()
             except BaseException:
@@ -360,7 +376,7 @@ class Router:
         done: Progress,
         extra_headers: dict[str, str] | None = None,
         skip: Collection[str] = (),
-    ) -> tuple[Opened, RoutedPool]:
+    ) -> tuple[Reply, RoutedPool]:
         """Pick endpoints of `tier` (but those whose URLs are in `skip`) and open the upstream
         request on the first that answers."""
         ttft_slo, tpot_slo = request.slo or (None, None)
@@ -373,8 +389,10 @@ class Router:
             ttft_slo,
             tpot_slo,
         )
+        opener = self.opener(ex)
+        candidates = opener.usable(view.candidates(request.model, tier))
         try:
-            order = pipeline.pick(ctx, view.candidates(request.model, tier), self.clock())
+            order = pipeline.pick(ctx, candidates, self.clock())
         except NoEndpointFits as refusal:
             raise RouterError(
                 503,
@@ -400,7 +418,7 @@ class Router:
         }
         path = "/v1/chat/completions" if request.chat else "/v1/completions"
         try:
-            opened = await self.upstream.open(
+            opened = await opener.open(
                 order, path, upstream_body(request), headers, _hosted_bodies(request)
             )
         except UpstreamUnavailable as exc:
@@ -411,6 +429,10 @@ class Router:
         pool = view.pools[opened.endpoint.pool]
         done.tier_served, done.pool, done.endpoint = tier, pool, opened.endpoint.url
         return opened, pool
+
+    def opener(self, ex: Exchange) -> Opener:
+        """The way to `ex`'s endpoints: the gateway's that carries it, or the router's own."""
+        return ex.upstream if ex.upstream is not None else self.upstream
 
     async def _refuse(self, send: Send, error: RouterError, request_id: str) -> None:
         try:
@@ -429,6 +451,16 @@ def _hosted_bodies(request: CompletionRequest) -> Callable[[HostedApi], bytes]:
         return made[api.model]
 
     return body
+
+
+def _no_cascade_through_gateway() -> RouterError:
+    return RouterError(
+        400,
+        "a cascade (x-tiergate-cascade) needs a second attempt on another tier, which a "
+        "gateway's single upstream request cannot make: send it to tiergate's own port",
+        code="cascade_not_supported",
+        param="x-tiergate-cascade",
+    )
 
 
 def _dropped_before_first_token(tier: Tier, attempts: int) -> RouterError:

@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="port of GET /metrics, apart from the tenants' port (default: from the config)",
     )
     p.add_argument(
+        "--epp-port",
+        type=port_number,
+        default=None,
+        help="serve the endpoint picker (Envoy ext_proc over gRPC) for a Gateway API gateway "
+        "on this port too (default: router.eppPort; off when neither says)",
+    )
+    p.add_argument(
         "--workers",
         type=positive_int,
         default=1,
@@ -64,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from tiergate.router.cli.supervisor import supervise
 
+        if args.epp_port is not None:
+            raise CliError(
+                "--epp-port takes one router process; with --workers, set router.eppPort in "
+                "the configuration (every worker serves the picker on it)"
+            )
         return supervise(
             args.config,
             workers=args.workers,
@@ -73,11 +85,15 @@ def run(args: argparse.Namespace) -> int:
             log_level=args.log_level,
         )
     config, source = load(args.config)
+    if args.epp_port is not None:
+        config.router.epp_port = args.epp_port
     check_ledger(config)  # before the port is taken
     addresses = Addresses.of(config, args.host, args.port, args.metrics_port)
+    config.router.host = addresses.host  # where the endpoint picker listens too
     cap = connection_cap(config.router.connections)
     sock, metrics_sock = addresses.bind(listen_socket)  # a port in use: one line, first
     try:
+        check_epp_port(config)
         app = build(config, source, cap)
         # Listening from here (uvicorn accepts what queued once it starts), so the line is true
         # and says the ports chosen for `--port 0`.
@@ -131,6 +147,18 @@ class Addresses:
         except BaseException:
             sock.close()
             raise
+
+
+def check_epp_port(config: RouterConfig) -> None:
+    """CliError (one line) when the endpoint picker's port is taken: the gRPC server binds it
+    only once the router starts, where an error would be a failed startup."""
+    port = config.router.epp_port
+    if port:
+        try:
+            listen_socket(config.router.host, port).close()
+        except CliError as exc:
+            message = f"the endpoint picker's port (router.eppPort, --epp-port): {exc}"
+            raise CliError(message) from None
 
 
 def listening(sock: socket.socket, metrics_sock: socket.socket) -> str:

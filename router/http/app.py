@@ -209,20 +209,27 @@ class RouterApp:
     async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"status": "ok"})
 
-    async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def readiness(self) -> tuple[bool, str, int]:
+        """Whether the router is ready to serve (started, discovery synced, an endpoint to
+        send requests to), why not, and how many endpoints are usable: `/readyz`, and the
+        endpoint picker's health."""
         endpoints = self.router.view().endpoints()
         now = self.router.clock()
         usable = [e for e in endpoints if not e.is_ejected(now)]
         has_endpoints = bool(usable) or not self.ready_needs_endpoints
-        if self.ready and has_endpoints and self.synced():
-            await send_json(send, 200, {"status": "ready", "endpoints": len(usable)})
+        if not self.ready:
+            return False, "starting", len(usable)
+        if not self.synced():
+            return False, "discovery not synced", len(usable)
+        if not has_endpoints:
+            return False, "no usable endpoint", len(usable)
+        return True, "ready", len(usable)
+
+    async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ready, reason, usable = self.readiness()
+        if ready:
+            await send_json(send, 200, {"status": "ready", "endpoints": usable})
         else:
-            if not self.ready:
-                reason = "starting"
-            elif not self.synced():
-                reason = "discovery not synced"
-            else:
-                reason = "no usable endpoint"
             await send_json(send, 503, {"status": "not ready", "reason": reason})
 
     async def _openapi(self, scope: Scope, receive: Receive, send: Send) -> None:

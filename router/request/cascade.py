@@ -32,7 +32,8 @@ from tiergate.router.request.refusal import hosted_refusal
 from tiergate.router.request.relay import bad_reply, bill
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
-from tiergate.router.upstream.proxy import Opened, UpstreamError
+from tiergate.router.upstream.proxy import UpstreamError
+from tiergate.router.upstream.reply import Reply
 
 log = logging.getLogger("tiergate.router")
 
@@ -172,7 +173,7 @@ class CascadeStages(Protocol):
         request: CompletionRequest,
         tier: Tier,
         done: Progress,
-    ) -> tuple[Opened, RoutedPool]: ...
+    ) -> tuple[Reply, RoutedPool]: ...
 
 
 async def serve_first_tier(

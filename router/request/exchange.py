@@ -11,6 +11,7 @@ from tiergate.router.request.progress import Progress
 from tiergate.router.request.spill import Spill
 from tiergate.router.tenants.registry import Tenant
 from tiergate.router.upstream.disconnect import DisconnectGuard
+from tiergate.router.upstream.reply import Opener
 
 __all__ = ["Exchange"]
 
@@ -39,3 +40,7 @@ class Exchange:
     hold_usd: float | None = None
     #: Where spill-over moved the request, once it was admitted there.
     spill: Spill | None = None
+    #: The request's way to its endpoint when another proxy carries it (a gateway that asked
+    #: the endpoint picker, router/epp); None: the router's own proxy. Such a request is
+    #: sent once, where the pick says: no second attempt, so no cascade.
+    upstream: Opener | None = None

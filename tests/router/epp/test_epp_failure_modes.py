@@ -1,0 +1,97 @@
+"""What a GIE gateway does when its endpoint picker is away (FailClose, FailOpen), with the
+picker's fallbacks, and that the endpoint that served is the one billed."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+from epp_system import System, address, chat, epp_system, node, post
+
+#: Real processes and servers: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def system(
+    tmp_path_factory: pytest.TempPathFactory, served: Callable[[Any], AbstractContextManager[str]]
+) -> Iterator[System]:
+    with epp_system(served, tmp_path_factory.mktemp("epp-failure")) as running:
+        yield running
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_fail_closed_the_gateway_refuses_while_the_picker_is_away(system: System) -> None:
+    envoy = system.envoy(epp_port=closed_port())
+    r = post(envoy.url, chat(max_tokens=2))
+    assert r.status_code == 503, r.text
+
+
+def test_fail_open_the_gateway_serves_from_its_fallback_while_the_picker_is_away(
+    system: System,
+) -> None:
+    fallback = address(system.nodes["coder-batched"][0])
+    envoy = system.envoy(epp_port=closed_port(), fail_open=True, fallback=fallback)
+    r = post(envoy.url, chat(max_tokens=2))
+    assert r.status_code == 200, r.text
+    assert "x-tiergate-tier" not in r.headers  # nobody picked: the node answered as it is
+    assert r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_fail_open_config_with_the_picker_up_picks_and_bills(system: System, stream: bool) -> None:
+    """A FailOpen pool's gateway sends whole request bodies (buffered): the picker answers
+    the body with its pick, and still rewrites and bills the streamed reply."""
+    fallback = address(system.nodes["coder-batched"][0])
+    envoy = system.envoy(fail_open=True, fallback=fallback)
+    r = post(envoy.url, chat(max_tokens=4, stream=stream), {"x-tiergate-tier": "premium"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-tiergate-tier"] == "premium"
+    (row,) = system.rows([r.headers["x-tiergate-request-id"]])
+    assert row["pool"] == "coder-premium" and row["completion_tokens"] == 4
+    assert row["outcome"] == "ok" and row["cost_usd"] > 0
+
+
+@pytest.mark.parametrize("fallbacks", [1, 0])
+def test_fallbacks_the_gateway_walks_the_list_and_the_served_endpoint_is_billed(
+    served: Callable[[Any], AbstractContextManager[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    fallbacks: int,
+) -> None:
+    """With `eppFallbacks: 1` the pick names a second endpoint; a gateway whose load balancer
+    reads the list (Envoy's override_host) retries there when the first fails, and tells the
+    picker which served (GIE's served endpoint): that endpoint's row, that endpoint's pool.
+    With none, the gateway's own retry goes elsewhere, and the one that served is billed
+    still."""
+    nodes = {
+        "coder-batched": [node(["coder"], failure_rate=1.0), node(["coder"], seed=1)],
+        "coder-premium": [node(["coder"])],
+        "spark": [node(["coder-spark"])],
+    }
+    folder = tmp_path_factory.mktemp("epp-fallbacks")
+    with epp_system(served, folder, router=f"eppFallbacks: {fallbacks}", nodes=nodes) as system:
+        failing, good = system.nodes["coder-batched"]
+        envoy = system.envoy(override_host=[address(u) for u in system.nodes["coder-batched"]],
+                             retries=2)  # fmt: skip
+        ids = []
+        for _ in range(8):
+            r = post(envoy.url, chat(max_tokens=2))
+            assert r.status_code == 200, r.text
+            ids.append(r.headers["x-tiergate-request-id"])
+        rows = system.rows(ids)
+        assert len(rows) == len(ids)
+        assert {row["endpoint"] for row in rows} == {good}
+        assert {row["outcome"] for row in rows} == {"ok"}
+        first = next(e for e in system.app.router.view().endpoints() if e.url == failing)
+        # Picked first at least once: the gateway went past it, which counts as its failure.
+        assert first.consecutive_failures > 0 or first.ejections > 0

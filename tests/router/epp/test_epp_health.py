@@ -1,0 +1,50 @@
+"""The picker's gRPC health follows the router's readiness: a router with no endpoint to pick
+is alive and not ready, as `/readyz` says."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tiergate.router.build import build_app
+from tiergate.router.config import parse_config
+from tiergate.router.discovery.view import StaticSource, build_view
+from tiergate.router.epp.server import HEALTH_NAMES, EppServer
+from tiergate.sim_nodes.catalogs import default_catalog
+
+#: Real servers on real sockets: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
+
+def test_a_router_with_nothing_to_pick_is_alive_and_not_ready(
+    served: Callable[[Any], AbstractContextManager[str]], tmp_path: Path
+) -> None:
+    config = parse_config(
+        f"router: {{ledgerPath: {tmp_path / 'ledger.sqlite'}, eppPort: 0}}\npools:\n"
+        "  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: wse-3, "
+        "servedModelName: coder, endpoints: []}\n"
+    )
+    app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
+    with served(app) as url:
+        epp = next(s for s in app.services if isinstance(s, EppServer))
+
+        async def check() -> dict[str, int]:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                return {
+                    name: (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status
+                    for name in (*HEALTH_NAMES, "liveness")
+                }
+
+        statuses = asyncio.run(check())
+        assert httpx.get(url + "/readyz", timeout=10).status_code == 503
+    assert statuses.pop("liveness") == health_pb2.HealthCheckResponse.SERVING
+    assert set(statuses.values()) == {health_pb2.HealthCheckResponse.NOT_SERVING}
