@@ -1,6 +1,7 @@
 """Behind a Gateway API gateway, on a real API server: the chart installs the Gateway API
 Inference Extension's InferencePool CRD (v1.6.0), and the operator keeps one GIE
-InferencePool beside the pools, selecting their pods, naming the routers' endpoint picker,
+InferencePool beside the pools, selecting their pods, naming the routers' endpoint picker
+(which answers gRPC health behind its Service),
 owned by every pool with pods: a pool's deletion drops its reference, the last one's deletes
 it. Both kinds named InferencePool answer clearly by their group and short names."""
 
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from cluster import REPO, LocalCluster
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from release import Release, installed, namespace_for
 
 EXAMPLES = REPO / "examples"
@@ -55,7 +58,7 @@ def test_the_gateway_pool_follows_the_pools_and_goes_with_the_last(release: Rele
         "group": "", "kind": "Service", "name": f"{release.name}-router-epp",
         "port": {"number": 9002}, "failureMode": "FailClose",
     }  # fmt: skip
-    assert release.exists("service", f"{release.name}-router-epp")
+    _the_picker_answers_behind_its_service(release)
     # The gateway's pool selects the pods the router routes to.
     selector = "app.kubernetes.io/name=tiergate-sim-node"
     release.wait(
@@ -71,6 +74,23 @@ def test_the_gateway_pool_follows_the_pools_and_goes_with_the_last(release: Rele
     release.wait(lambda: _owners(release) == [premium], "batched's reference dropped")
     release.kubectl("delete", "inferencepool.tiergate.dev", premium, "--wait=true")
     release.wait(lambda: _gateway_pool(release) is None, "the GIE InferencePool deleted")
+
+
+def _the_picker_answers_behind_its_service(release: Release) -> None:
+    """The picker Service targets the router pods' `epp` port, and the gRPC health service
+    there says the picker is serving. (Pods here have loopback addresses, which EndpointSlices
+    refuse: the Service's port is followed to the pod by hand, as kube-proxy would.)"""
+    service = release.get("service", f"{release.name}-router-epp")
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"], port["appProtocol"]) == (9002, "epp", "http2")
+    router = release.get("deployment", f"{release.name}-router")["spec"]["template"]["spec"]
+    (container,) = router["containers"]
+    (epp,) = [p for p in container["ports"] if p["name"] == "epp"]
+    router_ip = release.router_url().removeprefix("http://").rsplit(":", 1)[0]
+    with grpc.insecure_channel(f"{router_ip}:{epp['containerPort']}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service="inference-extension"), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_both_inferencepool_kinds_answer_by_group_and_short_name(release: Release) -> None:
