@@ -64,9 +64,34 @@ class GatewayConfig:
     health_check: bool = False
     #: Envoy alone: every request to this `host:port`, no picker asked (`epp_port` unused).
     direct: str | None = None
+    #: Two or more GIE pools behind one route, each with its own picker: (weight, picker
+    #: port) each. The route splits requests by weight; each pool's picker picks within it.
+    weighted: list[tuple[int, int]] = field(default_factory=list)
 
     def bootstrap(self) -> dict[str, Any]:
         route: dict[str, Any] = {"cluster": "inference_pool", "timeout": "300s"}
+        if self.weighted:  # each pool its own cluster, and its own picker (per-route override)
+            del route["cluster"]
+            route["weighted_clusters"] = {
+                "clusters": [
+                    {
+                        "name": f"inference_pool_{i}",
+                        "weight": weight,
+                        "typed_per_filter_config": {
+                            "envoy.filters.http.ext_proc": _typed(
+                                "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+                                overrides={
+                                    "grpc_service": {
+                                        "envoy_grpc": {"cluster_name": f"epp_{i}"},
+                                        "timeout": "10s",
+                                    }
+                                },
+                            )
+                        },
+                    }
+                    for i, (weight, _) in enumerate(self.weighted)
+                ]
+            }
         if self.retries:
             route["retry_policy"] = {
                 "retry_on": "connect-failure,reset,5xx",
@@ -125,7 +150,10 @@ class GatewayConfig:
                 "name": "envoy.filters.http.ext_proc",
                 "typed_config": _typed(
                     "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-                    grpc_service={"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
+                    grpc_service={
+                        "envoy_grpc": {"cluster_name": "epp_0" if self.weighted else "epp"},
+                        "timeout": "10s",
+                    },
                     failure_mode_allow=self.fail_open,
                     processing_mode={
                         "request_header_mode": "SEND",
@@ -197,13 +225,20 @@ class GatewayConfig:
                         ],
                     }
                 ],
-                "clusters": (
-                    [self._direct_cluster(self.direct)]
-                    if self.direct is not None
-                    else [self._pool_cluster(), self._epp_cluster()]
-                ),
+                "clusters": self._clusters(),
             },
         }
+
+    def _clusters(self) -> list[dict[str, Any]]:
+        if self.direct is not None:
+            return [self._direct_cluster(self.direct)]
+        if self.weighted:
+            clusters = []
+            for i, (_, port) in enumerate(self.weighted):
+                clusters.append({**self._pool_cluster(), "name": f"inference_pool_{i}"})
+                clusters.append(self._epp_cluster(f"epp_{i}", port))
+            return clusters
+        return [self._pool_cluster(), self._epp_cluster()]
 
     @staticmethod
     def _direct_cluster(address: str) -> dict[str, Any]:
@@ -273,7 +308,7 @@ class GatewayConfig:
             },
         }
 
-    def _epp_cluster(self) -> dict[str, Any]:
+    def _epp_cluster(self, name: str = "epp", port: int | None = None) -> dict[str, Any]:
         checks = [
             {
                 "timeout": "1s",
@@ -288,7 +323,7 @@ class GatewayConfig:
         ]
         return {
             **({"health_checks": checks} if self.health_check else {}),
-            "name": "epp",
+            "name": name,
             "type": "STATIC",
             "connect_timeout": "1s",
             "typed_extension_protocol_options": {
@@ -298,11 +333,17 @@ class GatewayConfig:
                 )
             },
             "load_assignment": {
-                "cluster_name": "epp",
+                "cluster_name": name,
                 "endpoints": [
                     {
                         "lb_endpoints": [
-                            {"endpoint": {"address": _address("127.0.0.1", self.epp_port)}}
+                            {
+                                "endpoint": {
+                                    "address": _address(
+                                        "127.0.0.1", self.epp_port if port is None else port
+                                    )
+                                }
+                            }
                         ]
                     }
                 ],
