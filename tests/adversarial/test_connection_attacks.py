@@ -4,8 +4,9 @@ Content-Length larger than what is sent, connections that send nothing, heads th
 bytes that are not HTTP. Each is cut off by the router's own limits, with the OpenAI error
 envelope where there is a reply, and a stream accepted before it ends whole.
 
-The connection cap, with the process's open-file limit, is tests/router/test_connection_fd_limit.py
-(a real router process filled to its cap); the sim node's own limits are
+The connection cap, with the process's open-file limit, is
+tests/router/http/test_connection_fd_limit.py (a real router process filled to its cap); the
+sim node's own limits are
 tests/sim_nodes/server/test_server_connection_limits.py (a real sim-node process).
 """
 

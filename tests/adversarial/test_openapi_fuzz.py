@@ -4,7 +4,7 @@ cases, positive and negative, over every operation: no server error, and every e
 the OpenAI error envelope. The benchmark's longer run, and its figures, are in
 benchmarks/README.md.
 
-tests/router/test_openapi_conformance.py checks the document against the router's parsing
+tests/router/http/test_openapi_conformance.py checks the document against the router's parsing
 (what one allows the other accepts); this checks the router's replies to what it generates.
 """
 

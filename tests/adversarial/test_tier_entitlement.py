@@ -222,8 +222,8 @@ def test_a_reply_s_service_tier_is_openai_s_word_and_the_header_the_tier(
 
 
 def test_a_served_name_with_no_endpoint_ready_is_a_503_with_retry_after(system: System) -> None:
-    """A pool made and not yet ready (tests/router/test_kube_router.py: a name a rollout is
-    bringing): the client is told to come back, not that it asked for something wrong."""
+    """A pool made and not yet ready (tests/router/discovery/test_kube_router.py: a name a
+    rollout is bringing): the client is told to come back, not that it asked for something wrong."""
     r = post(system, chat("coder-next"), ALICE)
     assert_refused(r, 503, "no_capacity", system)
     assert r.headers["retry-after"] == "1"

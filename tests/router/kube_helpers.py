@@ -15,13 +15,17 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tiergate.router.discovery.kube import KubeSource
 from tiergate.router.discovery.kube_state import KubeApiError, Resource
 from tiergate.router.discovery.kube_watch import Backoff
+from tiergate.router.http.app import RouterApp
 from tiergate.sim_nodes.catalogs import default_catalog
 
 RECORDED: dict[str, Any] = json.loads(
@@ -149,3 +153,15 @@ def urls(source: KubeSource, pool: str) -> list[str]:
     """Endpoint URLs of `pool` in the source's current view ([] if not in it)."""
     routed = source.view.pools.get(pool)
     return [e.url for e in routed.endpoints] if routed is not None else []
+
+
+@asynccontextmanager
+async def running(app: RouterApp) -> AsyncIterator[httpx.AsyncClient]:
+    """The router app started, and a client calling it in process; stopped after."""
+    await app.start()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            yield client
+    finally:
+        await app.stop()

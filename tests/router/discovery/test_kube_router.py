@@ -3,34 +3,29 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-import httpx
 import pytest
-from kube_helpers import ReplayApi, eventually, kube_source, recorded, set_ready, watch_event
+from kube_helpers import (
+    ReplayApi,
+    eventually,
+    kube_source,
+    recorded,
+    running,
+    set_ready,
+    watch_event,
+)
 
 from tiergate.pools import SERVES_ANNOTATION, serves_annotation
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.kube_state import INFERENCE_POOLS, PODS
-from tiergate.router.http.app import RouterApp
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
 CONFIG = "router: {ledgerPath: ':memory:', scrapeIntervalS: 30}\ndiscovery: {kubernetes: {}}"
-
-
-@asynccontextmanager
-async def running(app: RouterApp) -> AsyncIterator[httpx.AsyncClient]:
-    await app.start()
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
-            yield client
-    finally:
-        await app.stop()
 
 
 async def test_readyz_waits_for_the_first_list_of_both_kinds() -> None:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kube_helpers import ReplayApi, eventually, kube_source
+from kube_helpers import ReplayApi, eventually, kube_source, running
 from process_helpers import start_router
-from test_kube_router import running
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
