@@ -30,7 +30,7 @@ from fleet_helpers import tenant_yaml
 from polling_helpers import until
 from postgres_server import PostgresServer, started_server
 from private_ledger import private_ledger
-from process_helpers import start_router, start_sim_node
+from process_helpers import Running, start_router, start_sim_node
 
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.ledger.records import LedgerError, UsageRecord
@@ -279,6 +279,29 @@ STAGGER_S = 0.01
 MAX_TOKENS = 40
 
 
+def _node(folder: Path) -> Running:
+    """The sim node behind the routers: the 8B model on a wafer, fast replies."""
+    return start_sim_node(
+        folder / "node.log", "--model", "llama-3.1-8b", "--accelerator", "wse-3",
+        "--served-model-name", "coder", "--max-num-seqs", "64",
+    )  # fmt: skip
+
+
+def _router(
+    folder: Path, dsn: str, node: str, *, workers: int, spool_max: str | None = None
+) -> Running:
+    """`tiergate router --workers N` on the PostgreSQL ledger `dsn`, its spool in
+    `folder/spool` (of `spool_max` bytes, else the default), tenant gina, pool `node`."""
+    tenants = folder / "tenants.yaml"
+    tenants.write_text("tenants:\n" + tenant_yaml("gina"))
+    config = ROUTER_CONFIG.format(tenants=tenants, dsn=dsn, spool=folder / "spool", node=node)
+    if spool_max is not None:
+        config = config.replace("router:\n", f"router:\n  ledgerSpoolMaxSize: {spool_max}\n", 1)
+    path = folder / "router.yaml"
+    path.write_text(config)
+    return start_router(path, folder / "router.log", "--workers", str(workers))
+
+
 @dataclass(frozen=True)
 class Fault:
     """What takes the database away mid-burst, and what gives it back."""
@@ -320,19 +343,10 @@ def test_postgres_down_then_a_worker_killed_mid_burst_loses_no_reply_and_bills_n
     are the rows' sums."""
     server = started_server("tiergate-pg-spool-", data_mb=fault.data_mb)
     spool = tmp_path / "spool"
-    node = start_sim_node(
-        tmp_path / "node.log", "--model", "llama-3.1-8b", "--accelerator", "wse-3",
-        "--served-model-name", "coder", "--max-num-seqs", "64",
-    )  # fmt: skip
+    node = _node(tmp_path)
     try:
         dsn = server.dsn(server.create_database())
-        tenants = tmp_path / "tenants.yaml"
-        tenants.write_text("tenants:\n" + tenant_yaml("gina"))
-        config = tmp_path / "router.yaml"
-        config.write_text(
-            ROUTER_CONFIG.format(tenants=tenants, dsn=dsn, spool=spool, node=node.url)
-        )
-        router = start_router(config, tmp_path / "router.log", "--workers", "3")
+        router = _router(tmp_path, dsn, node.url, workers=3)
         try:
             replies, killed = asyncio.run(_burst_through_a_fault(router.url, server, spool, fault))
             had = {r.request_id: r.cost_usd for r in replies if r.whole}
@@ -423,21 +437,10 @@ def test_a_router_whose_spool_is_full_refuses_with_503_and_leaves_nothing_served
     spool is nearly full, then answers 503 `ledger_unavailable` before reading a body. Once the
     database is back it serves again, and every reply a client had whole is billed, once."""
     server = started_server("tiergate-pg-spool-")
-    spool = tmp_path / "spool"
-    node = start_sim_node(
-        tmp_path / "node.log", "--model", "llama-3.1-8b", "--accelerator", "wse-3",
-        "--served-model-name", "coder", "--max-num-seqs", "64",
-    )  # fmt: skip
+    node = _node(tmp_path)
     try:
         dsn = server.dsn(server.create_database())
-        tenants = tmp_path / "tenants.yaml"
-        tenants.write_text("tenants:\n" + tenant_yaml("gina"))
-        config = tmp_path / "router.yaml"
-        config.write_text(
-            ROUTER_CONFIG.format(tenants=tenants, dsn=dsn, spool=spool, node=node.url)
-            .replace("  ledgerSpoolDir:", f"  ledgerSpoolMaxSize: {SMALL_SPOOL}\n  ledgerSpoolDir:")
-        )  # fmt: skip
-        router = start_router(config, tmp_path / "router.log", "--workers", "1")
+        router = _router(tmp_path, dsn, node.url, workers=1, spool_max=SMALL_SPOOL)
         try:
             replies = asyncio.run(_until_refused(router.url, server))
             had = {r.request_id: r.cost_usd for r in replies if r.whole}
