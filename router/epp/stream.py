@@ -245,6 +245,7 @@ class GatewayStream:
             self._refusal_body += body
             if not more:
                 self._immediate(self._refusal, self._refusal_body)
+                await _let_the_answers_out()
             return
         if body or not more:
             self._emit(*protocol.streamed_body("response_body", body, not more))
@@ -254,6 +255,7 @@ class GatewayStream:
                 self._emit(protocol.ack(part))
             if self._half_closed:
                 self._emit(END)
+            await _let_the_answers_out()
 
     def _answer_head(self, message: Message) -> None:
         head = self._head
@@ -310,6 +312,12 @@ class GatewayStream:
             return
         self._finished = True
         self._emit(protocol.immediate(status, headers, body, details or "tiergate"), END)
+
+
+async def _let_the_answers_out() -> None:
+    """One turn of the loop, in which the servicer starts sending the reply's end: Envoy gets
+    it while the request path's bookkeeping (accounting, releasing its slot) runs."""
+    await asyncio.sleep(0)
 
 
 def _misconfigured(request_mode: str, reply_mode: str) -> RouterError:
