@@ -12,6 +12,7 @@ client's 503, in the OpenAI error envelope, as the proxy's would be.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,12 @@ def address_of(endpoint: EndpointState) -> str | None:
     destination cluster can reach); None for any other."""
     if endpoint.hosted is not None:
         return None
-    parts = urlsplit(endpoint.url)
+    return _address_of_url(endpoint.url)
+
+
+@functools.lru_cache(maxsize=4096)  # asked of every candidate on every request
+def _address_of_url(url: str) -> str | None:
+    parts = urlsplit(url)
     if parts.scheme != "http" or parts.path not in ("", "/") or parts.hostname is None:
         return None
     try:

@@ -81,7 +81,8 @@ class GatewayStream:
         self._body_ready = asyncio.Event()
         self._gone = False
         self._picked = False
-        self._head: asyncio.Future[ReplyHead] = asyncio.get_running_loop().create_future()
+        self._head: ReplyHead | None = None
+        self._head_came = asyncio.Event()  # set by the reply's headers, or the stream's end
         self._reply_ended = False
         self._chunks: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue()
         self._refusal: Message | None = None
@@ -111,7 +112,7 @@ class GatewayStream:
             else:
                 self._after_pick.append("request_trailers")
         elif kind == "response_headers":
-            if not self._picked or self._head.done():
+            if not self._picked or self._head is not None:
                 raise ProtocolViolation("a reply's headers before the pick, or twice")
             headers = protocol.headers_of(request.response_headers)
             try:
@@ -119,18 +120,19 @@ class GatewayStream:
             except ValueError:
                 raise ProtocolViolation("a reply's headers without a status") from None
             plain = {k: v for k, v in headers.items() if not k.startswith(":")}
-            self._head.set_result(ReplyHead(status, plain, protocol.served_of(request)))
+            self._head = ReplyHead(status, plain, protocol.served_of(request))
+            self._head_came.set()
             if request.response_headers.end_of_stream:
                 self._reply_ended = True
                 self._chunks.put_nowait((b"", True))
         elif kind == "response_body":
-            if not self._head.done() or self._reply_ended:
+            if self._head is None or self._reply_ended:
                 raise ProtocolViolation("a reply body chunk outside the reply")
             body = request.response_body
             self._reply_ended = bool(body.end_of_stream)
             self._chunks.put_nowait((bytes(body.body), self._reply_ended))
         elif kind == "response_trailers":
-            if not self._head.done():
+            if self._head is None:
                 raise ProtocolViolation("reply trailers before the reply's headers")
             if not self._reply_ended:
                 self._reply_ended = True
@@ -200,8 +202,7 @@ class GatewayStream:
             return
         self._gone = True
         self._body_ready.set()
-        if not self._head.done():
-            self._head.cancel()
+        self._head_came.set()
         task = self.task
         if task is not None and not task.done():
             asyncio.get_running_loop().call_later(ABANDON_AFTER_S, task.cancel)
@@ -234,7 +235,7 @@ class GatewayStream:
         if self._finished or self._gone:
             return
         if message["type"] == "http.response.start":
-            if not self._head.done() or self._head.cancelled():
+            if self._head is None:
                 self._refusal = message  # no reply came through the gateway: it answers
                 return
             self._answer_head(message)
@@ -244,6 +245,7 @@ class GatewayStream:
             self._refusal_body += body
             if not more:
                 self._immediate(self._refusal, self._refusal_body)
+                await _let_the_answers_out()
             return
         if body or not more:
             self._emit(*protocol.streamed_body("response_body", body, not more))
@@ -253,9 +255,11 @@ class GatewayStream:
                 self._emit(protocol.ack(part))
             if self._half_closed:
                 self._emit(END)
+            await _let_the_answers_out()
 
     def _answer_head(self, message: Message) -> None:
-        head = self._head.result()
+        head = self._head
+        assert head is not None
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message["headers"]}
         if message["status"] != head.status:
             headers[":status"] = str(message["status"])
@@ -276,12 +280,12 @@ class GatewayStream:
             self._emit(protocol.ack(part))
 
     async def reply_head(self) -> ReplyHead:
-        try:
-            return await asyncio.shield(self._head)
-        except asyncio.CancelledError:
-            if self._gone and self._head.cancelled():
-                raise ClientGone from None
-            raise
+        # An Event, not a future awaited through asyncio.shield: one hop of the loop fewer,
+        # and the request's own cancellation leaves the stream's state alone.
+        await self._head_came.wait()
+        if self._head is None:  # the stream ended first
+            raise ClientGone
+        return self._head
 
     async def reply_chunk(self) -> tuple[bytes, bool]:
         return await self._chunks.get()
@@ -308,6 +312,12 @@ class GatewayStream:
             return
         self._finished = True
         self._emit(protocol.immediate(status, headers, body, details or "tiergate"), END)
+
+
+async def _let_the_answers_out() -> None:
+    """One turn of the loop, in which the servicer starts sending the reply's end: Envoy gets
+    it while the request path's bookkeeping (accounting, releasing its slot) runs."""
+    await asyncio.sleep(0)
 
 
 def _misconfigured(request_mode: str, reply_mode: str) -> RouterError:
