@@ -56,32 +56,21 @@ TARGET_ADDED_P50_MS = 1.0
 
 
 @dataclass
-class Path_:
-    """One way to the upstream: its URL and the processes whose CPU is its cost."""
+class Path_(ro.Row):
+    """One way to the upstream: router_overhead's wrk row (its medians), the processes whose
+    CPU is its cost, and its stream rounds."""
 
-    label: str
-    url: str
-    pids: list[int]
-    one: list[ro.Load] = field(default_factory=list)
-    many: list[ro.Load] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
     streams: list[tuple[float, float]] = field(default_factory=list)  # (all tok/s, median)
 
-    def p50(self) -> float:
-        return statistics.median(r.p50_ms for r in self.one)
+    @property
+    def url(self) -> str:
+        return self.server.url
 
-    def p99(self) -> float:
-        return statistics.median(r.p99_ms for r in self.one)
 
-    def rps(self) -> float:
-        return statistics.median(r.rps for r in self.many)
-
-    def cpu_us(self) -> float:
-        if not self.pids:
-            return float("nan")
-        return statistics.median(1e6 * r.cpu_s / max(r.requests, 1) for r in self.many)
-
-    def errors(self) -> int:
-        return sum(r.errors for r in self.one + self.many)
+def way(label: str, url: str, pids: list[int]) -> Path_:
+    """A path named `label` to `url`, costing the CPU of `pids`."""
+    return Path_(label, ro.Server(label, url), pids=pids)
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -152,11 +141,11 @@ class Setup:
         router_pid = self.router.proc.pid if self.router.proc else 0
         floor_pids = [self.floor.process.pid, self.floor_picker.pid]
         return [
-            Path_("direct (upstream)", self.upstream.url, []),
-            Path_("Envoy alone", self.alone.url, [self.alone.process.pid]),
-            Path_("Envoy + bare grpc.aio picker (floor)", self.floor.url, floor_pids),
-            Path_("Envoy + tiergate picker", self.epp.url, [self.epp.process.pid, router_pid]),
-            Path_("tiergate proxy", self.router.url, [router_pid]),
+            way("direct (upstream)", self.upstream.url, []),
+            way("Envoy alone", self.alone.url, [self.alone.process.pid]),
+            way("Envoy + bare grpc.aio picker (floor)", self.floor.url, floor_pids),
+            way("Envoy + tiergate picker", self.epp.url, [self.epp.process.pid, router_pid]),
+            way("tiergate proxy", self.router.url, [router_pid]),
         ]
 
     def stop(self, procs: ro.Processes) -> None:
@@ -214,7 +203,7 @@ def requests_table(paths: list[Path_], args: argparse.Namespace) -> list[str]:
     ]
     for path in paths:
         added = path.p50() - alone.p50()
-        cpu = "-" if not path.pids else f"{path.cpu_us():.0f}"
+        cpu = "-" if not path.pids else f"{path.cpu_us_per_request():.0f}"
         out.append(
             f"| {path.label} | {path.p50():.3f} | {path.p99():.3f} | "
             f"{'-' if path is alone else f'{added:+.3f}'} | {path.rps():,.0f} | {cpu} | "
