@@ -148,7 +148,8 @@ def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool
 def _keep_gateway_pool(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> None:
     """Apply the GIE InferencePool for the pools of the routers' namespace (with
     `memo.gateway`). A missing CRD or a refused manifest is logged when it first happens and
-    posted on the pool reconciled for a spec change; it never fails the pool's own handler."""
+    posted on the pool reconciled for a spec change, and does not fail the pool's handler; a
+    transient API error does, and kopf retries it with its backoff."""
     gateway = memo.gateway
     if gateway is None or body.metadata.namespace != gateway.namespace:
         return
