@@ -109,16 +109,16 @@ def gateway_pool_manifest(gateway: GatewayPool, owners: list[Manifest]) -> Manif
     }
 
 
-def sync_gateway_pool(gateway: GatewayPool, api: GatewayApi) -> str:
+def sync_gateway_pool(gateway: GatewayPool, api: GatewayApi) -> frozenset[str]:
     """Apply the GIE pool for the tiergate pools of its namespace that have pods, or delete it
-    when none has; what was done ("applied", "deleted"). Raises GatewayPoolMissing when GIE's
-    CRD is not installed."""
+    when none has; the uids of its owners (none: deleted). Raises GatewayPoolMissing when
+    GIE's CRD is not installed."""
     owners = sorted(
         (pool for pool in api.list_pools(gateway.namespace) if _serves_pods(pool)),
         key=lambda pool: str(pool["metadata"]["name"]),
     )
     if not owners:
         api.delete_gateway_pool(gateway.namespace, gateway.name)
-        return "deleted"
+        return frozenset()
     api.apply_gateway_pool(gateway_pool_manifest(gateway, owners))
-    return "applied"
+    return frozenset(str(pool["metadata"]["uid"]) for pool in owners)

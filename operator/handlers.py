@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,11 @@ class OperatorMemo:
     gateway: GatewayPool | None = None
     #: Why the GIE pool could not be kept, last time (logged when it changes, not each resync).
     gateway_problem: str | None = None
+    #: The GIE pool's owners (uids) as last applied, and when (monotonic seconds): a resync of
+    #: a pool among them within RESYNC_S of it leaves the GIE pool alone.
+    gateway_owners: frozenset[str] = frozenset()
+    gateway_kept_at: float | None = None
+    monotonic: Callable[[], float] = time.monotonic
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -149,12 +155,18 @@ def _keep_gateway_pool(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> 
     """Apply the GIE InferencePool for the pools of the routers' namespace (with
     `memo.gateway`). A missing CRD or a refused manifest is logged when it first happens and
     posted on the pool reconciled for a spec change, and does not fail the pool's handler; a
-    transient API error does, and kopf retries it with its backoff."""
+    transient API error does, and kopf retries it with its backoff. A pool's resync applies
+    it only when no sync of the pools it already serves came within a resync period."""
     gateway = memo.gateway
     if gateway is None or body.metadata.namespace != gateway.namespace:
         return
+    now, kept_at = memo.monotonic(), memo.gateway_kept_at
+    recent = kept_at is not None and now - kept_at < RESYNC_S
+    if not report and recent and body.metadata.uid in memo.gateway_owners:
+        return  # every pool's resync would list and apply it again: once a resync period
     try:
-        sync_gateway_pool(gateway, memo.api())
+        memo.gateway_owners = sync_gateway_pool(gateway, memo.api())
+        memo.gateway_kept_at = now
     except (GatewayPoolMissing, ApplyRejected) as exc:
         problem = str(exc)
         if problem != memo.gateway_problem:

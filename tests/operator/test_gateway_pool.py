@@ -79,7 +79,7 @@ def test_every_pool_with_pods_owns_the_gateway_pool_and_none_is_its_controller()
     for obj in [_named("b"), _named("a"), hosted, _named("going", deletionTimestamp="x")]:
         cluster.pools[("team-a", obj["metadata"]["name"])] = obj
     cluster.pools[("team-b", "elsewhere")] = _named("elsewhere")
-    assert sync_gateway_pool(GATEWAY, cluster) == "applied"
+    assert sync_gateway_pool(GATEWAY, cluster) == {"uid-a", "uid-b"}
     applied = cluster.gateway_pools[("team-a", "tiergate")]
     owners = applied["metadata"]["ownerReferences"]
     assert [(o["name"], o["uid"]) for o in owners] == [("a", "uid-a"), ("b", "uid-b")]
@@ -92,14 +92,18 @@ def test_with_no_pool_with_pods_left_the_gateway_pool_is_deleted() -> None:
     hosted = _named("hosted")
     hosted["spec"]["endpoint"] = {"url": "https://api.example.com/v1", "model": "m"}
     cluster.pools[("team-a", "hosted")] = hosted
-    assert sync_gateway_pool(GATEWAY, cluster) == "deleted"
+    assert sync_gateway_pool(GATEWAY, cluster) == frozenset()
     assert cluster.gateway_deletes == [("team-a", "tiergate")]
 
 
-def _memo(cluster: GatewayCluster, events: list[tuple[str, str]]) -> handlers.OperatorMemo:
+def _memo(
+    cluster: GatewayCluster, events: list[tuple[str, str]], clock: list[float] | None = None
+) -> handlers.OperatorMemo:
+    now = clock if clock is not None else [0.0]
     return handlers.OperatorMemo(
         catalog=CATALOG, images=IMAGE, cluster=cluster, gateway=GATEWAY,
         warn=lambda _body, reason, message: events.append((reason, message)),
+        monotonic=lambda: now[0],
     )  # fmt: skip
 
 
@@ -113,6 +117,41 @@ def test_reconciling_a_pool_of_the_routers_namespace_keeps_the_gateway_pool() ->
     )
     assert list(cluster.gateway_pools) == [("team-a", "tiergate")]
     assert events == []
+
+
+class CountingCluster(GatewayCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists = 0
+
+    def list_pools(self, namespace: str) -> list[dict[str, Any]]:
+        self.lists += 1
+        return super().list_pools(namespace)
+
+
+def test_resyncs_keep_the_gateway_pool_once_a_period_and_a_new_pool_joins_at_once() -> None:
+    """Every pool's resync would list the pools and apply the GIE pool again: a resync of a
+    pool it already serves skips that within a resync period; a spec change, a pool it does
+    not serve yet, or a period gone by applies it."""
+    cluster = CountingCluster()
+    a, b = _named("a"), _named("b")
+    cluster.pools[("team-a", "a")] = a
+    clock = [100.0]
+    memo = _memo(cluster, [], clock)
+    handlers.inferencepool_reconcile(body=kopf.Body(a), patch=kopf.Patch(), memo=memo)
+    assert cluster.lists == 1
+    handlers.inferencepool_resync(body=kopf.Body(a), patch=kopf.Patch(), memo=memo)
+    assert cluster.lists == 1  # a serves already: nothing to do
+    cluster.pools[("team-a", "b")] = b
+    handlers.inferencepool_resync(body=kopf.Body(b), patch=kopf.Patch(), memo=memo)
+    assert cluster.lists == 2  # b is new: it joins at once
+    owners = cluster.gateway_pools[("team-a", "tiergate")]["metadata"]["ownerReferences"]
+    assert [o["name"] for o in owners] == ["a", "b"]
+    handlers.inferencepool_reconcile(body=kopf.Body(a), patch=kopf.Patch(), memo=memo)
+    assert cluster.lists == 3  # a spec change always syncs
+    clock[0] += handlers.RESYNC_S
+    handlers.inferencepool_resync(body=kopf.Body(b), patch=kopf.Patch(), memo=memo)
+    assert cluster.lists == 4  # a period later: applied again (drift repaired)
 
 
 def test_a_pool_of_another_namespace_leaves_the_gateway_pool_alone() -> None:
