@@ -98,8 +98,15 @@ k8s-tools: install
 e2e-tools: install
 	@PYTHON=$(CURDIR)/$(BIN)/python bash e2e/tools/install.sh >/dev/null
 
+# The e2e tests mostly wait on the cluster: E2E_WORKERS processes share one cluster, each test in
+# a namespace of its own; then those marked `serial` (they measure speed) with the machine alone.
+E2E_WORKERS ?= 3
 e2e: install e2e-tools
-	$(BIN)/python -P -m pytest -q -p no:cacheprovider e2e
+	status=0; \
+	$(BIN)/python -P -m pytest -q -p no:cacheprovider -n $(E2E_WORKERS) --dist loadgroup \
+		-m "not serial" e2e || status=$$?; \
+	$(BIN)/python -P -m pytest -q -p no:cacheprovider -m serial e2e || status=$$?; \
+	exit $$status
 
 # A local cluster for people: control plane + pod runner + the chart in namespace `tiergate`.
 cluster: install e2e-tools

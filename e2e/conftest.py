@@ -1,4 +1,4 @@
-"""Fixtures of the e2e suite: one cluster per session, one namespace and release per test.
+"""Fixtures of the e2e suite: one cluster per run, one namespace and release per test.
 
 Backends (TIERGATE_E2E_BACKEND):
 - `local` (default): kwokctl's binary runtime on the binaries e2e/tools/install.sh builds, plus
@@ -7,11 +7,16 @@ Backends (TIERGATE_E2E_BACKEND):
 - `kind`: an existing cluster (KUBECONFIG, e.g. from e2e/kind.sh) whose nodes run the image.
   The router is reached through `kubectl port-forward`.
 
+With pytest-xdist (`make e2e` runs `-n 3`) the controlling process starts the local cluster
+before the workers and deletes it after them; the workers share it, each test in a namespace of
+its own. Tests marked `serial` measure speed and run in a pass of their own (`make e2e`).
+
 Every failure message carries `kubectl describe` output and the pods' logs of the namespace.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -32,12 +37,68 @@ from cluster import (  # noqa: E402
 )
 from release import BACKEND, Release, installed, namespace_for, settle  # noqa: E402
 
+#: Set by the controlling process of an xdist run for its workers: the shared cluster's
+#: name, state folder and binaries (JSON).
+SHARED = "TIERGATE_E2E_SHARED_CLUSTER"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+
+
+def _controls_workers(config: pytest.Config) -> bool:
+    """True in the controlling process of an xdist run (it runs no test itself)."""
+    workers = getattr(config.option, "numprocesses", None)
+    return bool(workers) and not hasattr(config, "workerinput")
+
+
+def _local_cluster() -> LocalCluster:
+    """A new local cluster and its pod runner (stale ones of dead runs deleted first)."""
+    bin_dir = tools_bin()
+    assert bin_dir is not None
+    reap_stale_test_clusters(bin_dir)
+    name = f"tg-e2e-{os.getpid()}"
+    c = LocalCluster(name, default_state(name), bin_dir)
+    try:
+        c.create()
+        c.start_runner(REPO / ".venv" / "bin" / "tiergate")
+    except HarnessError:
+        c.delete()
+        raise
+    return c
+
+
+def _delete(c: LocalCluster) -> None:
+    c.delete()
+    shutil.rmtree(c.state, ignore_errors=True)
+
+
+#: The cluster the controlling process started for its workers.
+_shared: list[LocalCluster] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Controlling process of an xdist run: start the cluster before the workers start (they
+    inherit its address through the environment)."""
+    if BACKEND != "local" or not _controls_workers(session.config):
+        return
+    try:
+        c = _local_cluster()
+    except HarnessError as exc:
+        pytest.exit(f"cannot start the local cluster: {exc}", returncode=1)
+    _shared.append(c)
+    os.environ[SHARED] = json.dumps({"name": c.name, "state": str(c.state), "bin": str(c.bin)})
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Controlling process: the workers are gone, and so are their namespaces; the cluster
+    goes."""
+    while _shared:
+        _delete(_shared.pop())
 
 
 @pytest.fixture(scope="session")
@@ -55,23 +116,19 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
         settle()
         return
+    shared = os.environ.get(SHARED)
+    if shared and "PYTEST_XDIST_WORKER" in os.environ:
+        where = json.loads(shared)
+        yield LocalCluster(where["name"], Path(where["state"]), Path(where["bin"]))
+        settle()  # this worker's namespaces gone before the controller deletes the cluster
+        return
     try:
-        bin_dir = tools_bin()
+        c = _local_cluster()
     except HarnessError as exc:
-        pytest.fail(f"cannot install the e2e tools: {exc}")
-    reap_stale_test_clusters(bin_dir)
-    name = f"tg-e2e-{os.getpid()}"
-    c = LocalCluster(name, default_state(name), bin_dir)
-    try:
-        c.create()
-        c.start_runner(REPO / ".venv" / "bin" / "tiergate")
-    except HarnessError as exc:
-        c.delete()
         pytest.fail(f"cannot start the local cluster: {exc}")
     yield c
     settle()
-    c.delete()
-    shutil.rmtree(c.state, ignore_errors=True)
+    _delete(c)
 
 
 @pytest.fixture

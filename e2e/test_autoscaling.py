@@ -36,12 +36,6 @@ BENCH = [
 SLO = SloTargets(ttft_ms=500)  # the example's spec.slo
 
 
-@pytest.fixture(autouse=True)
-def quiet_machine() -> None:
-    """The load step measures SLO attainment: earlier tests' namespaces are gone first."""
-    settle()
-
-
 def pool_yaml(**autoscaling: Any) -> str:
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["autoscaling"].update(autoscaling)
@@ -87,8 +81,16 @@ def operator_pods(release: Release) -> set[str]:
     return set(out.split())
 
 
+@pytest.fixture
+def quiet_machine() -> None:
+    """The load step measures SLO attainment: earlier tests' namespaces are gone first (and
+    `serial` keeps the other tests out while it runs)."""
+    settle()
+
+
+@pytest.mark.serial
 def test_a_load_step_scales_the_pool_up_holds_through_an_operator_restart_and_back_down(
-    release: Release, tmp_path: Path
+    quiet_machine: None, release: Release, tmp_path: Path
 ) -> None:
     release.kubectl("apply", "-f", "-", input=pool_yaml(scaleDownStabilizationS=WINDOW_S))
     release.wait(lambda: served(release), f"the router to serve {MODEL}", 120)
