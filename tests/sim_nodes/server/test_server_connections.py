@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import AsyncIterator, Iterator
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -151,6 +152,10 @@ def test_a_reply_half_sent_when_the_error_comes_is_cut_short_not_passed_off_as_w
     """The one case the connection cannot be kept: the client must see the reply fail."""
 
     async def half_then_bug(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # The request read whole first, as the node's handlers do: a connection closed with
+        # request bytes still arriving is reset, and the reset may overtake the reply's bytes.
+        while (await receive()).get("more_body"):
+            pass
         headers = [(b"content-type", b"application/json"), (b"content-length", b"100")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b'{"id":', "more_body": True})
@@ -165,9 +170,8 @@ def test_a_reply_half_sent_when_the_error_comes_is_cut_short_not_passed_off_as_w
         await InternalErrors(half_then_bug)(scope, receive, send)
 
     with serve(app) as (host, port):
-        conn = http.client.HTTPConnection(host, port, timeout=30)
-        conn.request("POST", "/v1/chat/completions", body=b"{}")
-        response = conn.getresponse()
-        with pytest.raises(http.client.IncompleteRead):
-            response.read()
-        conn.close()
+        with closing(http.client.HTTPConnection(host, port, timeout=30)) as conn:
+            conn.request("POST", "/v1/chat/completions", body=b"{}")
+            response = conn.getresponse()
+            with pytest.raises(http.client.IncompleteRead):
+                response.read()
