@@ -64,12 +64,7 @@ def pick_us(candidates: int, rounds: int, picks: int = 20_000) -> float:
         "batching: {maxNumSeqs: 256}, endpoints: [http://e0]}\n"
     )
     view = build_view(config.pools, default_catalog())
-    pipeline = Pipeline.from_config(
-        default_policy(),
-        deployments={n: p.deployment for n, p in view.pools.items()},
-        batch_caps={n: 256 for n in view.pools},
-        rng=random.Random(0),
-    )
+    pipeline = Pipeline.from_config(default_policy(), pools=lambda: view, rng=random.Random(0))
     members = CandidateSet(
         (
             EndpointState(f"http://e{i}", "p0", "batched", MODEL, (MODEL,))

@@ -69,7 +69,6 @@ from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import Upstream, UpstreamError, UpstreamUnavailable
 from tiergate.router.upstream.reply import Opener, Reply
-from tiergate.sim_nodes.perf import Deployment
 
 log = logging.getLogger("tiergate.router")
 
@@ -103,8 +102,6 @@ class Router:
     _pipeline: Pipeline | None = None
     _pipeline_view: PoolView | None = None
     _pipeline_policy: PolicyConfig | None = None
-    _deployments: dict[str, Deployment] = field(default_factory=dict)
-    _batch_caps: dict[str, int] = field(default_factory=dict)
     accountant: Accountant = field(init=False)
     admission: Admission = field(init=False)
     #: Latency predictions for spill-over (the pools' perf models, as the pipeline's).
@@ -125,7 +122,7 @@ class Router:
             order=self.settings.admission_order,
             headroom_per_pool=self.settings.headroom_per_pool,
         )
-        self.predictor = LatencyPredictor(self._deployments, self._batch_caps)
+        self.predictor = LatencyPredictor(self.view)
 
     # -- per-view derived state ------------------------------------------------------------
 
@@ -133,9 +130,10 @@ class Router:
         """The routing pipeline for `view`.
 
         Built once, and again only when the policy changed, which is looked at when the view
-        changes (a reloaded file brings both). A new view with the same policy only refreshes
-        the pools the pipeline reads, so prefix affinity and the pickers' seeded randomness
-        survive hot reloads of the pools; a new policy starts them afresh.
+        changes (a reloaded file brings both). A new view with the same policy keeps the
+        pipeline, which reads the pools' shapes from the current view itself, so prefix
+        affinity and the pickers' seeded randomness survive hot reloads of the pools; a new
+        policy starts them afresh.
         """
         if self._pipeline_view is view and self._pipeline is not None:
             return self._pipeline
@@ -143,19 +141,8 @@ class Router:
         if self._pipeline is None or policy != self._pipeline_policy:
             if self._pipeline is not None:
                 log.info("event=routing_policy_changed %s", policy.summary())
-            self._pipeline = Pipeline.from_config(
-                policy,
-                deployments=self._deployments,
-                batch_caps=self._batch_caps,
-                rng=random.Random(0),
-            )
+            self._pipeline = Pipeline.from_config(policy, pools=self.view, rng=random.Random(0))
             self._pipeline_policy = policy
-        self._deployments.clear()
-        self._deployments.update(
-            {n: p.deployment for n, p in view.pools.items() if p.deployment is not None}
-        )
-        self._batch_caps.clear()
-        self._batch_caps.update({n: p.slots for n, p in view.pools.items()})
         self.admission.resize(view)
         self._pipeline_view = view
         return self._pipeline

@@ -108,6 +108,19 @@ class PoolView:
             (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
         }
         self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
+        #: What latency prediction reads (`PoolShapes`), computed once per view.
+        self._deployments = {
+            name: p.deployment for name, p in self.pools.items() if p.deployment is not None
+        }
+        self._batch_caps = {name: p.slots for name, p in self.pools.items()}
+
+    def deployment(self, pool: str) -> Deployment | None:
+        """The replica `pool`'s spec describes (None: unknown pool, or hosted)."""
+        return self._deployments.get(pool)
+
+    def batch_cap(self, pool: str) -> int | None:
+        """Requests one endpoint of `pool` takes at once (its `slots`)."""
+        return self._batch_caps.get(pool)
 
     def _raise_ceiling(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
         """The dearest prices and longest context of any pool serving `key`: a budget holds

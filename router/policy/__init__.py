@@ -4,7 +4,7 @@ The Gateway API Inference Extension design: each plugin is one module, registere
 kebab-case type name and configured as `{name, type, parameters}`; a `Sampler` filter
 (`random-sample`) bounds the candidates scored, so a request's cost does not grow with the
 pool. Build a `Pipeline` with
-`Pipeline.from_config(PolicyConfig(...) or default_policy(), deployments=..., rng=...)`, then
+`Pipeline.from_config(PolicyConfig(...) or default_policy(), pools=..., rng=...)`, then
 per request `pipeline.pick(ctx, candidates, now_s)` and, once routed, `pipeline.observe(ctx,
 endpoint)`.
 """
@@ -13,12 +13,14 @@ from importlib import import_module
 
 from tiergate.router.policy.base import (
     Filter,
+    FixedPools,
     NoEndpointFits,
     NoParameters,
     Parameters,
     Picker,
     Plugin,
     PluginContext,
+    PoolShapes,
     Sampler,
     Scorer,
 )
@@ -48,6 +50,7 @@ for _module in BUILT_IN:
 __all__ = [
     "BUILT_IN",
     "Filter",
+    "FixedPools",
     "NoEndpointFits",
     "LatencyEstimate",
     "LatencyPredictor",
@@ -58,6 +61,7 @@ __all__ = [
     "Plugin",
     "PluginContext",
     "PluginSpec",
+    "PoolShapes",
     "PolicyConfig",
     "PolicyConfigError",
     "Sampler",

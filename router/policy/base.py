@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
@@ -26,6 +26,7 @@ from tiergate.sim_nodes.perf import Deployment
 
 __all__ = [
     "Filter",
+    "FixedPools",
     "NoEndpointFits",
     "NoParameters",
     "Parameters",
@@ -33,6 +34,7 @@ __all__ = [
     "Plugin",
     "PluginContext",
     "PluginKind",
+    "PoolShapes",
     "Sampler",
     "Scorer",
 ]
@@ -59,17 +61,50 @@ class NoParameters(Parameters):
     """For plugins that take no parameters."""
 
 
+class PoolShapes(Protocol):
+    """What latency prediction reads of each pool: the router's pool view is one (computed
+    once per view), `FixedPools` another."""
+
+    def deployment(self, pool: str) -> Deployment | None:
+        """The replica the pool's ServingSpec describes; None: no perf model for it."""
+        ...
+
+    def batch_cap(self, pool: str) -> int | None:
+        """Requests one endpoint of the pool takes at once; None: uncapped."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedPools:
+    """Pool shapes that never change (tests, benchmarks)."""
+
+    deployments: Mapping[str, Deployment] = field(default_factory=dict)
+    batch_caps: Mapping[str, int] = field(default_factory=dict)
+
+    def deployment(self, pool: str) -> Deployment | None:
+        return self.deployments.get(pool)
+
+    def batch_cap(self, pool: str) -> int | None:
+        return self.batch_caps.get(pool)
+
+    def now(self) -> FixedPools:
+        """Itself: the `pools` callable of a context that never changes."""
+        return self
+
+
+_NO_POOLS = FixedPools()
+
+
 @dataclass(frozen=True, slots=True)
 class PluginContext:
     """What plugins may be built with besides their parameters.
 
-    deployments: pool name -> the replica its ServingSpec describes (for latency prediction).
-    batch_caps: pool name -> the pool's max_num_seqs; a pool without one is treated as uncapped.
+    pools: the pools' shapes now (for latency prediction), read on every prediction so that
+        a reloaded view is seen at once; the router passes its current view.
     rng: the only source of randomness, seeded by whoever builds the pipeline.
     """
 
-    deployments: Mapping[str, Deployment] = field(default_factory=dict)
-    batch_caps: Mapping[str, int] = field(default_factory=dict)
+    pools: Callable[[], PoolShapes] = _NO_POOLS.now
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
 

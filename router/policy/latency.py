@@ -18,10 +18,11 @@ on the request path, so step costs are cached per pool on a grid of token counts
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.policy.base import PoolShapes
 from tiergate.sim_nodes.perf import Deployment, step_terms
 
 __all__ = ["LatencyEstimate", "LatencyPredictor", "endpoint_load"]
@@ -67,19 +68,14 @@ def _grid(n: float) -> int:
 class LatencyPredictor:
     """Predicts latency per pool; pure apart from its cache. Not thread-safe (one event loop).
 
-    `deployments` and `batch_caps` are read on every call, so a caller may update them in place
-    (hot reload); a pool whose Deployment object changed gets a fresh cache.
+    `pools` gives the pools' shapes now (the router's current view) and is read on every call,
+    so a reloaded view is seen at once; a pool whose Deployment changed gets a fresh cache.
     """
 
     def __init__(
-        self,
-        deployments: Mapping[str, Deployment],
-        batch_caps: Mapping[str, int] | None = None,
-        *,
-        other_context_tokens: int | None = None,
+        self, pools: Callable[[], PoolShapes], *, other_context_tokens: int | None = None
     ) -> None:
-        self.deployments = deployments
-        self.batch_caps: Mapping[str, int] = batch_caps if batch_caps is not None else {}
+        self.pools = pools
         self.other_context_tokens = other_context_tokens
         self._pools: dict[str, _PoolSteps] = {}
 
@@ -92,7 +88,7 @@ class LatencyPredictor:
         """
         prompt, output = max(prompt_tokens, 1), max(output_tokens, 1)
         context = self.other_context_tokens or prompt + output // 2
-        times = self._times(pool, load, _grid(prompt), _grid(context), output)
+        times = self._times(self.pools(), pool, load, _grid(prompt), _grid(context), output)
         if times is None:
             return None
         ttft_s, tpot_s = times
@@ -109,23 +105,27 @@ class LatencyPredictor:
         prompt, output = max(prompt_tokens, 1), max(output_tokens, 1)
         context = _grid(self.other_context_tokens or prompt + output // 2)
         prompt_grid, decode_tokens = _grid(prompt), output - 1
-        times = self._times
+        times, shapes = self._times, self.pools()
         totals: list[float | None] = []
         for ep in endpoints:
             load = (ep.running or 0.0) + (ep.waiting or 0.0)
             if ep.inflight > load:
                 load = float(ep.inflight)
-            found = times(ep.pool, load, prompt_grid, context, output)
+            found = times(shapes, ep.pool, load, prompt_grid, context, output)
             totals.append(None if found is None else found[0] + decode_tokens * found[1])
         return totals
 
     def _refresh(
-        self, pool: str, steps: _PoolSteps | None, deployment: Deployment | None
+        self,
+        shapes: PoolShapes,
+        pool: str,
+        steps: _PoolSteps | None,
+        deployment: Deployment | None,
     ) -> _PoolSteps | None:
         """The pools changed (a new view): `pool`'s cache for `deployment`, and none for pools
         that are gone. Every view builds new Deployment objects, so an equal one keeps the
         cache; only a pool whose hardware or model changed starts over."""
-        for gone in [name for name in self._pools if name not in self.deployments]:
+        for gone in [name for name in self._pools if shapes.deployment(name) is None]:
             del self._pools[gone]
         if deployment is None:
             return None
@@ -138,16 +138,16 @@ class LatencyPredictor:
         return steps
 
     def _times(
-        self, pool: str, load: float, prompt: int, context: int, output: int
+        self, shapes: PoolShapes, pool: str, load: float, prompt: int, context: int, output: int
     ) -> tuple[float, float] | None:
         """(TTFT s, TPOT s) with `prompt` and `context` already on the grid."""
         steps = self._pools.get(pool)
-        deployment = self.deployments.get(pool)
+        deployment = shapes.deployment(pool)
         if steps is None or steps.deployment is not deployment:
-            steps = self._refresh(pool, steps, deployment)
+            steps = self._refresh(shapes, pool, steps, deployment)
             if steps is None:
                 return None
-        cap = self.batch_caps.get(pool)
+        cap = shapes.batch_cap(pool)
         batch = load + 1.0
         queued = 0.0
         if cap is not None and batch > cap:

@@ -10,14 +10,20 @@ the picker see, so a request costs the same for a pool of 3 endpoints or of 300.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import cast
 
 from tiergate.router.endpoints.state import EndpointState, RequestContext
-from tiergate.router.policy.base import Filter, Picker, PluginContext, Sampler, Scorer
+from tiergate.router.policy.base import (
+    Filter,
+    Picker,
+    PluginContext,
+    PoolShapes,
+    Sampler,
+    Scorer,
+)
 from tiergate.router.policy.config import PolicyConfig
 from tiergate.router.policy.registry import build_plugin
-from tiergate.sim_nodes.perf import Deployment
 
 __all__ = ["Pipeline"]
 
@@ -50,21 +56,19 @@ class Pipeline:
         cls,
         config: PolicyConfig,
         *,
-        deployments: Mapping[str, Deployment] | None = None,
-        batch_caps: Mapping[str, int] | None = None,
+        pools: Callable[[], PoolShapes] | None = None,
         rng: random.Random | None = None,
     ) -> Pipeline:
         """Build every plugin of `config`; PolicyConfigError names a plugin that cannot be built.
 
-        deployments / batch_caps: pool name -> Deployment / max_num_seqs, for latency prediction.
+        pools: the pools' shapes now (deployment, batch cap), for latency prediction: the
+            router's current view (default: no pool has a perf model).
         rng: the samplers' and pickers' randomness (default: seeded with 0, so runs are
             reproducible).
         """
-        context = PluginContext(
-            deployments=deployments if deployments is not None else {},
-            batch_caps=batch_caps if batch_caps is not None else {},
-            rng=rng if rng is not None else random.Random(0),
-        )
+        context = PluginContext(rng=rng if rng is not None else random.Random(0))
+        if pools is not None:
+            context = PluginContext(pools=pools, rng=context.rng)
         filters = [
             cast(Filter, build_plugin("filter", s.name, s.type, s.parameters, context))
             for s in config.filters

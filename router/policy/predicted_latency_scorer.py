@@ -42,9 +42,7 @@ class PredictedLatencyScorer(Scorer):
         super().__init__(name, parameters, context)
         self.unknown_score = parameters.unknown_score
         self.predictor = LatencyPredictor(
-            context.deployments,
-            context.batch_caps,
-            other_context_tokens=parameters.other_context_tokens,
+            context.pools, other_context_tokens=parameters.other_context_tokens
         )
 
     def score(

@@ -24,7 +24,7 @@ class SloFilter(Filter):
 
     def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
         super().__init__(name, parameters, context)
-        self.predictor = LatencyPredictor(context.deployments, context.batch_caps)
+        self.predictor = LatencyPredictor(context.pools)
 
     def filter(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float

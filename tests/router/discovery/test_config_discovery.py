@@ -66,6 +66,29 @@ def test_view_indexes_candidates_by_model_and_tier() -> None:
     }
 
 
+def test_the_view_holds_each_pool_s_replica_and_batch_cap_for_latency_prediction(
+    tmp_path: Path,
+) -> None:
+    """What the router's latency predictions read (`PoolShapes`), computed once with the
+    view: a hosted pool has no replica to model and takes what it may have open at once."""
+    key = tmp_path / "key"
+    key.write_text("sk-provider")
+    hosted = (
+        "  - {name: hosted, tier: batched, model: llama-3.1-8b, servedModelName: chat,"
+        " billing: {outputPerMillionUsd: 1},"
+        f" endpoint: {{url: 'http://127.0.0.1:9100/v1', model: m, apiKeyFile: '{key}',"
+        " maxConcurrentRequests: 12}}\n"
+    )
+    view = build_view(parse_config(POOLS + hosted).pools, default_catalog())
+    assert view.batch_cap("fr-batched") == 64 and view.batch_cap("spark") == 4
+    assert view.batch_cap("hosted") == 12
+    assert view.batch_cap("gone") is None and view.deployment("gone") is None
+    assert view.deployment("hosted") is None
+    spark = view.deployment("spark")
+    assert spark is not None and spark is view.pools["spark"].deployment
+    assert spark.accelerator.name == "wse-3"
+
+
 def test_prices_come_from_the_envelope_unless_billing_overrides() -> None:
     view = build_view(parse_config(POOLS).pools, default_catalog())
     batched, premium, spark = (view.pools[n] for n in ("fr-batched", "fr-premium", "spark"))

@@ -8,6 +8,7 @@ from policy_helpers import MODEL, endpoint, endpoints, request
 
 from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.policy import (
+    FixedPools,
     NoParameters,
     Pipeline,
     PluginContext,
@@ -82,13 +83,13 @@ def test_no_candidates_and_no_filters_is_no_pick_for_every_scorer() -> None:
     scorers = default_policy().model_dump()["scorers"]
     for picker in ("max-score-picker", "weighted-random-picker"):
         policy = PolicyConfig.model_validate({"scorers": scorers, "picker": {"type": picker}})
-        pipeline = Pipeline.from_config(policy, deployments={"p0": DEPLOYMENT})
+        pipeline = Pipeline.from_config(policy, pools=FixedPools({"p0": DEPLOYMENT}).now)
         assert pipeline.pick(request(), [], 0.0) == []
         assert pipeline.pick(request(), CandidateSet([], MODEL, "batched"), 0.0) == []
 
 
 def test_default_policy_routes_to_the_idle_endpoint_of_the_right_tier() -> None:
-    pipeline = Pipeline.from_config(default_policy(), deployments={"p0": DEPLOYMENT})
+    pipeline = Pipeline.from_config(default_policy(), pools=FixedPools({"p0": DEPLOYMENT}).now)
     busy = endpoint("http://busy", running=40.0, waiting=5.0, kv_usage=0.8)
     idle = endpoint("http://idle", running=1.0, waiting=0.0, kv_usage=0.1)
     premium = endpoint("http://premium", tier="premium", running=0.0, waiting=0.0)

@@ -1,9 +1,11 @@
 """predicted-latency-scorer and the LatencyPredictor under it (perf model on live load)."""
 
+from collections.abc import Mapping
+
 import pytest
 from policy_helpers import endpoint, request
 
-from tiergate.router.policy import LatencyPredictor, PluginContext
+from tiergate.router.policy import FixedPools, LatencyPredictor, PluginContext
 from tiergate.router.policy.latency import _grid
 from tiergate.router.policy.predicted_latency_scorer import (
     PredictedLatencyParameters,
@@ -23,16 +25,13 @@ H100 = deployment()
 B200 = deployment(accelerator="b200")
 
 
-def scorer(**context: object) -> PredictedLatencyScorer:
-    return PredictedLatencyScorer(
-        "lat",
-        PredictedLatencyParameters(),
-        PluginContext(**context),  # type: ignore[arg-type]
-    )
+def scorer(deployments: Mapping[str, Deployment] | None = None) -> PredictedLatencyScorer:
+    context = PluginContext(pools=FixedPools(deployments or {}).now)
+    return PredictedLatencyScorer("lat", PredictedLatencyParameters(), context)
 
 
 def test_idle_prediction_matches_the_perf_model() -> None:
-    predictor = LatencyPredictor({"p0": H100})
+    predictor = LatencyPredictor(FixedPools({"p0": H100}).now)
     estimate = predictor.predict("p0", 0.0, prompt_tokens=1000, output_tokens=100)
     assert estimate is not None
     context = _grid(1000 + 50)
@@ -47,7 +46,7 @@ def test_idle_prediction_matches_the_perf_model() -> None:
 
 
 def test_load_and_queueing_slow_the_prediction() -> None:
-    predictor = LatencyPredictor({"p0": H100}, {"p0": 8})
+    predictor = LatencyPredictor(FixedPools({"p0": H100}, {"p0": 8}).now)
     totals = [predictor.predict("p0", load, 1000, 100) for load in (0, 4, 7, 15)]
     assert all(t is not None for t in totals)
     ttfts = [t.ttft_s for t in totals if t is not None]
@@ -85,28 +84,31 @@ def test_unknown_pools_and_missing_metrics() -> None:
     assert scorer().score(request(), [fresh, alien], 0.0) == [0.5, 0.5]
 
 
-def test_cache_follows_a_replaced_deployment() -> None:
-    deployments = {"p0": H100}
-    predictor = LatencyPredictor(deployments)
+def test_the_predictor_reads_the_pools_now_and_its_cache_follows_a_replaced_deployment() -> None:
+    """The router hands the predictor its current view: a reload is seen at the next call."""
+    current = FixedPools({"p0": H100})
+    predictor = LatencyPredictor(lambda: current)
     before = predictor.predict("p0", 0.0, 1000, 100)
-    deployments["p0"] = B200  # hot reload swapped the pool's hardware
+    current = FixedPools({"p0": B200})  # hot reload swapped the pool's hardware
     after = predictor.predict("p0", 0.0, 1000, 100)
     assert before is not None and after is not None and after.total_s < before.total_s
+    current = FixedPools({"p0": B200}, {"p0": 1})  # and its batch cap: a request now queues
+    capped = predictor.predict("p0", 4.0, 1000, 100)
+    assert capped is not None and capped.ttft_s > 2 * after.ttft_s
 
 
 def test_cache_keeps_an_equal_deployment_and_forgets_pools_that_are_gone() -> None:
-    deployments = {"p0": H100, "p1": B200}
-    predictor = LatencyPredictor(deployments)
+    current = FixedPools({"p0": H100, "p1": B200})
+    predictor = LatencyPredictor(lambda: current)
     predictor.predict("p0", 0.0, 1000, 100)
     predictor.predict("p1", 0.0, 1000, 100)
     cached = predictor._pools["p0"].times
     assert cached
     # A new view: new objects for the same hardware, and p1 deleted.
-    deployments.clear()
-    deployments["p0"] = deployment()
+    current = FixedPools({"p0": deployment()})
     predictor.predict("p0", 0.0, 1000, 100)
     assert predictor._pools["p0"].times is cached
-    assert predictor._pools["p0"].deployment is deployments["p0"]
+    assert predictor._pools["p0"].deployment is current.deployments["p0"]
     assert set(predictor._pools) == {"p0"}
     assert predictor.predict("p1", 0.0, 1000, 100) is None
 

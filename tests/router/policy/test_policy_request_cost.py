@@ -18,7 +18,7 @@ from tiergate.router.admission import Saturation
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.view import PoolView, build_view
 from tiergate.router.endpoints.state import EndpointState, RequestContext
-from tiergate.router.policy import Pipeline, default_policy, prefix_hashes
+from tiergate.router.policy import FixedPools, Pipeline, default_policy, prefix_hashes
 from tiergate.sim_nodes.catalogs import default_catalog
 
 SAMPLE_SIZE = 8  # the default policy's random-sample size
@@ -67,8 +67,8 @@ def view_of(n: int) -> PoolView:
 
 def test_a_request_touches_the_sample_and_the_favoured_endpoints_only() -> None:
     view = view_of(300)
-    deployments = {name: p.deployment for name, p in view.pools.items()}
-    pipeline = Pipeline.from_config(default_policy(), deployments=deployments)
+    deployments = {name: p.deployment for name, p in view.pools.items() if p.deployment}
+    pipeline = Pipeline.from_config(default_policy(), pools=FixedPools(deployments).now)
     seen_by_scorers: list[int] = []
     for scorer in pipeline.scorers:
         score = scorer.score
@@ -112,7 +112,8 @@ def test_the_favoured_endpoint_wins_when_loads_are_equal() -> None:
     for ep in view.endpoints():
         ep.running = 0.0
     pipeline = Pipeline.from_config(
-        default_policy(), deployments={n: p.deployment for n, p in view.pools.items()}
+        default_policy(),
+        pools=FixedPools({n: p.deployment for n, p in view.pools.items() if p.deployment}).now,
     )
     ctx = request(MODEL, prefix_hashes=prefix_hashes("a long shared system prompt " * 100))
     warm = view.candidates(MODEL, "batched")[123]

@@ -3,7 +3,13 @@
 import pytest
 from policy_helpers import endpoint, request
 
-from tiergate.router.policy import LatencyPredictor, NoEndpointFits, NoParameters, PluginContext
+from tiergate.router.policy import (
+    FixedPools,
+    LatencyPredictor,
+    NoEndpointFits,
+    NoParameters,
+    PluginContext,
+)
 from tiergate.router.policy.slo_filter import SloFilter
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import ServingSpec, build_deployment
@@ -11,7 +17,7 @@ from tiergate.sim_nodes.perf import ServingSpec, build_deployment
 CATALOG = default_catalog()
 H100 = build_deployment(ServingSpec(model="llama-3.1-8b", accelerator="h100-sxm"), CATALOG)
 WAFER = build_deployment(ServingSpec(model="llama-3.1-8b", accelerator="wse-3"), CATALOG)
-CONTEXT = PluginContext(deployments={"gpu": H100, "wafer": WAFER}, batch_caps={"gpu": 8})
+CONTEXT = PluginContext(pools=FixedPools({"gpu": H100, "wafer": WAFER}, {"gpu": 8}).now)
 
 
 def slo_filter() -> SloFilter:
@@ -19,9 +25,7 @@ def slo_filter() -> SloFilter:
 
 
 def predicted_tpot_s(pool: str, load: float) -> float:
-    estimate = LatencyPredictor(CONTEXT.deployments, CONTEXT.batch_caps).predict(
-        pool, load, 1000, 200
-    )
+    estimate = LatencyPredictor(CONTEXT.pools).predict(pool, load, 1000, 200)
     assert estimate is not None
     return estimate.tpot_s
 

@@ -69,10 +69,7 @@ class Decision:
         self.view = view_of(*(pools or VIEW_POOLS))
         self.admission = Admission(Saturation())
         self.admission.resize(self.view)
-        self.predictor = LatencyPredictor(
-            {name: p.deployment for name, p in self.view.pools.items()},
-            {name: p.spec.batching.max_num_seqs for name, p in self.view.pools.items()},
-        )
+        self.predictor = LatencyPredictor(lambda: self.view)
 
     def targets(
         self,
