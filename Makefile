@@ -99,11 +99,12 @@ e2e-tools: install
 	@PYTHON=$(CURDIR)/$(BIN)/python bash e2e/tools/install.sh >/dev/null
 
 # The e2e tests mostly wait on the cluster: E2E_WORKERS processes share one cluster, each test in
-# a namespace of its own; then those marked `serial` (they measure speed) with the machine alone.
+# a namespace of its own and each module in one process (a module's release is installed once);
+# then those marked `serial` (they measure speed) with the machine alone.
 E2E_WORKERS ?= 3
 e2e: install e2e-tools
 	status=0; \
-	$(BIN)/python -P -m pytest -q -p no:cacheprovider -n $(E2E_WORKERS) --dist loadgroup \
+	$(BIN)/python -P -m pytest -q -p no:cacheprovider -n $(E2E_WORKERS) --dist loadscope \
 		-m "not serial" e2e || status=$$?; \
 	$(BIN)/python -P -m pytest -q -p no:cacheprovider -m serial e2e || status=$$?; \
 	exit $$status

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from load_step import StepLoad, Timeline, attainment
 from release import Release, settle
-from test_pools import EXAMPLES, event_reasons, warning_reasons
+from test_pool_refusals import event_reasons, warning_reasons
+from test_pools import EXAMPLES
 
 from tiergate.bench.stats import SloTargets
 from tiergate.operator.autoscale import AUTOSCALE_INTERVAL_S, ROUTER_QUEUES_UNKNOWN

@@ -17,10 +17,6 @@ from cluster import REPO, LocalCluster
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from release import Release, installed, namespace_for
 
-# One worker takes the module: its release owns the GIE CRD, which a second release could not
-# take over.
-pytestmark = pytest.mark.xdist_group("gateway_pool")
-
 EXAMPLES = REPO / "examples"
 GIE = "inferencepools.inference.networking.k8s.io"
 GATEWAY_POOL = "tiergate"

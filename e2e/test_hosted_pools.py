@@ -24,13 +24,9 @@ from cluster import LocalCluster
 from fake_provider import COMPLETION_TOKENS, PROMPT_TOKENS, Provider, running_provider
 from release import BACKEND, Release, installed, namespace_for
 
-pytestmark = [
-    pytest.mark.skipif(
-        BACKEND != "local", reason="the provider listens on this machine's loopback"
-    ),
-    # One worker takes the module: its release (or server) is started once.
-    pytest.mark.xdist_group("hosted_pools"),
-]
+pytestmark = pytest.mark.skipif(
+    BACKEND != "local", reason="the provider listens on this machine's loopback"
+)
 
 PROVIDER_KEY = "sk-e2e-provider-0123456789abcdef"
 PROVIDER_MODEL = "prov-small-2026"

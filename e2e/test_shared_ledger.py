@@ -21,13 +21,9 @@ from postgres_server import PASSWORD, USER, PostgresServer, started_server
 from release import BACKEND, Release, installed, namespace_for
 from test_pools import EXAMPLES
 
-pytestmark = [
-    pytest.mark.skipif(
-        BACKEND != "local", reason="the PostgreSQL server listens on this machine's loopback"
-    ),
-    # One worker takes the module: its release (or server) is started once.
-    pytest.mark.xdist_group("shared_ledger"),
-]
+pytestmark = pytest.mark.skipif(
+    BACKEND != "local", reason="the PostgreSQL server listens on this machine's loopback"
+)
 
 REPLICAS = 3
 REQUESTS_PER_REPLICA = 8
