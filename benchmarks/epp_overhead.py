@@ -159,11 +159,13 @@ class Setup:
 
 def set_up(procs: ro.Processes, upstream: ro.Server, name: str) -> Setup:
     epp_port = ro.free_port()
+    # Plaintext gRPC to both pickers (the bare one has no TLS): the same wire for each.
     router = ro.start_router(
-        procs, f"router-{name}", [upstream.url], 256, extra_settings={"eppPort": epp_port}
-    )
-    epp = start_envoy(GatewayConfig(epp_port=epp_port, subset_header=False), procs.workdir,
-                      f"envoy-epp-{name}")  # fmt: skip
+        procs, f"router-{name}", [upstream.url], 256,
+        extra_settings={"eppPort": epp_port, "eppTls": {"enabled": False}},
+    )  # fmt: skip
+    epp = start_envoy(GatewayConfig(epp_port=epp_port, subset_header=False, epp_tls=False),
+                      procs.workdir, f"envoy-epp-{name}")  # fmt: skip
     direct = upstream.url.removeprefix("http://")
     alone = start_envoy(GatewayConfig(epp_port=0, direct=direct), procs.workdir,
                         f"envoy-alone-{name}")  # fmt: skip
@@ -174,8 +176,8 @@ def set_up(procs: ro.Processes, upstream: ro.Server, name: str) -> Setup:
          "--destination", direct],
     )  # fmt: skip
     _wait_listening(floor_port, floor_picker)
-    floor = start_envoy(GatewayConfig(epp_port=floor_port, subset_header=False), procs.workdir,
-                        f"envoy-floor-{name}")  # fmt: skip
+    floor = start_envoy(GatewayConfig(epp_port=floor_port, subset_header=False, epp_tls=False),
+                        procs.workdir, f"envoy-floor-{name}")  # fmt: skip
     for url in (epp.url, alone.url, floor.url):
         ro.post_ok(url, ro.CHAT_BODY)
     return Setup(upstream, router, epp, alone, floor_picker, floor)

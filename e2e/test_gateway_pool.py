@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 from cluster import REPO, LocalCluster
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from picker_channel import channel
 from release import Release, installed, namespace_for
 
 EXAMPLES = REPO / "examples"
@@ -87,8 +87,9 @@ def _the_picker_answers_behind_its_service(release: Release) -> None:
     (container,) = router["containers"]
     (epp,) = [p for p in container["ports"] if p["name"] == "epp"]
     router_ip = release.router_url().removeprefix("http://").rsplit(":", 1)[0]
-    with grpc.insecure_channel(f"{router_ip}:{epp['containerPort']}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+    # Over TLS, the chart's default, trusting the certificate served (as gateways do).
+    with channel(router_ip, epp["containerPort"]) as picker:
+        stub = health_pb2_grpc.HealthStub(picker)
         reply = stub.Check(health_pb2.HealthCheckRequest(service="inference-extension"), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 

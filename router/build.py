@@ -194,6 +194,7 @@ def build_app(
                 settings.host,
                 settings.epp_port,
                 fallbacks=settings.epp_fallbacks,
+                tls=settings.epp_tls,
                 ready=lambda: app.readiness()[0],
                 on_failure=lambda e: outliers.record_failure(e, clock()),
                 internal_error=metrics.internal_errors.inc,

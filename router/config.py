@@ -50,6 +50,7 @@ __all__ = [
     "Billing",
     "ConfigError",
     "ConnectionSettings",
+    "EppTls",
     "LocalSettings",
     "PoolSpec",
     "ReferenceWorkload",
@@ -197,6 +198,37 @@ class ConnectionSettings(_Model):
         )
 
 
+class EppTls(_Model):
+    """TLS on the endpoint picker's port (router/epp/tls.py)."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Serve the endpoint picker over TLS, as gateways reach one (Envoy AI Gateway and "
+            "the Gateway API Inference Extension's Envoy connect with TLS, not checking the "
+            "certificate). False: plaintext gRPC, for a gateway configured for it."
+        ),
+    )
+    cert_file: Path | None = Field(
+        default=None,
+        description=(
+            "The certificate (PEM) to serve, e.g. a cert-manager Secret's tls.crt; read again "
+            "when it changes. None: a self-signed one made at start."
+        ),
+    )
+    key_file: Path | None = Field(
+        default=None, description="Its private key (PEM, unencrypted), e.g. the Secret's tls.key."
+    )
+
+    @model_validator(mode="after")
+    def _pair(self) -> EppTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("certFile and keyFile go together: give both, or neither")
+        if not self.enabled and self.cert_file is not None:
+            raise ValueError("certFile and keyFile need enabled: true")
+        return self
+
+
 class RouterSettings(_Model):
     """How the router itself runs."""
 
@@ -228,6 +260,10 @@ class RouterSettings(_Model):
             "tiers, tenants, budgets, fairness and ledger as the router's own port. None: off; "
             "0: any free one."
         ),
+    )
+    epp_tls: EppTls = Field(
+        default_factory=EppTls,
+        description="TLS on the endpoint picker's port: on by default, self-signed.",
     )
     epp_fallbacks: int = Field(
         default=0,

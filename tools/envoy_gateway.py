@@ -67,6 +67,10 @@ class GatewayConfig:
     #: Two or more GIE pools behind one route, each with its own picker: (weight, picker
     #: port) each. The route splits requests by weight; each pool's picker picks within it.
     weighted: list[tuple[int, int]] = field(default_factory=list)
+    #: The picker reached over TLS without checking its certificate, as Envoy AI Gateway and
+    #: the Inference Extension's own Envoy render it (an UpstreamTlsContext whose validation
+    #: context is empty); False: plaintext gRPC.
+    epp_tls: bool = True
 
     def bootstrap(self) -> dict[str, Any]:
         route: dict[str, Any] = {"cluster": "inference_pool", "timeout": "300s"}
@@ -321,8 +325,24 @@ class GatewayConfig:
                 },
             }
         ]
+        context: dict[str, Any] = {"validation_context": {}}  # Envoy AI Gateway's rendering
+        if self.health_check:
+            # Envoy's health checker offers no protocol by ALPN on its own, and its checks of
+            # a gRPC server over TLS then fail as network failures; the requests' connections
+            # need nothing more.
+            context["alpn_protocols"] = ["h2"]
+        tls = {
+            "transport_socket": {
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": _typed(
+                    "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    common_tls_context=context,
+                ),
+            }
+        }
         return {
             **({"health_checks": checks} if self.health_check else {}),
+            **(tls if self.epp_tls else {}),
             "name": name,
             "type": "STATIC",
             "connect_timeout": "1s",

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     config, source = load(args.config)
     if args.epp_port is not None:
         config.router.epp_port = args.epp_port
+    check_epp_tls(config)
     check_ledger(config)  # before the port is taken
     addresses = Addresses.of(config, args.host, args.port, args.metrics_port)
     config.router.host = addresses.host  # where the endpoint picker listens too
@@ -159,6 +160,21 @@ def check_epp_port(config: RouterConfig) -> None:
         except CliError as exc:
             message = f"the endpoint picker's port (router.eppPort, --epp-port): {exc}"
             raise CliError(message) from None
+
+
+def check_epp_tls(config: RouterConfig) -> None:
+    """CliError (one line) when the endpoint picker would serve a certificate and key that
+    cannot be read or are not a pair."""
+    tls = config.router.epp_tls
+    if config.router.epp_port is None or tls.cert_file is None or tls.key_file is None:
+        return
+    # Imported here: the picker's TLS loads only where the picker runs.
+    from tiergate.router.epp.tls import TlsFiles, TlsProblem
+
+    try:
+        TlsFiles(tls.cert_file, tls.key_file).read()
+    except TlsProblem as problem:
+        raise CliError(f"router.eppTls: {problem}") from None
 
 
 def listening(sock: socket.socket, metrics_sock: socket.socket) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiergate.common.cli import CliError, listen_socket, shared_port_socket
-from tiergate.router.cli.router_cmd import Addresses, check_ledger, listening
+from tiergate.router.cli.router_cmd import Addresses, check_epp_tls, check_ledger, listening
 from tiergate.router.cli.serve import GRACEFUL_SHUTDOWN_S, connection_cap
 from tiergate.router.config import ConfigError, RouterConfig, load_config
 from tiergate.router.tenants.registry import TenantConfigError, load_tenants
@@ -138,6 +138,7 @@ def _checked(path: Path, workers: int) -> RouterConfig:
         except TenantConfigError as exc:
             raise CliError(str(exc)) from None
     connection_cap(config.router.connections)  # per worker: each has its own open-file limit
+    check_epp_tls(config)  # files here, before the ledger's server is asked
     check_ledger(config)
     return config
 

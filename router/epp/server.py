@@ -17,9 +17,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tiergate.router.config import EppTls
 from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.epp import protocol
 from tiergate.router.epp.stream import End, GatewayStream, ProtocolViolation
+from tiergate.router.epp.tls import TlsFiles, TlsProblem, server_credentials
 from tiergate.router.handler import Router
 
 __all__ = ["EppServer", "HEALTH_NAMES"]
@@ -36,7 +38,7 @@ GRACE_S = 5.0
 
 class EppServer:
     """Serves the endpoint picker on `host:port` (0: any free port; `port` says which once
-    started)."""
+    started), over TLS unless `tls` says not (router/epp/tls.py)."""
 
     def __init__(
         self,
@@ -45,12 +47,14 @@ class EppServer:
         port: int,
         *,
         fallbacks: int = 0,
+        tls: EppTls | None = None,
         ready: Callable[[], bool] = lambda: True,
         on_failure: Callable[[EndpointState], object] = lambda e: None,
         internal_error: Callable[[], None] = lambda: None,
     ) -> None:
         self.router, self.host, self.port = router, host, port
         self.fallbacks = fallbacks
+        self.tls = tls if tls is not None else EppTls()
         self._ready = ready
         self._on_failure = on_failure
         self._internal_error = internal_error
@@ -63,14 +67,18 @@ class EppServer:
     @property
     def url(self) -> str:
         shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"grpc://{shown}:{self.port}"
+        return f"{'grpcs' if self.tls.enabled else 'grpc'}://{shown}:{self.port}"
 
     async def start(self) -> None:
         server = grpc.aio.server()
         protocol.add_servicer(_Servicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        address = f"{self.host}:{self.port}"
         try:
-            self.port = server.add_insecure_port(f"{self.host}:{self.port}")
+            if self.tls.enabled:
+                self.port = server.add_secure_port(address, self._credentials())
+            else:
+                self.port = server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"the endpoint picker cannot listen on {self.url}: {exc}") from None
         await server.start()
@@ -79,6 +87,16 @@ class EppServer:
         await self._follow_readiness()
         self._health_task = asyncio.create_task(self._keep_health(), name="tiergate-epp-health")
         log.info("event=epp_listening epp_url=%s", self.url)
+
+    def _credentials(self) -> grpc.ServerCredentials:
+        tls = self.tls
+        files = None
+        if tls.cert_file is not None and tls.key_file is not None:
+            files = TlsFiles(tls.cert_file, tls.key_file)
+        try:
+            return server_credentials(files)
+        except TlsProblem as problem:
+            raise OSError(f"the endpoint picker's TLS (router.eppTls): {problem}") from None
 
     async def stop(self) -> None:
         if self._health_task is not None:

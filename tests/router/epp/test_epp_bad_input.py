@@ -19,6 +19,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from epp_system import DAVE, System, chat, epp_system, node, slots_free
+from picker_channel import aio_channel
 from polling_helpers import until
 
 #: Real processes and servers: left out of `make test-fast`.
@@ -65,7 +66,7 @@ def reply_body(data: bytes) -> ext.ProcessingRequest:
 
 async def exchange(port: int, messages: list[ext.ProcessingRequest]) -> list[Any]:
     """Send `messages` on one Process stream and read every answer until it ends."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with aio_channel("127.0.0.1", port) as channel:
         stub = ext_grpc.ExternalProcessorStub(channel)
 
         async def requests() -> AsyncIterator[ext.ProcessingRequest]:
@@ -106,7 +107,7 @@ def test_a_body_that_is_not_json_is_refused_at_the_picker(system: System) -> Non
 
 def test_a_gateway_that_resets_the_stream_after_the_pick_frees_the_slot(system: System) -> None:
     async def pick_then_reset() -> str:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{system.epp.port}") as channel:
+        async with aio_channel("127.0.0.1", system.epp.port) as channel:
             stub = ext_grpc.ExternalProcessorStub(channel)
             sent = asyncio.Event()
 

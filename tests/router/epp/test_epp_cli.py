@@ -25,7 +25,7 @@ from tiergate.sim_nodes.server import create_app
 #: Real processes and servers: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
 
-EPP_LISTENING = re.compile(r"event=epp_listening epp_url=grpc://127\.0\.0\.1:(\d+)")
+EPP_LISTENING = re.compile(r"event=epp_listening epp_url=grpcs?://127\.0\.0\.1:(\d+)")
 
 
 def config(folder: Path, node_url: str, router: str = "") -> Path:

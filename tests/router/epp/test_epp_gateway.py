@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-import grpc
 import httpx
 import openai
 import pytest
 from envoy_gateway import Envoy
 from epp_system import ALICE, BOB, CAROL, ERIN, System, address, chat, epp_system, post, slots_free
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from picker_channel import aio_channel
 from polling_helpers import until
 
 from tiergate.router.epp.server import HEALTH_NAMES
@@ -218,7 +218,7 @@ def test_billing_through_the_gateway_equals_the_routers_port(system: System, env
 
 def test_health_answers_for_the_protocols_names(system: System) -> None:
     async def check() -> dict[str, int]:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{system.epp.port}") as channel:
+        async with aio_channel("127.0.0.1", system.epp.port) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             found = {}
             for name in (*HEALTH_NAMES, "liveness"):

@@ -9,10 +9,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from picker_channel import aio_channel
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
@@ -37,7 +37,7 @@ def test_a_router_with_nothing_to_pick_is_alive_and_not_ready(
         epp = next(s for s in app.services if isinstance(s, EppServer))
 
         async def check() -> dict[str, int]:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}") as channel:
+            async with aio_channel("127.0.0.1", epp.port) as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
                 return {
                     name: (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status
