@@ -4,7 +4,6 @@ router, an operator killed mid-way, and the inputs the autoscaler must refuse or
 from __future__ import annotations
 
 import datetime
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -217,11 +216,7 @@ spec:
 def test_autoscaling_refuses_or_reports_what_it_cannot_do_and_scales_nothing(
     release: Release,
 ) -> None:
-    done = subprocess.run(
-        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
-        input=pool_yaml(minReplicas=5, maxReplicas=2),
-        capture_output=True, text=True, env=release.cluster.env, check=False,
-    )  # fmt: skip
+    done = release.apply(pool_yaml(minReplicas=5, maxReplicas=2))
     assert done.returncode != 0 and MIN_ABOVE_MAX in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not release.exists("inferencepool.tiergate.dev", POOL)
 

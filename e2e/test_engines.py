@@ -6,7 +6,6 @@ refused by `kubectl apply` with the reason."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import httpx
@@ -126,14 +125,7 @@ def test_a_vllm_pool_runs_vllm_serve_on_a_gpu_node(release: Release, gpu_node: s
 
 
 def test_a_wafer_scale_vllm_pool_is_refused_with_the_reason(release: Release) -> None:
-    done = subprocess.run(
-        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
-        input=WAFER_VLLM,
-        capture_output=True,
-        text=True,
-        env=release.cluster.env,
-        check=False,
-    )
+    done = release.apply(WAFER_VLLM)
     assert done.returncode != 0
     assert "engine vllm runs on GPUs" in done.stderr, done.stderr
     assert "wse-3" in done.stderr and "SRAM" in done.stderr, done.stderr

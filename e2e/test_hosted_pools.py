@@ -84,16 +84,8 @@ class Hosted:
         return totals
 
     def apply(self, manifest: str) -> subprocess.CompletedProcess[str]:
-        """`kubectl apply`, its exit code and output kept (a refusal is what some tests want)."""
-        cluster = self.release.cluster
-        return subprocess.run(
-            [str(cluster.bin / "kubectl"), "-n", self.release.namespace, "apply", "-f", "-"],
-            input=manifest,
-            capture_output=True,
-            text=True,
-            env=cluster.env,
-            check=False,
-        )
+        """`kubectl apply`, its exit code and output kept (Release.apply)."""
+        return self.release.apply(manifest)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ pool's conditions and events; nothing of another app's taken, nothing half rolle
 
 from __future__ import annotations
 
-import subprocess
-
 from release import Release
 from test_pools import EXAMPLES, POOLS, chat, served_by
 
@@ -137,25 +135,11 @@ def test_a_refused_edit_leaves_the_previous_pods_serving_and_says_so(release: Re
 
 
 def test_an_invalid_pool_is_refused_with_a_readable_message(release: Release) -> None:
-    done = subprocess.run(
-        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
-        input=INVALID_PREMIUM,
-        capture_output=True,
-        text=True,
-        env=release.cluster.env,
-        check=False,
-    )
+    done = release.apply(INVALID_PREMIUM)
     assert done.returncode != 0
     assert "maxNumSeqs" in done.stderr and "16" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not release.exists("inferencepool.tiergate.dev", "too-wide")
     # A name that cannot name its Service is refused by the API server too (CEL on the name).
-    done = subprocess.run(
-        [str(release.cluster.bin / "kubectl"), "-n", release.namespace, "apply", "-f", "-"],
-        input=INVALID_PREMIUM.replace("too-wide", "1-too-wide").replace("64", "8"),
-        capture_output=True,
-        text=True,
-        env=release.cluster.env,
-        check=False,
-    )
+    done = release.apply(INVALID_PREMIUM.replace("too-wide", "1-too-wide").replace("64", "8"))
     assert done.returncode != 0 and "start with a letter" in done.stderr, done.stderr

@@ -38,6 +38,14 @@ class Release:
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return self.cluster.kubectl("-n", self.namespace, *args, check=check, input=input)
 
+    def apply(self, manifest: str) -> subprocess.CompletedProcess[str]:
+        """`kubectl apply` of `manifest` in the namespace, its exit code and output kept (a
+        refusal, and what it says, is what some tests want)."""
+        return subprocess.run(
+            [str(self.cluster.bin / "kubectl"), "-n", self.namespace, "apply", "-f", "-"],
+            input=manifest, capture_output=True, text=True, env=self.cluster.env, check=False,
+        )  # fmt: skip
+
     def install(self, *values: str) -> None:
         try:
             self.cluster.install_chart(self.namespace, self.name, *values)
