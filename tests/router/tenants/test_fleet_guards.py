@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from private_ledger import private_ledger
@@ -186,6 +187,17 @@ async def admit(i: int, limiter: Limits, who: Tenant, tokens: int = 0) -> bool:
     return True
 
 
+async def bucket_level(pool: Any) -> float:
+    """The shared requests bucket of tenant acme as the next take would find it (refilled by
+    the database's clock: router/ledger/postgres_schema.py `tiergate_take_tokens`)."""
+    level = await pool.fetchval(
+        "SELECT LEAST(capacity, level + GREATEST(0, extract(epoch FROM clock_timestamp())"
+        " - updated_s) * capacity / 60) FROM rate_bucket WHERE tenant = 'acme'"
+        " AND kind = 'requests'"
+    )
+    return float(level)
+
+
 async def test_a_burst_over_three_replicas_is_admitted_as_one_bucket_would(
     pg_dsn: str,
 ) -> None:
@@ -202,8 +214,20 @@ async def test_a_burst_over_three_replicas_is_admitted_as_one_bucket_would(
         # A full bucket, and what it refilled meanwhile (one request a second).
         assert sum(admitted) <= 60 + elapsed_s + 1
         assert sum(admitted) >= 60 - REPLICAS * 60 / 16  # slices not yet handed back
+        # Slices go back: the shared bucket gains at least what the replicas did not spend.
+        unused = sum(max(limiter._slices[("acme", "requests")].level, 0.0) for limiter in limiters)
+        pool = await ledgers[0].connection_pool()
+        before = await bucket_level(pool)
         for limiter in limiters:
-            await limiter.renew(everything=True)  # slices go back
+            await limiter.renew(everything=True)
+        after = await bucket_level(pool)
+        assert after >= min(before + unused, 60.0) - 1e-9, (before, unused, after)
+        # Once the one bucket holds a request (it may have been spent to the last token: it
+        # refills one a second), the fleet admits again.
+        deadline = time.monotonic() + 5.0
+        while await bucket_level(pool) < 1.0:
+            assert time.monotonic() < deadline, "the bucket never refilled"
+            await asyncio.sleep(0.05)
         assert await admit(0, limiters[0], who)
     finally:
         for ledger in ledgers:
