@@ -9,6 +9,10 @@ STAMP  := $(VENV)/.installed-stamp
 # mypy and import-linter cannot follow setuptools' editable-install finder, so they read a symlink view of the
 # package layout (tiergate.sim_nodes <- sim_nodes/, ...), rebuilt on every run.
 TYPEVIEW := $(VENV)/typecheck-view
+# Python keeps compiled modules (__pycache__, ignored by git) even where the environment says
+# not to: without them every process the tests start compiles tiergate again, and pytest
+# rewrites every test module's asserts again in each of its workers.
+unexport PYTHONDONTWRITEBYTECODE
 # Runs a phase and prints how long it took (CI's log shows where the time goes).
 PHASE = bash tools/phase.sh
 

@@ -36,6 +36,9 @@ from cluster import (  # noqa: E402
     tools_bin,
 )
 from release import BACKEND, Release, installed, namespace_for, settle  # noqa: E402
+from shared_tls_context import share  # noqa: E402
+
+share()  # one default TLS context for the run's httpx clients (tests/helpers/)
 
 #: Set by the controlling process of an xdist run for its workers: the shared cluster's
 #: name, state folder and binaries (JSON).

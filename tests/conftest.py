@@ -1,12 +1,17 @@
 """Fixtures every test folder may use: a real PostgreSQL server (tests/helpers/postgres_server.py),
-started once per run on its own port and data directory, and a fresh database per test."""
+started once per run on its own port and data directory, and a fresh database per test.
+
+httpx clients share one default TLS context (tests/helpers/shared_tls_context.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+import shared_tls_context
 from postgres_server import PostgresServer, started_server
+
+shared_tls_context.share()
 
 
 @pytest.fixture(scope="session")
