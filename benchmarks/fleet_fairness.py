@@ -16,6 +16,7 @@ routers' `tiergate_fair_share_exchanges_total` and `..._exchange_seconds_total`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import tempfile
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     idle = p90(light_alone(f))
                     started = time.monotonic()
                     before = [exchange_cost(r.metrics_url) for r in f.routers]
-                    found = flooded(f)
+                    found = asyncio.run(flooded(f))
                     after = [exchange_cost(r.metrics_url) for r in f.routers]
                     elapsed_s = time.monotonic() - started
                     results.setdefault(mode, []).append((found.shares, found.light_p90_s, idle))

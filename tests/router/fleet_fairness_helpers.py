@@ -119,12 +119,13 @@ def light_alone(fleet: Fleet, seconds: float = 7.0) -> list[float]:
     return [math.inf if s.ttft_s is None else s.ttft_s for s in sent[1:]]
 
 
-def flooded(
+async def flooded(
     fleet: Fleet, *, clients: int = 12, warmup_s: float = 4.0, window_s: float = 12.0
 ) -> Measured:
     """a, b and c flood through routers 0, 1 and 2 (`clients` each, closed loops of 32-token
     replies) while the light tenant sends through router 0; shares over a window after
-    `warmup_s`, and the light tenant's TTFTs within it."""
+    `warmup_s`, and the light tenant's TTFTs within it (fleets measured side by side:
+    `asyncio.gather` two of these)."""
     duration_s = warmup_s + window_s
 
     def tokens() -> dict[str, float]:
@@ -134,21 +135,18 @@ def flooded(
                 found[tenant] = found.get(tenant, 0.0) + n
         return {t: found.get(t, 0.0) for t in FLOODERS}
 
-    async def run() -> Measured:
-        loads = [
-            asyncio.create_task(
-                flood(router.url, [Caller(tenant, clients, vary=True)], duration_s, key)
-            )
-            for router, tenant in zip(fleet.routers, FLOODERS, strict=True)
-        ]
-        light = asyncio.create_task(flood(fleet.routers[0].url, [LIGHT], duration_s, key))
-        await asyncio.sleep(warmup_s)
-        before = await asyncio.to_thread(tokens)
-        await asyncio.sleep(window_s)
-        after = await asyncio.to_thread(tokens)
-        await asyncio.gather(*loads)
-        sent = await light
-        ttfts = [math.inf if s.ttft_s is None else s.ttft_s for s in sent if s.sent_s >= warmup_s]
-        return Measured(shares(before, after), ttfts)
-
-    return asyncio.run(run())
+    loads = [
+        asyncio.create_task(
+            flood(router.url, [Caller(tenant, clients, vary=True)], duration_s, key)
+        )
+        for router, tenant in zip(fleet.routers, FLOODERS, strict=True)
+    ]
+    light = asyncio.create_task(flood(fleet.routers[0].url, [LIGHT], duration_s, key))
+    await asyncio.sleep(warmup_s)
+    before = await asyncio.to_thread(tokens)
+    await asyncio.sleep(window_s)
+    after = await asyncio.to_thread(tokens)
+    await asyncio.gather(*loads)
+    sent = await light
+    ttfts = [math.inf if s.ttft_s is None else s.ttft_s for s in sent if s.sent_s >= warmup_s]
+    return Measured(shares(before, after), ttfts)

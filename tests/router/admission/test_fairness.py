@@ -1,16 +1,18 @@
-"""Weighted fair share inside a saturated tier, on real processes: one sim node behind two
-routers, one admitting fairly and one first come, first served. Tenants flood the tier from
-closed loops of clients; the routers' own counts of the tokens they served each tenant give
-the shares, and the clients time the first token.
+"""Weighted fair share inside a saturated tier, on real processes: two routers, one admitting
+fairly and one first come, first served, each in front of a sim node of its own. Tenants flood
+both tiers at once from closed loops of clients, so the two are measured side by side; the
+routers' own counts of the tokens they served each tenant give the shares, and the clients
+time the first token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from flood_clients import Caller, attained_tokens, flood, p90, shares
@@ -18,6 +20,8 @@ from process_helpers import Running, start_router, start_sim_node
 
 #: Shares and times to first token on real processes: measured with the machine to itself.
 pytestmark = pytest.mark.serial
+
+T = TypeVar("T")
 
 #: Tenants, their weights: the flooders a, b, c and the pair heavy, light.
 WEIGHTS = {"a": 1, "b": 1, "c": 2, "heavy": 1, "light": 1}
@@ -47,8 +51,8 @@ class Routers:
 def two_routers(
     tmp: Path, model: str, accelerator: str, chips: int, seqs: int
 ) -> Iterator[Routers]:
-    """A sim node serving `model` on `chips` x `accelerator`, `seqs` sequences at once, and a
-    fair and a fcfs router in front of it."""
+    """A fair and a fcfs router, each in front of a sim node of its own serving `model` on
+    `chips` x `accelerator`, `seqs` sequences at once."""
     tenants = tmp / "tenants.yaml"
     tenants.write_text(
         "tenants:\n"
@@ -56,10 +60,6 @@ def two_routers(
             f"  - {{name: {t}, apiKeys: [{key(t)}], weight: {w}}}\n" for t, w in WEIGHTS.items()
         )
     )
-    node = start_sim_node(
-        tmp / "node.log", "--model", model, "--accelerator", accelerator, "--chips", str(chips),
-        "--served-model-name", "coder", "--max-num-seqs", str(seqs),
-    )  # fmt: skip
     serving = (
         f"model: {model}, accelerator: {accelerator}, chips: {chips}, "
         f"batching: {{maxNumSeqs: {seqs}}}"
@@ -67,6 +67,11 @@ def two_routers(
     started: list[Running] = []
     try:
         for order in ("fair", "fcfs"):
+            node = start_sim_node(
+                tmp / f"node-{order}.log", "--model", model, "--accelerator", accelerator,
+                "--chips", str(chips), "--served-model-name", "coder", "--max-num-seqs", str(seqs),
+            )  # fmt: skip
+            started.append(node)
             config = tmp / f"router-{order}.yaml"
             config.write_text(
                 CONFIG.format(
@@ -78,11 +83,10 @@ def two_routers(
                 )  # fmt: skip
             )
             started.append(start_router(config, tmp / f"router-{order}.log"))
-        yield Routers(*started)
+        yield Routers(fair=started[1], fcfs=started[3])
     finally:
-        for router in started:
-            router.stop()
-        node.stop()
+        for running in reversed(started):
+            running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,21 +102,21 @@ def wide_tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routers]:
     yield from two_routers(tmp_path_factory.mktemp("wide"), "llama-3.1-70b", "a100-80gb", 4, 16)
 
 
-def flooded_shares(url: str, metrics_url: str) -> dict[str, float]:
+async def flooded_shares(router: Running) -> dict[str, float]:
     """Tenants a, b, c (weights 1, 1, 2) from 24, 8 and 8 clients: ten times the tier's four
     slots. Their shares of the tokens served over a window after the queue filled."""
+    callers = [Caller("a", 24), Caller("b", 8), Caller("c", 8)]
+    load = asyncio.create_task(flood(router.url, callers, 14.0, key))
+    await asyncio.sleep(3.0)  # the queue fills and the shares settle
+    before = await asyncio.to_thread(attained_tokens, router.metrics_url)
+    await asyncio.sleep(10.0)
+    after = await asyncio.to_thread(attained_tokens, router.metrics_url)
+    await load
+    return shares(before, after)
 
-    async def run() -> dict[str, float]:
-        callers = [Caller("a", 24), Caller("b", 8), Caller("c", 8)]
-        load = asyncio.create_task(flood(url, callers, 14.0, key))
-        await asyncio.sleep(3.0)  # the queue fills and the shares settle
-        before = await asyncio.to_thread(attained_tokens, metrics_url)
-        await asyncio.sleep(10.0)
-        after = await asyncio.to_thread(attained_tokens, metrics_url)
-        await load
-        return shares(before, after)
 
-    return asyncio.run(run())
+async def side_by_side(first: Coroutine[Any, Any, T], second: Coroutine[Any, Any, T]) -> list[T]:
+    return list(await asyncio.gather(first, second))
 
 
 def off_by(found: dict[str, float], tenants: list[str]) -> dict[str, float]:
@@ -124,15 +128,17 @@ def off_by(found: dict[str, float], tenants: list[str]) -> dict[str, float]:
 def test_a_saturated_tier_shares_its_tokens_by_weight_and_fcfs_does_not(
     small_tier: Routers,
 ) -> None:
-    fair = off_by(flooded_shares(small_tier.fair.url, small_tier.fair.metrics_url), ["a", "b", "c"])
-    fcfs = off_by(flooded_shares(small_tier.fcfs.url, small_tier.fcfs.metrics_url), ["a", "b", "c"])
+    measured = asyncio.run(
+        side_by_side(flooded_shares(small_tier.fair), flooded_shares(small_tier.fcfs))
+    )
+    fair, fcfs = (off_by(found, ["a", "b", "c"]) for found in measured)
     report = f"fair admission off by {fair}; fcfs off by {fcfs}"
     assert all(abs(x) <= SHARE_TOLERANCE for x in fair.values()), report
     # First come, first served gives each tenant what its clients grab: a's 24 of 40.
     assert fcfs["a"] > SHARE_TOLERANCE and fcfs["c"] < -SHARE_TOLERANCE, report
 
 
-def light_ttfts(url: str, *, flooded: bool) -> list[float]:
+async def light_ttfts(url: str, *, flooded: bool) -> list[float]:
     """Time to first token of a light tenant's requests (one client, a 1000-token prompt
     every second and a half or so), alone or while a heavy tenant floods the tier from 48
     clients. Counted in tokens, the light tenant asks for less than half of what the tier
@@ -140,25 +146,28 @@ def light_ttfts(url: str, *, flooded: bool) -> list[float]:
     A light request that got no first token (shed) counts as an infinite time."""
     light = Caller("light", 1, prompt_tokens=1000, max_tokens=8, pause_s=1.5)
     heavy = Caller("heavy", 48, prompt_tokens=16, max_tokens=16, vary=True)
-
-    async def run() -> list[float]:
-        if not flooded:
-            sent = await flood(url, [light], 10.0, key)
-        else:
-            sent = await flood(url, [light, heavy], 20.0, key)
-            sent = [s for s in sent if s.sent_s >= 3.0]  # once the queue is full
-        # A request shed (429) never saw a first token.
-        return [math.inf if s.ttft_s is None else s.ttft_s for s in sent if s.tenant == "light"]
-
-    return asyncio.run(run())
+    if not flooded:
+        sent = await flood(url, [light], 10.0, key)
+    else:
+        sent = await flood(url, [light, heavy], 20.0, key)
+        sent = [s for s in sent if s.sent_s >= 3.0]  # once the queue is full
+    # A request shed (429) never saw a first token.
+    return [math.inf if s.ttft_s is None else s.ttft_s for s in sent if s.tenant == "light"]
 
 
 def test_a_light_tenant_keeps_its_time_to_first_token_while_another_floods(
     wide_tier: Routers,
 ) -> None:
-    idle = p90(light_ttfts(wide_tier.fair.url, flooded=False))
-    fair = p90(light_ttfts(wide_tier.fair.url, flooded=True))
-    fcfs = p90(light_ttfts(wide_tier.fcfs.url, flooded=True))
+    idle = p90(asyncio.run(light_ttfts(wide_tier.fair.url, flooded=False)))
+    fair, fcfs = map(
+        p90,
+        asyncio.run(
+            side_by_side(
+                light_ttfts(wide_tier.fair.url, flooded=True),
+                light_ttfts(wide_tier.fcfs.url, flooded=True),
+            )
+        ),
+    )
     report = f"light TTFT p90 s: idle {idle:.3f}, fair {fair:.3f}, fcfs {fcfs:.3f}"
     assert fair <= 2 * idle, report
     # First come, first served: it waits behind the heavy tenant's queue.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_fairness_helpers import Fleet, fleet, flooded, key, light_alone
+from fleet_fairness_helpers import Fleet, Measured, fleet, flooded, key, light_alone
 from flood_clients import Caller, flood, p90
 from polling_helpers import until
 from postgres_server import PostgresServer
@@ -66,8 +66,11 @@ def test_three_routers_share_the_tier_by_weight_only_when_they_exchange_claims(
     exchanging: Fleet, on_their_own: Fleet
 ) -> None:
     idle = p90(light_alone(exchanging))
-    fair = flooded(exchanging)
-    own = flooded(on_their_own)
+
+    async def side_by_side() -> list[Measured]:
+        return list(await asyncio.gather(flooded(exchanging), flooded(on_their_own)))
+
+    fair, own = asyncio.run(side_by_side())
     report = (
         f"exchanging: shares {fair.shares}, light TTFT p90 {fair.light_p90_s:.3f} s; "
         f"on their own: shares {own.shares}, light TTFT p90 {own.light_p90_s:.3f} s; "
