@@ -127,11 +127,16 @@ def test_a_router_killed_under_load_leaves_its_slots_to_the_others(
             killed = False
             try:
 
-                def everyone_has_some() -> bool:
-                    return all(slots(r.metrics_url) > 0 for r in three.routers)
+                def shared_by_three() -> bool:
+                    """Each router holds some of the 8 slots, the third too. Allotments are
+                    computed every 0.2 s from claims each router reads at its own time: while
+                    the load ramps up, two may each count slots the other also counts."""
+                    held = [slots(r.metrics_url) for r in three.routers]
+                    return min(held) > 0 and held[0] + held[1] < 8
 
-                await asyncio.to_thread(until, everyone_has_some, "no allotment", 10.0)
-                assert slots(first.metrics_url) + slots(second.metrics_url) < 8
+                await asyncio.to_thread(
+                    until, shared_by_three, "the three routers never shared the slots", 10.0
+                )
                 third.stop(signal.SIGKILL)  # its clients' requests fail from now on
                 killed = True
 
