@@ -104,14 +104,15 @@ e2e-tools: install
 
 # The e2e tests mostly wait on the cluster: E2E_WORKERS processes share one cluster, each test in
 # a namespace of its own and each module in one process (a module's release is installed once);
-# then those marked `serial` (they measure speed) with the machine alone.
+# then those marked `serial` (they measure speed) with the machine alone, on the same cluster
+# (e2e/harness/shared_cluster.py starts it for both passes and deletes it after).
 E2E_WORKERS ?= 3
 e2e: install e2e-tools
-	status=0; \
+	$(BIN)/python -P e2e/harness/shared_cluster.py -- sh -c 'status=0; \
 	$(BIN)/python -P -m pytest -q -p no:cacheprovider -n $(E2E_WORKERS) --dist loadscope \
 		-m "not serial" e2e || status=$$?; \
 	$(BIN)/python -P -m pytest -q -p no:cacheprovider -m serial e2e || status=$$?; \
-	exit $$status
+	exit $$status'
 
 # A local cluster for people: control plane + pod runner + the chart in namespace `tiergate`.
 cluster: install e2e-tools

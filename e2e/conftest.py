@@ -7,18 +7,19 @@ Backends (TIERGATE_E2E_BACKEND):
 - `kind`: an existing cluster (KUBECONFIG, e.g. from e2e/kind.sh) whose nodes run the image.
   The router is reached through `kubectl port-forward`.
 
-With pytest-xdist (`make e2e` runs `-n 3`) the controlling process starts the local cluster
-before the workers and deletes it after them; the workers share it, each test in a namespace of
-its own. Tests marked `serial` measure speed and run in a pass of their own (`make e2e`).
+`make e2e` starts one local cluster for both of its passes (e2e/harness/shared_cluster.py,
+which names it in TIERGATE_E2E_SHARED_CLUSTER); every test process attaches to it, each test in
+a namespace of its own. Tests marked `serial` measure speed and run in a pass of their own,
+once the first pass's namespaces are gone. Without it, the controlling process of an xdist run
+starts the cluster before its workers and deletes it after them, and a run in one process starts
+its own.
 
 Every failure message carries `kubectl describe` output and the pods' logs of the namespace.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,22 +28,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "harness"))
 
-from cluster import (  # noqa: E402
-    REPO,
-    HarnessError,
-    LocalCluster,
-    default_state,
-    reap_stale_test_clusters,
-    tools_bin,
-)
+from cluster import HarnessError, LocalCluster, default_state  # noqa: E402
 from release import BACKEND, Release, installed, namespace_for, settle  # noqa: E402
-from shared_tls_context import share  # noqa: E402
+from shared_cluster import SHARED, attached, delete, local_cluster, share  # noqa: E402
+from shared_tls_context import share as share_tls_context  # noqa: E402
 
-share()  # one default TLS context for the run's httpx clients (tests/helpers/)
-
-#: Set by the controlling process of an xdist run for its workers: the shared cluster's
-#: name, state folder and binaries (JSON).
-SHARED = "TIERGATE_E2E_SHARED_CLUSTER"
+share_tls_context()  # one default TLS context for the run's httpx clients (tests/helpers/)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,50 +49,29 @@ def _controls_workers(config: pytest.Config) -> bool:
     return bool(workers) and not hasattr(config, "workerinput")
 
 
-def _local_cluster() -> LocalCluster:
-    """A new local cluster and its pod runner (stale ones of dead runs deleted first)."""
-    bin_dir = tools_bin()
-    assert bin_dir is not None
-    reap_stale_test_clusters(bin_dir)
-    name = f"tg-e2e-{os.getpid()}"
-    c = LocalCluster(name, default_state(name), bin_dir)
-    try:
-        c.create()
-        c.start_runner(REPO / ".venv" / "bin" / "tiergate")
-    except HarnessError:
-        c.delete()
-        raise
-    return c
-
-
-def _delete(c: LocalCluster) -> None:
-    c.delete()
-    shutil.rmtree(c.state, ignore_errors=True)
-
-
 #: The cluster the controlling process started for its workers.
 _shared: list[LocalCluster] = []
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Controlling process of an xdist run: start the cluster before the workers start (they
-    inherit its address through the environment)."""
-    if BACKEND != "local" or not _controls_workers(session.config):
+    """Controlling process of an xdist run with no shared cluster: start one before the
+    workers start (they inherit its address through the environment)."""
+    if BACKEND != "local" or SHARED in os.environ or not _controls_workers(session.config):
         return
     try:
-        c = _local_cluster()
+        c = local_cluster()
     except HarnessError as exc:
         pytest.exit(f"cannot start the local cluster: {exc}", returncode=1)
     _shared.append(c)
-    os.environ[SHARED] = json.dumps({"name": c.name, "state": str(c.state), "bin": str(c.bin)})
+    os.environ[SHARED] = share(c)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Controlling process: the workers are gone, and so are their namespaces; the cluster
     goes."""
     while _shared:
-        _delete(_shared.pop())
+        delete(_shared.pop())
 
 
 @pytest.fixture(scope="session")
@@ -120,18 +90,17 @@ def cluster() -> Iterator[LocalCluster]:
         settle()
         return
     shared = os.environ.get(SHARED)
-    if shared and "PYTEST_XDIST_WORKER" in os.environ:
-        where = json.loads(shared)
-        yield LocalCluster(where["name"], Path(where["state"]), Path(where["bin"]))
-        settle()  # this worker's namespaces gone before the controller deletes the cluster
+    if shared:
+        yield attached(shared)
+        settle()  # this process's namespaces gone before the next pass or the cluster's end
         return
     try:
-        c = _local_cluster()
+        c = local_cluster()
     except HarnessError as exc:
         pytest.fail(f"cannot start the local cluster: {exc}")
     yield c
     settle()
-    _delete(c)
+    delete(c)
 
 
 @pytest.fixture

@@ -366,13 +366,15 @@ def _is_runner(pid: int, state: Path) -> bool:
 def reap_stale_test_clusters(bin_dir: Path) -> list[str]:
     """Delete the clusters of test sessions that died without cleaning up (killed pytest).
 
-    A test cluster is named tg-e2e-<pid of its pytest>; one whose process is gone is stale.
+    A test cluster is named tg-e2e-<pid of the pytest or shared_cluster.py that started it>;
+    one whose process is gone is stale.
     """
     root = default_state("x").parent
     reaped = []
     for state in sorted(root.glob("tg-e2e-*")) if root.exists() else ():
         pid = state.name.removeprefix("tg-e2e-")
-        if pid.isdigit() and "pytest" in _cmdline(int(pid)):
+        owner = _cmdline(int(pid)) if pid.isdigit() else ""
+        if "pytest" in owner or "shared_cluster.py" in owner:
             continue  # its session is still running
         LocalCluster(state.name, state, bin_dir).delete()
         shutil.rmtree(state, ignore_errors=True)
