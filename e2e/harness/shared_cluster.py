@@ -28,7 +28,7 @@ from cluster import (  # noqa: E402
     tools_bin,
 )
 
-__all__ = ["SHARED", "attached", "delete", "local_cluster"]
+__all__ = ["SHARED", "attached", "delete", "local_cluster", "share"]
 
 #: The shared cluster's name, state folder and binaries (JSON), for the test processes.
 SHARED = "TIERGATE_E2E_SHARED_CLUSTER"
