@@ -116,6 +116,7 @@ async def flooded_shares(router: Running) -> dict[str, float]:
 
 
 async def side_by_side(first: Coroutine[Any, Any, T], second: Coroutine[Any, Any, T]) -> list[T]:
+    """Both measurements at once, over the same seconds of the machine; their results in order."""
     return list(await asyncio.gather(first, second))
 
 
