@@ -221,7 +221,7 @@ async def test_a_burst_over_three_replicas_is_admitted_as_one_bucket_would(
         for limiter in limiters:
             await limiter.renew(everything=True)
         after = await bucket_level(pool)
-        assert after >= min(before + unused, 60.0) - 1e-9, (before, unused, after)
+        assert after >= min(before + unused, 60.0) - 1e-6, (before, unused, after)  # float epochs
         # Once the one bucket holds a request (it may have been spent to the last token: it
         # refills one a second), the fleet admits again.
         deadline = time.monotonic() + 5.0
