@@ -124,8 +124,8 @@ async def flooded(
 ) -> Measured:
     """a, b and c flood through routers 0, 1 and 2 (`clients` each, closed loops of 32-token
     replies) while the light tenant sends through router 0; shares over a window after
-    `warmup_s`, and the light tenant's TTFTs within it (fleets measured side by side:
-    `asyncio.gather` two of these)."""
+    `warmup_s`, and the light tenant's TTFTs within it (two fleets at once:
+    flood_clients.side_by_side)."""
     duration_s = warmup_s + window_s
 
     def tokens() -> dict[str, float]:

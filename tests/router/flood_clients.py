@@ -10,11 +10,14 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
 
 #: What one client waits for one reply before it counts as hung.
 CLIENT_TIMEOUT_S = 60.0
@@ -129,3 +132,13 @@ def shares(before: dict[str, float], after: dict[str, float]) -> dict[str, float
 def p90(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def side_by_side(first: Coroutine[Any, Any, T], second: Coroutine[Any, Any, T]) -> tuple[T, T]:
+    """Two measurements run at once, over the same seconds of the machine; their results."""
+
+    async def both() -> tuple[T, T]:
+        a, b = await asyncio.gather(first, second)
+        return a, b
+
+    return asyncio.run(both())

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
-from flood_clients import Caller, attained_tokens, flood, p90, shares
+from flood_clients import Caller, attained_tokens, flood, p90, shares, side_by_side
 from process_helpers import Running, start_router, start_sim_node
 
 #: Shares and times to first token on real processes: measured with the machine to itself.
 pytestmark = pytest.mark.serial
-
-T = TypeVar("T")
 
 #: Tenants, their weights: the flooders a, b, c and the pair heavy, light.
 WEIGHTS = {"a": 1, "b": 1, "c": 2, "heavy": 1, "light": 1}
@@ -64,14 +61,15 @@ def two_routers(
         f"model: {model}, accelerator: {accelerator}, chips: {chips}, "
         f"batching: {{maxNumSeqs: {seqs}}}"
     )
-    started: list[Running] = []
+    nodes: list[Running] = []
+    routers: dict[str, Running] = {}
     try:
         for order in ("fair", "fcfs"):
             node = start_sim_node(
                 tmp / f"node-{order}.log", "--model", model, "--accelerator", accelerator,
                 "--chips", str(chips), "--served-model-name", "coder", "--max-num-seqs", str(seqs),
             )  # fmt: skip
-            started.append(node)
+            nodes.append(node)
             config = tmp / f"router-{order}.yaml"
             config.write_text(
                 CONFIG.format(
@@ -82,10 +80,10 @@ def two_routers(
                     serving=serving,
                 )  # fmt: skip
             )
-            started.append(start_router(config, tmp / f"router-{order}.log"))
-        yield Routers(fair=started[1], fcfs=started[3])
+            routers[order] = start_router(config, tmp / f"router-{order}.log")
+        yield Routers(**routers)
     finally:
-        for running in reversed(started):
+        for running in [*routers.values(), *nodes]:
             running.stop()
 
 
@@ -115,11 +113,6 @@ async def flooded_shares(router: Running) -> dict[str, float]:
     return shares(before, after)
 
 
-async def side_by_side(first: Coroutine[Any, Any, T], second: Coroutine[Any, Any, T]) -> list[T]:
-    """Both measurements at once, over the same seconds of the machine; their results in order."""
-    return list(await asyncio.gather(first, second))
-
-
 def off_by(found: dict[str, float], tenants: list[str]) -> dict[str, float]:
     """Each tenant's share relative to what its weight gives it, less one."""
     total = sum(WEIGHTS[t] for t in tenants)
@@ -129,9 +122,7 @@ def off_by(found: dict[str, float], tenants: list[str]) -> dict[str, float]:
 def test_a_saturated_tier_shares_its_tokens_by_weight_and_fcfs_does_not(
     small_tier: Routers,
 ) -> None:
-    measured = asyncio.run(
-        side_by_side(flooded_shares(small_tier.fair), flooded_shares(small_tier.fcfs))
-    )
+    measured = side_by_side(flooded_shares(small_tier.fair), flooded_shares(small_tier.fcfs))
     fair, fcfs = (off_by(found, ["a", "b", "c"]) for found in measured)
     report = f"fair admission off by {fair}; fcfs off by {fcfs}"
     assert all(abs(x) <= SHARE_TOLERANCE for x in fair.values()), report
@@ -162,11 +153,9 @@ def test_a_light_tenant_keeps_its_time_to_first_token_while_another_floods(
     idle = p90(asyncio.run(light_ttfts(wide_tier.fair.url, flooded=False)))
     fair, fcfs = map(
         p90,
-        asyncio.run(
-            side_by_side(
-                light_ttfts(wide_tier.fair.url, flooded=True),
-                light_ttfts(wide_tier.fcfs.url, flooded=True),
-            )
+        side_by_side(
+            light_ttfts(wide_tier.fair.url, flooded=True),
+            light_ttfts(wide_tier.fcfs.url, flooded=True),
         ),
     )
     report = f"light TTFT p90 s: idle {idle:.3f}, fair {fair:.3f}, fcfs {fcfs:.3f}"

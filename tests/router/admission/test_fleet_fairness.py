@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_fairness_helpers import Fleet, Measured, fleet, flooded, key, light_alone
-from flood_clients import Caller, flood, p90
+from fleet_fairness_helpers import Fleet, fleet, flooded, key, light_alone
+from flood_clients import Caller, flood, p90, side_by_side
 from polling_helpers import until
 from postgres_server import PostgresServer
 from prometheus_client.parser import text_string_to_metric_families
@@ -66,11 +66,7 @@ def test_three_routers_share_the_tier_by_weight_only_when_they_exchange_claims(
     exchanging: Fleet, on_their_own: Fleet
 ) -> None:
     idle = p90(light_alone(exchanging))
-
-    async def side_by_side() -> list[Measured]:
-        return list(await asyncio.gather(flooded(exchanging), flooded(on_their_own)))
-
-    fair, own = asyncio.run(side_by_side())
+    fair, own = side_by_side(flooded(exchanging), flooded(on_their_own))
     report = (
         f"exchanging: shares {fair.shares}, light TTFT p90 {fair.light_p90_s:.3f} s; "
         f"on their own: shares {own.shares}, light TTFT p90 {own.light_p90_s:.3f} s; "
