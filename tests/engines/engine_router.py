@@ -31,6 +31,8 @@ TENANTS = f"""tenants:
   # A tenth of a cent: one short request spends it all.
   - {{name: dave, apiKeys: [{KEYS["dave"]}], budgetUsd: 0.001, budgetPeriod: day}}
 """
+#: The key the keyed engine requires on /v1, as a hosted provider's API does.
+PROVIDER_KEY = "sk-engine-provider-0123456789"
 #: The model the engine serves (tools/real_engine.py `SERVED_MODEL_NAME`).
 MODEL = "smollm2"
 

@@ -1,7 +1,8 @@
 """The real engine killed mid-stream behind the router.
 
-A second vLLM would need another ~4.7 GB of RAM and both CPU cores, so the spare endpoint is a
-sim node serving the same model name, in a second pool of the same tier that the router's
+The spare endpoint is a sim node, not a second vLLM (two engines generating at once would share
+the two cores' OpenMP threads, and the run's keyed engine is for the hosted tests): a sim node
+serving the same model name, in a second pool of the same tier that the router's
 latency predictions rank second (the engine's pool claims the faster catalog hardware). The
 engine's batch cap (8) is below the streams sent (12), so some wait in its queue with no
 token yet when it dies: those go to the spare and complete; those that had tokens end with

@@ -22,28 +22,15 @@ from engine_router import (
     KEYS,
     MODEL,
     OUTPUT_PER_MILLION_USD,
+    PROVIDER_KEY,
     ledger_rows,
     start_engine_router,
 )
 from process_helpers import Running
 
-PROVIDER_KEY = "sk-engine-provider-0123456789"
 #: The pool's model name: what clients ask for and see; the engine serves `MODEL`.
 POOL_MODEL = "chat-hosted"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
-
-
-@pytest.fixture(scope="module")
-def keyed_engine(engine: EngineProcess) -> Iterator[EngineProcess]:
-    """The run's engine, started again requiring `PROVIDER_KEY` on /v1; without it after."""
-    engine.stop()
-    engine.api_key = PROVIDER_KEY
-    try:
-        engine.ensure_started()
-        yield engine
-    finally:
-        engine.stop()
-        engine.api_key = None
 
 
 def _hosted_pool(url: str, key_file: Path) -> str:

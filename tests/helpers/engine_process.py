@@ -2,8 +2,10 @@
 
 `tools/real_engine.py` installs the engine and the model once per machine (cached, locked);
 `EngineProcess` starts it on a free loopback port in a process group of its own, so that
-stopping or killing it takes its engine-core child along. A test that kills the engine leaves
-the next user of the fixture to start it again (`ensure_started`), whatever the test order.
+stopping or killing it takes its engine-core child along. `start` returns at once, so that two
+engines can start side by side (the start is mostly importing torch and vLLM, one core's work);
+`ensure_started` waits for `/health`. A test that kills the engine leaves the next user of the
+fixture to start it again (`ensure_started`), whatever the test order.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from types import ModuleType
 
 import httpx
-from polling_helpers import until
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "tools" / "real_engine.py"
 #: How long a first start may take on a busy 2-core machine (~55 s when idle).
 ENGINE_START_WITHIN_S = 600.0
+#: Seconds between two looks at `/health` while the engine starts.
+HEALTH_POLL_S = 0.5
 
 
 def installer() -> ModuleType:
@@ -44,12 +48,14 @@ def free_port() -> int:
 class EngineProcess:
     """One vLLM server over the cached model; `url` is its base URL once started."""
 
-    def __init__(self, root: Path, log: Path, *, max_num_seqs: int = 8) -> None:
+    def __init__(
+        self, root: Path, log: Path, *, max_num_seqs: int = 8, api_key: str | None = None
+    ) -> None:
         self.root = root
         self.log = log
         self.max_num_seqs = max_num_seqs
         #: The key the engine requires on /v1 (vLLM's --api-key), or None for none.
-        self.api_key: str | None = None
+        self.api_key = api_key
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
@@ -59,8 +65,21 @@ class EngineProcess:
 
     def ensure_started(self) -> str:
         """Start the engine unless it runs; its URL once `/health` answers 200."""
+        self.start()
+        deadline = time.monotonic() + ENGINE_START_WITHIN_S
+        while not self._healthy():
+            assert time.monotonic() < deadline, (
+                f"vLLM did not become healthy within {ENGINE_START_WITHIN_S:.0f} s:\n"
+                f"{self.log_text()[-4000:]}"
+            )
+            # Seldom: the engine starting beside it needs the CPU more than this loop does.
+            time.sleep(HEALTH_POLL_S)
+        return self.url
+
+    def start(self) -> None:
+        """Start the engine's process unless it runs, without waiting for it to serve."""
         if self.process is not None and self.process.poll() is None:
-            return self.url
+            return
         module = installer()
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -82,9 +101,6 @@ class EngineProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        until(self._healthy, f"vLLM did not become healthy:\n{self.log_text()[-4000:]}",
-              ENGINE_START_WITHIN_S)  # fmt: skip
-        return self.url
 
     def _healthy(self) -> bool:
         assert self.process is not None
