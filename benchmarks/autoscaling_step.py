@@ -49,7 +49,9 @@ from load_step import Sample, StepLoad, Timeline, attainment  # noqa: E402
 from release import Release, installed  # noqa: E402
 
 from tiergate.bench.stats import SloTargets  # noqa: E402
-from tiergate.operator.autoscale import AUTOSCALE_INTERVAL_S  # noqa: E402
+from tiergate.operator.commands.operator_cmd import (  # noqa: E402
+    DEFAULT_AUTOSCALE_INTERVAL_S as AUTOSCALE_INTERVAL_S,
+)
 
 EXAMPLE = REPO / "examples" / "autoscaling" / "chat-autoscaled.yaml"
 POOL = "chat-autoscaled"

@@ -47,8 +47,7 @@ from .kube import Cluster, PodAddress, RoutersUnknown
 from .render import CONTAINER_PORT
 from .status import ConditionValue, conditions
 
-__all__ = ["AUTOSCALE_INTERVAL_S", "ROUTER_QUEUES_UNKNOWN", "MetricsScraper", "Routers", "Tick",
-           "autoscale"]  # fmt: skip
+__all__ = ["ROUTER_QUEUES_UNKNOWN", "MetricsScraper", "Routers", "Tick", "autoscale"]
 
 log = logging.getLogger("tiergate.operator")
 
@@ -56,8 +55,6 @@ Manifest = dict[str, Any]
 T = TypeVar("T")
 EventType = Literal["Normal", "Warning"]
 
-#: Seconds between two autoscaling decisions of a pool.
-AUTOSCALE_INTERVAL_S = 15
 #: A pod that does not answer its scrape within this long is left out of the tick.
 SCRAPE_TIMEOUT_S = 2.0
 #: Pods of one pool scraped at once.

@@ -7,9 +7,9 @@
   deleted it): reconcile its pool at once rather than at the next timer.
 - With `OperatorMemo.gateway`, each reconciliation of a pool of the routers' namespace also
   keeps the Gateway API Inference Extension InferencePool there (`gateway_pool`).
-- `inferencepool_autoscale`: a timer on pools with `spec.autoscaling`, every
-  `AUTOSCALE_INTERVAL_S`: performs `autoscale`'s tick (status first, then the scale); the
-  routers' queues count when `OperatorMemo.routers` says where the routers run.
+- `inferencepool_autoscale`: a timer on pools with `spec.autoscaling`, every interval the
+  operator is given (`register_autoscaler`): performs `autoscale`'s tick (status first, then
+  the scale); the routers' queues count when `OperatorMemo.routers` says where the routers run.
 
 Operator settings (`configure`): watch timeouts so a silently stalled watch is re-opened,
 progress kept in annotations (the CRD's structural schema would prune kopf's `status.kopf`),
@@ -30,7 +30,7 @@ import kopf
 from tiergate.pools import GROUP, PLURAL, VERSION
 from tiergate.sim_nodes.catalogs import Catalog
 
-from .autoscale import AUTOSCALE_INTERVAL_S, MetricsScraper, Routers, Scrape, autoscale
+from .autoscale import MetricsScraper, Routers, Scrape, autoscale
 from .gateway_pool import GatewayPool, GatewayPoolMissing, sync_gateway_pool
 from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster, KubeCluster
@@ -38,7 +38,7 @@ from .metrics import Handler, OperatorMetrics, result_of
 from .reconcile import Outcome, reconcile
 from .render import FIELD_MANAGER
 
-__all__ = ["OperatorMemo", "configure"]
+__all__ = ["OperatorMemo", "configure", "register_autoscaler"]
 
 log = logging.getLogger("tiergate.operator")
 
@@ -252,10 +252,15 @@ def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
     return bool(spec.get("autoscaling"))
 
 
-@kopf.timer(
-    GROUP, VERSION, PLURAL, interval=AUTOSCALE_INTERVAL_S, initial_delay=AUTOSCALE_INTERVAL_S,
-    when=_autoscaled,
-)  # fmt: skip
+def register_autoscaler(interval_s: float, registry: kopf.OperatorRegistry | None = None) -> None:
+    """Run `inferencepool_autoscale` on each autoscaled pool every `interval_s` seconds, the
+    first an interval after the operator sees the pool (in `registry`, default kopf's own)."""
+    kopf.timer(
+        GROUP, VERSION, PLURAL, interval=interval_s, initial_delay=interval_s, when=_autoscaled,
+        registry=registry,
+    )(inferencepool_autoscale)  # fmt: skip
+
+
 def inferencepool_autoscale(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     """Decide the pool's replicas; write the status, then scale, then tell."""
     namespace, name = body.metadata.namespace, body.metadata.name

@@ -8,6 +8,7 @@ may name only those images or one given with `--allowed-image`.
 Replicas of the operator elect one writer through kopf peering: each starts with a random
 priority, the highest one runs, the others stand by and take over when its peering record
 expires. `--standalone` turns peering off (local development).
+`--autoscale-interval` says how often the autoscaler decides for each autoscaled pool.
 `--router-selector` says where the routers run (their pods' labels, in `--router-namespace`):
 the autoscaler then counts the requests waiting in their queues in each pool's demand, for
 pools of `--router-pools-namespace`, the namespace the routers route to.
@@ -39,6 +40,10 @@ PEERING_NAME = "tiergate"
 DEFAULT_ROUTER_METRICS_PORT = 8090
 #: The endpoint picker's port unless told otherwise (GIE's convention, the chart's default).
 DEFAULT_EPP_PORT = 9002
+#: Seconds between two autoscaling decisions of a pool unless told otherwise (the chart's
+#: operator.autoscaleIntervalSeconds default), and the most that may be asked for.
+DEFAULT_AUTOSCALE_INTERVAL_S = 15
+MAX_AUTOSCALE_INTERVAL_S = 3600
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,6 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
     p.add_argument("--metrics-port", type=int, default=8082,
                    help="Prometheus metrics: GET /metrics (0: none)")  # fmt: skip
+    p.add_argument("--autoscale-interval", type=int, default=DEFAULT_AUTOSCALE_INTERVAL_S,
+                   metavar="SECONDS",
+                   help="seconds between two autoscaling decisions of a pool, 1 to "
+                        f"{MAX_AUTOSCALE_INTERVAL_S} (default: "
+                        f"{DEFAULT_AUTOSCALE_INTERVAL_S})")  # fmt: skip
     routers = p.add_argument_group("the routers' queues, read by the autoscaler")
     routers.add_argument("--router-selector", metavar="SELECTOR",
                          help="label selector of the router's pods (unset: the autoscaler "
@@ -169,9 +179,20 @@ def gateway_pool(args: argparse.Namespace, own_namespace: Callable[[], str]) -> 
     )
 
 
+def autoscale_interval(args: argparse.Namespace) -> int:
+    """--autoscale-interval, checked."""
+    if not 1 <= args.autoscale_interval <= MAX_AUTOSCALE_INTERVAL_S:
+        raise CliError(
+            f"--autoscale-interval {args.autoscale_interval}: not between 1 and "
+            f"{MAX_AUTOSCALE_INTERVAL_S} seconds"
+        )
+    return int(args.autoscale_interval)
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.image:
         raise CliError("no sim-node image: pass --image or set TIERGATE_IMAGE")
+    interval_s = autoscale_interval(args)
     try:
         catalog = default_catalog()
     except CatalogError as exc:
@@ -203,5 +224,6 @@ def run(args: argparse.Namespace) -> int:
             memo.metrics.serve(args.metrics_port)
         except OSError as exc:
             raise CliError(f"cannot serve metrics on port {args.metrics_port}: {exc}") from None
+    handlers.register_autoscaler(interval_s)
     asyncio.run(kopf.operator(memo=memo, **options))
     return 0

@@ -66,8 +66,8 @@ def test_operator_watches_the_release_namespace_by_default(
     operator = container(default_manifests, "Deployment", OPERATOR)
     assert operator["image"] == "tiergate:0.1.0"
     assert operator["args"] == [
-        "operator", "--health-port", "8081", "--metrics-port", "8082", "--namespace", NAMESPACE,
-        *router_flags(),
+        "operator", "--health-port", "8081", "--metrics-port", "8082",
+        "--autoscale-interval", "15", "--namespace", NAMESPACE, *router_flags(),
     ]  # fmt: skip
     assert env_of(operator)["TIERGATE_IMAGE"] == operator["image"]
     assert env_of(operator)["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -113,7 +113,8 @@ def test_operator_gets_one_namespace_flag_per_watched_namespace(
     operator = container(variant_manifests, "Deployment", OPERATOR)
     assert operator["args"] == [
         "operator", "--health-port", "8081", "--metrics-port", "8082",
-        "--namespace", "team-a", "--namespace", "team-b", *router_flags("pools"),
+        "--autoscale-interval", "15", "--namespace", "team-a", "--namespace", "team-b",
+        *router_flags("pools"),
     ]  # fmt: skip
     # Sim nodes run the very image the operator runs, digest and all.
     assert operator["image"] == env_of(operator)["TIERGATE_IMAGE"] == VARIANT_IMAGE
@@ -128,7 +129,7 @@ def test_operator_cluster_wide_and_allowed_images_become_its_flags(helm: Helm) -
         ]
     )
     args = container(manifests, "Deployment", OPERATOR)["args"]
-    assert args[5:] == [
+    assert args[7:] == [
         "--all-namespaces",
         "--allowed-image", "mirror.example.com/tiergate:0.1.0",
         "--allowed-image", "lab/tiergate@sha256:ab", *router_flags(),
@@ -143,6 +144,16 @@ def test_operator_cluster_wide_and_allowed_images_become_its_flags(helm: Helm) -
         "tiergate:0.1.0",
         frozenset({"mirror.example.com/tiergate:0.1.0", "lab/tiergate@sha256:ab"}),
     )
+
+
+def test_the_autoscaler_s_interval_is_a_value_the_operator_parses(helm: Helm) -> None:
+    from tiergate.cli import build_parser
+    from tiergate.operator.commands.operator_cmd import autoscale_interval
+
+    manifests = helm.template(sets=["operator.autoscaleIntervalSeconds=5"])
+    args = container(manifests, "Deployment", OPERATOR)["args"]
+    assert args[5:7] == ["--autoscale-interval", "5"]
+    assert autoscale_interval(build_parser("operator").parse_args(args)) == 5
 
 
 def test_operator_is_never_two_at_once(default_manifests: list[Manifest]) -> None:

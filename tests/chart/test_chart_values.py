@@ -34,6 +34,9 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         (["operator.watchNamespaces={a,a}"], "/operator/watchNamespaces"),
         (["operator.clusterWide=yes"], "/operator/clusterWide"),
         (["operator.allowedImages={a b}"], "/operator/allowedImages/0"),
+        (["operator.autoscaleIntervalSeconds=0"], "/operator/autoscaleIntervalSeconds"),
+        (["operator.autoscaleIntervalSeconds=3601"], "/operator/autoscaleIntervalSeconds"),
+        (["operator.autoscaleIntervalSeconds=fast"], "/operator/autoscaleIntervalSeconds"),
         (["networkPolicy.enabled=maybe"], "/networkPolicy/enabled"),
         (["networkPolicy.extraFrom[0].pods=x"], "/networkPolicy/extraFrom/0"),
         (["notAValue=1"], "notAValue"),
@@ -129,6 +132,7 @@ def test_good_values_of_each_kind_are_accepted(helm: Helm) -> None:
     sets = [
         "router.replicas=0",
         "operator.watchNamespaces={team-a}",
+        "operator.autoscaleIntervalSeconds=1",
         "router.podDisruptionBudget.enabled=true",
         "router.podDisruptionBudget.maxUnavailable=0",
         "router.tenants.existingSecret=tiergate-tenants",

@@ -105,3 +105,39 @@ def test_the_router_flags_say_where_the_routers_queues_are_read() -> None:
     found.scrape.close()
     with pytest.raises(CliError, match="--router-metrics-port 0: not a port"):
         routers(parse("--router-selector", "a=b", "--router-metrics-port", "0"), lambda: "x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "seconds"),
+    [((), 15), (("--autoscale-interval", "5"), 5), (("--autoscale-interval", "3600"), 3600)],
+)
+def test_the_autoscaler_decides_every_interval_it_is_given(
+    argv: tuple[str, ...], seconds: int
+) -> None:
+    from tiergate.operator.commands.operator_cmd import autoscale_interval
+
+    args = build_parser("operator").parse_args(["operator", "--image", "t:x", *argv])
+    assert autoscale_interval(args) == seconds
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "3601"])
+def test_an_interval_out_of_range_is_one_line(value: str) -> None:
+    from tiergate.common.cli import CliError
+    from tiergate.operator.commands.operator_cmd import autoscale_interval
+
+    args = build_parser("operator").parse_args(["operator", "--image", "t:x",
+                                                "--autoscale-interval", value])  # fmt: skip
+    with pytest.raises(CliError, match=rf"^--autoscale-interval {value}: not between 1 and 3600"):
+        autoscale_interval(args)
+
+
+def test_the_timer_ticks_at_the_interval_it_is_registered_with() -> None:
+    import kopf
+
+    from tiergate.operator.handlers import inferencepool_autoscale, register_autoscaler
+
+    registry = kopf.OperatorRegistry()
+    register_autoscaler(5, registry)
+    (timer,) = registry._spawning.get_all_handlers()
+    assert timer.fn is inferencepool_autoscale
+    assert (timer.interval, timer.initial_delay) == (5, 5)
