@@ -23,8 +23,14 @@ import subprocess
 import sys
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tiergate"
@@ -147,6 +153,8 @@ class LocalCluster:
     bin: Path
     # The pod runner this object started (None when another process did: `cluster.py down`).
     runner: subprocess.Popen[bytes] | None = None
+    # The API client `read` keeps, made on first use.
+    _api: ApiClient | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def kubeconfig(self) -> Path:
@@ -181,6 +189,29 @@ class LocalCluster:
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return self.run(str(self.bin / "kubectl"), *args, check=check, input=input)
+
+    def read(self, path: str, **query: str) -> dict[str, Any] | None:
+        """GET an API path through the official client: the object as `kubectl get -o json`
+        prints it, or None when there is none (404). For reads the tests repeat while they wait:
+        a kubectl process costs ~0.1 s of CPU, a request through a kept client a millisecond."""
+        if self._api is None:
+            self._api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        api = self._api
+        request = api.param_serialize(
+            "GET", path, query_params=list(query.items()),
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        try:
+            response = api.call_api(*request, _request_timeout=10)
+            body = response.read()
+        except (ApiException, urllib3.exceptions.HTTPError) as exc:
+            raise HarnessError(f"GET {path}: {exc}") from None
+        if response.status == 404:
+            return None
+        if response.status >= 400:
+            raise HarnessError(f"GET {path}: {response.status} {body[:300]!r}")
+        found: dict[str, Any] = json.loads(body)
+        return found
 
     def helm(self, *args: str, check: bool = True) -> str:
         return self.run(str(self.bin / "helm"), *args, check=check)
@@ -323,8 +354,8 @@ class LocalCluster:
         self.kubectl("config", "set-context", "--current", "--namespace", namespace)
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, object]]:
-        out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
-        items: list[dict[str, object]] = json.loads(out)["items"]
+        found = self.read(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)
+        items: list[dict[str, object]] = (found or {}).get("items") or []
         return items
 
     def router_url(self, namespace: str, release: str = "tiergate") -> str:

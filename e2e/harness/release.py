@@ -21,6 +21,8 @@ import httpx
 import pytest
 from cluster import HarnessError, LocalCluster
 
+from tiergate.pools import GROUP, PLURAL, VERSION
+
 #: `local` (the pod runner, pods on 127.x addresses) or `kind` (TIERGATE_E2E_BACKEND).
 BACKEND = os.environ.get("TIERGATE_E2E_BACKEND", "local")
 
@@ -53,12 +55,22 @@ class Release:
             pytest.fail(f"helm install failed: {exc}\n{self.diagnose()}")
 
     def get(self, kind: str, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(self.kubectl("get", kind, name, "-o", "json"))
-        return out
+        """The object as `kubectl get KIND NAME -o json` prints it (HarnessError if none)."""
+        path = _object_path(kind, self.namespace, name)
+        if path is None:
+            out: dict[str, Any] = json.loads(self.kubectl("get", kind, name, "-o", "json"))
+            return out
+        found = self.cluster.read(path)
+        if found is None:
+            raise HarnessError(f"{kind} {name} not found in {self.namespace}")
+        return found
 
     def exists(self, kind: str, name: str) -> bool:
-        out = self.kubectl("get", kind, name, "--ignore-not-found", "-o", "name", check=False)
-        return bool(out.strip())
+        path = _object_path(kind, self.namespace, name)
+        if path is None:
+            out = self.kubectl("get", kind, name, "--ignore-not-found", "-o", "name", check=False)
+            return bool(out.strip())
+        return self.cluster.read(path) is not None
 
     def ready_replicas(self, pool: str) -> int:
         """The pool's status.readyReplicas (0 before the operator's first status write)."""
@@ -183,6 +195,21 @@ class Release:
         if self._forward is not None:
             self._forward.terminate()
             self._forward.wait()
+
+
+#: kubectl's names of the kinds the tests read most -> where in the API they are (the others go
+#: through kubectl).
+_API_PATHS = {
+    "deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    "service": "/api/v1/namespaces/{namespace}/services/{name}",
+    "poddisruptionbudget": "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
+    f"inferencepool.{GROUP}": f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}",
+}
+
+
+def _object_path(kind: str, namespace: str, name: str) -> str | None:
+    template = _API_PATHS.get(kind)
+    return None if template is None else template.format(namespace=namespace, name=name)
 
 
 def namespace_for(test_name: str) -> str:
