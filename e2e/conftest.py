@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent / "harness"))
 
 from cluster import HarnessError, LocalCluster, default_state  # noqa: E402
 from release import BACKEND, Release, installed, namespace_for, settle  # noqa: E402
+from scheduling import scheduler  # noqa: E402
 from shared_cluster import SHARED, attached, delete, local_cluster, share  # noqa: E402
 from shared_tls_context import share as share_tls_context  # noqa: E402
 
@@ -41,6 +43,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Tests handed out one by one, but modules that share a fixture whole (harness/scheduling)."""
+    return scheduler(config, log)
 
 
 def _controls_workers(config: pytest.Config) -> bool:
