@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -225,5 +226,6 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot serve metrics on port {args.metrics_port}: {exc}") from None
     handlers.register_autoscaler(interval_s)
+    logging.getLogger("tiergate.operator").info("event=autoscaler interval_s=%d", interval_s)
     asyncio.run(kopf.operator(memo=memo, **options))
     return 0
