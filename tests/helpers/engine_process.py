@@ -3,9 +3,10 @@
 `tools/real_engine.py` installs the engine and the model once per machine (cached, locked);
 `EngineProcess` starts it on a free loopback port in a process group of its own, so that
 stopping or killing it takes its engine-core child along. `start` returns at once, so that two
-engines can start side by side (the start is mostly importing torch and vLLM, one core's work);
-`ensure_started` waits for `/health`. A test that kills the engine leaves the next user of the
-fixture to start it again (`ensure_started`), whatever the test order.
+engines can start side by side (the start is mostly importing torch and vLLM, which leaves part
+of the second core idle); `ensure_started` waits for `/health`. A test that kills the engine
+leaves the next user of the fixture to start it again (`ensure_started`), whatever the test
+order.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from types import ModuleType
 
 import httpx
+from polling_helpers import until
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "tools" / "real_engine.py"
 #: How long a first start may take on a busy 2-core machine (~55 s when idle).
 ENGINE_START_WITHIN_S = 600.0
-#: Seconds between two looks at `/health` while the engine starts.
+#: Seconds between two looks at `/health` while the engine starts (each a new client; the
+#: engine starting beside it needs the CPU more).
 HEALTH_POLL_S = 0.5
 
 
@@ -66,14 +68,15 @@ class EngineProcess:
     def ensure_started(self) -> str:
         """Start the engine unless it runs; its URL once `/health` answers 200."""
         self.start()
-        deadline = time.monotonic() + ENGINE_START_WITHIN_S
-        while not self._healthy():
-            assert time.monotonic() < deadline, (
+        until(
+            self._healthy,
+            lambda: (
                 f"vLLM did not become healthy within {ENGINE_START_WITHIN_S:.0f} s:\n"
                 f"{self.log_text()[-4000:]}"
-            )
-            # Seldom: the engine starting beside it needs the CPU more than this loop does.
-            time.sleep(HEALTH_POLL_S)
+            ),
+            ENGINE_START_WITHIN_S,
+            every_s=HEALTH_POLL_S,
+        )
         return self.url
 
     def start(self) -> None:

@@ -7,12 +7,19 @@ import time
 from collections.abc import Callable
 
 
-def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    """Return once `condition()` holds; fail with `what` after `within_s` seconds."""
+def until(
+    condition: Callable[[], bool],
+    what: str | Callable[[], str],
+    within_s: float = 10.0,
+    *,
+    every_s: float = 0.05,
+) -> None:
+    """Return once `condition()` holds, looking every `every_s`; fail with `what` after
+    `within_s` seconds (a callable: the message as it is then, e.g. a log's tail)."""
     deadline = time.monotonic() + within_s
     while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(every_s)
 
 
 def settled(reload_if_changed: Callable[[], bool]) -> bool:
