@@ -40,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from tiergate.common.validation import field_path
+from tiergate.common.validation import field_path, yaml_position
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.tenants.spill_policy import NO_SPILL, SpillOverSpec, SpillPolicy
@@ -280,11 +280,9 @@ def load_tenants(path: str | Path) -> TenantRegistry:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        # The exception's own text quotes the offending line, which may hold a key.
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise TenantConfigError(str(path), [("", f"{problem}{where}")]) from None
+        # By position only: PyYAML's text quotes the file (an alias or tag it cannot resolve
+        # may be an API key written unquoted).
+        raise TenantConfigError(str(path), [("", f"not valid YAML{yaml_position(exc)}")]) from None
     del text
     return parse_tenants(data, source=str(path))
 

@@ -100,9 +100,9 @@ def load_tenants(path: Path, environ: Mapping[str, str] | None = None) -> list[B
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        # The exception's own text quotes the offending line, which may hold a key.
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise BenchError(f"{where}: {problem}{yaml_position(exc)}") from None
+        # By position only: PyYAML's text quotes the file (an alias or tag it cannot resolve
+        # may be an API key written unquoted).
+        raise BenchError(f"{where}: not valid YAML{yaml_position(exc)}") from None
     return parse_tenants(data, source=where, environ=environ)
 
 

@@ -82,6 +82,8 @@ def entry(**fields: object) -> str:
         ("", "", "expected a mapping with `tenants:`, got an empty file"),
         ("- a\n- b", "", "expected a mapping with `tenants:`, got a list"),
         (f"tenants: [{{name: heavy, apiKey: {SECRET}, concurrency: [}}", "", "(line 1, column"),
+        (f"tenants: [{{name: heavy, apiKey: *{SECRET}}}]", "", "not valid YAML (line 1, column"),
+        (f"tenants: [{{name: heavy, apiKey: !{SECRET} x}}]", "", "not valid YAML (line 1, column"),
     ],
 )  # fmt: skip
 def test_a_bad_file_is_one_line_naming_the_field_never_the_key(

@@ -193,6 +193,19 @@ def test_unreadable_files(tmp_path: Path) -> None:
     assert KEY_A not in str(caught.value)
 
 
+@pytest.mark.parametrize("written", ["*{key}", "!{key} x"])
+def test_a_key_yaml_reads_as_an_alias_or_a_tag_is_not_quoted_back(
+    tmp_path: Path, written: str
+) -> None:
+    """PyYAML names an alias or tag it cannot resolve in its error: a key written unquoted
+    with a leading `*` or `!` would be in the message (and in the reload's log line)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"tenants:\n  - name: a\n    apiKeys: [{written.format(key=KEY_A)}]\n")
+    with pytest.raises(TenantConfigError, match=r"not valid YAML \(line 3, column \d+\)") as e:
+        load_tenants(bad)
+    assert KEY_A not in str(e.value)
+
+
 # -- weight, maxQueued and spillOver ---------------------------------------------------------
 
 
