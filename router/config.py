@@ -115,25 +115,44 @@ class PoolSpec(InferencePoolSpec):
 
 def _endpoint_url(url: str) -> str:
     """An endpoint's base URL, `http(s)://host:port` (the router adds `/v1/...`), without a
-    trailing slash; ValueError saying what is wrong with anything else."""
+    trailing slash; ValueError saying what is wrong with anything else. The messages show the
+    URL without what may be secret in it (`_shown`): they reach the log of a reload."""
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError when out of range or not a number
     except ValueError as exc:
-        raise ValueError(f"endpoint {url!r} is not a URL the router can use ({exc})") from None
+        # Its text quotes the port as read, which is part of a password in `http://u:p#w@h`.
+        detail = "" if "@" in url else f" ({exc})"
+        raise ValueError(
+            f"endpoint {_shown(url)} is not a URL the router can use{detail}"
+        ) from None
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"endpoint {url!r} is not an http(s) URL")
+        raise ValueError(f"endpoint {_shown(url)} is not an http(s) URL")
     if not parts.hostname or any(c.isspace() for c in url):
-        raise ValueError(f"endpoint {url!r} needs a host (http://host:port), and no spaces")
+        raise ValueError(f"endpoint {_shown(url)} needs a host (http://host:port), and no spaces")
     if parts.username is not None:
-        raise ValueError(f"endpoint {url!r}: credentials do not belong in an endpoint URL")
+        raise ValueError(f"endpoint {_shown(url)}: credentials do not belong in an endpoint URL")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(
-            f"endpoint {url!r} must be scheme, host and port only (the router adds /v1/...)"
+            f"endpoint {_shown(url)} must be scheme, host and port only (the router adds /v1/...)"
         )
     if port == 0:
-        raise ValueError(f"endpoint {url!r}: port 0 is not a port to connect to")
+        raise ValueError(f"endpoint {_shown(url)}: port 0 is not a port to connect to")
     return url.rstrip("/")
+
+
+def _shown(url: str) -> str:
+    """`url` quoted for a message, with what may be secret replaced by `***`: the user and
+    password before an `@`, and whatever follows a `?` or `#` (a token in a query)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    for mark in "?#":
+        head, found, _ = rest.partition(mark)
+        rest = f"{head}{mark}***" if found else rest
+    return repr(f"{scheme}{sep}{rest}")
 
 
 def _quantity_units(value: Any) -> Any:

@@ -151,6 +151,26 @@ def test_bad_config_names_the_problem(text: str, message: str) -> None:
         parse_config(text)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://ops:S3cret-pw@127.0.0.1:9000", "'http://***@127.0.0.1:9000': credentials"),
+        ("http://ops:S3cret#pw@127.0.0.1:9000", "'http://***@127.0.0.1:9000' is not a URL"),
+        ("http://127.0.0.1:9000/?token=S3cret-pw", "'http://127.0.0.1:9000/?***' must be"),
+        ("ftp://ops:S3cret-pw@host", "'ftp://***@host' is not an http"),
+    ],
+)
+def test_a_bad_endpoint_is_named_without_its_password_or_query(url: str, message: str) -> None:
+    """The message reaches the log when a reload fails: what may be secret is left out."""
+    text = (
+        "pools: [{name: a, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+        f"endpoints: ['{url}']}}]"
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert message in str(caught.value) and "S3cret" not in str(caught.value)
+
+
 def test_a_pool_that_does_not_fit_is_a_config_error() -> None:
     text = (
         "pools: [{name: big, tier: batched, model: llama-3.1-405b, accelerator: h100-sxm, "
