@@ -17,11 +17,21 @@ __all__ = ["CONNECT_TIMEOUT_S", "open_check", "reason", "where"]
 CONNECT_TIMEOUT_S = 5.0
 
 
+#: Said of a URL that cannot be read, in place of the parser's words: they quote a piece of it,
+#: which is part of the password when the password holds one of these characters.
+UNREADABLE = (
+    "its URL cannot be read (a password holding / # ? or @ must be percent-encoded, / as %2F)"
+)
+
+
 def where(dsn: str) -> str:
     """The server and database a URL names, without its user or password (for messages)."""
-    parts = urlsplit(dsn)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
+    try:
+        parts = urlsplit(dsn)
+        host = parts.hostname or "localhost"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "postgresql://(unreadable URL)"
     return f"postgresql://{host}{port}{parts.path or '/'}"
 
 
@@ -30,6 +40,9 @@ async def _connect(dsn: str) -> Any:
         return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise LedgerError(f"cannot open the usage ledger {where(dsn)}: {reason(exc)}") from None
+    except ValueError:
+        # asyncpg parsing the URL: an unencoded character in the password splits it wrongly.
+        raise LedgerError(f"cannot open the usage ledger: {UNREADABLE}") from None
 
 
 def reason(exc: BaseException) -> str:

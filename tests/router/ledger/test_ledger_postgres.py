@@ -172,6 +172,21 @@ async def test_an_unreachable_server_is_one_line(postgres: PostgresServer) -> No
     assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("password", ["xK9/aBcD", "Ab#cd", "Ab?cd"])
+async def test_a_password_that_splits_the_url_is_one_line_without_any_of_it(
+    password: str,
+) -> None:
+    """An unencoded / # or ? ends the URL's authority early: the parser's own error would
+    quote the piece of the password it took for a port."""
+    dsn = f"postgresql://ledger:{password}@127.0.0.1:{_closed_port()}/tiergate"
+    with pytest.raises(LedgerError) as caught:
+        await open_check(dsn)
+    message = str(caught.value)
+    assert "\n" not in message and "percent-encoded" in message, message
+    for piece in (password[:2], password[-2:]):
+        assert piece not in message and piece not in where(dsn), (message, where(dsn))
+
+
 def _closed_port() -> int:
     import socket
 
