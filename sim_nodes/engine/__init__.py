@@ -6,7 +6,7 @@ clock and streams tokens to asyncio readers; `simulate` runs replicas in virtual
 
 from .clock import Clock, MonotonicClock, SleepingClock, VirtualClock
 from .engine import Background, Engine, StepOutcome, StepSummary
-from .errors import EngineCapacityError, EngineError
+from .errors import EngineCapacityError, EngineError, EngineStoppedError
 from .kv_blocks import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
 from .realtime import RealtimeEngine, RequestStream, TokenEvent
 from .request import EngineRequest
@@ -22,6 +22,7 @@ __all__ = [
     "EngineCapacityError",
     "EngineError",
     "EngineRequest",
+    "EngineStoppedError",
     "MonotonicClock",
     "RealtimeEngine",
     "RequestStream",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EngineCapacityError", "EngineError"]
+__all__ = ["EngineCapacityError", "EngineError", "EngineStoppedError"]
 
 
 class EngineError(ValueError):
@@ -11,3 +11,7 @@ class EngineError(ValueError):
 
 class EngineCapacityError(EngineError):
     """Something can never fit: a request larger than the KV cache, or too much background."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine's step loop ended on an error: nothing submitted now would ever be served."""

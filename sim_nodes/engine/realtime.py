@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from .clock import Clock, MonotonicClock, SleepingClock
 from .engine import Engine, StepOutcome
+from .errors import EngineStoppedError
 from .request import EngineRequest
 
 __all__ = ["RealtimeEngine", "RequestStream", "TokenEvent"]
@@ -105,14 +106,24 @@ class RequestStream:
 class RealtimeEngine:
     """Runs `engine` against `clock` (the monotonic wall clock by default)."""
 
-    def __init__(self, engine: Engine, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock | None = None,
+        *,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        """`on_failure` is told, once, why the step loop ended if an error ended it."""
         self._engine = engine
+        self._on_failure = on_failure
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._streams: dict[str, RequestStream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
         self._last_submit_s = -math.inf
+        #: The error that ended the step loop, if one did (`submit` refuses from then on).
+        self.failure: BaseException | None = None
 
     @property
     def engine(self) -> Engine:
@@ -152,8 +163,10 @@ class RealtimeEngine:
         *,
         request_id: str | None = None,
     ) -> RequestStream:
-        """Queue a request and return its stream. Raises EngineCapacityError (never fits) or
-        EngineError (bad values, duplicate id)."""
+        """Queue a request and return its stream. Raises EngineCapacityError (never fits),
+        EngineError (bad values, duplicate id) or EngineStoppedError (the step loop failed)."""
+        if self.failure is not None:
+            raise EngineStoppedError(f"the engine's step loop failed: {_named(self.failure)}")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         now = self._clock.now()
         self._engine.add(EngineRequest(rid, prompt_tokens, max_output_tokens, priority, now))
@@ -174,11 +187,14 @@ class RealtimeEngine:
     async def _drive(self) -> None:
         try:
             await self._drive_steps()
-        except Exception:
-            # A crashed driver must not leave readers waiting forever.
+        except Exception as exc:
+            # A crashed driver must not leave readers waiting forever, nor take new requests
+            # that it would never serve.
+            self.failure = exc
             for stream in list(self._streams.values()):
                 self._cancel(stream)
-            raise
+            if self._on_failure is not None:
+                self._on_failure(_named(exc))
 
     async def _drive_steps(self) -> None:
         engine, clock = self._engine, self._clock
@@ -228,3 +244,8 @@ class RealtimeEngine:
             stream = streams.pop(request_id, None)
             if stream is not None:
                 stream._deliver(TokenEvent(0, end_s, True, reason))
+
+
+def _named(exc: BaseException) -> str:
+    """An error as `Type: message` (the engine's errors carry token counts, never text)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

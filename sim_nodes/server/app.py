@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from ..catalogs import Catalog
 from ..engine.clock import Clock
-from ..engine.errors import EngineError
+from ..engine.errors import EngineError, EngineStoppedError
 from .body import read_json_object, validate_body
 from .config import NodeConfig
 from .errors import ApiError, error_response, model_not_found
@@ -174,6 +174,8 @@ async def _admit_and_reply(request: Request, node: Node, *, chat: bool) -> Respo
             code="exceeds_node_capacity",
             param="messages" if chat else "prompt",
         ) from None
+    except EngineStoppedError as exc:
+        raise ApiError(503, f"This node cannot serve: {exc}", code="engine_failed") from None
     source = pieces(plan, stream, outcome)
 
     def finish() -> None:
@@ -249,13 +251,16 @@ async def _models(request: Request) -> Response:
 
 
 async def _health(request: Request) -> Response:
-    return JSONResponse({"status": "ok"}, headers=_headers(_node(request)))
+    node = _node(request)
+    if not node.healthy:
+        return JSONResponse({"status": "failed"}, status_code=503, headers=_headers(node))
+    return JSONResponse({"status": "ok"}, headers=_headers(node))
 
 
 async def _ready(request: Request) -> Response:
     node = _node(request)
-    status = 200 if node.ready else 503
-    return JSONResponse({"ready": node.ready}, status_code=status, headers=_headers(node))
+    ready = node.ready and node.healthy
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503, headers=_headers(node))
 
 
 async def _metrics(request: Request) -> Response:

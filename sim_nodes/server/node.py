@@ -6,6 +6,7 @@ started/stopped by the app's lifespan, or by tests through `running(app)`.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -16,6 +17,7 @@ from ..engine.realtime import RealtimeEngine
 from ..perf import Deployment, build_deployment, layered_catalog
 from .config import NodeConfig
 from .faults import FaultInjector
+from .logs import log_event
 from .metrics import NodeMetrics
 
 __all__ = ["Node"]
@@ -51,7 +53,7 @@ class Node:
             background=background,
             seed=config.seed,
         )
-        self.realtime = RealtimeEngine(self.engine, clock=self.clock)
+        self.realtime = RealtimeEngine(self.engine, clock=self.clock, on_failure=_engine_failed)
         self.metrics = NodeMetrics(self.names[0])
         self.metrics.attach_engine(self.engine)
         self.faults = FaultInjector(
@@ -66,6 +68,12 @@ class Node:
     @property
     def model(self) -> ModelProfile:
         return self.deployment.model
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine's step loop has failed: nothing would be served again, so
+        `/health` says so and the pod's liveness probe restarts it."""
+        return self.realtime.failure is None
 
     def request_rng(self, request_seed: int | None) -> random.Random:
         """The random stream of the next request: from its own `seed`, else the node's."""
@@ -97,3 +105,7 @@ def _sizing_kv_tokens(config: NodeConfig, catalog: Catalog) -> int:
     if accelerator.layout != "pipeline":
         return 0
     return config.serving.batching.max_num_seqs * config.sizing_tokens_per_sequence
+
+
+def _engine_failed(error: str) -> None:
+    log_event("engine_failed", logging.ERROR, error=error, action="reporting unhealthy")

@@ -13,6 +13,7 @@ import pytest
 from tiergate.sim_nodes.engine import (
     Engine,
     EngineCapacityError,
+    EngineStoppedError,
     RealtimeEngine,
     RequestStream,
     TokenEvent,
@@ -81,6 +82,31 @@ async def test_stop_ends_pending_streams_with_abort(engine: Engine) -> None:
     events = await asyncio.wait_for(collect(stream), TIMEOUT_S)
     assert events[-1].finished and events[-1].finish_reason == "abort"
     assert not engine.has_work
+
+
+async def test_a_step_that_fails_ends_its_streams_and_refuses_later_requests(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step the model cannot compute (an absurd profile) ends the loop: its readers get
+    an abort instead of waiting forever, later requests a clear error, the owner one report."""
+
+    def broken(start_s: float) -> None:
+        raise ZeroDivisionError("float division by zero")
+
+    reports: list[str] = []
+    rt = RealtimeEngine(engine, on_failure=reports.append)
+    monkeypatch.setattr(engine, "step", broken)
+    await rt.start()
+    try:
+        stream = rt.submit(64, 5)
+        events = await asyncio.wait_for(collect(stream), TIMEOUT_S)
+        assert events[-1].finished and events[-1].finish_reason == "abort"
+        with pytest.raises(EngineStoppedError, match="ZeroDivisionError: float division by zero"):
+            rt.submit(8, 2)
+    finally:
+        await rt.stop()  # returns: the failure was reported, not raised again
+    assert reports == ["ZeroDivisionError: float division by zero"]
+    assert rt.failure is not None and rt.num_streams == 0
 
 
 async def test_submit_before_start_and_capacity_errors(engine: Engine) -> None:

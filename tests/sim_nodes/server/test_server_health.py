@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from sim_server_helpers import ClientFactory, node_config
 
 from tiergate.sim_nodes.engine.clock import VirtualClock
@@ -23,6 +24,32 @@ async def test_ready_only_while_the_engine_runs() -> None:
             assert (await client.get("/health")).status_code == 200
         assert (await client.get("/ready")).status_code == 503
         assert (await client.get("/health")).status_code == 200
+
+
+async def test_a_node_whose_engine_failed_reports_unhealthy_and_refuses_with_503(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(node_config(), clock=VirtualClock())
+
+    def broken(start_s: float) -> None:
+        raise ZeroDivisionError("float division by zero")
+
+    body = {"model": "llama-3.1-8b", "prompt": "x", "max_tokens": 4}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://node"
+    ) as client:
+        async with running(app) as node:
+            monkeypatch.setattr(node.engine, "step", broken)
+            first = await client.post("/v1/completions", json=body)
+            assert first.status_code == 503, first.text  # its generation aborted
+            again = await client.post("/v1/completions", json=body)
+            assert again.status_code == 503, again.text
+            error = again.json()["error"]
+            assert error["code"] == "engine_failed" and "ZeroDivisionError" in error["message"]
+            assert (await client.get("/health")).status_code == 503
+            assert (await client.get("/ready")).status_code == 503
+    failed = [r for r in caplog.records if "event=engine_failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR", caplog.text
 
 
 async def test_models_lists_every_served_name(make_client: ClientFactory) -> None:
