@@ -11,7 +11,7 @@ of the spec: each field is accepted under both names.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -32,6 +32,9 @@ TB = 1e12
 US = 1e-6
 
 
+# Every size and rate is bounded far beyond any chip or model (100 TB of memory per chip, a
+# quadrillion parameters): a value past that is a typo, and the performance model's arithmetic
+# would overflow on it.
 _PROFILE_CONFIG = ConfigDict(
     extra="forbid",
     frozen=True,
@@ -77,17 +80,27 @@ class Accelerator(BaseModel):
         "feature discovery), e.g. NVIDIA-H100-80GB-HBM3: how pods of a real engine select "
         "them. Unset for chips that are no NVIDIA GPU.",
     )
-    memory_gb: float = Field(gt=0, description="Memory capacity per chip, GB (1e9 bytes).")
-    memory_bandwidth_tb_per_s: float = Field(gt=0, description="Peak memory bandwidth, TB/s.")
-    peak_tflops: dict[Dtype, float] = Field(
+    memory_gb: float = Field(
+        gt=0, le=100_000, description="Memory capacity per chip, GB (1e9 bytes)."
+    )
+    memory_bandwidth_tb_per_s: float = Field(
+        gt=0, le=1_000_000, description="Peak memory bandwidth, TB/s."
+    )
+    peak_tflops: dict[Dtype, Annotated[float, Field(gt=0, le=100_000_000)]] = Field(
         description="Dense peak compute per dtype, TFLOP/s. bf16 is required."
     )
-    interconnect_gb_per_s: float = Field(gt=0, description="Chip-to-chip bandwidth, GB/s.")
-    interconnect_latency_us: float = Field(
-        ge=0, description="Latency of one collective (GPUs) or one chip-to-chip hop (pipelines)."
+    interconnect_gb_per_s: float = Field(
+        ge=0.001, le=100_000_000, description="Chip-to-chip bandwidth, GB/s."
     )
-    chips_per_system: int = Field(ge=1, description="Chips in one server/system.")
-    price_per_chip_hour_usd: float = Field(ge=0, description="List price per chip-hour, USD.")
+    interconnect_latency_us: float = Field(
+        ge=0,
+        le=1_000_000,
+        description="Latency of one collective (GPUs) or one chip-to-chip hop (pipelines).",
+    )
+    chips_per_system: int = Field(ge=1, le=100_000, description="Chips in one server/system.")
+    price_per_chip_hour_usd: float = Field(
+        ge=0, le=1_000_000, description="List price per chip-hour, USD."
+    )
     memory_bandwidth_efficiency: float = Field(
         gt=0, le=1, description="Fraction of peak bandwidth reached when streaming weights/KV."
     )
@@ -95,10 +108,14 @@ class Accelerator(BaseModel):
         gt=0, le=1, description="Fraction of dense peak reached by compute-bound steps (prefill)."
     )
     step_overhead_us: float = Field(
-        ge=0, description="Fixed cost of every engine step: scheduling, sampling, launches."
+        ge=0,
+        le=1_000_000,
+        description="Fixed cost of every engine step: scheduling, sampling, launches.",
     )
     layer_latency_us: float = Field(
-        ge=0, description="Fixed latency per layer per step (dataflow chips); 0 for GPUs."
+        ge=0,
+        le=1_000_000,
+        description="Fixed latency per layer per step (dataflow chips); 0 for GPUs.",
     )
     grouped_gemm_efficiency: float = Field(
         default=1.0,
@@ -118,7 +135,9 @@ class Accelerator(BaseModel):
         gt=0, le=1, description="Fraction of memory the engine may use (gpu_memory_utilization)."
     )
     activation_reserve_gb: float = Field(
-        ge=0, description="Memory per chip held back for activations and runtime buffers, GB."
+        ge=0,
+        le=100_000,
+        description="Memory per chip held back for activations and runtime buffers, GB.",
     )
 
     @model_validator(mode="after")
@@ -193,20 +212,28 @@ class ModelProfile(BaseModel):
         "meta-llama/Llama-3.1-8B-Instruct: what a real engine loads (unset: no published "
         "weights; a pool of a real engine then names them in spec.modelSource).",
     )
-    layers: int = Field(ge=1, description="Transformer layers.")
-    hidden_size: int = Field(ge=1, description="Model (residual) width.")
-    heads: int = Field(ge=1, description="Attention (query) heads.")
-    kv_heads: int = Field(ge=1, description="Key/value heads (GQA).")
-    head_dim: int = Field(ge=1, description="Dimension of one attention head.")
-    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    layers: int = Field(ge=1, le=100_000, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, le=1_000_000, description="Model (residual) width.")
+    heads: int = Field(ge=1, le=100_000, description="Attention (query) heads.")
+    kv_heads: int = Field(ge=1, le=100_000, description="Key/value heads (GQA).")
+    head_dim: int = Field(ge=1, le=100_000, description="Dimension of one attention head.")
+    vocab_size: int = Field(ge=1, le=100_000_000, description="Vocabulary size.")
     tied_embeddings: bool = Field(
         default=False, description="Input embedding shared with the output projection."
     )
-    total_params_b: float = Field(gt=0, description="All parameters, billions.")
-    active_params_b: float = Field(gt=0, description="Parameters used per token, billions.")
-    experts: int = Field(default=1, ge=1, description="Routed experts per MoE layer (1 = dense).")
-    experts_per_token: int = Field(default=1, ge=1, description="Experts each token is routed to.")
-    max_context_tokens: int = Field(ge=1, description="Longest supported context.")
+    total_params_b: float = Field(gt=0, le=1_000_000, description="All parameters, billions.")
+    active_params_b: float = Field(
+        gt=0, le=1_000_000, description="Parameters used per token, billions."
+    )
+    experts: int = Field(
+        default=1, ge=1, le=1_000_000, description="Routed experts per MoE layer (1 = dense)."
+    )
+    experts_per_token: int = Field(
+        default=1, ge=1, le=1_000_000, description="Experts each token is routed to."
+    )
+    max_context_tokens: int = Field(
+        ge=1, le=1_000_000_000, description="Longest supported context."
+    )
     quality: float = Field(
         ge=0, le=1, description="Probability a tool call is well-formed and right."
     )
@@ -222,6 +249,11 @@ class ModelProfile(BaseModel):
             raise ValueError(f"model {self.name}: experts_per_token exceeds experts")
         if self.experts > 1 and self.experts_per_token == self.experts:
             raise ValueError(f"model {self.name}: every expert active; declare it dense")
+        if self.active_compute_params <= 0:
+            raise ValueError(
+                f"model {self.name}: the embedding table (vocab_size x hidden_size) holds "
+                "all of active_params_b: no parameters left to compute with"
+            )
         return self
 
     @property

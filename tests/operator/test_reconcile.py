@@ -480,7 +480,7 @@ def test_an_inline_model_too_big_for_its_chips_names_the_profile_in_the_misfit()
         ({"name": "someone-else"}, "modelProfile.name 'someone-else' must equal model"),
         ({"heads": 60}, "heads must be a multiple of kv_heads"),
         ({"layers": None}, "modelProfile.layers: Field required"),
-        ({"vocabSize": 10**15}, "outside what the performance model can compute"),
+        ({"vocabSize": 10**15}, "modelProfile.vocabSize: Input should be less than or equal"),
     ],
 )  # fmt: skip
 def test_a_bad_inline_profile_is_an_invalid_spec(changes: dict[str, Any], words: str) -> None:

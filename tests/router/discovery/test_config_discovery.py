@@ -313,24 +313,24 @@ def test_an_edit_to_a_pool_s_names_or_tier_keeps_its_endpoints_state(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    "sizes",
+    ("sizes", "field"),
     [
-        {"layers": 10**9, "hiddenSize": 10**9, "totalParamsB": 1e300, "activeParamsB": 1e300},
-        {"hiddenSize": 10**7},
+        ({"totalParamsB": 1e300, "activeParamsB": 1e300}, "totalParamsB"),
+        ({"hiddenSize": 10**7}, "hiddenSize"),
+        ({"vocabSize": 10**8}, "no parameters left to compute with"),
     ],
-    ids=["overflow", "division-by-zero"],
+    ids=["overflow", "division-by-zero", "all-embedding"],
 )
-def test_a_profile_beyond_the_model_leaves_out_its_pool_only(sizes: dict[str, Any]) -> None:
+def test_a_profile_beyond_any_model_is_a_config_error_naming_the_field(
+    sizes: dict[str, Any], field: str
+) -> None:
+    """Sizes past any real model would overflow the performance model's arithmetic: refused
+    with the rest of the file's checks, not left to fail in the middle of a prediction."""
     bad = inline_pool("absurd")
     bad["modelProfile"] = {**bad["modelProfile"], **sizes}
-    good = inline_pool("fine", model="llama-3.1-8b", modelProfile=None)
-    del good["modelProfile"]
-    pools = parse_config(yaml.safe_dump({"pools": [bad, good]})).pools
-    left_out: list[str] = []
-    view = build_view(pools, default_catalog(), on_error=lambda s, e: left_out.append(str(e)))
-    assert list(view.pools) == ["fine"]
-    (message,) = left_out
-    assert message.startswith("pool absurd: ") and "outside what the performance model" in message
+    with pytest.raises(ConfigError, match=r"pools\.0\.modelProfile") as caught:
+        parse_config(yaml.safe_dump({"pools": [bad]}))
+    assert field in str(caught.value) and "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("order", [1, -1])
