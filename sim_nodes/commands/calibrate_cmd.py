@@ -20,6 +20,7 @@ from ..perf.calibration import (
     MAX_LOO_MEDIAN_ERROR,
     MAX_MEDIAN_ERROR,
     Comparison,
+    MeasurementsError,
     active,
     compare_all,
     median_abs_error,
@@ -46,11 +47,14 @@ def run(args: argparse.Namespace) -> int:
     rows = None
     if args.measurements is not None:
         try:
-            rows = parse_measurements(args.measurements.read_text(encoding="utf-8"))
+            text = args.measurements.read_text(encoding="utf-8")
+            rows = parse_measurements(text, str(args.measurements))
         except OSError as exc:
             raise CliError(f"cannot read {args.measurements}: {exc.strerror}") from None
-        except (KeyError, ValueError) as exc:
-            raise CliError(f"{args.measurements}: not a measurements CSV ({exc})") from None
+        except UnicodeDecodeError:
+            raise CliError(f"{args.measurements}: not UTF-8 text") from None
+        except MeasurementsError as exc:
+            raise CliError(str(exc)) from None
     catalog = default_catalog()
     comparisons = compare_all(catalog, rows)
     if not active(comparisons):

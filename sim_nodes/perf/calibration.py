@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from dataclasses import dataclass
 from importlib import resources
 
-from ..catalogs import Catalog, Dtype
+from ..catalogs import DTYPES, Catalog, Dtype
 from ..catalogs.kinds import accelerator_kinds
 from .deployment import Deployment, Speculative, chips_to_hold, default_tensor_parallel
 from .steady_state import PerfResult, Workload, evaluate
@@ -40,6 +41,14 @@ VENDOR_SPECULATIVE_TOKENS = 3
 #: --fit prints the value the rows give). It comes out low: the rows that decode speculatively
 #: run no faster than the wafer's fixed costs allow the rows that do not.
 VENDOR_SPECULATIVE_ACCEPTANCE = 0.13
+
+#: Each metric a row may report: the prediction's field for it, and the units it may be in.
+METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tpot": ("tpot_s", ("ms", "s")),
+    "ttft": ("ttft_s", ("ms", "s")),
+    "output_tokens_per_s_per_stream": ("output_tokens_per_s_per_stream", ("tok/s",)),
+    "throughput_output_tokens_per_s": ("throughput_output_tokens_per_s", ("tok/s",)),
+}
 
 #: A row's family in the error report, from its accelerator's kind (catalogs/kinds.yaml).
 Family = str
@@ -97,33 +106,120 @@ class Comparison:
         return max(ratio, 1.0 / ratio) if ratio > 0 else float("inf")
 
 
-def parse_measurements(text: str) -> list[Measurement]:
-    rows = []
-    for r in csv.DictReader(io.StringIO(text)):
-        tp = r["tensor_parallel"]
-        rows.append(
-            Measurement(
-                id=r["id"],
-                model=r["model"],
-                accelerator=r["accelerator"],
-                chips=r["chips"],
-                tensor_parallel=None if tp == "auto" else int(tp),
-                weight_dtype=r["weight_dtype"],  # type: ignore[arg-type]
-                kv_dtype=r["kv_dtype"],  # type: ignore[arg-type]
-                concurrency=r["concurrency"],
-                input_tokens=int(r["input_tokens"]),
-                output_tokens=int(r["output_tokens"]),
-                metric=r["metric"],
-                value=float(r["value"]),
-                unit=r["unit"],
-                source=r["source"],
-                kind=r.get("kind") or "",
-                date=r.get("date") or "",
-                speculative=r.get("speculative") or "",
-                status=r.get("status") or "",
-            )
-        )
+class MeasurementsError(ValueError):
+    """A measurements CSV that cannot be used: names the file, the line and the field."""
+
+
+#: The columns every row fills; ``kind``, ``date``, ``speculative`` and ``status`` may be left
+#: out or empty.
+REQUIRED = (
+    "id", "model", "accelerator", "chips", "tensor_parallel", "weight_dtype", "kv_dtype",
+    "concurrency", "input_tokens", "output_tokens", "metric", "value", "unit", "source",
+)  # fmt: skip
+
+
+def parse_measurements(text: str, name: str = "measurements.csv") -> list[Measurement]:
+    """The rows of a measurements CSV. Raises MeasurementsError on the first bad row, as
+    ``NAME line L: field: message``."""
+    reader = csv.DictReader(io.StringIO(text))
+    rows: list[Measurement] = []
+    first_line: dict[str, int] = {}
+    try:
+        header = reader.fieldnames or REQUIRED  # no header: an empty file, no rows
+        for field in REQUIRED:
+            if field not in header:
+                raise MeasurementsError(
+                    f"{name} line 1: not a measurements CSV (no column {field})"
+                )
+        for r in reader:
+            where = f"{name} line {reader.line_num}"
+            try:
+                row = _measurement(r, len(header))
+            except MeasurementsError as exc:
+                raise MeasurementsError(f"{where}: {exc}") from None
+            if row.id in first_line:
+                raise MeasurementsError(
+                    f"{where}: id: {row.id!r} repeats line {first_line[row.id]}"
+                )
+            first_line[row.id] = reader.line_num
+            rows.append(row)
+    except csv.Error as exc:
+        raise MeasurementsError(f"{name} line {reader.line_num}: not CSV ({exc})") from None
     return rows
+
+
+def _measurement(r: dict[str | None, str | None], columns: int) -> Measurement:
+    """One row, each field checked; MeasurementsError as ``field: message``."""
+    if None in r:  # the values past the header's last column
+        raise MeasurementsError(f"more fields than the header's {columns}")
+    for field in REQUIRED:
+        if r[field] is None:
+            raise MeasurementsError(f"{field}: missing (the row has too few fields)")
+    f: dict[str, str] = {k: v for k, v in r.items() if k is not None and v is not None}
+    for field in ("id", "model", "accelerator"):
+        if not f[field]:
+            raise MeasurementsError(f"{field}: empty")
+    for field in ("weight_dtype", "kv_dtype"):
+        _one_of(field, f[field], DTYPES)
+    _one_of("metric", f["metric"], tuple(METRICS))
+    _one_of("unit", f["unit"], METRICS[f["metric"]][1], f" for metric {f['metric']}")
+    if f.get("status", "") not in ("", "superseded"):
+        raise MeasurementsError(f"status: expected 'superseded' or empty, got {f['status']!r}")
+    value = _number("value", f["value"])
+    _count("chips", f["chips"], "auto")
+    _count("concurrency", f["concurrency"], "max")
+    tp = _count("tensor_parallel", f["tensor_parallel"], "auto")
+    return Measurement(
+        id=f["id"],
+        model=f["model"],
+        accelerator=f["accelerator"],
+        chips=f["chips"],
+        tensor_parallel=None if tp == "auto" else int(tp),
+        weight_dtype=f["weight_dtype"],  # type: ignore[arg-type]
+        kv_dtype=f["kv_dtype"],  # type: ignore[arg-type]
+        concurrency=f["concurrency"],
+        input_tokens=int(_count("input_tokens", f["input_tokens"])),
+        output_tokens=int(_count("output_tokens", f["output_tokens"])),
+        metric=f["metric"],
+        value=value,
+        unit=f["unit"],
+        source=f["source"],
+        kind=f.get("kind", ""),
+        date=f.get("date", ""),
+        speculative=f.get("speculative", ""),
+        status=f.get("status", ""),
+    )
+
+
+def _one_of(field: str, text: str, allowed: tuple[str, ...], context: str = "") -> None:
+    if text not in allowed:
+        choices = ", ".join(allowed)
+        raise MeasurementsError(f"{field}: expected one of {choices}{context}, got {text!r}")
+
+
+def _count(field: str, text: str, keyword: str | None = None) -> int | str:
+    """A whole number of at least 1, or `keyword`."""
+    if keyword is not None and text == keyword:
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        also = f" or {keyword!r}" if keyword else ""
+        raise MeasurementsError(f"{field}: expected a whole number >= 1{also}, got {text!r}")
+    return value
+
+
+def _number(field: str, text: str) -> float:
+    """A positive, finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise MeasurementsError(f"{field}: must be a positive number, got {text!r}")
+    return value
 
 
 def shipped_measurements() -> list[Measurement]:
@@ -184,7 +280,7 @@ def predict(
 
 
 def _metric(result: PerfResult, metric: str, unit: str) -> float:
-    value = float(getattr(result, {"tpot": "tpot_s", "ttft": "ttft_s"}.get(metric, metric)))
+    value = float(getattr(result, METRICS[metric][0]))
     return value * 1000.0 if unit == "ms" else value
 
 
