@@ -24,7 +24,7 @@ from tiergate.common.cli import (
     positive_int,
 )
 from tiergate.router.build import build_app, router_source
-from tiergate.router.cli.serve import connection_cap, run_router
+from tiergate.router.cli.serve import connection_cap, log_connection_limits, run_router
 from tiergate.router.config import ConfigError, RouterConfig
 from tiergate.router.discovery.view import PoolSource
 from tiergate.router.http.app import RouterApp
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         # and says the ports chosen for `--port 0`.
         sock.listen(LISTEN_BACKLOG)
         metrics_sock.listen(LISTEN_BACKLOG)
+        log_connection_limits(config.router.connections, cap)
         log.info("event=listening %s", listening(sock, metrics_sock))
         ok = run_router(app, sock, metrics_sock, args.log_level)
     finally:
@@ -122,15 +123,22 @@ class Addresses:
         cls, config: RouterConfig, host: str | None, port: int | None, metrics_port: int | None
     ) -> Addresses:
         """The configuration's addresses, with the command line's in place of its own (the
-        metrics port listens on the router's host unless `router.metricsHost` says)."""
+        metrics port listens on the router's host unless `router.metricsHost` says); CliError
+        when both would be one port."""
         settings = config.router
         host = host or settings.host
-        return cls(
+        addresses = cls(
             host=host,
             port=port if port is not None else settings.port,
             metrics_host=settings.metrics_host or host,
             metrics_port=metrics_port if metrics_port is not None else settings.metrics_port,
         )
+        if addresses.port == addresses.metrics_port != 0 and host == addresses.metrics_host:
+            raise CliError(
+                f"the metrics port (router.metricsPort, --metrics-port) {addresses.port} is "
+                "also the router's port (router.port, --port)"
+            )
+        return addresses
 
     def bind(
         self, bind: Callable[[str, int], socket.socket]

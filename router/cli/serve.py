@@ -4,6 +4,7 @@ port and, beside it in the same event loop, the metrics port (router/http/metric
 from __future__ import annotations
 
 import logging
+import resource
 import socket
 from collections.abc import Callable
 
@@ -31,7 +32,7 @@ def connection_cap(settings: ConnectionSettings) -> int:
     """The most client connections the router may hold (tiergate/common/fd_budget.py);
     CliError when `router.connections.maxConnections` does not fit the open-file limit."""
     try:
-        cap, open_files = max_connections(
+        cap, _ = max_connections(
             settings.max_connections,
             setting="router.connections.maxConnections",
             reserve=RESERVED_FDS + METRICS_MAX_CONNECTIONS,
@@ -39,9 +40,15 @@ def connection_cap(settings: ConnectionSettings) -> int:
         )
     except FdBudgetError as exc:
         raise CliError(str(exc)) from None
+    return cap
+
+
+def log_connection_limits(settings: ConnectionSettings, cap: int) -> None:
+    """The limits the router serves within, logged once it is about to serve (a start that
+    fails on something else is then its one error line)."""
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # as max_connections raised it
     log.info("event=connection_limits %s open_file_limit=%d",
              settings.limits(cap).summary(), open_files)  # fmt: skip
-    return cap
 
 
 def run_router(

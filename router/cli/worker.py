@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tiergate.common.cli import CliError, configure_logging, shared_port_socket
 from tiergate.router.cli.router_cmd import LISTEN_BACKLOG, Addresses, build, load
-from tiergate.router.cli.serve import connection_cap, run_router
+from tiergate.router.cli.serve import connection_cap, log_connection_limits, run_router
 from tiergate.router.cli.supervisor import METRICS_DIR_ENV
 
 #: prctl(2): the signal this process gets when its parent dies.
@@ -70,6 +70,7 @@ def serve_worker(args: argparse.Namespace, on_started: Callable[[], None]) -> in
         app.services.append(app.metrics.share(Path(metrics_dir), restarted=args.restarted))
         sock.listen(LISTEN_BACKLOG)
         metrics_sock.listen(LISTEN_BACKLOG)
+        log_connection_limits(config.router.connections, cap)
         ok = run_router(app, sock, metrics_sock, args.log_level, on_started)
     finally:
         sock.close()

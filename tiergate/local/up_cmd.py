@@ -28,7 +28,7 @@ from tiergate.local.nodes import (
 )
 from tiergate.router.build import build_app
 from tiergate.router.cli.router_cmd import LISTEN_BACKLOG, Addresses, url_of
-from tiergate.router.cli.serve import connection_cap, run_router
+from tiergate.router.cli.serve import connection_cap, log_connection_limits, run_router
 from tiergate.router.config import ConfigError, RouterConfig, load_config, parse_config
 from tiergate.router.discovery.view import PoolView, StaticSource, build_view
 from tiergate.router.ledger.sqlite import LedgerError
@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             supervisor.start()
             sock.listen(LISTEN_BACKLOG)
             metrics_sock.listen(LISTEN_BACKLOG)
+            log_connection_limits(config.router.connections, cap)
             print(summary(view, url_of(sock), url_of(metrics_sock) + "/metrics"), flush=True)
             ok = run_router(app, sock, metrics_sock, args.log_level)
             return 0 if ok else 1

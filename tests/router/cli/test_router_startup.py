@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -84,3 +87,32 @@ async def test_the_router_starts_with_pools_from_kubernetes(tmp_path: Path, tena
         async with httpx.AsyncClient(transport=transport, base_url="http://metrics") as scrape:
             metrics = (await scrape.get("/metrics")).text
     assert RELOADS.findall(metrics) == ([] if tenants == "open" else ["tenants"])
+
+
+@pytest.mark.parametrize("case", ["port in use", "one port for both", "bad tenants file"])
+def test_a_router_that_cannot_start_says_why_in_one_line(tmp_path: Path, case: str) -> None:
+    """Nothing is logged before the error: the limits it would serve within come once it
+    serves."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS if case != "bad tenants file" else "tenants: [{name: [}\n")
+    config = tmp_path / "router.yaml"
+    config.write_text(f"router: {{tenantsFile: {tenants}, ledgerPath: ':memory:'}}\n{POOLS}")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        ports = {
+            "port in use": ["--port", str(port), "--metrics-port", "0"],
+            "one port for both": ["--port", "18557", "--metrics-port", "18557"],
+            "bad tenants file": ["--port", "0", "--metrics-port", "0"],
+        }[case]
+        argv = [sys.executable, "-P", "-m", "tiergate", "router", "--config", str(config), *ports]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    expected = {
+        "port in use": f"cannot listen on 127.0.0.1:{port}",
+        "one port for both": "18557 is also the router's port",
+        "bad tenants file": "not valid YAML (line 1, column",
+    }[case]
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("tiergate router: error: ") and expected in line, line
