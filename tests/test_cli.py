@@ -1,6 +1,8 @@
 """The `tiergate` command line: machine output, human output and one-line errors."""
 
 import json
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -217,3 +219,30 @@ def test_a_pool_file_breaking_its_tier_s_rule_is_refused_as_kubectl_apply_refuse
     code, out, err = run(capsys, command, "--config", str(config), "--port", "1")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and sentence in err and "pools.0" in err, err
+
+
+PERF = ["perf", "--model", "llama-3.1-8b", "--accelerator", "h100-sxm"]
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_stops_the_command_quietly_as_sigpipe_would() -> None:
+    """`tiergate perf ... | head -1`: the reader is gone before the command writes."""
+    process = subprocess.Popen(
+        [sys.executable, "-P", "-m", "tiergate", *PERF],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # long before the import is done and anything is written
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(60) == 141 and stderr == "", stderr
+
+
+@pytest.mark.slow
+def test_output_to_a_full_disk_is_one_line() -> None:
+    with open("/dev/full", "w") as full:
+        argv = [sys.executable, "-P", "-m", "tiergate", *PERF]
+        done = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == ["tiergate perf: error: No space left on device"]

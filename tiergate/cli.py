@@ -8,7 +8,9 @@ and exit 2; nothing a user can type produces a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -114,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return USAGE_ERROR
     try:
-        return int(args._run(args))
+        status = int(args._run(args))
+        sys.stdout.flush()  # here, so that output nobody can take is handled below
+        return status
     except (CliError, CatalogError, PerfConfigError) as exc:
         print(f"tiergate {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -123,6 +127,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader left (`tiergate perf ... | head -1`): stop quietly, as a tool killed by
+        # SIGPIPE does, and exit as it would.
+        _discard_stdout()
+        return SIGPIPE_EXIT
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk (the output redirected to it, or /dev/full): one line, not a traceback.
+        _discard_stdout()
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"tiergate {args.command}: error: {exc.strerror}{where}", file=sys.stderr)
+        return 1
+
+
+#: How a shell reports a process that SIGPIPE ended (128 + 13).
+SIGPIPE_EXIT = 141
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
