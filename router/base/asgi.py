@@ -25,8 +25,15 @@ class ClientGone(Exception):
 
 
 def header_map(scope: Scope) -> dict[str, str]:
-    """Request headers, names lower-cased (ASGI already does), values decoded as latin-1."""
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+    """Request headers, names lower-cased (ASGI already does), values decoded as latin-1. A
+    header sent more than once is one value, the values joined by ", " (RFC 9110 5.3), never
+    the last one alone: two `Authorization` headers are then no key at all, where a proxy in
+    front might have read the first and the router billed the second."""
+    headers: dict[str, str] = {}
+    for k, v in scope["headers"]:
+        name, value = k.decode("latin-1"), v.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
 
 
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:

@@ -252,6 +252,17 @@ def test_tenants_are_authenticated_authorized_and_limited(system: dict[str, Any]
     assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
 
 
+def test_two_authorization_headers_are_no_key_at_all(system: dict[str, Any]) -> None:
+    """A proxy in front may read one and the router another: neither is taken."""
+    two = [("authorization", ALICE["authorization"]), ("authorization", BOB["authorization"])]
+    for headers in (two, [two[0], two[0]]):
+        r = httpx.post(system["url"] + "/v1/chat/completions", json=chat(max_tokens=1),
+                       headers=headers, timeout=30)  # fmt: skip
+        assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key", r.text
+        usage = httpx.get(system["url"] + "/v1/usage", headers=headers, timeout=30)
+        assert usage.status_code == 401, usage.text
+
+
 def test_usage_shows_only_the_callers_own_and_the_ledger_is_on_disk(
     system: dict[str, Any],
 ) -> None:
