@@ -8,7 +8,7 @@ appears when a client asks for timing.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,6 +18,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from tiergate.common.nesting import JsonObject
@@ -39,6 +40,7 @@ __all__ = [
     "ModelList",
     "NamedToolChoice",
     "ReplyMessage",
+    "ResponseFormat",
     "StreamOptions",
     "Timing",
     "Tool",
@@ -131,6 +133,15 @@ class _Generation(_Request):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
+    # Sampling, checked as vLLM checks it (a node samples nothing, but a client's mistake is
+    # a 400 here as it is from a real engine).
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    user: str | None = None
 
     @field_validator("stream_options")
     @classmethod
@@ -153,6 +164,19 @@ class _Generation(_Request):
         return options is not None and options.include_usage and options.continuous_usage_stats
 
 
+class ResponseFormat(_Request):
+    """`response_format`: plain text, any JSON object, or JSON matching `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonObject | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a response_format of type json_schema needs `json_schema`")
+        return self
+
+
 class ChatCompletionRequest(_Generation):
     """POST /v1/chat/completions."""
 
@@ -160,6 +184,9 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -171,6 +198,10 @@ class CompletionRequest(_Generation):
     """POST /v1/completions: one prompt (text or token ids)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=1, description="One choice per request.")
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -162,6 +162,38 @@ CHAT_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
         "invalid_value",
         "stream_options",
     ),
+    # Sampling fields, checked as vLLM checks them.
+    *(
+        (
+            f"{field} {value!r}",
+            _body(model=MODEL, messages=MESSAGES, **{field: value}),
+            400,
+            "invalid_value",
+            param,
+        )
+        for field, value, param in [
+            ("temperature", "hot", "temperature"),
+            ("temperature", -1, "temperature"),
+            ("top_p", 2, "top_p"),
+            ("top_p", 0, "top_p"),
+            ("presence_penalty", "x", "presence_penalty"),
+            ("frequency_penalty", 10, "frequency_penalty"),
+            ("stop", 5, "stop"),
+            ("logit_bias", {"42": "y"}, "logit_bias.42"),
+            ("logit_bias", {"42": 500}, "logit_bias.42"),
+            ("user", 5, "user"),
+            ("logprobs", "x", "logprobs"),
+            ("top_logprobs", 1000, "top_logprobs"),
+            ("response_format", "json", "response_format"),
+            ("response_format", {"type": "xml"}, "response_format.type"),
+            ("response_format", {"type": "json_schema"}, "response_format"),
+            (
+                "response_format",
+                {"type": "json_schema", "json_schema": "x"},
+                "response_format.json_schema",
+            ),
+        ]
+    ),
 ]
 
 COMPLETION_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
@@ -176,6 +208,10 @@ COMPLETION_CASES: list[tuple[str, bytes, int, str | None, str | None]] = [
         "context_length_exceeded",
         None,
     ),
+    ("logprobs 1000", _body(model=MODEL, prompt="a", logprobs=1000), 400, None, "logprobs"),
+    ("best_of 2", _body(model=MODEL, prompt="a", best_of=2), 400, None, "best_of"),
+    ("echo a string", _body(model=MODEL, prompt="a", echo="x"), 400, None, "echo"),
+    ("suffix a number", _body(model=MODEL, prompt="a", suffix=5), 400, None, "suffix"),
 ]
 
 
@@ -242,7 +278,9 @@ async def test_bad_streaming_request_is_plain_json_error(served: httpx.AsyncClie
     _envelope_ok(r, 400, "missing_required_parameter", "messages")
 
 
-async def test_unknown_fields_are_ignored(served: httpx.AsyncClient) -> None:
+async def test_unknown_fields_are_ignored_and_sampling_fields_in_range_accepted(
+    served: httpx.AsyncClient,
+) -> None:
     body = chat(
         max_tokens=2,
         temperature=0.2,
@@ -250,8 +288,18 @@ async def test_unknown_fields_are_ignored(served: httpx.AsyncClient) -> None:
         user="u",
         frobnicate={"x": 1},
         service_tier="priority",
+        presence_penalty=-2,
+        frequency_penalty=2,
+        stop=["\n", "END"],
+        logit_bias={"42": -100},
+        logprobs=True,
+        top_logprobs=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
     )
     assert (await served.post("/v1/chat/completions", json=body)).status_code == 200
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 2, "temperature": 0, "stop": "x",
+            "logprobs": 5, "echo": False, "suffix": "", "best_of": 1}  # fmt: skip
+    assert (await served.post("/v1/completions", json=body)).status_code == 200
 
 
 @pytest.mark.parametrize("arrays", [False, True])
