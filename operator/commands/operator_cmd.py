@@ -27,7 +27,10 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tiergate.common.cli import CliError, configure_logging
+import yaml
+
+from tiergate.common.cli import CliError, configure_logging, int_between, port_number
+from tiergate.common.validation import yaml_position
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
@@ -74,8 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
                    help="another image a pool's spec.template.image may name (repeatable; "
                         "whole references; default: only --image)")  # fmt: skip
-    p.add_argument("--health-port", type=int, default=8081, help="liveness: GET /healthz")
-    p.add_argument("--metrics-port", type=int, default=8082,
+    p.add_argument("--health-port", type=int_between(1, 65535), default=8081,
+                   help="liveness: GET /healthz")  # fmt: skip
+    p.add_argument("--metrics-port", type=port_number, default=8082,
                    help="Prometheus metrics: GET /metrics (0: none)")  # fmt: skip
     p.add_argument("--autoscale-interval", type=int, default=DEFAULT_AUTOSCALE_INTERVAL_S,
                    metavar="SECONDS",
@@ -209,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
         load_kube_config(args.kubeconfig)
     except (ConfigException, OSError) as exc:
         raise CliError(f"no Kubernetes credentials: {exc}") from None
+    except (ValueError, TypeError, AttributeError, KeyError, yaml.YAMLError) as exc:
+        raise CliError(f"no Kubernetes credentials: {_not_a_kubeconfig(args, exc)}") from None
     # Not kopf.configure(): it adds a second root handler, and every line would print twice in
     # two formats. kopf's loggers go through configure_logging's handler like everything else.
     options = operator_options(args, lambda: current_namespace(args.kubeconfig))
@@ -229,3 +235,13 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("tiergate.operator").info("event=autoscaler interval_s=%d", interval_s)
     asyncio.run(kopf.operator(memo=memo, **options))
     return 0
+
+
+def _not_a_kubeconfig(args: argparse.Namespace, exc: Exception) -> str:
+    """Why the kubeconfig could not be read, without quoting it (it holds credentials)."""
+    where = args.kubeconfig or os.environ.get("KUBECONFIG") or "the kubeconfig"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{where} is not UTF-8 text"
+    if isinstance(exc, yaml.YAMLError):
+        return f"{where} is not valid YAML{yaml_position(exc)}"
+    return f"{where} is not a kubeconfig (a mapping of clusters, users and contexts)"

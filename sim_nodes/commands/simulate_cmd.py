@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import random
 
-from tiergate.common.cli import CliError, non_negative_int, positive_float, positive_int, table
+from tiergate.common.cli import CliError, int_between, non_negative_int, positive_float, table
 
 from ..catalogs import default_catalog
 from ..engine.errors import EngineError
 from ..engine.simulation import SimulationReport, simulate
 from ..engine.workload import (
+    LengthDistribution,
     WorkloadError,
     WorkloadRequest,
     load_trace,
@@ -26,17 +27,28 @@ from .serving_args import add_serving_arguments, spec_from_args
 
 #: vLLM's default batch cap.
 DEFAULT_MAX_NUM_SEQS = 256
+#: The most replicas and requests one run may ask for: far past any real deployment, and
+#: bounded so that a typo is an error, not a run that fills memory or never ends (a million
+#: requests take about a minute and under 1 GB).
+MAX_REPLICAS = 10_000
+MAX_REQUESTS = 1_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `tiergate simulate`."""
     add_serving_arguments(p, max_num_seqs=DEFAULT_MAX_NUM_SEQS)
-    p.add_argument("--replicas", type=positive_int, default=1, help="replicas (least-loaded)")
+    p.add_argument(
+        "--replicas",
+        type=int_between(1, MAX_REPLICAS),
+        default=1,
+        help=f"replicas (least-loaded), at most {MAX_REPLICAS:,}",
+    )
     p.add_argument(
         "--requests",
-        type=positive_int,
+        type=int_between(1, MAX_REQUESTS),
         default=None,
-        help="requests to simulate (default 1000; with --trace: the whole trace)",
+        help=f"requests to simulate, at most {MAX_REQUESTS:,} (default 1000; with --trace: "
+        "the whole trace)",
     )
     arrivals = p.add_mutually_exclusive_group()
     arrivals.add_argument(
@@ -107,12 +119,19 @@ def _workload(args: argparse.Namespace) -> list[WorkloadRequest]:
     try:
         if args.trace is not None:
             return load_trace(args.trace, limit=args.requests)
-        prompt = parse_length(args.prompt_tokens)
-        output = parse_length(args.output_tokens)
+        prompt = _length("--prompt-tokens", args.prompt_tokens)
+        output = _length("--output-tokens", args.output_tokens)
         requests = args.requests if args.requests is not None else 1000
         return poisson_workload(requests, args.rate, prompt, output, random.Random(args.seed))
     except WorkloadError as exc:
         raise CliError(str(exc)) from None
+
+
+def _length(flag: str, text: str) -> LengthDistribution:
+    try:
+        return parse_length(text)
+    except WorkloadError as exc:
+        raise CliError(f"{flag}: {exc}") from None
 
 
 def render(r: SimulationReport) -> str:

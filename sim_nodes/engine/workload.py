@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tiergate.common.validation import first_problem
 
 __all__ = [
+    "MAX_SIGMA",
+    "MAX_TOKENS",
     "LengthDistribution",
     "TraceRecord",
     "WorkloadError",
@@ -27,6 +29,14 @@ __all__ = [
     "parse_length",
     "poisson_workload",
 ]
+
+
+#: The most tokens a length spec or trace line may give a prompt or an output: beyond any
+#: model's context, and small enough that token counts stay finite floats in every formula.
+MAX_TOKENS = 1_000_000_000
+#: The widest lognormal sigma: far past any real length distribution (whose sigmas are about
+#: 0.3 to 2), and narrow enough that a sample's exponent cannot overflow.
+MAX_SIGMA = 100.0
 
 
 class WorkloadError(ValueError):
@@ -49,6 +59,7 @@ class LengthDistribution:
 
     For lognormal, `a` is the mean token count and `b` the sigma of the underlying normal, so
     changing sigma widens the tail without moving the mean. Samples are at least 1.
+    `parse_length` keeps the parameters within MAX_TOKENS and MAX_SIGMA.
     """
 
     kind: str
@@ -73,24 +84,28 @@ class LengthDistribution:
 
 
 def parse_length(text: str) -> LengthDistribution:
-    """Parse `N`, `uniform:A:B` or `lognormal:MEAN:SIGMA`; raises WorkloadError."""
+    """Parse `N`, `uniform:A:B` or `lognormal:MEAN:SIGMA` (token counts at most MAX_TOKENS,
+    SIGMA at most MAX_SIGMA); raises WorkloadError."""
     parts = text.strip().split(":")
     try:
         if len(parts) == 1:
             n = int(parts[0])
-            if n < 1:
-                raise WorkloadError(f"token count must be at least 1, got {n}")
+            if not 1 <= n <= MAX_TOKENS:
+                raise WorkloadError(f"token count must be in 1..{MAX_TOKENS}, got {n}")
             return LengthDistribution("fixed", n)
         kind = parts[0]
         if kind == "uniform" and len(parts) == 3:
             low, high = int(parts[1]), int(parts[2])
-            if not 1 <= low <= high:
-                raise WorkloadError(f"uniform needs 1 <= A <= B, got {low}:{high}")
+            if not 1 <= low <= high <= MAX_TOKENS:
+                raise WorkloadError(f"uniform needs 1 <= A <= B <= {MAX_TOKENS}, got {low}:{high}")
             return LengthDistribution("uniform", low, high)
         if kind == "lognormal" and len(parts) == 3:
             mean, sigma = float(parts[1]), float(parts[2])
-            if not (math.isfinite(mean) and mean >= 1 and math.isfinite(sigma) and sigma >= 0):
-                raise WorkloadError(f"lognormal needs MEAN >= 1 and SIGMA >= 0, got {text!r}")
+            if not (1 <= mean <= MAX_TOKENS and 0 <= sigma <= MAX_SIGMA):
+                raise WorkloadError(
+                    f"lognormal needs 1 <= MEAN <= {MAX_TOKENS} and 0 <= SIGMA <= "
+                    f"{MAX_SIGMA:g}, got {text!r}"
+                )
             return LengthDistribution("lognormal", mean, sigma)
     except ValueError as exc:
         if isinstance(exc, WorkloadError):
@@ -126,8 +141,8 @@ class TraceRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arrival_s: float = Field(ge=0, allow_inf_nan=False, description="Arrival time, seconds.")
-    prompt_tokens: int = Field(ge=1, description="Prompt length, tokens.")
-    output_tokens: int = Field(ge=1, description="Tokens to generate.")
+    prompt_tokens: int = Field(ge=1, le=MAX_TOKENS, description="Prompt length, tokens.")
+    output_tokens: int = Field(ge=1, le=MAX_TOKENS, description="Tokens to generate.")
 
 
 def load_trace(path: Path | str, limit: int | None = None) -> list[WorkloadRequest]:
@@ -159,6 +174,8 @@ def _parse_lines(path: Path, lines: Iterable[str], limit: int | None) -> Iterabl
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{where}: not JSON ({exc.msg})") from None
+        except ValueError:  # an integer of more digits than Python converts
+            raise WorkloadError(f"{where}: not JSON (a number too long)") from None
         try:
             record = TraceRecord.model_validate(raw)
         except ValidationError as exc:

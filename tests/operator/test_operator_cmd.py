@@ -141,3 +141,61 @@ def test_the_timer_ticks_at_the_interval_it_is_registered_with() -> None:
     (timer,) = registry._spawning.get_all_handlers()
     assert timer.fn is inferencepool_autoscale
     assert (timer.interval, timer.initial_delay) == (5, 5)
+
+
+def exit_status(*argv: str) -> int:
+    """main()'s status, whether it returns it or argparse exits with it."""
+    from tiergate.cli import main
+
+    try:
+        return main(["operator", "--image", "t:x", "--standalone", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--health-port", "-1", "must be at least 1, got -1"),
+        ("--health-port", "0", "must be at least 1, got 0"),
+        ("--health-port", "99999", "must be at most 65535, got 99999"),
+        ("--metrics-port", "70000", "must be in 0..65535, got 70000"),
+        ("--metrics-port", "-1", "must be in 0..65535, got -1"),
+    ],
+)
+def test_a_port_out_of_range_is_one_line(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    assert exit_status(flag, value) == 2
+    err = capsys.readouterr().err
+    assert err == f"tiergate operator: error: argument {flag}: {message}\n"
+
+
+SECRET = "sekrit-token-0123"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\x00 not text", "is not UTF-8 text"),
+        (b"- a\n- b\n", "is not a kubeconfig"),
+        (b"just a word\n", "is not a kubeconfig"),
+        (b"current-context: x\ncontexts: [{name: x, context: 5}]\n", "is not a kubeconfig"),
+        (f"users: [{{name: u, user: {{token: *{SECRET}}}}}]\n".encode(),
+         "is not valid YAML (line 1, column 33)"),
+    ],
+)  # fmt: skip
+def test_a_kubeconfig_that_is_not_one_is_one_line_not_quoting_it(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    content: bytes,
+    message: str,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_bytes(content)
+    assert exit_status("--kubeconfig", str(kubeconfig)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tiergate operator: error: no Kubernetes credentials: {kubeconfig} ")
+    assert err.count("\n") == 1 and message in err and SECRET not in err

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tiergate.cli import main
 from tiergate.common.cli import CliError
 from tiergate.common.tiers import TIERS
+from tiergate.local import demo_cmd
 from tiergate.local.demo_cmd import even_mix
 
 
@@ -28,3 +30,15 @@ def test_a_tier_no_pool_serves_is_left_out() -> None:
 def test_no_served_tier_is_an_error() -> None:
     with pytest.raises(CliError, match="serves no tier"):
         even_mix(models(None))
+
+
+@pytest.mark.parametrize("count", ["0", "10000001", "99999999999999999999"])
+def test_a_request_count_out_of_range_is_one_line_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, count: str
+) -> None:
+    monkeypatch.setattr(demo_cmd, "run", lambda args: pytest.fail("the demo started"))
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--requests", count])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.count("\n") == 1 and "argument --requests: must be" in err

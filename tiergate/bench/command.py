@@ -31,6 +31,7 @@ from tiergate.bench.stats import BenchReport, SloTargets
 from tiergate.bench.tenants import BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_max_tokens, parse_mix
 from tiergate.common.cli import (
+    int_between,
     non_negative_float,
     positive_float,
     positive_int,
@@ -42,6 +43,8 @@ __all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
 DEFAULT_ROUTER = "http://127.0.0.1:8080"
 API_KEY_ENV = "TIERGATE_API_KEY"
 DEFAULT_REQUESTS = 100
+#: The most --requests may ask for: hours of load at any rate a bench can send.
+MAX_REQUESTS = 10_000_000
 DEFAULT_CONCURRENCY = 8
 #: The exit status of a run stopped by a signal (128 + SIGINT, as shells report Ctrl-C).
 INTERRUPTED = 130
@@ -77,9 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     load = parser.add_argument_group("load")
     load.add_argument(
-        "--requests", type=positive_int, metavar="N",
-        help=f"requests in all, tenants together (default {DEFAULT_REQUESTS}; "
-        "with --duration: no limit)",
+        "--requests", type=int_between(1, MAX_REQUESTS), metavar="N",
+        help=f"requests in all, tenants together, at most {MAX_REQUESTS:,} (default "
+        f"{DEFAULT_REQUESTS}; with --duration: no limit)",
     )  # fmt: skip
     load.add_argument(
         "--duration", type=positive_float, metavar="S",

@@ -103,6 +103,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """Argument type: a whole number from `low` to `high`, both included."""
+
+    def parse(text: str) -> int:
+        value = _whole(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+
+    parse.__name__ = f"int_between_{low}_{high}"
+    return parse
+
+
 def non_negative_int(text: str) -> int:
     value = _whole(text)
     if value < 0:

@@ -13,15 +13,21 @@ from typing import Any
 
 import httpx
 
+from tiergate.bench.command import MAX_REQUESTS
 from tiergate.bench.discovery import parse_model_list
-from tiergate.common.cli import CliError, positive_int
+from tiergate.common.cli import CliError, int_between, positive_int
 from tiergate.common.tiers import TIERS
 
 ROUTER = "http://127.0.0.1:8080"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=positive_int, default=60, help="requests to send (60)")
+    p.add_argument(
+        "--requests",
+        type=int_between(1, MAX_REQUESTS),
+        default=60,
+        help=f"requests to send, at most {MAX_REQUESTS:,} (60)",
+    )
     p.add_argument("--concurrency", type=positive_int, default=6, help="parallel streams (6)")
 
 

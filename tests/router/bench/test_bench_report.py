@@ -144,6 +144,7 @@ def test_plot_without_matplotlib_fails_first_with_the_install_hint(
         (["--router", "http://[::1"], "expected an http(s) URL"),
         (["--router", "http://:8080"], "expected an http(s) URL"),
         (["--requests", "0"], "at least 1"),
+        (["--requests", "99999999999999999999"], "--requests: must be at most 10000000,"),
         (["--tools-fraction", "1.5"], "must be in [0, 1]"),
         (["--timeout", "-1"], "must be a positive number"),
         (["--slo-ttft-ms", "0"], "must be a positive number"),

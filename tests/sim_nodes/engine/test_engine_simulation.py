@@ -100,8 +100,13 @@ def test_length_specs_parse(text: str, expected: LengthDistribution) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["0", "-3", "abc", "uniform:9:5", "uniform:1", "lognormal:0:1", "normal:1:2", ""]
-)
+    "text",
+    [
+        "0", "-3", "abc", "uniform:9:5", "uniform:1", "lognormal:0:1", "normal:1:2", "",
+        "1000000001", "uniform:1:1000000001", "lognormal:1e308:1", "lognormal:100:1e308",
+        "lognormal:nan:1", "lognormal:100:inf", "1" + "0" * 5000,
+    ],
+)  # fmt: skip
 def test_bad_length_specs_are_refused(text: str) -> None:
     with pytest.raises(WorkloadError):
         parse_length(text)
@@ -145,6 +150,14 @@ def test_trace_loads_sorted_and_limited(tmp_path: Path) -> None:
         ('{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n{oops\n', "line 2: not JSON"),
         ('{"arrival_s": 0, "prompt_tokens": 0, "output_tokens": 1}\n', "line 1: prompt_tokens"),
         ('{"arrival_s": 0, "prompt_tokens": 5}\n', "line 1: output_tokens: Field required"),
+        (
+            '{"arrival_s": 0, "prompt_tokens": 1000000001, "output_tokens": 1}\n',
+            "line 1: prompt_tokens: Input should be less than or equal to 1000000000",
+        ),
+        (
+            '{"arrival_s": 0, "prompt_tokens": 1' + "0" * 5000 + ', "output_tokens": 1}\n',
+            "line 1: not JSON",
+        ),
         ('{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 1}\n', "line 1: arrival_s"),
         ("[1, 2]\n", "line 1: record"),
         ("\n\n", "has no requests"),
