@@ -42,3 +42,14 @@ def test_a_request_count_out_of_range_is_one_line_before_anything_starts(
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert err.count("\n") == 1 and "argument --requests: must be" in err
+
+
+def test_a_concurrency_out_of_range_is_one_line_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(demo_cmd, "run", lambda args: pytest.fail("the demo started"))
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--concurrency", "99999999999999999999"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.count("\n") == 1 and "argument --concurrency: must be at most 100000" in err

@@ -28,7 +28,7 @@ from tiergate.bench.report import render_table, require_matplotlib, write_json, 
 from tiergate.bench.results import RequestResult
 from tiergate.bench.runner import BenchSettings, normalize_url, run_bench
 from tiergate.bench.stats import BenchReport, SloTargets
-from tiergate.bench.tenants import BenchTenant, load_tenants
+from tiergate.bench.tenants import MAX_CONCURRENCY, BenchTenant, load_tenants
 from tiergate.bench.workload import DEFAULT_MIX, Workload, parse_max_tokens, parse_mix
 from tiergate.common.cli import (
     int_between,
@@ -89,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop sending after S seconds (requests in flight then finish and are counted)",
     )  # fmt: skip
     load.add_argument(
-        "--concurrency", type=positive_int, metavar="N",
-        help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})",
+        "--concurrency", type=int_between(1, MAX_CONCURRENCY), metavar="N",
+        help=f"requests in flight at once, at most {MAX_CONCURRENCY:,} (default "
+        f"{DEFAULT_CONCURRENCY})",
     )  # fmt: skip
     load.add_argument(
         "--pause", type=non_negative_float, default=0.0, metavar="S",

@@ -39,7 +39,12 @@ from pydantic.alias_generators import to_camel
 from tiergate.bench.errors import BenchError
 from tiergate.common.validation import field_path, yaml_position
 
-__all__ = ["BenchTenant", "load_tenants", "parse_tenants"]
+__all__ = ["MAX_CONCURRENCY", "BenchTenant", "load_tenants", "parse_tenants"]
+
+#: The most requests in flight at once, a tenant's or the bench's: one task and one connection
+#: each, far past what one process can drive, and bounded so that a typo is an error, not
+#: memory filled with tasks.
+MAX_CONCURRENCY = 100_000
 
 #: As the router's tenants file spells names, so a bench tenant can carry the router's name.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -64,7 +69,7 @@ class _TenantEntry(BaseModel):
     # SecretStr keeps the key out of reprs.
     api_key: SecretStr | None = None
     api_key_env: Annotated[str, Field(pattern=_ENV_NAME_PATTERN)] | None = None
-    concurrency: Annotated[StrictInt, Field(ge=1)]
+    concurrency: Annotated[StrictInt, Field(ge=1, le=MAX_CONCURRENCY)]
 
     @field_validator("api_key")
     @classmethod

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from tiergate.bench.command import MAX_REQUESTS
+from tiergate.bench.command import MAX_CONCURRENCY, MAX_REQUESTS
 from tiergate.bench.discovery import parse_model_list
-from tiergate.common.cli import CliError, int_between, positive_int
+from tiergate.common.cli import CliError, int_between
 from tiergate.common.tiers import TIERS
 
 ROUTER = "http://127.0.0.1:8080"
@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=60,
         help=f"requests to send, at most {MAX_REQUESTS:,} (60)",
     )
-    p.add_argument("--concurrency", type=positive_int, default=6, help="parallel streams (6)")
+    p.add_argument("--concurrency", type=int_between(1, MAX_CONCURRENCY), default=6,
+                   help=f"parallel streams, at most {MAX_CONCURRENCY:,} (6)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -145,6 +145,7 @@ def test_plot_without_matplotlib_fails_first_with_the_install_hint(
         (["--router", "http://:8080"], "expected an http(s) URL"),
         (["--requests", "0"], "at least 1"),
         (["--requests", "99999999999999999999"], "--requests: must be at most 10000000,"),
+        (["--concurrency", "99999999999999999999"], "--concurrency: must be at most 100000,"),
         (["--tools-fraction", "1.5"], "must be in [0, 1]"),
         (["--timeout", "-1"], "must be a positive number"),
         (["--slo-ttft-ms", "0"], "must be a positive number"),

@@ -78,6 +78,8 @@ def entry(**fields: object) -> str:
         (f"tenants: [{entry(apiKey=None, apiKeyEnv='SPACED_KEY')}]", "tenants[0].apiKeyEnv",
          "the value of SPACED_KEY must be printable ASCII without whitespace"),
         ("tenants: []", "tenants", "at least 1 item"),
+        (f"tenants: [{entry(concurrency=100_001)}]", "tenants[0].concurrency",
+         "less than or equal to 100000"),
         (f"tenants: [{entry()}]\nrounds: 3", "rounds", "Extra inputs"),
         ("", "", "expected a mapping with `tenants:`, got an empty file"),
         ("- a\n- b", "", "expected a mapping with `tenants:`, got a list"),
