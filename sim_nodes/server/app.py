@@ -158,6 +158,7 @@ async def _admit_and_reply(request: Request, node: Node, *, chat: bool) -> Respo
         max_context_tokens=node.model.max_context_tokens,
         default_max_tokens=node.config.default_max_tokens,
         quality=node.model.quality,
+        vocab_size=node.model.vocab_size,
         rng=node.request_rng(req.seed),
     )
     if isinstance(req, ChatCompletionRequest):

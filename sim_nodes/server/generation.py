@@ -43,6 +43,8 @@ class PlanContext:
     default_max_tokens: int
     quality: float
     rng: random.Random
+    #: Token ids run from 0 to vocab_size - 1 (a token-id prompt is checked against it).
+    vocab_size: int
 
 
 @dataclass(slots=True)
@@ -121,6 +123,12 @@ def plan_completion(request: CompletionRequest, ctx: PlanContext) -> RequestPlan
         prompt_tokens = count_tokens(prompt)
     else:
         prompt_tokens = len(prompt)
+        outside = next((t for t in prompt if not 0 <= t < ctx.vocab_size), None)
+        if outside is not None:  # as vLLM refuses it
+            raise bad_request(
+                f"Token id {outside} is out of vocabulary (0 to {ctx.vocab_size - 1}).",
+                param="prompt",
+            )
     if prompt_tokens == 0:
         raise bad_request("'prompt' must not be empty.", param="prompt")
     max_tokens, capped = _output_budget(prompt_tokens, request.requested_max_tokens, ctx)
