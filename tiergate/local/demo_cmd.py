@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 
-from tiergate.bench.command import MAX_CONCURRENCY, MAX_REQUESTS
+from tiergate.bench.command import MAX_REQUESTS
 from tiergate.bench.discovery import parse_model_list
+from tiergate.bench.tenants import MAX_CONCURRENCY
 from tiergate.common.cli import CliError, int_between
 from tiergate.common.tiers import TIERS
 
