@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 from fleet_helpers import key
 
+from tiergate.common.connection_limits import CLIENT_KEEPALIVE_S
+
 #: What a client waits for one reply: past it a request counts as hung.
 CLIENT_TIMEOUT_S = 30.0
 #: The longest a load may take to reach what a test waits for.
@@ -88,7 +90,11 @@ async def request(http: httpx.AsyncClient, url: str, max_tokens: int, reply: Rep
 def client(connections: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=CLIENT_TIMEOUT_S,
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        limits=httpx.Limits(
+            max_connections=connections,
+            max_keepalive_connections=connections,
+            keepalive_expiry=CLIENT_KEEPALIVE_S,  # below the router's idle timeout
+        ),
     )
 
 

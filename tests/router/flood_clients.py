@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tiergate.common.connection_limits import CLIENT_KEEPALIVE_S
+
 T = TypeVar("T")
 
 #: What one client waits for one reply before it counts as hung.
@@ -57,7 +59,13 @@ async def flood(
     sent: list[Sent] = []
     start = time.monotonic()
     connections = sum(c.clients for c in callers)
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    # Idle connections are dropped before the router's idle timeout would close them (an
+    # idle one reused in that instant fails with no reply).
+    limits = httpx.Limits(
+        max_connections=connections,
+        max_keepalive_connections=connections,
+        keepalive_expiry=CLIENT_KEEPALIVE_S,
+    )
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as http:
 
         async def one_client(caller: Caller, seed: int) -> None:

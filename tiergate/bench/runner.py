@@ -27,6 +27,7 @@ from tiergate.bench.results import RequestResult
 from tiergate.bench.stats import BenchReport, RunInfo, SloTargets, summarize
 from tiergate.bench.tenants import BenchTenant
 from tiergate.bench.workload import Workload
+from tiergate.common.connection_limits import CLIENT_KEEPALIVE_S
 
 T = TypeVar("T")
 
@@ -207,7 +208,9 @@ def _client(
     """A caller's client: its key, a connection per worker."""
     headers = {"authorization": f"Bearer {caller.api_key}"} if caller.api_key else {}
     limits = httpx.Limits(
-        max_connections=caller.concurrency, max_keepalive_connections=caller.concurrency
+        max_connections=caller.concurrency,
+        max_keepalive_connections=caller.concurrency,
+        keepalive_expiry=CLIENT_KEEPALIVE_S,
     )
     timeout = httpx.Timeout(settings.timeout_s, connect=min(_CONNECT_TIMEOUT_S, settings.timeout_s))
     return httpx.AsyncClient(

@@ -20,6 +20,7 @@ from typing import Final, Literal
 
 __all__ = [
     "BODY",
+    "CLIENT_KEEPALIVE_S",
     "DEFAULT_MAX_CONNECTIONS",
     "HEAD",
     "ConnectionGate",
@@ -29,6 +30,11 @@ __all__ = [
 
 #: Past this, memory rather than file descriptors runs out first (~10 KB a connection, idle).
 DEFAULT_MAX_CONNECTIONS = 10_000
+#: How long tiergate's own clients (the bench) keep an idle connection for reuse: well under
+#: a server's default `idle_timeout_s`, so that the server never closes a connection in the
+#: instant a client sends on it (httpx's default, 5 s, equals it: such a request fails with
+#: no reply).
+CLIENT_KEEPALIVE_S = 2.0
 
 #: The part of a request a timeout cut short: its head (request line and headers) or its body.
 Phase = Literal["header", "body"]
