@@ -38,7 +38,7 @@ from tiergate.common.cli import (
     unit_interval,
 )
 
-__all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "add_arguments", "run"]
+__all__ = ["API_KEY_ENV", "DEFAULT_ROUTER", "MAX_REQUESTS", "add_arguments", "run"]
 
 DEFAULT_ROUTER = "http://127.0.0.1:8080"
 API_KEY_ENV = "TIERGATE_API_KEY"

@@ -23,12 +23,8 @@ ROUTER = "http://127.0.0.1:8080"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--requests",
-        type=int_between(1, MAX_REQUESTS),
-        default=60,
-        help=f"requests to send, at most {MAX_REQUESTS:,} (60)",
-    )
+    p.add_argument("--requests", type=int_between(1, MAX_REQUESTS), default=60,
+                   help=f"requests to send, at most {MAX_REQUESTS:,} (60)")  # fmt: skip
     p.add_argument("--concurrency", type=int_between(1, MAX_CONCURRENCY), default=6,
                    help=f"parallel streams, at most {MAX_CONCURRENCY:,} (6)")  # fmt: skip
 
