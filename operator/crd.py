@@ -25,7 +25,11 @@ from tiergate.pools import (
     GROUP,
     KIND,
     MIN_ABOVE_MAX,
+    NAME_MAX,
     PLURAL,
+    POOL_NAME,
+    POOL_NAME_INVALID,
+    POOL_NAME_TOO_LONG,
     VERSION,
     InferencePool,
     InferencePoolSpec,
@@ -330,15 +334,8 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
 #: is a DNS-1035 label (a letter first, at most 63 characters). Refused here, at apply, rather
 #: than by the operator's apply of the Service, long after the pool was accepted.
 NAME_RULES = [
-    {
-        "rule": "self.metadata.name.size() <= 63",
-        "message": "an InferencePool's name is at most 63 characters (it names its Service)",
-    },
-    {
-        "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-        "message": "an InferencePool's name must start with a letter and hold only lowercase "
-        "letters, digits and '-' (it names its Service: a DNS-1035 label)",
-    },
+    {"rule": f"self.metadata.name.size() <= {NAME_MAX}", "message": POOL_NAME_TOO_LONG},
+    {"rule": f"self.metadata.name.matches('{POOL_NAME}')", "message": POOL_NAME_INVALID},
 ]
 
 

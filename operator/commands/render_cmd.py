@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 from tiergate import __version__
 from tiergate.common.cli import CliError
 from tiergate.common.validation import first_problem
-from tiergate.pools import InferencePool
+from tiergate.pools import DNS_LABEL, NAME_MAX, InferencePool, pool_name_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
@@ -87,7 +88,15 @@ def render_pool(
     name = pool.metadata.get("name")
     if not isinstance(name, str) or not name:
         raise CliError("the pool has no metadata.name (it names the Deployment and Service)")
+    problem = pool_name_problem(name)
+    if problem is not None:
+        raise CliError(f"metadata.name {name[:80]!r}: {problem}")
     where = namespace or pool.metadata.get("namespace") or "default"
+    if not isinstance(where, str) or len(where) > NAME_MAX or not re.fullmatch(DNS_LABEL, where):
+        raise CliError(
+            f"namespace {str(where)[:80]!r}: a namespace is at most {NAME_MAX} lowercase "
+            "letters, digits and '-', starting and ending with a letter or digit"
+        )
     if pool.spec.endpoint is not None:
         raise CliError(
             f"pool {name} is hosted (spec.endpoint): the operator runs no pods for it, so there "
@@ -103,7 +112,7 @@ def render_pool(
         raise CliError(refusal)
     deployment, service = pool_manifests(
         name,
-        str(where),
+        where,
         pool.spec,
         images.engine_image(pool.spec),
         assessment.layout,

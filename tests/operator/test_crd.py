@@ -19,7 +19,7 @@ from tiergate.common.tiers import DEFINITIONS, TIERS, batch_cap_problem
 from tiergate.common.validation import first_problem
 from tiergate.operator.commands.crds_cmd import FILE_NAME, TARGETS, render
 from tiergate.operator.crd import tier_rules
-from tiergate.pools import InferencePoolSpec
+from tiergate.pools import InferencePoolSpec, pool_name_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.tier_rules import memory_problem
 
@@ -109,6 +109,7 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         ({"chips": "many"}, 'positive integer or "auto"'),
         ({"tier": "turbo"}, "'turbo' is not one of"),
         ({"replicas": -1}, "less than the minimum of 0"),
+        ({"replicas": 2**31}, "greater than the maximum of 2147483647"),
         ({"weightDtype": "fp16"}, "'fp16' is not one of"),
         ({"model": None}, "'model' is a required property"),
         ({"aliases": ["fast", ""]}, "'' should be non-empty"),
@@ -132,6 +133,8 @@ def test_pool_names_must_make_service_names(crd: dict[str, Any], name: str, refu
     found = problems(crd, obj)
     assert bool(found) == refused, found
     assert all("InferencePool's name" in p for p in found)
+    # `tiergate render` refuses the same names, with the same words.
+    assert found == ([] if pool_name_problem(name) is None else [pool_name_problem(name)])
 
 
 def test_replicas_default_to_one_in_the_schema_for_the_scale_subresource(

@@ -75,6 +75,11 @@ def test_render_takes_the_operator_s_settings(
     assert next(v for v in applied["volumes"] if v["name"] == "model-cache") == cache
 
 
+def named(name: str, **metadata: str) -> dict[str, Any]:
+    obj = pool("premium")
+    return {**obj, "metadata": {**obj["metadata"], "name": name, **metadata}}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -83,9 +88,14 @@ def test_render_takes_the_operator_s_settings(
         (yaml.safe_dump(pool("wafer-scale", engine="vllm")), "engine vllm runs on GPUs"),
         (yaml.safe_dump(pool("premium", model="gpt-17")), "gpt-17"),
         (yaml.safe_dump({**pool("premium"), "metadata": {}}), "no metadata.name"),
+        (yaml.safe_dump(named("Chat_Pool")), "must start with a letter"),
+        (yaml.safe_dump(named("p" * 64)), "at most 63 characters"),
+        (yaml.safe_dump(named("chat", namespace="Team_A")), "'Team_A': a namespace is"),
+        (yaml.safe_dump(pool("premium", replicas=10**23)), "less than or equal to 2147483647"),
     ],
-    ids=["yaml", "kind", "wafer-vllm", "unknown-model", "no-name"],
-)
+    ids=["yaml", "kind", "wafer-vllm", "unknown-model", "no-name", "bad-name", "long-name",
+         "bad-namespace", "replicas"],
+)  # fmt: skip
 def test_a_bad_pool_file_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
@@ -106,3 +116,14 @@ def test_an_image_the_operator_would_refuse_is_refused(
     path.write_text(yaml.safe_dump(pool("premium", template={"image": "x/miner:1"})))
     assert main(["render", str(path)]) == 2
     assert "x/miner:1 is not allowed" in capsys.readouterr().err
+
+
+def test_a_namespace_flag_that_cannot_name_a_namespace_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool("premium")), encoding="utf-8")
+    assert main(["render", str(path), "--namespace", "team.a"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tiergate render: error: namespace 'team.a': a namespace is")

@@ -13,6 +13,7 @@ Wire names are camelCase (Kubernetes style); Python names snake_case.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -50,6 +51,29 @@ PLURAL = "inferencepools"
 
 #: Kubernetes object names (RFC 1123 labels: Services are named after their pool).
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: A pool's own name names its Deployment and Service, and is a label value: a Service name
+#: is a DNS-1035 label (a letter first). The CRD refuses other names (operator/crd.py).
+POOL_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: The longest name a label value or a Service may have.
+NAME_MAX = 63
+#: The most replicas a Deployment and the scale subresource hold (an int32).
+MAX_REPLICAS = 2**31 - 1
+POOL_NAME_TOO_LONG = (
+    f"an InferencePool's name is at most {NAME_MAX} characters (it names its Service)"
+)
+POOL_NAME_INVALID = (
+    "an InferencePool's name must start with a letter and hold only lowercase letters, digits "
+    "and '-' (it names its Service: a DNS-1035 label)"
+)
+
+
+def pool_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a pool (the CRD's rules in words), or None."""
+    if len(name) > NAME_MAX:
+        return POOL_NAME_TOO_LONG
+    if re.fullmatch(POOL_NAME, name) is None:
+        return POOL_NAME_INVALID
+    return None
 
 
 class ReferenceWorkload(Api):
@@ -141,7 +165,12 @@ class InferencePoolSpec(ReplicaSpec):
         default=None,
         description="A Hugging Face token for gated weights, given to the engine as HF_TOKEN.",
     )
-    replicas: int = Field(default=1, ge=0, description="Serving replicas (scale subresource).")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Serving replicas (scale subresource; at most a Deployment's int32).",
+    )
     workload: ReferenceWorkload = Field(
         default_factory=ReferenceWorkload,
         description="Request shape the status envelope (speed, cost) is computed for.",
