@@ -15,6 +15,8 @@ from ..catalogs import default_catalog
 from ..engine.errors import EngineError
 from ..engine.simulation import SimulationReport, simulate
 from ..engine.workload import (
+    MAX_RATE_PER_S,
+    MIN_RATE_PER_S,
     LengthDistribution,
     WorkloadError,
     WorkloadRequest,
@@ -55,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=positive_float,
         default=None,
-        help="Poisson arrivals per second (default: all arrive at once)",
+        help=f"Poisson arrivals per second, {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:,.0f} "
+        "(default: all arrive at once)",
     )
     arrivals.add_argument(
         "--trace",

@@ -19,8 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tiergate.common.validation import first_problem
 
 __all__ = [
+    "MAX_ARRIVAL_S",
+    "MAX_RATE_PER_S",
     "MAX_SIGMA",
     "MAX_TOKENS",
+    "MIN_RATE_PER_S",
     "LengthDistribution",
     "TraceRecord",
     "WorkloadError",
@@ -37,6 +40,13 @@ MAX_TOKENS = 1_000_000_000
 #: The widest lognormal sigma: far past any real length distribution (whose sigmas are about
 #: 0.3 to 2), and narrow enough that a sample's exponent cannot overflow.
 MAX_SIGMA = 100.0
+#: The latest arrival a trace may state, in seconds (about 32 years): times past it lose the
+#: precision a latency needs (a float's step at 1e15 s is 0.125 s, so every latency reads 0).
+MAX_ARRIVAL_S = 1e9
+#: Poisson rates, arrivals per second: from one request every 17 minutes to a million a
+#: second (the slowest keeps a million requests' arrivals under MAX_ARRIVAL_S).
+MIN_RATE_PER_S = 0.001
+MAX_RATE_PER_S = 1_000_000.0
 
 
 class WorkloadError(ValueError):
@@ -124,8 +134,11 @@ def poisson_workload(
     time 0, an offline batch)."""
     if requests < 0:
         raise WorkloadError(f"requests must not be negative, got {requests}")
-    if rate_per_s is not None and not (rate_per_s > 0 and math.isfinite(rate_per_s)):
-        raise WorkloadError(f"rate must be a positive number, got {rate_per_s}")
+    if rate_per_s is not None and not MIN_RATE_PER_S <= rate_per_s <= MAX_RATE_PER_S:
+        raise WorkloadError(
+            f"rate must be from {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:,.0f} arrivals per "
+            f"second, got {rate_per_s:g}"
+        )
     out: list[WorkloadRequest] = []
     t = 0.0
     for _ in range(requests):
@@ -140,7 +153,9 @@ class TraceRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arrival_s: float = Field(ge=0, allow_inf_nan=False, description="Arrival time, seconds.")
+    arrival_s: float = Field(
+        ge=0, le=MAX_ARRIVAL_S, allow_inf_nan=False, description="Arrival time, seconds."
+    )
     prompt_tokens: int = Field(ge=1, le=MAX_TOKENS, description="Prompt length, tokens.")
     output_tokens: int = Field(ge=1, le=MAX_TOKENS, description="Tokens to generate.")
 

@@ -25,7 +25,13 @@ from pydantic.alias_generators import to_camel
 from tiergate.common.tiers import Tier
 from tiergate.common.validation import first_problem
 from tiergate.sim_nodes.catalogs import Dtype
-from tiergate.sim_nodes.engine.workload import LengthDistribution, WorkloadError, parse_length
+from tiergate.sim_nodes.engine.workload import (
+    MAX_RATE_PER_S,
+    MIN_RATE_PER_S,
+    LengthDistribution,
+    WorkloadError,
+    parse_length,
+)
 
 from .errors import PlanError
 from .files import parse_yaml, read_text
@@ -105,8 +111,8 @@ class TierDemand(_Model):
     model: str = Field(max_length=200, description="Catalog model the tier serves.")
     rate_per_s: float | None = Field(
         default=None,
-        ge=0.001,
-        le=1_000_000,
+        ge=MIN_RATE_PER_S,
+        le=MAX_RATE_PER_S,
         description="Poisson arrivals per second (omit with a trace).",
     )
     prompt_tokens: str = Field(default="1024", description="N, uniform:A:B or lognormal:M:S.")

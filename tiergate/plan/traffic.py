@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tiergate.common.tiers import Tier
 from tiergate.common.validation import first_problem
-from tiergate.sim_nodes.engine.workload import WorkloadRequest
+from tiergate.sim_nodes.engine.workload import MAX_ARRIVAL_S, WorkloadRequest
 from tiergate.sim_nodes.perf import Workload
 
 from .errors import PlanError
@@ -61,7 +61,7 @@ class TraceLine(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arrival_s: float = Field(
-        ge=0, le=1e9, allow_inf_nan=False, description="Arrival time, seconds."
+        ge=0, le=MAX_ARRIVAL_S, allow_inf_nan=False, description="Arrival time, seconds."
     )
     tier: Tier = Field(description="The tier the request asks for.")
     prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS, description="Prompt length, tokens.")

@@ -159,6 +159,11 @@ def test_trace_loads_sorted_and_limited(tmp_path: Path) -> None:
             "line 1: not JSON",
         ),
         ('{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 1}\n', "line 1: arrival_s"),
+        # Past 1e9 s a latency would be lost to the float's step (at 1e15 s, every one read 0).
+        (
+            '{"arrival_s": 1e15, "prompt_tokens": 5, "output_tokens": 1}\n',
+            "line 1: arrival_s: Input should be less than or equal to 1000000000",
+        ),
         ("[1, 2]\n", "line 1: record"),
         ("\n\n", "has no requests"),
     ],

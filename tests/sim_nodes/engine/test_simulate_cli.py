@@ -62,6 +62,8 @@ def test_human_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
         (["--prompt-tokens", "uniform:9:1"], "uniform needs"),
         (["--output-tokens", "lots"], "bad length"),
         (["--rate", "0"], "positive number"),
+        (["--rate", "1e-308"], "rate must be from 0.001 to 1,000,000 arrivals per second"),
+        (["--rate", "2e6"], "rate must be from 0.001 to 1,000,000 arrivals per second"),
         (["--rate", "1", "--trace", "x.jsonl"], "not allowed with"),
         (["--trace", "/does/not/exist.jsonl"], "cannot read trace"),
         (["--prompt-tokens", "200000"], "context of llama-3.1-8b"),
