@@ -7,8 +7,9 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from cli_status import run_cli
 
-from tiergate.cli import COMMANDS, main
+from tiergate.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,13 +27,7 @@ REQUIRED_JSON = {
 }
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse exits on its own for usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def test_perf_json_is_one_object_with_the_contract_fields(

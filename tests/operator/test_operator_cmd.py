@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_status import exit_status
 
 from tiergate.cli import build_parser
 from tiergate.operator.commands.operator_cmd import PEERING_NAME, operator_options
@@ -143,14 +144,8 @@ def test_the_timer_ticks_at_the_interval_it_is_registered_with() -> None:
     assert (timer.interval, timer.initial_delay) == (5, 5)
 
 
-def exit_status(*argv: str) -> int:
-    """main()'s status, whether it returns it or argparse exits with it."""
-    from tiergate.cli import main
-
-    try:
-        return main(["operator", "--image", "t:x", "--standalone", *argv])
-    except SystemExit as exc:
-        return int(exc.code or 0)
+def operator_status(*argv: str) -> int:
+    return exit_status(["operator", "--image", "t:x", "--standalone", *argv])
 
 
 @pytest.mark.parametrize(
@@ -166,7 +161,7 @@ def exit_status(*argv: str) -> int:
 def test_a_port_out_of_range_is_one_line(
     capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
 ) -> None:
-    assert exit_status(flag, value) == 2
+    assert operator_status(flag, value) == 2
     err = capsys.readouterr().err
     assert err == f"tiergate operator: error: argument {flag}: {message}\n"
 
@@ -195,7 +190,7 @@ def test_a_kubeconfig_that_is_not_one_is_one_line_not_quoting_it(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_bytes(content)
-    assert exit_status("--kubeconfig", str(kubeconfig)) == 2
+    assert operator_status("--kubeconfig", str(kubeconfig)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"tiergate operator: error: no Kubernetes credentials: {kubeconfig} ")
     assert err.count("\n") == 1 and message in err and SECRET not in err

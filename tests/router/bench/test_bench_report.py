@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 from bench_helpers import models_response, small_workload, sse, text_chunks
+from cli_status import run_cli
 
 from tiergate.bench import BenchReport, BenchSettings, run_bench
 from tiergate.bench.errors import BenchError
 from tiergate.bench.report import PLOT_INSTALL_HINT, render_table, write_json, write_plot
-from tiergate.cli import main
 
 #: $ per output token of each tier, and the model each tier serves.
 PRICE = {"batched": 1e-6, "premium": 6e-6, "wafer-scale": 3e-6}
@@ -107,12 +107,7 @@ async def test_a_plot_without_cost_data_is_an_error(tmp_path: Path) -> None:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(["bench", *argv])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, "bench", *argv)
 
 
 def test_plot_without_matplotlib_fails_first_with_the_install_hint(

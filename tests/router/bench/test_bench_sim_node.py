@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_status import run_cli
 
-from tiergate.cli import main
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
@@ -47,12 +47,7 @@ def node_url(served: Callable[[Any], AbstractContextManager[str]]) -> Iterator[s
 
 
 def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(["bench", *argv])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, "bench", *argv)
 
 
 def test_a_run_against_a_sim_node(

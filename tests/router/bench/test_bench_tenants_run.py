@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from bench_helpers import TickingClock, models_response, small_workload, sse, text_chunks
+from cli_status import run_cli
 
 from tiergate.bench import BenchReport, BenchSettings, BenchTenant, run_bench
 from tiergate.bench.errors import BenchError
 from tiergate.bench.pacing import MAX_RETRY_AFTER_S, Schedule, pause_after_429
-from tiergate.cli import main
 
 SSE = {"content-type": "text/event-stream"}
 #: Prompt tokens each key's replies report, so a tenant's row shows whose key it sent.
@@ -205,12 +205,7 @@ async def test_a_tenant_whose_key_is_refused_stops_the_run_before_any_load() -> 
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(["bench", "--router", "http://127.0.0.1:9", *argv])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, "bench", "--router", "http://127.0.0.1:9", *argv)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_status import exit_status
 
 from tiergate.cli import main
 
@@ -81,16 +82,8 @@ def test_human_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
 def test_bad_input_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
-    assert exit_code([*BASE, *extra]) == 2
+    assert exit_status([*BASE, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
-
-
-def exit_code(argv: list[str]) -> int:
-    """main()'s status, whether it returns it or argparse exits with it."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)

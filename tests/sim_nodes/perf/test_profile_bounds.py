@@ -10,9 +10,9 @@ import math
 from typing import Any
 
 import pytest
+from cli_status import exit_status
 from pydantic import BaseModel
 
-from tiergate.cli import main
 from tiergate.sim_nodes.catalogs import Accelerator, ModelProfile, default_catalog
 
 CATALOG = default_catalog()
@@ -60,11 +60,7 @@ def _perf(capsys: pytest.CaptureFixture[str], model: dict[str, Any], acc: dict[s
     argv = ["perf", "--model", "m", "--accelerator", "a", "--json",
             "--model-profile-json", json.dumps(model),
             "--accelerator-profile-json", json.dumps(acc)]  # fmt: skip
-    try:
-        status = main(argv)
-    except SystemExit as exit_:
-        status = exit_.code
-    return status, capsys.readouterr()
+    return exit_status(argv), capsys.readouterr()
 
 
 @pytest.mark.parametrize(("which", "field", "value"), CASES, ids=lambda x: str(x))

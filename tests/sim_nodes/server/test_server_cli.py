@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_status import exit_status
 
 from tiergate.cli import main
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -240,11 +241,7 @@ def test_a_bad_inline_profile_is_one_line_exit_2(
 ) -> None:
     flags, words = BAD_PROFILES[case]
     argv = ["sim-node", "--model", "team-70b", "--accelerator", "h100-sxm", "--port", "0", *flags]
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse refuses a flag value by exiting
-        code = int(exc.code or 0)
-    assert code == 2
+    assert exit_status(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert words in err, err
@@ -337,11 +334,7 @@ BAD_POOL_JSON = {
 @pytest.mark.parametrize("case", list(BAD_POOL_JSON))
 def test_a_bad_pool_json_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], case: str) -> None:
     flags, words = BAD_POOL_JSON[case]
-    try:
-        code = main(["sim-node", "--port", "0", *flags])
-    except SystemExit as exc:  # argparse refuses a flag value by exiting
-        code = int(exc.code or 0)
-    assert code == 2
+    assert exit_status(["sim-node", "--port", "0", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tiergate sim-node: error: ")
     assert err.count("\n") == 1 and "Traceback" not in err

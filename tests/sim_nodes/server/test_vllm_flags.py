@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_status import exit_status
 
 from tiergate.cli import build_parser, main
 from tiergate.common.cli import CliError
@@ -104,11 +105,7 @@ def test_a_bad_vllm_line_is_one_line_and_exit_2(
 ) -> None:
     monkeypatch.setenv("TIERGATE_ACCELERATOR", "h100-sxm")
     monkeypatch.delenv("TIERGATE_POOL_JSON", raising=False)
-    try:
-        code = main(["sim-node", *argv, "--port", "0"])
-    except SystemExit as exc:  # argparse's own errors
-        code = int(exc.code or 0)
-    assert code == 2
+    assert exit_status(["sim-node", *argv, "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
 
