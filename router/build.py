@@ -89,6 +89,7 @@ def build_app(
     outliers = OutlierDetector(pool_members=pool_members)
     upstream = Upstream(
         attempts=settings.upstream_attempts,
+        max_reply_bytes=settings.max_reply_bytes,
         on_success=outliers.record_success,
         on_failure=lambda e: outliers.record_failure(e, clock()),
     )

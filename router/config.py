@@ -49,6 +49,7 @@ __all__ = [
     "BackgroundLoad",
     "Billing",
     "ConfigError",
+    "MAX_REPLY_BYTES",
     "ConnectionSettings",
     "EppTls",
     "LocalSettings",
@@ -58,6 +59,12 @@ __all__ = [
     "RouterSettings",
     "load_config",
 ]
+
+
+#: The largest whole reply read from a node by default (router.maxReplyBytes): far past a real
+#: one (a chat reply with `n: 16` choices of 32k tokens is about 2 MB, with 20 `top_logprobs`
+#: for every token about 40 MB), small enough that a few at once fit in memory.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -349,6 +356,15 @@ class RouterSettings(_Model):
     )
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest request body; larger: 413."
+    )
+    max_reply_bytes: int = Field(
+        default=MAX_REPLY_BYTES,
+        ge=64 * 1024,
+        le=2**40,
+        description=(
+            "Largest whole reply read from a node or hosted API (decompressed); larger: 502 "
+            "`bad_upstream_reply`, and the rest is left unread."
+        ),
     )
     connections: ConnectionSettings = Field(
         default_factory=ConnectionSettings,

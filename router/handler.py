@@ -297,7 +297,7 @@ class Router:
             else:
                 await relay_whole(
                     ex.send, opened, pool, reply_headers, done,
-                    service_tier=service_tier, settle=settle, guard=guard,
+                    service_tier=service_tier, settle=settle, guard=guard, request=request,
                     model=request.model if pool.spec.endpoint is not None else None,
                 )  # fmt: skip
         finally:

@@ -32,7 +32,7 @@ from tiergate.router.request.refusal import hosted_refusal
 from tiergate.router.request.relay import bad_reply, bill
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
-from tiergate.router.upstream.proxy import UpstreamError
+from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamError
 from tiergate.router.upstream.reply import Reply
 
 log = logging.getLogger("tiergate.router")
@@ -261,6 +261,8 @@ async def _first_reply(
             with ex.guard.cancellable():
                 body = await opened.read()
             one.status = opened.status
+        except ReplyTooLarge as exc:
+            raise bad_reply(f"the serving node's reply is {exc}") from None
         except UpstreamError as exc:
             raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
         finally:
@@ -274,7 +276,7 @@ async def _first_reply(
             return None, "no reply", body
         try:
             reply = json.loads(body)
-            bill(one, pool, reply)
+            bill(one, pool, reply, attempt)
             if opened.endpoint.hosted is not None:  # the provider's name for it is not the client's
                 reply["model"] = attempt.model
         except (ValueError, TypeError, AttributeError):

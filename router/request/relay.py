@@ -7,6 +7,13 @@ ledger even if the router is SIGKILLed the next moment. A stream's row is writte
 token and amended every `BILL_INTERVAL_S` while it runs (`bill_so_far`), so a router killed
 mid-stream has billed what it relayed up to then.
 
+What a node's usage says is billed, within what the request could have cost: no more output
+tokens than its cap (or the model's context) for each sequence, nor prompt tokens than the
+context for each, so a node's absurd count cannot bill a tenant millions (`capped`, logged
+as `event=usage_capped`). A whole reply that leaves a count out is billed the router's
+estimate of it (`event=usage_estimated`), as a stream that says no usage is. A stream whose
+body ends without its `data: [DONE]` failed mid-stream: it ends with an error event.
+
 A stream's response starts only with its first token (`first_token`): a node that fails before
 it (killed while the request waited or prefilled) has shown the client nothing, so the handler
 gives the request to another endpoint; once a token is out, a failure ends the stream with an
@@ -27,11 +34,11 @@ from tiergate.router.base.jsonbytes import dumps as json_bytes
 from tiergate.router.base.jsonbytes import loads_reply
 from tiergate.router.base.metrics import RelayMetrics
 from tiergate.router.discovery.view import RoutedPool
-from tiergate.router.request.body import CompletionRequest
+from tiergate.router.request.body import CHARS_PER_TOKEN, CompletionRequest
 from tiergate.router.request.progress import Progress
 from tiergate.router.request.refusal import hosted_refusal
 from tiergate.router.upstream.disconnect import DisconnectGuard
-from tiergate.router.upstream.proxy import UpstreamError
+from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamError
 from tiergate.router.upstream.reply import Reply
 from tiergate.router.upstream.sse import DONE, StreamRewriter, usage_tokens
 
@@ -46,14 +53,71 @@ def bad_reply(message: str) -> RouterError:
     return RouterError(502, message, type="server_error", code="bad_upstream_reply")
 
 
-def bill(done: Progress, pool: RoutedPool, reply: dict[str, Any]) -> None:
+def bill(
+    done: Progress, pool: RoutedPool, reply: dict[str, Any], request: CompletionRequest
+) -> None:
     """Count the reply's usage and cost into `done`, and add the cost to the reply. ValueError
-    for usage counts that are not token counts (router/upstream/sse.py `usage_tokens`)."""
-    usage = reply.get("usage") or {}
-    done.prompt_tokens, done.completion_tokens = usage_tokens(usage)
+    for usage counts that are not token counts (router/upstream/sse.py `usage_tokens`); a
+    count left out is estimated, one past what the request could produce capped."""
+    usage = reply.get("usage")
+    said = usage if isinstance(usage, dict) else {}
+    prompt, completion = usage_tokens(said)
+    missing = [key for key in ("prompt_tokens", "completion_tokens") if said.get(key) is None]
+    if "prompt_tokens" in missing:
+        prompt = request.prompt_tokens_estimate
+    if "completion_tokens" in missing:
+        completion = _output_estimate(reply)
+    if missing:
+        log.warning("event=usage_estimated pool=%s missing=%s prompt_tokens=%d "
+                    "completion_tokens=%d", pool.spec.name, ",".join(missing), prompt,
+                    completion)  # fmt: skip
+    done.prompt_tokens, done.completion_tokens = capped(pool, request, prompt, completion)
     done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
-    if isinstance(reply.get("usage"), dict):
-        reply["usage"]["cost_usd"] = round(done.cost_usd, 10)
+    if isinstance(usage, dict):
+        usage["cost_usd"] = round(done.cost_usd, 10)
+
+
+def capped(
+    pool: RoutedPool, request: CompletionRequest, prompt: int, completion: int, say: bool = True
+) -> tuple[int, int]:
+    """A node's counts, each at most what the request could have used: for every sequence,
+    the context in prompt tokens, and its output cap (else the context) in output tokens.
+    Counts past that are a node's error: the request is billed its most, and (`say`) it is
+    logged."""
+    context = pool.max_context_tokens
+    most_prompt = context * request.sequences
+    most_completion = (request.max_tokens or context) * request.sequences
+    if prompt <= most_prompt and completion <= most_completion:
+        return prompt, completion
+    if say:
+        log.warning("event=usage_capped pool=%s prompt_tokens=%d completion_tokens=%d "
+                    "most_prompt=%d most_completion=%d", pool.spec.name, prompt, completion,
+                    most_prompt, most_completion)  # fmt: skip
+    return min(prompt, most_prompt), min(completion, most_completion)
+
+
+def _output_estimate(reply: dict[str, Any]) -> int:
+    """The output tokens of a reply that does not say them: its text (and tool calls), a token
+    per `CHARS_PER_TOKEN` characters, at least one per choice, as the prompt is estimated."""
+    choices = reply.get("choices")
+    if not isinstance(choices, list):
+        return 0
+    tokens = 0
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        parts: list[Any] = [choice.get("text")]
+        if isinstance(message, dict):
+            parts += [message.get("content"), message.get("reasoning_content")]
+            calls = message.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    parts += [function.get("name"), function.get("arguments")]
+        chars = sum(len(part) for part in parts if isinstance(part, str))
+        tokens += max(1, -(-chars // CHARS_PER_TOKEN))
+    return tokens
 
 
 async def relay_whole(
@@ -66,6 +130,7 @@ async def relay_whole(
     service_tier: str,
     settle: Callable[[], Awaitable[None]],
     guard: DisconnectGuard,
+    request: CompletionRequest,
     model: str | None = None,
 ) -> None:
     """Relay a whole reply; `service_tier` is the value its body's field gets
@@ -74,6 +139,10 @@ async def relay_whole(
     try:
         with guard.cancellable():  # a client that leaves ends the wait (and the node's work)
             body = await opened.read()
+    except ReplyTooLarge as exc:
+        log.warning("event=upstream_reply_too_large pool=%s endpoint=%s limit=%d",
+                    pool.spec.name, opened.endpoint.url, exc.limit)  # fmt: skip
+        raise bad_reply(f"the serving node's reply is {exc}") from None
     except UpstreamError as exc:
         raise bad_reply(f"the serving node's reply was cut short ({exc})") from None
     done.status = opened.status
@@ -89,7 +158,7 @@ async def relay_whole(
         return
     try:
         data, dumps = loads_reply(body)
-        bill(done, pool, data)
+        bill(done, pool, data, request)
         data["service_tier"] = service_tier
         if model is not None:
             data["model"] = model
@@ -102,7 +171,14 @@ async def relay_whole(
     await send_bytes(send, 200, payload, encode_headers(headers))
 
 
-def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_estimate: int) -> None:
+def tally(
+    done: Progress,
+    rewriter: StreamRewriter,
+    pool: RoutedPool,
+    request: CompletionRequest,
+    *,
+    final: bool = False,
+) -> None:
     """The stream's tokens and cost so far, into `done`.
 
     The node's latest usage says them (on every chunk: the router asks for it), so a stream cut
@@ -110,13 +186,15 @@ def tally(done: Progress, rewriter: StreamRewriter, pool: RoutedPool, prompt_est
     prompt as the node counted it and every token of the chunks relayed. Chunks relayed after
     it count a token each, and a node that never says its usage is billed so: a token per
     content chunk, and, once a token came out (the node had read the whole prompt), the prompt
-    at the router's estimate (`prompt_estimate`)."""
+    at the router's estimate (`prompt_tokens_estimate`). Each within what the request could use
+    (`capped`; logged once, at the `final` tally)."""
     if rewriter.counts is not None:  # checked (`usage_tokens`)
-        done.prompt_tokens, completion_tokens = rewriter.counts
-        done.completion_tokens = completion_tokens + rewriter.chunks_since_usage
+        prompt, completion = rewriter.counts
+        completion += rewriter.chunks_since_usage
     else:
-        done.completion_tokens = rewriter.content_chunks
-        done.prompt_tokens = prompt_estimate if rewriter.content_chunks else 0
+        completion = rewriter.content_chunks
+        prompt = request.prompt_tokens_estimate if rewriter.content_chunks else 0
+    done.prompt_tokens, done.completion_tokens = capped(pool, request, prompt, completion, final)
     done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
 
 
@@ -148,7 +226,10 @@ async def first_token(
         service_tier,
         include_usage=request.include_usage,
         continuous_usage=request.continuous_usage,
-        cost_of=pool.cost_usd,
+        # The cost its usage chunks say is the billed one: within what the request could use.
+        cost_of=lambda prompt, completion: pool.cost_usd(
+            *capped(pool, request, prompt, completion, say=False)
+        ),
         model=request.model if pool.spec.endpoint is not None else None,
     )
     chunks = opened.chunks()
@@ -208,9 +289,11 @@ async def relay_stream(
             await send({"type": "http.response.body", "body": out, "more_body": True})
             if rewriter.content_chunks and not settled:
                 if billed_s is None or now - billed_s >= BILL_INTERVAL_S:
-                    tally(done, rewriter, pool, request.prompt_tokens_estimate)
+                    tally(done, rewriter, pool, request)
                     bill_so_far()
                     billed_s = now
+        if not (rewriter.done or rewriter.error):  # the body ended; the stream said no end
+            raise UpstreamError("the stream ended without data: [DONE]")
         done.outcome = "error" if rewriter.error else "ok"
     except asyncio.CancelledError:
         if not client.left():
@@ -225,7 +308,7 @@ async def relay_stream(
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         client.stop()
-    tally(done, rewriter, pool, request.prompt_tokens_estimate)
+    tally(done, rewriter, pool, request, final=True)
     _observe_tpot(metrics, pool.spec.tier, done, last_chunk_s - start_s)
     if not client.gone:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -260,7 +343,7 @@ async def _settle_before_done(
     head, end, tail = out.partition(DONE)
     if head:
         await send({"type": "http.response.body", "body": head, "more_body": True})
-    tally(done, first.rewriter, first.pool, request.prompt_tokens_estimate)
+    tally(done, first.rewriter, first.pool, request)
     done.outcome = "error" if first.rewriter.error else "ok"
     await settle()
     return end + tail

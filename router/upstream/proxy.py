@@ -14,6 +14,11 @@ endpoint, with a short backoff, at most `attempts` times; nothing has reached th
 so a retry is invisible to it. Once the body starts flowing the caller owns the response: a
 failure then is mid-stream (`UpstreamError`) and is the caller's to report.
 
+Redirects are never followed: a 3xx is the endpoint's failure, like a 502. An endpoint that
+sent the request elsewhere would send the prompt to a host no pool names. A whole reply larger
+than `max_reply_bytes` (after decompression) is refused as it arrives (`ReplyTooLarge`), so a
+misbehaving endpoint cannot make the router buffer gigabytes.
+
 Whose fault a failure is decides whether it counts against the endpoint (outlier detection).
 A connection error, a timeout, 429, 502, 503 or 504 says the endpoint is down or overloaded:
 it counts at once. A 500 is an answer from a live endpoint, and the request itself may be
@@ -33,6 +38,7 @@ import aiohttp
 from yarl import URL
 
 from tiergate.router.base.errors import RouterError
+from tiergate.router.config import MAX_REPLY_BYTES
 from tiergate.router.endpoints.hosted import HostedApi, KeyUnavailable
 from tiergate.router.endpoints.state import EndpointState
 
@@ -82,6 +88,14 @@ class UpstreamError(Exception):
     """The upstream connection failed after the response started (reset, timeout, bad framing)."""
 
 
+class ReplyTooLarge(UpstreamError):
+    """A whole reply went past `max_reply_bytes`; the rest of it is left unread."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"larger than {limit} bytes")
+        self.limit = limit
+
+
 @dataclass(slots=True)
 class Opened:
     """An upstream response whose headers have arrived; its body is still to be read.
@@ -94,6 +108,7 @@ class Opened:
     endpoint: EndpointState
     response: aiohttp.ClientResponse
     attempts: int  # how many endpoints were tried (1 = no retry)
+    max_reply_bytes: int = MAX_REPLY_BYTES
     closed: bool = False
 
     @property
@@ -105,11 +120,19 @@ class Opened:
         return self.response.headers.get("content-type", "")
 
     async def read(self) -> bytes:
-        """The whole body; UpstreamError if the connection fails while reading it."""
+        """The whole body; UpstreamError if the connection fails while reading it, and
+        ReplyTooLarge past `max_reply_bytes` (counted as decoded: a compressed reply too)."""
+        parts: list[bytes] = []
+        size = 0
         try:
-            return await self.response.read()
+            async for chunk in self.response.content.iter_any():
+                size += len(chunk)
+                if size > self.max_reply_bytes:
+                    raise ReplyTooLarge(self.max_reply_bytes)
+                parts.append(chunk)
         except CONNECTION_ERRORS as exc:
             raise UpstreamError(type(exc).__name__) from exc
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; UpstreamError if the connection fails on the way."""
@@ -135,12 +158,14 @@ class Upstream:
         max_connections: int = MAX_CONNECTIONS,
         timeout: aiohttp.ClientTimeout = UPSTREAM_TIMEOUT,
         attempts: int = 3,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
         on_success: Callable[[EndpointState], object] = lambda e: None,
         on_failure: Callable[[EndpointState], object] = lambda e: None,
     ) -> None:
         self.max_connections = max_connections
         self.timeout = timeout
         self.attempts = attempts
+        self.max_reply_bytes = max_reply_bytes
         self._on_success = on_success
         self._on_failure = on_failure
         self._session: aiohttp.ClientSession | None = None
@@ -207,8 +232,9 @@ class Upstream:
             endpoint.inflight += 1
             try:
                 response = await session.post(
-                    self._url(url), data=data, headers=sent, timeout=timeout
-                )
+                    self._url(url), data=data, headers=sent, timeout=timeout,
+                    allow_redirects=False,
+                )  # fmt: skip
             except (*CONNECTION_ERRORS, ValueError) as exc:  # ValueError: a URL it cannot use
                 endpoint.inflight -= 1
                 self._on_failure(endpoint)
@@ -218,24 +244,30 @@ class Upstream:
                 endpoint.inflight -= 1
                 raise
             refused_key = hosted is not None and response.status in (401, 403)
-            if response.status in RETRYABLE_STATUSES or refused_key:
+            redirected = 300 <= response.status < 400
+            if response.status in RETRYABLE_STATUSES or refused_key or redirected:
                 endpoint.inflight -= 1
                 response.close()
                 if refused_key:
                     log.warning("event=provider_refused_key pool=%s status=%d",
                                 endpoint.pool, response.status)  # fmt: skip
                     self._on_failure(endpoint)
+                elif redirected:  # where it points is not logged: it may carry a secret
+                    log.warning("event=upstream_redirect pool=%s endpoint=%s status=%d",
+                                endpoint.pool, endpoint.url, response.status)  # fmt: skip
+                    self._on_failure(endpoint)
                 elif response.status == 500:
                     answered_500.append(endpoint)
                 else:
                     self._on_failure(endpoint)
-                failures.append((endpoint, f"HTTP {response.status}"))
+                why = f"HTTP {response.status}" + (" (redirects are not followed)" * redirected)
+                failures.append((endpoint, why))
                 continue
             if response.status < 300:
                 for failed in answered_500:  # the request was fine: those endpoints were not
                     self._on_failure(failed)
             self._on_success(endpoint)
-            return Opened(endpoint, response, len(failures) + 1)
+            return Opened(endpoint, response, len(failures) + 1, self.max_reply_bytes)
         raise self._unavailable(endpoints, failures, headers)
 
     @staticmethod
