@@ -149,7 +149,7 @@ def test_the_router_calls_the_provider_with_the_secrets_key_and_bills_the_stated
     replies: list[httpx.Response] = []
 
     def served() -> bool:  # until the router has seen the pool and read its Secret
-        replies.append(hosted.chat("batched", max_tokens=5))
+        replies.append(hosted.chat("batched", max_tokens=COMPLETION_TOKENS))
         return replies[-1].status_code == 200
 
     hosted.release.wait(served, "a reply from the hosted pool", 60)

@@ -28,7 +28,7 @@ from tiergate.router.request.accounting import Accountant
 from tiergate.router.request.body import CompletionRequest
 from tiergate.router.request.exchange import Exchange
 from tiergate.router.request.progress import Progress
-from tiergate.router.request.refusal import hosted_refusal
+from tiergate.router.request.refusal import hosted_refusal, node_refusal
 from tiergate.router.request.relay import bad_reply, bill
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
@@ -273,6 +273,8 @@ async def _first_reply(
             hosted = opened.endpoint.hosted
             if hosted is not None:
                 body = hosted_refusal(body, one.status, hosted.model, attempt.model)
+            else:
+                body = node_refusal(body, one.status)
             return None, "no reply", body
         try:
             reply = json.loads(body)

@@ -36,7 +36,7 @@ from tiergate.router.base.metrics import RelayMetrics
 from tiergate.router.discovery.view import RoutedPool
 from tiergate.router.request.body import CHARS_PER_TOKEN, CompletionRequest
 from tiergate.router.request.progress import Progress
-from tiergate.router.request.refusal import hosted_refusal
+from tiergate.router.request.refusal import hosted_refusal, node_refusal
 from tiergate.router.upstream.disconnect import DisconnectGuard
 from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamError
 from tiergate.router.upstream.reply import Reply
@@ -152,6 +152,8 @@ async def relay_whole(
         hosted = opened.endpoint.hosted
         if hosted is not None and model is not None:
             body = hosted_refusal(body, opened.status, hosted.model, model)
+        else:
+            body = node_refusal(body, opened.status)
         done.outcome = "rejected"
         await settle()
         await send_bytes(send, opened.status, body, encode_headers(headers))

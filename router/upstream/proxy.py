@@ -204,8 +204,8 @@ class Upstream:
         A hosted API's endpoint is sent `hosted_body(api)` instead (the provider's model name),
         with the provider's key and none of `headers` (`HostedApi.headers`), at its own URL and
         timeout. Returns the first non-retryable response (2xx, or a 4xx that is the request's
-        fault, passed through to the client; a provider's 401 or 403 refuses the router's key,
-        not the request, and counts as its failure). Raises UpstreamUnavailable (a 503) when
+        fault, passed through to the client; a 401 or 403 refuses the router, not the request,
+        and counts as the endpoint's failure). Raises UpstreamUnavailable (a 503) when
         every attempt failed; its message names no endpoint (the log line
         `upstream_unavailable` does).
         """
@@ -243,14 +243,21 @@ class Upstream:
             except BaseException:
                 endpoint.inflight -= 1
                 raise
-            refused_key = hosted is not None and response.status in (401, 403)
+            # A node is sent no client's key: its 401 or 403 refuses the router (a node that
+            # wants a key it is not given, a provider that refuses the pool's), not the request.
+            refused_key = response.status in (401, 403)
             redirected = 300 <= response.status < 400
             if response.status in RETRYABLE_STATUSES or refused_key or redirected:
                 endpoint.inflight -= 1
                 response.close()
                 if refused_key:
-                    log.warning("event=provider_refused_key pool=%s status=%d",
-                                endpoint.pool, response.status)  # fmt: skip
+                    if hosted is not None:
+                        log.warning("event=provider_refused_key pool=%s status=%d",
+                                    endpoint.pool, response.status)  # fmt: skip
+                    else:
+                        log.warning("event=endpoint_refused_router pool=%s endpoint=%s "
+                                    "status=%d (does it want an API key?)",
+                                    endpoint.pool, endpoint.url, response.status)  # fmt: skip
                     self._on_failure(endpoint)
                 elif redirected:  # where it points is not logged: it may carry a secret
                     log.warning("event=upstream_redirect pool=%s endpoint=%s status=%d",

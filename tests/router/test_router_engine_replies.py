@@ -18,6 +18,7 @@ import pytest
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.view import StaticSource, build_view
+from tiergate.router.upstream.sse import MAX_EVENT_BYTES
 from tiergate.sim_nodes.catalogs import default_catalog
 
 #: Real processes and servers, or seconds of work: left out of `make test-fast`.
@@ -52,10 +53,16 @@ def chunk(content: str | None, usage: dict[str, int] | None = None) -> bytes:
 
 
 def node(
-    status: int, body: bytes, headers: list[tuple[bytes, bytes]], hits: list[int] | None = None
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    hits: list[int] | None = None,
+    *,
+    hold: bool = False,
 ) -> Callable[..., Any]:
     """A node answering every completion with `status`, `headers` and `body` (sent in 64 KiB
-    pieces), and its scrapes as an idle vLLM's; `hits` counts the completions it got."""
+    pieces), and its scrapes as an idle vLLM's; `hits` counts the completions it got. `hold`:
+    the body never ends, the node waits for the router to hang up."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -72,6 +79,10 @@ def node(
         for at in range(0, len(body), 1 << 16):
             await send({"type": "http.response.body", "body": body[at : at + (1 << 16)],
                         "more_body": True})  # fmt: skip
+        if hold:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            return
         await send({"type": "http.response.body", "body": b""})
 
     return app
@@ -80,6 +91,8 @@ def node(
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream")]
 SINK_HITS: list[int] = []
+#: The start of an event longer than the router holds, sent in 64 KiB pieces.
+UNENDING = b"data: " + b"x" * (MAX_EVENT_BYTES + (1 << 16))
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +114,16 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
             "absurd": node(200, whole(absurd), JSON),
             "absurd-stream": node(200, chunk("one") + chunk(None, absurd) + b"data: [DONE]\n\n",
                                   SSE),
+            # sse-starlette's line ends.
+            "crlf": node(200, (chunk("one", {"prompt_tokens": 3, "completion_tokens": 1})
+                               + chunk(None, {"prompt_tokens": 3, "completion_tokens": 1})
+                               + b"data: [DONE]\n\n").replace(b"\n", b"\r\n"), SSE),
+            # An event that never ends, after a token and before any.
+            "unending": node(200, chunk("one") + UNENDING, SSE, hold=True),
+            "unending-first": node(200, UNENDING, SSE, hold=True),
+            "html-404": node(404, b"<html>Not Found</html>", JSON),
+            # vLLM started with --api-key answers so when it is not given the key.
+            "wants-key": node(401, b'{"error": "Unauthorized"}', JSON),
         }  # fmt: skip
         pools = "".join(
             f"  - {{name: {name}, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
@@ -167,6 +190,36 @@ def test_a_stream_that_ends_without_done_ends_with_an_error_event(system: dict[s
     assert (outcome, status, completion) == ("upstream_error", 200, 2)
 
 
+def test_a_stream_with_crlf_line_ends_is_relayed_and_billed(system: dict[str, Any]) -> None:
+    request = ask("crlf", stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", system["url"], json=request, timeout=30) as r:
+        assert r.status_code == 200
+        body = r.read()
+    assert b"\r" not in body and body.endswith(b"\n\ndata: [DONE]\n\n")
+    first, usage, done = [e[6:] for e in body.split(b"\n\n") if e]
+    assert json.loads(first)["choices"][0]["delta"]["content"] == "one"
+    assert json.loads(usage)["usage"]["cost_usd"] == pytest.approx(3 * IN_USD + OUT_USD)
+    assert rows(system, "crlf") == [("ok", 200, 3, 1, pytest.approx(3 * IN_USD + OUT_USD))]
+
+
+def test_an_event_that_never_ends_ends_the_stream_with_an_error_event(
+    system: dict[str, Any],
+) -> None:
+    """The node holds its connection open: only the bound on an event ends the stream."""
+    with httpx.stream("POST", system["url"], json=ask("unending", stream=True), timeout=20) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "one"
+    assert json.loads(events[-1])["error"]["code"] == "upstream_failed"  # the relay's, for a node
+
+
+def test_an_event_that_never_ends_before_a_token_is_a_502(system: dict[str, Any]) -> None:
+    reply = httpx.post(system["url"], json=ask("unending-first", stream=True), timeout=20)
+    assert reply.status_code == 502
+    error = reply.json()["error"]
+    assert error["code"] == "bad_upstream_reply" and "before the first token" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("pool", "prompt", "completion"),
     [
@@ -207,3 +260,23 @@ def test_usage_past_what_the_request_could_produce_is_billed_at_its_most(
     cost = 3 * IN_USD + 20 * OUT_USD
     assert said == pytest.approx(cost)  # what the client is told it costs is what is billed
     assert rows(system, pool) == [("ok", 200, 3, 20, pytest.approx(cost))]
+
+
+def test_a_node_s_refusal_that_is_no_openai_error_becomes_one(system: dict[str, Any]) -> None:
+    reply = httpx.post(system["url"], json=ask("html-404"), timeout=30)
+    assert reply.status_code == 404
+    assert reply.json() == {"error": {
+        "message": "the serving node refused the request (HTTP 404) without an OpenAI error",
+        "type": "invalid_request_error", "code": None}}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_node_that_wants_a_key_is_the_endpoint_s_failure_not_the_client_s(
+    system: dict[str, Any], stream: bool
+) -> None:
+    """The router sends a node no client's key: a 401 is the node refusing the router. The
+    client is not told its own key was refused."""
+    reply = httpx.post(system["url"], json=ask("wants-key", stream=stream), timeout=30)
+    assert reply.status_code == 503
+    error = reply.json()["error"]
+    assert error["code"] == "upstream_unavailable" and "last: HTTP 401" in error["message"]
