@@ -1,7 +1,9 @@
 """A node's or a hosted API's refusal of a request (its 4xx), as the client is to see it.
 
-A node's OpenAI error envelope passes as it is (vLLM's says what the request got wrong); a body
-that is none (an HTML 404 page, a proxy's text) becomes an envelope that says only the status.
+A node's OpenAI error envelope passes as it is (vLLM's says what the request got wrong). SGLang
+writes its error's fields at the top level (`{"object": "error", "message": ...}`, as vLLM once
+did): they are put in an envelope, so that OpenAI's clients read the message. A body that is
+neither (an HTML 404 page, a proxy's text) becomes an envelope that says only the status.
 
 A hosted API's refusal is told in the pool's names.
 
@@ -23,7 +25,17 @@ __all__ = ["hosted_refusal", "node_refusal"]
 
 def node_refusal(body: bytes, status: int) -> bytes:
     """`body`, a node's non-2xx reply, as the client is to see it (see the module)."""
-    return body if _error_of(body) is not None else _envelope(status, "the serving node")
+    if _error_of(body) is not None:
+        return body
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict) and data.get("object") == "error":
+        error = {key: data.get(key) for key in ("message", "type", "param", "code")}
+        if isinstance(error["message"], str):
+            return json.dumps({"error": error}).encode()
+    return _envelope(status, "the serving node")
 
 
 def hosted_refusal(body: bytes, status: int, provider_model: str, client_model: str) -> bytes:

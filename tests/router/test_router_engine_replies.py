@@ -91,6 +91,10 @@ def node(
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream")]
 SINK_HITS: list[int] = []
+#: SGLang's refusal, as its OpenAI server writes it: the error's fields at the top level.
+SGLANG_REFUSAL = {"object": "error", "message": "The input (9000 tokens) is longer than the "
+                  "model's context length (8192 tokens).", "type": "BadRequestError",
+                  "param": None, "code": 400}  # fmt: skip
 #: The start of an event longer than the router holds, sent in 64 KiB pieces.
 UNENDING = b"data: " + b"x" * (MAX_EVENT_BYTES + (1 << 16))
 
@@ -122,6 +126,7 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
             "unending": node(200, chunk("one") + UNENDING, SSE, hold=True),
             "unending-first": node(200, UNENDING, SSE, hold=True),
             "html-404": node(404, b"<html>Not Found</html>", JSON),
+            "sglang-400": node(400, json.dumps(SGLANG_REFUSAL).encode(), JSON),
             # vLLM started with --api-key answers so when it is not given the key.
             "wants-key": node(401, b'{"error": "Unauthorized"}', JSON),
         }  # fmt: skip
@@ -280,3 +285,10 @@ def test_a_node_that_wants_a_key_is_the_endpoint_s_failure_not_the_client_s(
     assert reply.status_code == 503
     error = reply.json()["error"]
     assert error["code"] == "upstream_unavailable" and "last: HTTP 401" in error["message"]
+
+
+def test_sglang_s_refusal_reaches_the_client_in_an_openai_envelope(system: dict[str, Any]) -> None:
+    reply = httpx.post(system["url"], json=ask("sglang-400"), timeout=30)
+    assert reply.status_code == 400
+    fields = {k: v for k, v in SGLANG_REFUSAL.items() if k != "object"}
+    assert reply.json() == {"error": fields}
