@@ -42,6 +42,7 @@ from .autoscaling import (
     parse_router_waiting,
     replica_capacity,
     router_queues,
+    status_time,
 )
 from .kube import Cluster, PodAddress, RoutersUnknown
 from .render import CONTAINER_PORT
@@ -211,12 +212,18 @@ def _scrape_all(
 
 
 def _previous(raw: Any) -> AutoscalingStatus | None:
+    """The last status written, or None (start the window again) when someone wrote garbage:
+    a field of the wrong type, or a time that is not RFC 3339 with a timezone."""
     if not isinstance(raw, dict):
         return None
     try:
-        return AutoscalingStatus.model_validate(raw)
-    except ValidationError:
-        return None  # someone wrote garbage: start the window again
+        previous = AutoscalingStatus.model_validate(raw)
+        for moment in [r.time for r in previous.recommendations] + [previous.observing_since]:
+            if moment is not None:
+                status_time(moment)
+    except (ValidationError, ValueError):
+        return None
+    return previous
 
 
 def _conditions(raw: Any) -> list[Condition]:

@@ -35,9 +35,11 @@ from tiergate.pools import (
     InferencePoolSpec,
 )
 from tiergate.pools.engines import (
+    COMMAND_LINE_FIELDS,
     kv_dtype_problem,
     memory_kind_problem,
     models_with_weights,
+    option_like_problem,
     weights_problem,
 )
 from tiergate.pools.hosted import (
@@ -315,6 +317,23 @@ _CHIPS_RULE = {
 }
 
 
+def _command_line_rules(props: Schema) -> None:
+    """A rule on each of COMMAND_LINE_FIELDS (on each item of a list): no leading '-'. On the
+    items rather than `self.all(...)` on the list, which the API server would cost as a
+    list of unbounded length and refuse."""
+    for field in COMMAND_LINE_FIELDS:
+        *parents, last = field.split(".")
+        node = props
+        for parent in parents:
+            node = node[parent]["properties"]
+        target = node[last]
+        if target.get("type") == "array":
+            target = target["items"]
+        target.setdefault("x-kubernetes-validations", []).append(
+            {"rule": "!self.startsWith('-')", "message": option_like_problem(field)}
+        )
+
+
 def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     spec: Schema = schema["properties"]["spec"]
     props = spec["properties"]
@@ -323,6 +342,7 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
     props["autoscaling"]["x-kubernetes-validations"] = AUTOSCALING_RULES
     props["endpoint"]["x-kubernetes-validations"] = ENDPOINT_RULES
+    _command_line_rules(props)
     spec["x-kubernetes-validations"] = spec_rules(catalog)
     # The one default the schema states: the scale subresource (kubectl scale, an HPA) reads
     # .spec.replicas and fails on a pool that left it out.

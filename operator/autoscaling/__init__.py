@@ -11,6 +11,7 @@ from .decide import (
     ObservedLoad,
     RouterQueues,
     decide,
+    status_time,
     unread_routers,
 )
 from .load import MetricsError, PodMetrics, observed_load, observed_shape, parse_pod_metrics
@@ -34,5 +35,6 @@ __all__ = [
     "parse_router_waiting",
     "replica_capacity",
     "router_queues",
+    "status_time",
     "unread_routers",
 ]

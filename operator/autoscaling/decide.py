@@ -32,6 +32,7 @@ __all__ = [
     "ObservedLoad",
     "RouterQueues",
     "decide",
+    "status_time",
     "unread_routers",
 ]
 
@@ -112,12 +113,13 @@ def decide(
     routers: RouterQueues | None = None,
 ) -> Decision:
     """The decision for one pool at `now` (timezone-aware). `current`: spec.replicas;
-    `load` None: no pod could be read; `hpa`: the name of an HPA targeting the pool, or
-    HpaUnknown when the HPAs could not be listed; `routers`: what waits for the pool at the
-    routers (None: the operator is not told where the routers are)."""
+    `load` None: no pod could be read; `previous`: the last status, its times readable by
+    `status_time` (the caller drops one that is not); `hpa`: the name of an HPA targeting the
+    pool, or HpaUnknown when the HPAs could not be listed; `routers`: what waits for the pool
+    at the routers (None: the operator is not told where the routers are)."""
     previous = previous or AutoscalingStatus()
     window = datetime.timedelta(seconds=policy.stabilization_s)
-    kept = [r for r in previous.recommendations if _time(r.time) > now - window]
+    kept = [r for r in previous.recommendations if status_time(r.time) > now - window]
     since = previous.observing_since if kept and previous.observing_since else _text(now)
     shape = capacity.shape
     status = previous.model_copy(
@@ -183,7 +185,7 @@ def decide(
         recommended = max(recommended, min(base, high))
     kept = _dominant([*kept, Recommendation(time=_text(now), replicas=recommended)])
     status = status.model_copy(update={"recommendations": kept})
-    observed_whole = _time(since) <= now - window
+    observed_whole = status_time(since) <= now - window
     stable = max(r.replicas for r in kept)
     if recommended > base or base < low:
         desired = max(recommended, low)
@@ -251,8 +253,13 @@ def _dominant(recommendations: list[Recommendation]) -> list[Recommendation]:
     return out
 
 
-def _time(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+def status_time(text: str) -> datetime.datetime:
+    """A time of `status.autoscaling` (RFC 3339); ValueError when it is not one, or names no
+    timezone (it cannot be compared with the tick's)."""
+    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"{text!r} names no timezone")
+    return moment
 
 
 def _text(moment: datetime.datetime) -> str:

@@ -5,11 +5,14 @@ request shape out. Pure (the scrape itself is the handler's).
 batch holds them), so `tiergate_background_sequences` is subtracted: the autoscaler sizes for
 the requests the pool is asked to serve; the background is part of what each replica is, not
 of the demand. The shape comes from the cumulative token counters, so it needs no previous
-sample; it is trusted only past `MIN_FINISHED_FOR_SHAPE` finished requests.
+sample; it is trusted only past `MIN_FINISHED_FOR_SHAPE` finished requests. A pod that
+reports NaN or an infinity in one of these is refused whole, like one whose text is garbled:
+the tick leaves it out.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,11 +40,20 @@ BACKGROUND = "tiergate_background_sequences"
 PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 FINISHED = "vllm:request_success"
+#: The samples read (counters by their sample names): each must sum to a finite number.
+_READ = frozenset(
+    {
+        RUNNING,
+        WAITING,
+        BACKGROUND,
+        *(f"{c}_total" for c in (PROMPT_TOKENS, GENERATION_TOKENS, FINISHED)),
+    }
+)
 
 
 class MetricsError(ValueError):
-    """A pod's metrics text that cannot be read as a sim node's (garbled, or a gauge the
-    autoscaler needs is missing)."""
+    """A pod's metrics text that cannot be read as a sim node's (garbled, a gauge the
+    autoscaler needs missing, or a value it reads not finite)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +70,7 @@ class PodMetrics:
 
 def parse_pod_metrics(text: str) -> PodMetrics:
     """One pod's `/metrics` (Prometheus text) read; samples of every model name summed.
-    Raises MetricsError when it is not a sim node's."""
+    Raises MetricsError when it is not a sim node's, or a sample it reads is not finite."""
     sums: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -66,6 +78,10 @@ def parse_pod_metrics(text: str) -> PodMetrics:
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     except ValueError as exc:  # the parser's word for text it cannot read
         raise MetricsError(f"unreadable metrics: {exc}") from None
+    # Summed first: finite samples may still add up to infinity.
+    for name in sorted(_READ & sums.keys()):
+        if not math.isfinite(sums[name]):
+            raise MetricsError(f"{name} is {sums[name]}: not a count")
     missing = [name for name in (RUNNING, WAITING) if name not in sums]
     if missing:
         raise MetricsError(f"not a sim node's metrics: no {', '.join(missing)}")

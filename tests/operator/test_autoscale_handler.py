@@ -5,6 +5,7 @@ Warning per problem, and a restarted operator deciding the same."""
 from __future__ import annotations
 
 import datetime
+import re
 import threading
 from typing import Any
 
@@ -45,6 +46,7 @@ class Fleet:
         self.cluster = cluster
         self.load: dict[str, tuple[int, int]] = {}
         self.down: set[str] = set()
+        self.running_reads: dict[str, str] = {}  # host -> its running gauge's text, e.g. NaN
         self.together: threading.Barrier | None = None  # scrapes that must be in flight at once
 
     def set(self, *loads: tuple[int, int], ready: bool = True) -> None:
@@ -64,7 +66,11 @@ class Fleet:
                     raise httpx.ReadTimeout("no answer", request=request) from None
             metrics = NodeMetrics("frontier")
             metrics.attach_engine(Engine(*self.load[host], background=2))
-            return httpx.Response(200, content=metrics.render())
+            text = metrics.render().decode()
+            if host in self.running_reads:
+                gauge = r"^(vllm:num_requests_running\{[^}]*\}) \S+$"
+                text = re.sub(gauge, rf"\1 {self.running_reads[host]}", text, flags=re.M)
+            return httpx.Response(200, content=text)
 
         return httpx.MockTransport(reply)
 
@@ -218,6 +224,52 @@ def test_pods_that_do_not_answer_or_are_not_ready_are_left_out() -> None:
     assert (condition["status"], condition["reason"]) == ("False", "NoMetrics")
     assert replicas(cluster) == 1
     assert events == []  # NoMetrics is said by the condition alone
+
+
+@pytest.mark.parametrize("reading", ["NaN", "+Inf", "-Inf"])
+def test_a_pod_reporting_a_value_that_is_not_a_number_is_left_out(reading: str) -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((4, 6), (9, 9))
+    fleet.running_reads["10.0.0.2"] = reading
+    tick(cluster, memo)  # as one that does not answer: the others' load decides
+    assert status(cluster)["autoscaling"]["observedPods"] == 1
+    assert status(cluster)["autoscaling"]["observedRunning"] == 4
+    assert replicas(cluster) == 4
+    fleet.running_reads["10.0.0.1"] = reading  # none readable: hold, and say so
+    clock.now += TICK
+    tick(cluster, memo)
+    condition = conditions(status(cluster))["Autoscaling"]
+    assert (condition["status"], condition["reason"]) == ("False", "NoMetrics")
+    assert replicas(cluster) == 4
+    assert [reason for _, reason, _ in events] == ["ScaledUp"]
+
+
+@pytest.mark.parametrize("garbage", ["yesterday", "2026-11-21T00:00:00", "2026-11-21", ""])
+def test_a_status_time_that_is_not_rfc_3339_with_a_zone_starts_the_window_again(
+    garbage: str,
+) -> None:
+    cluster, fleet, clock, events = setup(replicas=4)
+    stored = cluster.pools[(NS, NAME)]
+    stored["status"] = {
+        "autoscaling": {
+            "desiredReplicas": 4,
+            "observingSince": "2026-11-20T00:00:00Z",
+            "recommendations": [{"time": garbage, "replicas": 4}],
+        }
+    }
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((0, 0), (0, 0), (0, 0), (0, 0))
+    clock.now += TICK
+    tick(cluster, memo)  # a fresh window: nothing scaled down before it is observed whole
+    written = status(cluster)["autoscaling"]
+    assert written["observingSince"] == "2026-11-21T00:00:15Z"
+    assert written["recommendations"] == [{"time": "2026-11-21T00:00:15Z", "replicas": 1}]
+    assert replicas(cluster) == 4
+    for _ in range(4):
+        clock.now += TICK
+        tick(cluster, memo)
+    assert replicas(cluster) == 1  # the 60 s window observed whole
 
 
 def test_a_pool_without_autoscaling_is_left_alone() -> None:

@@ -140,3 +140,31 @@ def test_samples_of_several_models_are_summed() -> None:
         'vllm:request_success_total{model_name="a",finished_reason="stop"} 6\n'
     )
     assert parse_pod_metrics(text) == PodMetrics(5, 1, finished=10.0)
+
+
+GOOD = (
+    "vllm:num_requests_running 6\n"
+    "vllm:num_requests_waiting 2\n"
+    "tiergate_background_sequences 2\n"
+    "vllm:request_success_total 10\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (GOOD.replace("running 6", "running NaN"), "vllm:num_requests_running is nan"),
+        (GOOD.replace("waiting 2", "waiting +Inf"), "vllm:num_requests_waiting is inf"),
+        (GOOD.replace("sequences 2", "sequences -Inf"), "tiergate_background_sequences is -inf"),
+        (GOOD.replace("success_total 10", "success_total NaN"), "request_success_total is nan"),
+        # each sample finite, their sum not
+        (GOOD + 'vllm:num_requests_running{model_name="b"} 1.7e308\n' * 2, "running is inf"),
+    ],
+)
+def test_a_value_that_is_not_finite_refuses_the_pods_reading(text: str, says: str) -> None:
+    with pytest.raises(MetricsError, match=says):
+        parse_pod_metrics(text)
+
+
+def test_a_value_not_read_may_be_anything() -> None:
+    assert parse_pod_metrics(GOOD + "some_quantile NaN\n") == PodMetrics(4, 2, finished=10.0)

@@ -113,6 +113,8 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         ({"weightDtype": "fp16"}, "'fp16' is not one of"),
         ({"model": None}, "'model' is a required property"),
         ({"aliases": ["fast", ""]}, "'' should be non-empty"),
+        ({"servedModelName": "-fast"}, "spec.servedModelName must not start with '-'"),
+        ({"modelSource": "--weights"}, "spec.modelSource must not start with '-'"),
     ],
 )
 def test_bad_pools_are_refused_with_a_readable_message(

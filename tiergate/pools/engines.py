@@ -6,6 +6,10 @@ and `sglang` are the real engines: they run on GPUs (accelerators that hold weig
 no such engine runs on wafer-scale or LPU chips, which hold them in SRAM), load real weights
 (the catalog model's Hugging Face id, or `spec.modelSource`) and know fewer KV-cache dtypes.
 Each rule has one sentence, the same from a pool file and from `kubectl apply`.
+
+Every engine, the sim node included, takes the pool's model, names and weights on its command
+line (operator/engine_args.py), so none of them may start with '-': argparse reads such a value
+as an option, and every pod of the pool would exit at start (`COMMAND_LINE_FIELDS`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from typing import Literal
 from tiergate.sim_nodes.catalogs import Catalog, Dtype, MemoryKind
 from tiergate.sim_nodes.tier_rules import accelerators_with
 
+from .hosted import SPEC
+
 __all__ = [
+    "COMMAND_LINE_FIELDS",
     "DEFAULT_ENGINE",
     "ENGINES",
     "Engine",
@@ -25,10 +32,21 @@ __all__ = [
     "kv_dtype_problem",
     "memory_kind_problem",
     "models_with_weights",
+    "option_like_problem",
     "weights_problem",
 ]
 
 Engine = Literal["sim", "vllm", "sglang"]
+
+#: The spec's strings (camelCase paths; each item of a list) that reach the pods' command line
+#: as an option's value or the positional model: each must not start with '-'.
+COMMAND_LINE_FIELDS = (
+    "model",
+    "servedModelName",
+    "aliases",
+    "modelSource",
+    "modelProfile.huggingFaceId",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +115,15 @@ def kv_dtype_problem(engine: Engine) -> str | None:
     if dtypes is None:
         return None
     return f"engine {engine} keeps the KV cache in {' or '.join(dtypes)}: set spec.kvDtype to one"
+
+
+def option_like_problem(field: str, prefix: str = SPEC) -> str:
+    """What is wrong with a value of `field` (one of COMMAND_LINE_FIELDS) that starts with
+    '-'."""
+    return (
+        f"{prefix}{field} must not start with '-': the pods' command line (vllm serve, SGLang, "
+        "the sim node) would read it as an option"
+    )
 
 
 def engine_problem(

@@ -27,7 +27,14 @@ from tiergate.sim_nodes.tier_rules import tier_problem
 
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .base import Api
-from .engines import DEFAULT_ENGINE, ENGINES, Engine, engine_problem
+from .engines import (
+    COMMAND_LINE_FIELDS,
+    DEFAULT_ENGINE,
+    ENGINES,
+    Engine,
+    engine_problem,
+    option_like_problem,
+)
 from .hosted import (
     POD_FIELDS,
     SPEC,
@@ -197,6 +204,25 @@ class InferencePoolSpec(ReplicaSpec):
         description="What tenants pay per token the pool serves (default: the envelope's "
         "predicted cost per output token, prompts free); required for a hosted pool.",
     )
+
+    @model_validator(mode="after")
+    def _reads_as_no_option(self) -> InferencePoolSpec:
+        """No string the pods' command line carries starts with '-' (engines.py
+        `COMMAND_LINE_FIELDS`): the CRD's CEL rules (operator/crd.py) in words."""
+        profile = self.model_profile
+        given: dict[str, list[str | None]] = {
+            "model": [self.model],
+            "servedModelName": [self.served_model_name],
+            "aliases": list(self.aliases),
+            "modelSource": [self.model_source],
+            "modelProfile.huggingFaceId": [profile.hugging_face_id if profile else None],
+        }
+        for field in COMMAND_LINE_FIELDS:
+            if any(value is not None and value.startswith("-") for value in given[field]):
+                raise PydanticCustomError(
+                    "command_line", option_like_problem(field, self.field_prefix)
+                )
+        return self
 
     @model_validator(mode="after")
     def _names_its_hardware(self) -> InferencePoolSpec:
