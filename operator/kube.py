@@ -72,7 +72,10 @@ class Cluster(GatewayApi, Protocol):
 
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
 
-    def deployment_status(self, namespace: str, name: str) -> Manifest | None: ...
+    def deployment_status(self, namespace: str, name: str) -> Manifest | None:
+        """The Deployment's `status`, with its `metadata.generation` as `generation` (what
+        `status.observedGeneration` is compared with); None: there is no Deployment."""
+        ...
 
     def pool(self, namespace: str, name: str) -> Manifest | None: ...
 
@@ -206,7 +209,8 @@ class KubeCluster:
         status = client.ApiClient().sanitize_for_serialization(  # type: ignore[no-untyped-call]
             deployment.status
         )
-        return status if isinstance(status, dict) else None
+        generation = deployment.metadata.generation if deployment.metadata else None
+        return {**(status if isinstance(status, dict) else {}), "generation": generation}
 
     def pool(self, namespace: str, name: str) -> Manifest | None:
         try:

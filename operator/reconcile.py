@@ -6,9 +6,10 @@ and the same status. The handlers are thin wrappers around it.
 
 A spec the performance model cannot evaluate (or whose model does not fit) is one the router
 drops too: the pool serves nothing. A spec it can evaluate but the operator refuses (a
-background load the node would not start with, an image not allowed) changes nothing in the
-cluster: pods of the previous spec run on and the router keeps routing to them, so the status
-says both, that they serve and that the current spec is refused.
+background load the node would not start with, an image not allowed), or whose Deployment the
+API server rejects, changes nothing in the cluster: pods of the previous spec run on and the
+router keeps routing to them, so the status says both, that they serve and that the current
+spec is not rolled out. So does a rollout that is not done (or is stuck) while old pods serve.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ from .status import (
     assess,
     conditions,
     fits_message,
+    not_rolled_out_conditions,
     previous_spec_conditions,
     replica_conditions,
+    rollout,
+    served_generation,
+    written_condition,
 )
 
 __all__ = ["Outcome", "owner_reference", "reconcile"]
@@ -159,7 +164,7 @@ def reconcile(
         message = f"does not fit: {assessment.misfit}"
         values = {
             "Fits": ConditionValue("False", "ModelDoesNotFit", message),
-            **_not_rolled_out("ModelDoesNotFit", message),
+            **not_rolled_out_conditions("ModelDoesNotFit", message),
         }
         status = _status(body, values, now(), envelope=None)
         return Outcome(status, warnings=[("ModelDoesNotFit", message)])
@@ -191,13 +196,16 @@ def reconcile(
             applied.append(f"{manifest['kind']} {namespace}/{name}")
     except ApplyRejected as exc:
         # What is already running stays, and says how it does.
-        if applied:
-            rejected = f"{exc} (applied before it: {', '.join(applied)})"
+        if not applied:  # the Deployment is as before: its pods are the previous spec's
+            status = _previous_spec(
+                body, spec, assessment, cluster, "ApplyRejected", str(exc), now()
+            )
+            rejected = str(written_condition(status, "Progressing").get("message"))
         else:
-            rejected = f"not rolled out: {exc}; what ran before runs on"
-        status = observe(
-            body, spec, assessment, cluster, now(), blocked=("ApplyRejected", rejected)
-        )
+            rejected = f"{exc} (applied before it: {', '.join(applied)})"
+            status = observe(
+                body, spec, assessment, cluster, now(), blocked=("ApplyRejected", rejected)
+            )
         return _alerting(body, status, "ApplyRejected", rejected)
     return Outcome(observe(body, spec, assessment, cluster, now()))
 
@@ -239,16 +247,6 @@ def _whose(existing: Manifest, pool: str, uid: str | None) -> str | None:
     return f"it is controlled by {ref.get('kind')} {ref.get('name')}"
 
 
-def _not_rolled_out(reason: str, message: str) -> dict[Any, ConditionValue]:
-    """Ready, Progressing and Degraded of a pool whose spec cannot be rolled out (the
-    router does not route to it either): none of them may keep an earlier spec's word."""
-    return {
-        "Ready": ConditionValue("False", reason, message),
-        "Progressing": ConditionValue("False", reason, "not rolled out: " + message),
-        "Degraded": ConditionValue("Unknown", reason, "not rolled out: " + message),
-    }
-
-
 def _blocked(
     body: Manifest,
     spec: InferencePoolSpec,
@@ -262,7 +260,7 @@ def _blocked(
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
     values = {
         "Fits": ConditionValue("True", "ModelFits", fits),
-        **_not_rolled_out(reason, message),
+        **not_rolled_out_conditions(reason, message),
     }
     status = _status(
         body, values, now, envelope=envelope.model_dump(by_alias=True) if envelope else None
@@ -280,8 +278,23 @@ def _refused(
     now: str,
 ) -> Outcome:
     """A spec the router routes (the performance model evaluates it) that the operator will not
-    roll out. Nothing is applied; pods of an earlier spec run on, and then Ready says how they
-    serve (about the generation they were made from) and Progressing why this one is refused."""
+    roll out: nothing is applied (`_previous_spec`)."""
+    status = _previous_spec(body, spec, assessment, cluster, reason, message, now)
+    return Outcome(status, warnings=[(reason, message)], permanent_error=message)
+
+
+def _previous_spec(
+    body: Manifest,
+    spec: InferencePoolSpec,
+    assessment: Assessment,
+    cluster: Cluster,
+    reason: str,
+    message: str,
+    now: str,
+) -> Manifest:
+    """The status of a pool whose current spec is not applied (`reason`, `message`): pods of an
+    earlier spec run on, and then Ready says how they serve (about the generation they were
+    made from) and Progressing why this one is not rolled out."""
     meta = body["metadata"]
     envelope = assessment.envelope
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
@@ -292,15 +305,14 @@ def _refused(
     }
     serving = _serving_deployment(cluster, meta)
     if serving is None:
-        values.update(_not_rolled_out(reason, message))
+        values.update(not_rolled_out_conditions(reason, message))
     else:
         ready, total, generation = serving
         values.update(previous_spec_conditions(ready, total, reason, message))
         generations["Ready"] = generation
         selector = label_selector(pool_selector_labels(meta["name"]))
         fields.update(replicas=total, readyReplicas=ready, selector=selector)
-    status = _status(body, values, now, generations, **fields)
-    return Outcome(status, warnings=[(reason, message)], permanent_error=message)
+    return _status(body, values, now, generations, **fields)
 
 
 def _serving_deployment(cluster: Cluster, meta: Manifest) -> tuple[int, int, int | None] | None:
@@ -310,24 +322,19 @@ def _serving_deployment(cluster: Cluster, meta: Manifest) -> tuple[int, int, int
     existing = cluster.metadata("Deployment", namespace, name)
     if existing is None or _whose(existing, name, meta.get("uid")) is not None:
         return None
-    status = cluster.deployment_status(namespace, name) or {}
-    ready = int(status.get("readyReplicas") or 0)
-    if ready == 0:
+    deployment = rollout(cluster.deployment_status(namespace, name))
+    if deployment.ready == 0:
         return None
     recorded = str((existing.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
     generation = int(recorded) if recorded.isdigit() else None
-    return ready, max(ready, int(status.get("replicas") or 0)), generation
+    return deployment.ready, max(deployment.ready, deployment.total), generation
 
 
 def _alerting(body: Manifest, status: Manifest, reason: str, message: str) -> Outcome:
     """A permanent failure to apply: alerted once, when the pool's status did not say it yet
     (the resync timer finds it again every RESYNC_S, and applies once it is mended)."""
-    said = any(
-        c.get("type") == "Progressing" and c.get("reason") == reason
-        and c.get("message", "").endswith(message)
-        for c in (body.get("status") or {}).get("conditions") or []
-        if isinstance(c, dict)
-    )  # fmt: skip
+    progressing = written_condition(body.get("status") or {}, "Progressing")
+    said = progressing.get("reason") == reason and str(progressing.get("message")).endswith(message)
     return Outcome(status, alerts=[] if said else [(reason, message)], permanent_error=message)
 
 
@@ -341,31 +348,31 @@ def observe(
 ) -> Manifest:
     """The status of a runnable pool from its Deployment's status. `blocked`: (reason,
     message) why the spec is not (wholly) rolled out, said by Progressing instead of the
-    counts, and by Ready too when there is no Deployment."""
+    counts, and by Ready too when the Deployment has no pod yet."""
     meta = body["metadata"]
-    deployment = cluster.deployment_status(meta["namespace"], meta["name"]) or {}
-    ready = int(deployment.get("readyReplicas") or 0)
-    updated = int(deployment.get("updatedReplicas") or 0)
+    deployment = rollout(cluster.deployment_status(meta["namespace"], meta["name"]))
     envelope = assessment.envelope
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
     values: dict[Any, ConditionValue] = {
         "Fits": ConditionValue("True", "ModelFits", fits),
-        **replica_conditions(
-            assessment, spec.replicas, ready, updated, int(deployment.get("replicas") or 0)
-        ),
+        **replica_conditions(assessment, spec.replicas, deployment),
     }
+    generations: dict[Any, int | None] = {}
+    if values["Ready"].reason == "ServingPreviousSpec":
+        generations["Ready"] = served_generation(body.get("status") or {})
     if blocked is not None:
         reason, message = blocked
         values["Progressing"] = ConditionValue("False", reason, message)
-        if not deployment:
+        if deployment.total == 0:
             values["Ready"] = ConditionValue("False", reason, message)
     selector = label_selector(pool_selector_labels(meta["name"]))
     return _status(
         body,
         values,
         now,
-        replicas=int(deployment.get("replicas") or 0),
-        readyReplicas=ready,
+        generations,
+        replicas=deployment.total,
+        readyReplicas=deployment.ready,
         envelope=envelope.model_dump(by_alias=True) if envelope else None,
         selector=selector,
     )
@@ -417,7 +424,7 @@ def _invalid(body: Manifest, problem: str, now: str) -> Outcome:
     message = f"invalid spec: {problem}"
     values = {
         "Fits": ConditionValue("Unknown", "InvalidSpec", message),
-        **_not_rolled_out("InvalidSpec", message),
+        **not_rolled_out_conditions("InvalidSpec", message),
     }
     status = _status(body, values, now, envelope=None)
     return Outcome(status, warnings=[("InvalidSpec", message)], permanent_error=message)

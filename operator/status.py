@@ -5,6 +5,8 @@ exist at all (`SpecProblem`: unknown names, impossible layouts; `DoesNotFit`: th
 KV cache does not fit the chips, with the numbers) or what it will deliver (`Envelope`).
 Messages name an inline profile as such, and say when it shadows a catalog entry: a reader of
 `kubectl describe` must not mistake a team's own figures for the catalog's.
+`replica_conditions` reads the pool's Deployment (`rollout`) as `kubectl rollout status` does:
+not done before its controller has observed its spec, and stuck past its progress deadline.
 `conditions` merges new condition values into the old list the Kubernetes way:
 `lastTransitionTime` changes only when a condition's status does.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tiergate.pools import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
@@ -23,11 +25,16 @@ from tiergate.sim_nodes.perf import Deployment, PerfConfigError, profile_label
 __all__ = [
     "Assessment",
     "ConditionValue",
+    "Rollout",
     "assess",
     "conditions",
     "fits_message",
+    "not_rolled_out_conditions",
     "previous_spec_conditions",
     "replica_conditions",
+    "rollout",
+    "served_generation",
+    "written_condition",
 ]
 
 Status = Literal["True", "False", "Unknown"]
@@ -110,48 +117,111 @@ def _background_problem(spec: InferencePoolSpec, deployment: Deployment) -> str 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """How a pool's Deployment is doing, as its status says."""
+
+    ready: int = 0  # ready pods of any template
+    updated: int = 0  # pods of the current template
+    total: int = 0  # pods of every template
+    #: The Deployment's controller has not acted on its current spec yet (status
+    #: observedGeneration below metadata.generation): the counts are about the spec before.
+    unobserved: bool = False
+    #: Why the Deployment gave up waiting (its Progressing condition's message, with reason
+    #: ProgressDeadlineExceeded): the current template's pods do not become ready. None: it
+    #: did not.
+    stuck: str | None = None
+
+
+def rollout(deployment: Mapping[str, Any] | None) -> Rollout:
+    """The Rollout of a Deployment's `status`, given with its `metadata.generation` as
+    `generation` (as `Cluster.deployment_status` returns them); None or {}: no Deployment, or
+    no status yet. Without `generation` the status is taken as observed."""
+    deployment = deployment or {}
+    generation = _count(deployment.get("generation"))
+    observed = _count(deployment.get("observedGeneration"))
+    unobserved = deployment.get("generation") is not None and observed < generation
+    stuck = None
+    if not unobserved:  # a stale condition may speak of the template before
+        for condition in deployment.get("conditions") or []:
+            if (
+                isinstance(condition, Mapping)
+                and condition.get("type") == "Progressing"
+                and condition.get("status") == "False"
+                and condition.get("reason") == "ProgressDeadlineExceeded"
+            ):
+                stuck = str(condition.get("message") or "ProgressDeadlineExceeded")
+    return Rollout(
+        ready=_count(deployment.get("readyReplicas")),
+        updated=_count(deployment.get("updatedReplicas")),
+        total=_count(deployment.get("replicas")),
+        unobserved=unobserved,
+        stuck=stuck,
+    )
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def replica_conditions(
-    assessment: Assessment, desired: int, ready: int, updated: int, total: int | None = None
+    assessment: Assessment, desired: int, deployment: Rollout
 ) -> dict[ConditionType, ConditionValue]:
-    """Ready / Progressing / Degraded of a runnable pool from its Deployment's counts:
-    `ready` pods of any template, `updated` pods of the current one, `total` pods of all
-    (None: as many as updated). A rollout is settled, as `kubectl rollout status` has it, when
-    the current template's pods are all there and no old pod is left: while an old pod still
-    serves beside a new one that never becomes ready, `ready` alone would call it done."""
-    total = updated if total is None else total
+    """Ready / Progressing / Degraded of a runnable pool from its Deployment's rollout.
+
+    A rollout is settled, as `kubectl rollout status` has it, when the Deployment's controller
+    has acted on its current spec, that spec's pods are all there and ready, and no old pod is
+    left: while an old pod serves beside a new one that never becomes ready, `ready` alone
+    would call it done. Until then, ready pods include the previous spec's, so Ready says
+    ServingPreviousSpec (about the generation they run: the caller sets it). Past the
+    Deployment's progress deadline the rollout is stuck: not progressing, and degraded."""
+    d = deployment
+    old = d.total - d.updated
+    counts = f"{d.updated}/{desired} replicas updated, {d.ready} ready" + (
+        f", {old} of the previous spec still running" if old > 0 else ""
+    )
     if desired == 0:  # nothing serves: the router has no endpoint of the pool
         ready_value = ConditionValue("False", "ScaledToZero", "replicas is 0: no replica serves")
-    elif ready >= desired:
-        if assessment.slo_misses:
-            ready_value = ConditionValue(
-                "True", "SloAtRisk", "serving, but predicted to miss: "
-                + "; ".join(assessment.slo_misses)
-            )  # fmt: skip
-        else:
-            ready_value = ConditionValue("True", "Serving", f"{ready}/{desired} replicas ready")
-    else:
+    elif d.ready < desired:
         ready_value = ConditionValue(
-            "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready"
+            "False", "ReplicasNotReady", f"{d.ready}/{desired} replicas ready"
         )
-    settled = ready >= desired and updated >= desired and total <= updated
-    # Rolled out, yet nothing serves: the pods start but never become ready.
-    degraded = desired > 0 and ready == 0 and updated >= desired
-    return {
-        "Ready": ready_value,
-        "Progressing": ConditionValue(
-            "False" if settled else "True",
-            "Settled" if settled else "RollingOut",
-            f"{updated}/{desired} replicas updated, {ready} ready"
-            + (
-                f", {total - updated} of the previous spec still running" if total > updated else ""
-            ),
-        ),
-        "Degraded": ConditionValue(
-            "True" if degraded else "False",
-            "NoReplicaReady" if degraded else "AsExpected",
-            f"{ready}/{desired} replicas ready",
-        ),
-    }
+    elif old > 0 or d.unobserved:
+        ready_value = ConditionValue(
+            "True", "ServingPreviousSpec", f"{d.ready}/{desired} replicas ready, pods of the "
+            "previous spec among them; the current spec is not wholly rolled out: see Progressing",
+        )  # fmt: skip
+    elif assessment.slo_misses:
+        misses = "; ".join(assessment.slo_misses)
+        ready_value = ConditionValue(
+            "True", "SloAtRisk", f"serving, but predicted to miss: {misses}"
+        )
+    else:
+        ready_value = ConditionValue("True", "Serving", f"{d.ready}/{desired} replicas ready")
+    if d.unobserved:
+        progressing = ConditionValue(
+            "True", "RollingOut", "waiting for the Deployment's controller to observe its new "
+            f"spec; {d.ready}/{desired} replicas ready meanwhile",
+        )  # fmt: skip
+    elif d.stuck is not None:
+        progressing = ConditionValue(
+            "False", "RolloutStuck", f"stopped at the Deployment's progress deadline "
+            f"({d.stuck}): {counts}",
+        )  # fmt: skip
+    elif d.ready >= desired and d.updated >= desired and old <= 0:
+        progressing = ConditionValue("False", "Settled", counts)
+    else:
+        progressing = ConditionValue("True", "RollingOut", counts)
+    if desired > 0 and d.ready == 0 and d.updated >= desired:
+        # Rolled out, yet nothing serves: the pods start but never become ready.
+        degraded = ConditionValue("True", "NoReplicaReady", f"{d.ready}/{desired} replicas ready")
+    elif d.stuck is not None:
+        degraded = ConditionValue(
+            "True", "RolloutStuck", f"the new spec's pods are not becoming ready: {counts}"
+        )
+    else:
+        degraded = ConditionValue("False", "AsExpected", f"{d.ready}/{desired} replicas ready")
+    return {"Ready": ready_value, "Progressing": progressing, "Degraded": degraded}
 
 
 def previous_spec_conditions(
@@ -174,6 +244,32 @@ def previous_spec_conditions(
         ),
         "Degraded": ConditionValue("False", "AsExpected", counts),
     }
+
+
+def not_rolled_out_conditions(reason: str, message: str) -> dict[ConditionType, ConditionValue]:
+    """Ready, Progressing and Degraded of a pool whose spec cannot be rolled out (the
+    router does not route to it either): none of them may keep an earlier spec's word."""
+    return {
+        "Ready": ConditionValue("False", reason, message),
+        "Progressing": ConditionValue("False", reason, "not rolled out: " + message),
+        "Degraded": ConditionValue("Unknown", reason, "not rolled out: " + message),
+    }
+
+
+def written_condition(status: Mapping[str, Any], kind: ConditionType) -> Mapping[str, Any]:
+    """The condition `kind` of a status as written (empty: none)."""
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == kind:
+            return condition
+    return {}
+
+
+def served_generation(status: Mapping[str, Any]) -> int | None:
+    """The generation whose pods serve while the rollout of the current one is not done: the
+    one Ready was about the last time it was True (None: unknown)."""
+    ready = written_condition(status, "Ready")
+    generation = ready.get("observedGeneration") if ready.get("status") == "True" else None
+    return generation if isinstance(generation, int) else None
 
 
 def conditions(

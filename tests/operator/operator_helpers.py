@@ -13,6 +13,7 @@ import yaml
 from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
 from tiergate.operator.kube import ApplyRejected, PodAddress, RoutersUnknown
+from tiergate.operator.reconcile import reconcile
 from tiergate.pools import InferencePoolSpec, predict
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import Workload, evaluate
@@ -24,7 +25,11 @@ IMAGE = ImagePolicy("tiergate:0.1.0")
 
 class FakeCluster:
     """Records applies, and keeps what was applied as existing; Deployment statuses, objects
-    that exist already and the API server's refusals are set by the test."""
+    that exist already and the API server's refusals are set by the test.
+
+    A Deployment's generation moves as the API server's does (on an applied spec change); a
+    status set by the test is observed (its observedGeneration is the generation) unless it
+    says otherwise."""
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []
@@ -40,11 +45,18 @@ class FakeCluster:
         self.hpas: dict[tuple[str, str], str | HpaUnknown] = {}
         self.writes: list[tuple[str, str, Any]] = []  # (what, pool, value), in order
         self.deleted: list[tuple[str, str, str]] = []  # kind, ns, name
+        # ns, name -> a Deployment's metadata.generation, and the spec applied at it
+        self.generations: dict[tuple[str, str], int] = {}
+        self.specs: dict[tuple[str, str], dict[str, Any]] = {}
 
     def apply(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
         if manifest["kind"] in self.rejects:
             raise ApplyRejected(self.rejects[manifest["kind"]])
+        key = (meta["namespace"], meta["name"])
+        if manifest["kind"] == "Deployment" and self.specs.get(key) != manifest["spec"]:
+            self.specs[key] = copy.deepcopy(manifest["spec"])
+            self.generations[key] = self.generations.get(key, 0) + 1
         self.applied.append(copy.deepcopy(manifest))
         self.existing[(manifest["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(meta)
 
@@ -53,12 +65,18 @@ class FakeCluster:
         self.existing.pop((kind, namespace, name), None)
         if kind == "Deployment":
             self.deployments.pop((namespace, name), None)
+            self.generations.pop((namespace, name), None)
+            self.specs.pop((namespace, name), None)
 
     def metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.existing.get((kind, namespace, name))
 
     def deployment_status(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.deployments.get((namespace, name))
+        status = self.deployments.get((namespace, name))
+        if status is None:
+            return None
+        generation = self.generations.get((namespace, name), 1)
+        return {"observedGeneration": generation, **status, "generation": generation}
 
     def pool(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.pools.get((namespace, name))
@@ -95,6 +113,23 @@ def pool(name: str = "premium", **spec_changes: Any) -> dict[str, Any]:
     obj["spec"].update(spec_changes)
     obj["metadata"].update(namespace="team-a", uid="uid-1", generation=3)
     return obj
+
+
+def served(cluster: FakeCluster, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` rolled out: its objects applied and its one pod ready; its status written."""
+    body["status"] = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    cluster.deployments[("team-a", body["metadata"]["name"])] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    body["status"] = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert conditions(body["status"])["Ready"]["reason"] == "Serving"
+    return body
+
+
+def edit(body: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`body` with `changes` to its spec, at the next generation (as the API server does)."""
+    body["spec"].update(changes)
+    body["metadata"]["generation"] += 1
+    return body
 
 
 def clock() -> Callable[[], str]:

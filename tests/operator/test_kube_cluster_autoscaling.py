@@ -1,6 +1,7 @@
 """`KubeCluster`'s autoscaling calls on the official client, over HTTP: the pool's pods, the
-HPAs of its namespace and the scale subresource, answered by a small API server with the
-bodies and statuses the real one gives (200, 403 Forbidden, 404, 500)."""
+HPAs of its namespace and the scale subresource (and the Deployment status reconcile reads),
+answered by a small API server with the bodies and statuses the real one gives (200, 403
+Forbidden, 404, 500)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ NS = "team-a"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 HPAS = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
 SCALE = f"/apis/tiergate.dev/v1alpha1/namespaces/{NS}/inferencepools/frontier-premium/scale"
+DEPLOYMENT = f"/apis/apps/v1/namespaces/{NS}/deployments/frontier-premium"
 
 
 def pod(name: str, ip: str | None, ready: str, deleting: bool = False) -> dict[str, Any]:
@@ -201,3 +203,27 @@ def test_the_router_pods_are_listed_by_the_selector_given_and_a_refusal_says_why
     api.answers[("GET", PODS)] = (500, status_body(500, "InternalError", "etcd is down"))
     with pytest.raises(RoutersUnknown, match="HTTP 500: etcd is down"):
         cluster.router_pods(NS, selector)
+
+
+def test_a_deployment_status_comes_with_the_generation_it_is_compared_with(
+    api: ApiServer,
+) -> None:
+    """status.observedGeneration below metadata.generation: the controller has not acted on
+    the Deployment's new spec, so its counts are about the spec before (reconcile reads both)."""
+    labels = {"tiergate.dev/pool": "frontier-premium"}
+    deployment = {
+        "kind": "Deployment", "apiVersion": "apps/v1",
+        "metadata": {"name": "frontier-premium", "namespace": NS, "generation": 5},
+        "spec": {"selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "node", "image": "x"}]}}},
+        "status": {"observedGeneration": 4, "replicas": 1, "readyReplicas": 1},
+    }  # fmt: skip
+    api.answers[("GET", DEPLOYMENT)] = (200, deployment)
+    cluster = cluster_of(api)
+    status = cluster.deployment_status(NS, "frontier-premium")
+    assert status == {"generation": 5, "observedGeneration": 4, "replicas": 1, "readyReplicas": 1}
+    del deployment["status"]  # just created: no status yet
+    assert cluster.deployment_status(NS, "frontier-premium") == {"generation": 5}
+    del api.answers[("GET", DEPLOYMENT)]
+    assert cluster.deployment_status(NS, "frontier-premium") is None

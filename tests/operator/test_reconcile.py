@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 import pytest
-from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, pool
+from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, edit, pool, served
 
 from tiergate.operator import handlers
 from tiergate.operator.reconcile import reconcile
@@ -217,14 +217,13 @@ def test_the_pools_own_objects_from_before_are_taken_back(meta: dict[str, Any]) 
 
 def test_a_manifest_the_api_server_rejects_is_said_once_and_not_retried() -> None:
     """E.g. a template resource quantity the schema let through: the running pods stay, and
-    the status says why the new spec is not rolled out."""
+    the status says both, as for a spec the operator refuses (test_refusals): Ready about the
+    previous generation, whose pods serve, and Progressing why the new one is not rolled out."""
     cluster = FakeCluster()
-    cluster.deployments[("team-a", "frontier-premium")] = {
-        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    body = edit(served(cluster, pool()), {"batching": {"maxNumSeqs": 8}})
     cluster.rejects["Deployment"] = (
         "the API server rejected Deployment team-a/frontier-premium: quantities must match"
     )
-    body = pool()
     outcome = reconcile(body, cluster, CATALOG, IMAGE, clock())
     c = conditions(outcome.status)
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "ApplyRejected")
@@ -232,14 +231,35 @@ def test_a_manifest_the_api_server_rejects_is_said_once_and_not_retried() -> Non
         "not rolled out: the API server rejected Deployment team-a/frontier-premium: "
         "quantities must match; what ran before runs on"
     )
-    assert c["Ready"]["status"] == "True"  # what ran before still serves
+    assert c["Progressing"]["observedGeneration"] == 4
+    ready = c["Ready"]  # what ran before still serves, and Ready is about it
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "True", "ServingPreviousSpec", 3)  # fmt: skip
+    assert "(ApplyRejected): see Progressing" in ready["message"]
     assert [reason for reason, _ in outcome.alerts] == ["ApplyRejected"]
     assert outcome.permanent_error is not None and "quantities" in outcome.permanent_error
     body["status"] = outcome.status
     assert reconcile(body, cluster, CATALOG, IMAGE, clock()).alerts == []
     del cluster.rejects["Deployment"]  # the spec was mended
-    mended = reconcile(body, cluster, CATALOG, IMAGE, clock())
-    assert conditions(mended.status)["Progressing"]["reason"] == "Settled"
+    mended = conditions(reconcile(body, cluster, CATALOG, IMAGE, clock()).status)
+    assert (mended["Progressing"]["reason"], mended["Ready"]["reason"]) == ("Settled", "Serving")
+    assert mended["Ready"]["observedGeneration"] == 4
+
+
+def test_a_manifest_rejected_with_no_pod_serving_is_not_ready_and_said_once() -> None:
+    cluster = FakeCluster()
+    cluster.rejects["Deployment"] = "the API server rejected Deployment team-a/x: no"
+    body = pool()
+    outcome = reconcile(body, cluster, CATALOG, IMAGE, clock())
+    c = conditions(outcome.status)
+    assert {k: (v["status"], v["reason"]) for k, v in c.items() if k != "Fits"} == {
+        "Ready": ("False", "ApplyRejected"),
+        "Progressing": ("False", "ApplyRejected"),
+        "Degraded": ("Unknown", "ApplyRejected"),
+    }
+    assert outcome.alerts == [("ApplyRejected", c["Progressing"]["message"])]
+    body["status"] = outcome.status
+    assert reconcile(body, cluster, CATALOG, IMAGE, clock()).alerts == []
 
 
 def test_a_service_rejected_after_the_deployment_says_what_was_applied() -> None:
@@ -381,10 +401,131 @@ def test_a_rollout_whose_new_pod_never_gets_ready_is_not_settled() -> None:
     c = conditions(reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status)
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
     assert "1 of the previous spec still running" in c["Progressing"]["message"]
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "ServingPreviousSpec")
     # Once the old pod is gone, the rollout is done.
     cluster.deployments[("team-a", "frontier-premium")]["replicas"] = 1
     c = conditions(reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status)
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "Settled")
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "Serving")
+
+
+# -- rollouts, as `kubectl rollout status` reads them ---------------------------------------
+
+DEPLOYMENT = ("team-a", "frontier-premium")
+DEADLINE_EXCEEDED = {
+    "type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+    "message": 'ReplicaSet "frontier-premium-7d9" has timed out progressing.',
+}  # fmt: skip
+
+
+def _states(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {k: (v["status"], v["reason"]) for k, v in conditions(status).items() if k != "Fits"}
+
+
+def test_a_finished_rollout_is_serving_settled_and_as_expected() -> None:
+    cluster = FakeCluster()
+    body = edit(served(cluster, pool()), {"batching": {"maxNumSeqs": 8}})
+    cluster.deployments[DEPLOYMENT] = {
+        "observedGeneration": 2, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
+        "conditions": [
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+        ],
+    }  # fmt: skip
+    status = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert cluster.generations[DEPLOYMENT] == 2  # the edit changed the Deployment's spec
+    assert _states(status) == {
+        "Ready": ("True", "Serving"),
+        "Progressing": ("False", "Settled"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert {c["observedGeneration"] for c in status["conditions"]} == {4}
+
+
+def test_a_rollout_stuck_past_its_deadline_is_degraded_while_the_previous_spec_serves() -> None:
+    """A 1-replica pool whose new pod crash-loops: maxUnavailable rounds to 0, so the old pod
+    keeps serving beside it, and the Deployment gives up at its progress deadline."""
+    cluster = FakeCluster()
+    body = edit(served(cluster, pool()), {"batching": {"maxNumSeqs": 8}})
+    cluster.deployments[DEPLOYMENT] = {
+        "replicas": 2, "readyReplicas": 1, "updatedReplicas": 1,
+        "conditions": [DEADLINE_EXCEEDED],
+    }  # fmt: skip
+    status = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert _states(status) == {
+        "Ready": ("True", "ServingPreviousSpec"),
+        "Progressing": ("False", "RolloutStuck"),
+        "Degraded": ("True", "RolloutStuck"),
+    }
+    c = conditions(status)
+    assert c["Ready"]["observedGeneration"] == 3  # the old pod's generation, not the new one
+    assert c["Ready"]["message"].startswith("1/1 replicas ready, pods of the previous spec")
+    assert (c["Progressing"]["observedGeneration"], c["Degraded"]["observedGeneration"]) == (4, 4)
+    assert c["Degraded"]["message"] == (
+        "the new spec's pods are not becoming ready: 1/1 replicas updated, 1 ready, "
+        "1 of the previous spec still running"
+    )
+    assert "has timed out progressing" in c["Progressing"]["message"]
+    # The resync finds it again: Ready stays about the generation that serves.
+    body["status"] = status
+    again = conditions(reconcile(body, cluster, CATALOG, IMAGE, clock()).status)
+    assert (again["Ready"]["reason"], again["Ready"]["observedGeneration"]) == (
+        "ServingPreviousSpec", 3)  # fmt: skip
+    # Fixed by hand (the image pulled at last): the new pod is ready, the old one gone.
+    cluster.deployments[DEPLOYMENT] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
+    done = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert _states(done) == {
+        "Ready": ("True", "Serving"),
+        "Progressing": ("False", "Settled"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert conditions(done)["Ready"]["observedGeneration"] == 4
+
+
+def test_a_stuck_rollout_with_no_pod_ready_says_nothing_serves() -> None:
+    cluster = FakeCluster()
+    reconcile(pool(), cluster, CATALOG, IMAGE, clock())
+    cluster.deployments[DEPLOYMENT] = {
+        "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1,
+        "conditions": [DEADLINE_EXCEEDED],
+    }  # fmt: skip
+    status = reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status
+    assert _states(status) == {
+        "Ready": ("False", "ReplicasNotReady"),
+        "Progressing": ("False", "RolloutStuck"),
+        "Degraded": ("True", "NoReplicaReady"),
+    }
+
+
+def test_a_deployment_whose_new_spec_is_not_observed_yet_is_still_rolling_out() -> None:
+    """Right after the apply, the Deployment's status still counts the pods of its spec
+    before: `kubectl wait --for=condition=Progressing=False` must not return yet."""
+    cluster = FakeCluster()
+    body = edit(served(cluster, pool()), {"batching": {"maxNumSeqs": 8}})
+    # ... and a deadline its previous rollout exceeded is no word on the new one.
+    cluster.deployments[DEPLOYMENT] = {
+        "observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
+        "conditions": [DEADLINE_EXCEEDED],
+    }  # fmt: skip
+    status = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert cluster.generations[DEPLOYMENT] == 2
+    assert _states(status) == {
+        "Ready": ("True", "ServingPreviousSpec"),
+        "Progressing": ("True", "RollingOut"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    c = conditions(status)
+    assert c["Ready"]["observedGeneration"] == 3
+    assert c["Progressing"]["message"] == (
+        "waiting for the Deployment's controller to observe its new spec; 1/1 replicas ready "
+        "meanwhile"
+    )
+    del cluster.deployments[DEPLOYMENT]["observedGeneration"]  # observed, and done at once
+    cluster.deployments[DEPLOYMENT]["conditions"] = []
+    body["status"] = status
+    done = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
+    assert _states(done)["Progressing"] == ("False", "Settled")
+    assert conditions(done)["Ready"]["observedGeneration"] == 4
 
 
 def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:

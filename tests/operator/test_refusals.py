@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 import pytest
-from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, pool
+from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, edit, pool, served
 
 from tiergate.cli import build_parser
 from tiergate.operator import handlers
@@ -27,22 +27,6 @@ BACKGROUND_TOO_BIG = {
 }
 UNKNOWN_MODEL = {"model": "gpt-17"}
 DOES_NOT_FIT = {"chips": 1, "tensorParallel": 1}
-
-
-def _served(cluster: FakeCluster, body: dict[str, Any]) -> dict[str, Any]:
-    """`body` rolled out: its objects applied and its one pod ready; its status written."""
-    body["status"] = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
-    cluster.deployments[("team-a", body["metadata"]["name"])] = {
-        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
-    body["status"] = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
-    assert conditions(body["status"])["Ready"]["reason"] == "Serving"
-    return body
-
-
-def _edit(body: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    body["spec"].update(changes)
-    body["metadata"]["generation"] += 1
-    return body
 
 
 # -- the image allow-list -----------------------------------------------------------------
@@ -147,9 +131,9 @@ def test_a_refused_edit_says_the_previous_spec_still_serves(
     """The router keeps routing to the pods of the previous spec: Ready says they serve (about
     the generation they run), Progressing that the new one is refused and why."""
     cluster = FakeCluster()
-    body = _served(cluster, pool())
+    body = served(cluster, pool())
     applied = len(cluster.applied)
-    outcome = reconcile(_edit(body, changes), cluster, CATALOG, IMAGE, clock())
+    outcome = reconcile(edit(body, changes), cluster, CATALOG, IMAGE, clock())
     assert len(cluster.applied) == applied  # nothing changed in the cluster
     status = outcome.status
     assert status["observedGeneration"] == 4
@@ -173,7 +157,7 @@ def test_a_refused_edit_says_the_previous_spec_still_serves(
     assert ready["lastTransitionTime"] == before
 
     body["status"] = status  # mended: the next generation rolls out and Ready is about it
-    _edit(body, {"template": None, "background": None, "batching": {"maxNumSeqs": 4}})
+    edit(body, {"template": None, "background": None, "batching": {"maxNumSeqs": 4}})
     mended = conditions(reconcile(body, cluster, CATALOG, IMAGE, clock()).status)
     assert mended["Ready"]["observedGeneration"] == 5
     assert cluster.applied[-2]["metadata"]["annotations"] == {GENERATION_ANNOTATION: "5"}
@@ -181,10 +165,10 @@ def test_a_refused_edit_says_the_previous_spec_still_serves(
 
 def test_a_refused_edit_with_no_pod_ready_is_not_ready() -> None:
     cluster = FakeCluster()
-    body = _served(cluster, pool())
+    body = served(cluster, pool())
     cluster.deployments[("team-a", "frontier-premium")] = {
         "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}  # fmt: skip
-    c = conditions(reconcile(_edit(body, NOT_ALLOWED), cluster, CATALOG, IMAGE, clock()).status)
+    c = conditions(reconcile(edit(body, NOT_ALLOWED), cluster, CATALOG, IMAGE, clock()).status)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ImageNotAllowed")
     assert c["Ready"]["observedGeneration"] == 4
 
@@ -214,7 +198,7 @@ def test_ready_says_what_the_router_does_with_the_previous_pods(
     spec and its pods: it routes to the previous spec's pods when it can evaluate the new spec,
     and drops the pool (Ready=False) when it cannot."""
     cluster = FakeCluster()
-    body = _edit(_served(cluster, pool()), changes)
+    body = edit(served(cluster, pool()), changes)
     ready = conditions(reconcile(body, cluster, CATALOG, IMAGE, clock()).status)["Ready"]
     try:
         build_pool(pool_from_object(body), CATALOG, ["http://10.0.0.1:8000"])
