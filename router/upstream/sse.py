@@ -10,6 +10,10 @@ it relayed, however many tokens a chunk carried. Only that small object of a con
 parsed; it is cut out again unless the client asked for it too. The last usage chunk (no
 choices) goes to the client, with `cost_usd` added, only if it asked for usage. Upstream error
 events pass through and are remembered.
+
+Events are read as the SSE spec writes them (CRLF, CR or LF line ends; `data:` with or without
+its space; several data lines) and relayed in the one form the router writes, `data: ...\n\n`.
+An event longer than `MAX_EVENT_BYTES` fails the stream (UpstreamError) rather than the router.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ from typing import Any
 
 import orjson
 
+from tiergate.router.upstream.proxy import UpstreamError
+
 DONE = b"data: [DONE]\n\n"
+#: The most bytes one event may hold: far above any real chunk (one with logprobs, its top 20
+#: alternatives and their bytes, is some KB), and low enough that an upstream that never ends an
+#: event costs the router a bounded buffer, not all its memory.
+MAX_EVENT_BYTES = 2**20
 #: More tokens than any one request has: a count beyond it is a node's bug, not a bill.
 MAX_TOKEN_COUNT = 2**40
 
@@ -33,12 +43,16 @@ def usage_tokens(usage: dict[str, Any]) -> tuple[int, int]:
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 
+#: Built once: `int | float` written in the check builds the union on every call (twice a chunk).
+_NUMBER = int | float
+
+
 def _count(value: object) -> int:
     if value is None:
         return 0
     if (
         isinstance(value, bool)
-        or not isinstance(value, int | float)
+        or not isinstance(value, _NUMBER)
         or not 0 <= value < MAX_TOKEN_COUNT
         or value != int(value)
     ):
@@ -49,12 +63,19 @@ def _count(value: object) -> int:
 #: A chunk's `model` field (the first: the chunk's own, before its choices). A string inside
 #: the chunk cannot match: its quotes are escaped.
 _MODEL_FIELD = re.compile(rb'"model":\s*"(?:[^"\\]|\\.)*"')
+#: A chunk's own `service_tier` (OpenAI's API sends one): replaced, as a second key would lose
+#: to it in the client's parser (the last of a duplicate key wins).
+_TIER_FIELD = re.compile(rb'"service_tier":\s*(?:"(?:[^"\\]|\\.)*"|[-+.\w]+)')
 #: Reads one JSON value from a point in a text (the usage object inside a chunk).
 _DECODER = json.JSONDecoder()
 _USAGE_KEY = b'"usage":{'
 _USAGE_KEY_SPACED = b'"usage": {'  # json.dumps' default separators (some providers')
 #: How a chunk with no choices (the last usage chunk) says so, compact or not.
 _NO_CHOICES, _NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
+#: CR and LF as ints: `int in bytes` is a memchr, where a one-byte `bytes in bytes` costs
+#: several times more (CPython first tries the needle as an int, and clears the TypeError).
+_CR, _LF = ord("\r"), ord("\n")
+_TIER_KEY = b'"service_tier"'
 
 
 class StreamRewriter:
@@ -78,11 +99,12 @@ class StreamRewriter:
         self._service_tier = service_tier
         self._model = model
         self._model_field = None if model is None else b'"model":' + orjson.dumps(model)
-        self._tier_field = b'"service_tier":"' + service_tier.encode() + b'",'
+        self._tier_value = b'"service_tier":' + orjson.dumps(service_tier)
+        self._tier_field = self._tier_value + b","
         self._include_usage = include_usage
         self._continuous_usage = continuous_usage
         self._cost_of = cost_of
-        self._pending = b""
+        self._pending = b""  # the start of an event, its line ends LF (but a CR last)
         self.usage: dict[str, Any] | None = None
         self.counts: tuple[int, int] | None = None
         self.cost_usd: float | None = None
@@ -92,20 +114,47 @@ class StreamRewriter:
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
-        """The complete events in `pending + data`, rewritten; a partial event waits."""
+        """The complete events in `pending + data`, rewritten; a partial event waits.
+        UpstreamError for an event longer than `MAX_EVENT_BYTES`."""
         buffer = self._pending + data if self._pending else data
+        if _CR in buffer:
+            return self._feed_lf(buffer)
         end = buffer.rfind(b"\n\n")
         if end < 0:
+            if len(buffer) > MAX_EVENT_BYTES:
+                raise self._too_long()
             self._pending = buffer
             return b""
         self._pending = buffer[end + 2 :]
-        return b"".join(self._event(e) for e in buffer[:end].split(b"\n\n") if e)
+        events = buffer[:end].split(b"\n\n")
+        # An event read whole is held to the bound too: the same stream fails however it came.
+        if (
+            len(buffer) > MAX_EVENT_BYTES
+            and max(map(len, [*events, self._pending])) > MAX_EVENT_BYTES
+        ):
+            raise self._too_long()
+        return b"".join([self._event(e) for e in events if e])  # a list: faster than a generator
+
+    def _feed_lf(self, buffer: bytes) -> bytes:
+        """`feed` for bytes with CRLF or CR line ends (sse-starlette writes CRLF): read as LF.
+        A CR last in the bytes ends its line now, but an LF read next would end the same line:
+        in an event left waiting it stays a CR, read again with what follows. (After a CR that
+        ended an event, that LF is a blank line, which the spec reads as nothing.)"""
+        cr_last = buffer.endswith(b"\r")
+        self._pending = b""
+        out = self.feed(buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))
+        if cr_last and self._pending:
+            self._pending = self._pending[:-1] + b"\r"
+        return out
+
+    def _too_long(self) -> UpstreamError:
+        self._pending = b""
+        return UpstreamError(f"an event of the stream exceeded {MAX_EVENT_BYTES} bytes")
 
     def _event(self, event: bytes) -> bytes:
-        if not event.startswith(b"data: {"):
-            if event.strip() == b"data: [DONE]":
-                self.done = True
-            return event + b"\n\n"
+        """A `data: {...}` event, rewritten; other events are read by `_spec_event`."""
+        if not event.startswith(b"data: {") or _LF in event:
+            return self._spec_event(event)
         counted = False
         at, key = event.rfind(_USAGE_KEY), _USAGE_KEY
         if at < 0:
@@ -125,7 +174,38 @@ class StreamRewriter:
         if self._model_field is not None:
             field = self._model_field
             event = _MODEL_FIELD.sub(lambda _: field, event, count=1)
+        tier = self._tier_value
+        if event.find(_TIER_KEY) >= 0:
+            event, replaced = _TIER_FIELD.subn(lambda _: tier, event, count=1)
+            if replaced:
+                return event + b"\n\n"
         return b"data: {" + self._tier_field + event[7:] + b"\n\n"
+
+    def _spec_event(self, event: bytes) -> bytes:
+        """An event in any other form the SSE spec allows. Its data lines are one payload
+        (joined by LF), relayed as `data: payload`; its other lines (comments, other fields)
+        go in front of it as they are."""
+        payload_lines: list[bytes] = []
+        other_lines: list[bytes] = []
+        for line in event.split(b"\n"):
+            field, _, value = line.partition(b":")
+            if field == b"data":
+                payload_lines.append(value[1:] if value.startswith(b" ") else value)
+            elif line:
+                other_lines.append(line + b"\n")
+        if not payload_lines:
+            return b"".join(other_lines) + b"\n" if other_lines else b""
+        payload = b"\n".join(payload_lines)
+        if payload.strip() == b"[DONE]":
+            self.done = True
+            out = DONE
+        elif payload.lstrip().startswith(b"{"):
+            # A JSON text's line breaks lie between its tokens (a string holds none raw):
+            # as spaces, the chunk is one data line.
+            out = self._event(b"data: " + payload.lstrip().replace(b"\n", b" "))
+        else:
+            out = b"data: " + payload.replace(b"\n", b"\ndata: ") + b"\n\n"
+        return b"".join(other_lines) + out if out else b""  # a chunk cut out goes whole
 
     def _chunk_usage(self, event: bytes, at: int, key_length: int) -> tuple[bytes, bool]:
         """A content chunk's usage so far, counted (whether it was); the chunk as the client is
@@ -151,6 +231,8 @@ class StreamRewriter:
             at -= 1  # the comma before it goes with it
         elif event[end : end + 1] == b",":
             end += 1  # the first key: the comma after it goes
+        elif (head := event[:at].rstrip()).endswith(b","):
+            at = len(head) - 1  # json.dumps' separators: `, "usage": {...}`
         return event[:at] + event[end:], True
 
     def _usage(self, event: bytes) -> bytes:

@@ -100,6 +100,9 @@ def test_each_chunk_s_usage_counts_its_tokens_and_leaves_the_stream() -> None:
         b'data: {"choices":[{"text":"x"}],"usage":{"prompt_tokens":7,"total_tokens":9,'
         b'"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}\n\n',  # nested
         b'data: {"choices":[{"text":"x"}],"usage":{"note":"}","completion_tokens":2}}\n\n',
+        # json.dumps' separators: the usage last, then first.
+        b'data: {"choices": [{"text": "x"}], "usage": {"completion_tokens": 2}}\n\n',
+        b'data: {"usage": {"completion_tokens": 2}, "choices": [{"text": "x"}]}\n\n',
     ],
 )
 def test_usage_is_cut_out_wherever_it_stands_in_a_chunk(event: bytes) -> None:
