@@ -52,8 +52,10 @@ class RoutersUnknown(Exception):
 
 
 class ApplyRejected(Exception):
-    """The API server refused a manifest as invalid (400, 422): applying it again cannot
-    help; the spec it was rendered from has to change."""
+    """The API server refused a manifest as invalid (400, 422) or forbade it (403: an
+    admission webhook's policy, or the operator's RBAC): applying it again cannot help until
+    the spec, the policy or the permission changes. The pool's status says so (the resync
+    timer applies it again once that is mended)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +164,9 @@ class KubeCluster:
             )
         except ApiException as exc:
             action = f"apply {kind} {namespace}/{name}"
-            if exc.status in (400, 422):
-                raise ApplyRejected(f"the API server rejected {kind} {namespace}/{name}: "
-                                    f"{_message(exc)}") from None  # fmt: skip
+            if exc.status in (400, 403, 422):
+                raise ApplyRejected(f"the API server rejected {kind} {namespace}/{name} "
+                                    f"(HTTP {exc.status}): {_message(exc)}") from None  # fmt: skip
             raise _temporary(action, exc) from None
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
@@ -254,8 +256,10 @@ class KubeCluster:
                     f"inferencepools.{GATEWAY_GROUP}/{GATEWAY_VERSION} (install the Gateway API "
                     "Inference Extension's CRD, or the chart's gatewayPool.installCRD)"
                 ) from None
-            if exc.status in (400, 422):
-                raise ApplyRejected(f"the API server rejected {where}: {_message(exc)}") from None
+            if exc.status in (400, 403, 422):
+                raise ApplyRejected(
+                    f"the API server rejected {where} (HTTP {exc.status}): {_message(exc)}"
+                ) from None
             raise _temporary(f"apply {where}", exc) from None
 
     def delete_gateway_pool(self, namespace: str, name: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from tiergate.operator.autoscaling import HpaUnknown
-from tiergate.operator.kube import KubeCluster, PodAddress, RoutersUnknown
+from tiergate.operator.kube import ApplyRejected, KubeCluster, PodAddress, RoutersUnknown
 
 NS = "team-a"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -227,3 +227,37 @@ def test_a_deployment_status_comes_with_the_generation_it_is_compared_with(
     assert cluster.deployment_status(NS, "frontier-premium") == {"generation": 5}
     del api.answers[("GET", DEPLOYMENT)]
     assert cluster.deployment_status(NS, "frontier-premium") is None
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "message"),
+    [
+        (403, "Forbidden", 'admission webhook "validation.gatekeeper.sh" denied the request: '
+         "[require-cpu-limits] container node has no cpu limit"),
+        (403, "Forbidden", 'deployments.apps "frontier-premium" is forbidden: User '
+         '"system:serviceaccount:tiergate:operator" cannot patch resource "deployments"'),
+        (422, "Invalid", 'Deployment.apps "frontier-premium" is invalid: spec.replicas: '
+         "Invalid value: -1"),
+    ],
+)  # fmt: skip
+def test_a_deployment_the_api_server_refuses_or_forbids_is_rejected_in_its_words(
+    api: ApiServer, code: int, reason: str, message: str
+) -> None:
+    """Applying it again cannot help until something changes: not a retry, but a rejection the
+    pool's status says (reconcile), in the API server's words."""
+    api.answers[("PATCH", DEPLOYMENT)] = (code, status_body(code, reason, message))
+    manifest = {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "frontier-premium", "namespace": NS}}  # fmt: skip
+    with pytest.raises(ApplyRejected) as caught:
+        cluster_of(api).apply(manifest)
+    assert str(caught.value) == (
+        f"the API server rejected Deployment {NS}/frontier-premium (HTTP {code}): {message}"
+    )
+
+
+def test_a_deployment_apply_that_fails_otherwise_is_retried(api: ApiServer) -> None:
+    api.answers[("PATCH", DEPLOYMENT)] = (500, status_body(500, "InternalError", "etcd timeout"))
+    manifest = {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "frontier-premium", "namespace": NS}}  # fmt: skip
+    with pytest.raises(kopf.TemporaryError, match="HTTP 500: etcd timeout"):
+        cluster_of(api).apply(manifest)
