@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,12 +135,16 @@ def operator_startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: A
     configure(settings, namespaced=memo.namespaced)
 
 
-def _run(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, *, report: bool) -> None:
+def _run(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> None:
     """Reconcile and write the status; with `report`, post Warning events and raise
     PermanentError for a spec that cannot work (the timer re-checks silently: one event per
     change, not one per resync)."""
     outcome = _reconcile(dict(body), memo, "reconcile" if report else "resync")
-    patch.status.update(outcome.status)
+    # Written here rather than in kopf's patch (which replaces the conditions whole): rebased
+    # on what the autoscaler's timer wrote since `body` was read.
+    namespace, name = body.metadata.namespace, body.metadata.name
+    if namespace is not None and name is not None:
+        memo.api().patch_pool_status(namespace, name, outcome.status, base=_status_of(body))
     _alert(body, outcome, memo)
     _keep_gateway_pool(body, memo, report=report)
     if not report:
@@ -216,12 +220,18 @@ def _alert(pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMem
 def inferencepool_reconcile(
     body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any
 ) -> None:
-    _run(body, patch, memo, report=True)
+    _run(body, memo, report=True)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
 def inferencepool_resync(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any) -> None:
-    _run(body, patch, memo, report=False)
+    _run(body, memo, report=False)
+
+
+def _status_of(pool: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """The status a handler computed its own from (what its write is rebased from)."""
+    status = pool.get("status")
+    return dict(status) if isinstance(status, Mapping) else {}
 
 
 def _owned_pool(body: kopf.Body) -> str | None:
@@ -243,7 +253,7 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
         return  # the pool is gone: garbage collection removes its objects
     outcome = _reconcile(obj, memo, "deployment_changed")
-    cluster.patch_pool_status(namespace, pool, outcome.status)
+    cluster.patch_pool_status(namespace, pool, outcome.status, base=_status_of(obj))
     _alert(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))
 
@@ -271,7 +281,7 @@ def inferencepool_autoscale(body: kopf.Body, memo: OperatorMemo, **_: Any) -> No
         tick = autoscale(dict(body), cluster, memo.catalog, memo.scrape, memo.clock(), memo.routers)
         if tick is None:
             return
-        cluster.patch_pool_status(namespace, name, tick.status)
+        cluster.patch_pool_status(namespace, name, tick.status, base=_status_of(body))
         if tick.replicas is not None:
             cluster.scale_pool(namespace, name, tick.replicas)
     except Exception:

@@ -29,6 +29,7 @@ from tiergate.pools import GROUP, KIND, PLURAL, VERSION, label_selector, pool_se
 from .autoscaling import HpaUnknown
 from .gateway_pool import GATEWAY_GROUP, GATEWAY_VERSION, GatewayApi, GatewayPoolMissing
 from .render import FIELD_MANAGER
+from .status import rebase_conditions
 
 __all__ = [
     "ApplyRejected",
@@ -44,6 +45,8 @@ Manifest = dict[str, Any]
 
 #: Seconds before a request to the API server is abandoned (a stalled call must not hang).
 REQUEST_TIMEOUT_S = 30
+#: Writes of a pool's status tried over a fresh read when another write came between.
+STATUS_ATTEMPTS = 5
 RETRY_DELAY_S = 10
 
 
@@ -81,7 +84,13 @@ class Cluster(GatewayApi, Protocol):
 
     def pool(self, namespace: str, name: str) -> Manifest | None: ...
 
-    def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None: ...
+    def patch_pool_status(
+        self, namespace: str, name: str, status: Manifest, base: Manifest | None = None
+    ) -> None:
+        """Write `status`, computed from the pool's status `base`: its conditions rebased on
+        the pool's as they are now (`rebase_conditions`), so that a write made meanwhile by
+        another writer is kept. None: written as it is."""
+        ...
 
     def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]: ...
 
@@ -274,15 +283,39 @@ class KubeCluster:
                 where = f"{GATEWAY_GROUP} InferencePool {namespace}/{name}"
                 raise _temporary(f"delete {where}", exc) from None
 
-    def patch_pool_status(self, namespace: str, name: str, status: Manifest) -> None:
-        try:
-            self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status},
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status != 404:  # deleted meanwhile: nothing to report on
-                raise _temporary(f"patch InferencePool {namespace}/{name} status", exc) from None
+    def patch_pool_status(
+        self, namespace: str, name: str, status: Manifest, base: Manifest | None = None
+    ) -> None:
+        """A merge patch replaces a list whole: with `base`, the conditions are rebased on the
+        pool's current ones and written only over that version of the pool (its
+        resourceVersion), read again and rebased again if another write came between."""
+        for _ in range(STATUS_ATTEMPTS):
+            body: Manifest = {"status": status}
+            if base is not None and "conditions" in status:
+                current = self.pool(namespace, name)
+                if current is None:
+                    return  # deleted meanwhile: nothing to report on
+                theirs = (current.get("status") or {}).get("conditions") or []
+                ours = rebase_conditions(base.get("conditions") or [], status["conditions"], theirs)
+                version = (current.get("metadata") or {}).get("resourceVersion")
+                body = {"metadata": {"resourceVersion": version},
+                        "status": {**status, "conditions": ours}}  # fmt: skip
+            try:
+                self._custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, PLURAL, name, body,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )  # fmt: skip
+                return
+            except ApiException as exc:
+                if exc.status == 404:  # deleted meanwhile: nothing to report on
+                    return
+                if exc.status != 409 or base is None:
+                    where = f"patch InferencePool {namespace}/{name} status"
+                    raise _temporary(where, exc) from None
+        raise kopf.TemporaryError(
+            f"patch InferencePool {namespace}/{name} status: changed by another writer "
+            f"{STATUS_ATTEMPTS} times in a row", delay=RETRY_DELAY_S,
+        )  # fmt: skip
 
     def pool_pods(self, namespace: str, pool: str) -> list[PodAddress]:
         """The pool's sim-node pods (by its selector labels); ready: the pod's Ready

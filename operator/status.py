@@ -8,7 +8,8 @@ Messages name an inline profile as such, and say when it shadows a catalog entry
 `replica_conditions` reads the pool's Deployment (`rollout`) as `kubectl rollout status` does:
 not done before its controller has observed its spec, and stuck past its progress deadline.
 `conditions` merges new condition values into the old list the Kubernetes way:
-`lastTransitionTime` changes only when a condition's status does.
+`lastTransitionTime` changes only when a condition's status does. `rebase_conditions` carries
+one writer's changes onto the list as another writer has left it since.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "fits_message",
     "not_rolled_out_conditions",
     "previous_spec_conditions",
+    "rebase_conditions",
     "replica_conditions",
     "rollout",
     "served_generation",
@@ -298,5 +300,34 @@ def conditions(
             last_transition_time=now if changed or old is None else old.last_transition_time,
             observed_generation=generations.get(kind, generation),
         )
-    order: list[ConditionType] = ["Ready", "Fits", "Progressing", "Degraded", "Autoscaling"]
-    return [by_type[k] for k in order if k in by_type]
+    return [by_type[k] for k in ORDER if k in by_type]
+
+
+#: The order conditions are written in.
+ORDER: tuple[ConditionType, ...] = ("Ready", "Fits", "Progressing", "Degraded", "Autoscaling")
+
+
+def rebase_conditions(
+    base: Collection[Mapping[str, Any]],
+    ours: Collection[Mapping[str, Any]],
+    theirs: Collection[Mapping[str, Any]],
+) -> list[Mapping[str, Any]]:
+    """The conditions to write: `ours` were computed from `base`, and the pool's are `theirs`
+    now. Two writers (reconcile, the autoscaler's timer) each own some condition types, and
+    each writes the whole list: a condition we changed, added or dropped goes as ours, every
+    other as it is now, so neither writer undoes what the other wrote meanwhile."""
+
+    def by_type(items: Collection[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+        return {str(c.get("type")): c for c in items if isinstance(c, Mapping)}
+
+    was, mine, now = by_type(base), by_type(ours), by_type(theirs)
+    out = dict(now)
+    for kind in was.keys() | mine.keys():
+        if was.get(kind) == mine.get(kind):
+            continue  # not ours to change: as it is now
+        if kind in mine:
+            out[kind] = mine[kind]
+        else:
+            out.pop(kind, None)
+    known = [out.pop(kind) for kind in ORDER if kind in out]
+    return known + list(out.values())

@@ -14,6 +14,7 @@ from tiergate.operator.autoscaling import HpaUnknown
 from tiergate.operator.images import ImagePolicy
 from tiergate.operator.kube import ApplyRejected, PodAddress, RoutersUnknown
 from tiergate.operator.reconcile import reconcile
+from tiergate.operator.status import rebase_conditions
 from tiergate.pools import InferencePoolSpec, predict
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import Workload, evaluate
@@ -81,11 +82,22 @@ class FakeCluster:
     def pool(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.pools.get((namespace, name))
 
-    def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Recorded, and merged into the stored pool (top-level fields, as a merge patch)."""
+    def patch_pool_status(
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        base: dict[str, Any] | None = None,
+    ) -> None:
+        """Recorded, and merged into the stored pool (top-level fields, as a merge patch);
+        with `base`, its conditions rebased on the stored pool's, as KubeCluster does."""
+        stored = self.pools.get((namespace, name))
+        if base is not None and stored is not None and "conditions" in status:
+            theirs = (stored.get("status") or {}).get("conditions") or []
+            ours = rebase_conditions(base.get("conditions") or [], status["conditions"], theirs)
+            status = {**status, "conditions": ours}
         self.status_patches.append((name, status))
         self.writes.append(("status", name, copy.deepcopy(status)))
-        stored = self.pools.get((namespace, name))
         if stored is not None:
             stored.setdefault("status", {}).update(copy.deepcopy(status))
 

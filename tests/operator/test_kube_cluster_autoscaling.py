@@ -61,6 +61,8 @@ class ApiServer:
 
     def __init__(self) -> None:
         self.answers: dict[tuple[str, str], tuple[int, Any]] = {}
+        #: Answers that follow `answers`' one, each once, in turn.
+        self.then: dict[tuple[str, str], list[tuple[int, Any]]] = {}
         self.requests: list[tuple[str, str, dict[str, str], dict[str, str], Any]] = []
         server = self
 
@@ -84,6 +86,9 @@ class ApiServer:
                 code, answer = server.answers.get(
                     (method, parts.path), (404, status_body(404, "NotFound", "not found"))
                 )
+                later = server.then.get((method, parts.path))
+                if later:  # answers in turn: this one now, the next one next time
+                    server.answers[(method, parts.path)] = later.pop(0)
                 data = json.dumps(answer).encode()
                 self.send_response(code)
                 self.send_header("content-type", "application/json")
@@ -261,3 +266,42 @@ def test_a_deployment_apply_that_fails_otherwise_is_retried(api: ApiServer) -> N
                 "metadata": {"name": "frontier-premium", "namespace": NS}}  # fmt: skip
     with pytest.raises(kopf.TemporaryError, match="HTTP 500: etcd timeout"):
         cluster_of(api).apply(manifest)
+
+
+POOL = f"/apis/tiergate.dev/v1alpha1/namespaces/{NS}/inferencepools/frontier-premium"
+
+
+def stored_pool(version: str, conditions: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "tiergate.dev/v1alpha1", "kind": "InferencePool",
+            "metadata": {"name": "frontier-premium", "namespace": NS, "resourceVersion": version},
+            "spec": {}, "status": {"conditions": conditions}}  # fmt: skip
+
+
+def test_a_status_write_is_rebased_and_made_again_when_another_write_came_between(
+    api: ApiServer,
+) -> None:
+    """The autoscaler's write, computed when Ready was False: reconcile's Ready=True, written
+    since, is kept, and a write that loses the race (409) is rebased on the pool read again."""
+    ready = {"type": "Ready", "status": "True", "reason": "Serving"}
+    not_ready = {"type": "Ready", "status": "False", "reason": "ReplicasNotReady"}
+    holding = {"type": "Autoscaling", "status": "True", "reason": "Holding"}
+    scaled = {"type": "Autoscaling", "status": "True", "reason": "ScaledUp"}
+    api.answers[("GET", POOL)] = (200, stored_pool("7", [ready]))
+    api.then[("GET", POOL)] = [(200, stored_pool("8", [ready, holding]))]
+    conflict = status_body(409, "Conflict", "the object has been modified")
+    api.answers[("PATCH", POOL + "/status")] = (409, conflict)
+    api.then[("PATCH", POOL + "/status")] = [(200, stored_pool("9", []))]
+    cluster_of(api).patch_pool_status(
+        NS, "frontier-premium", {"conditions": [not_ready, scaled], "autoscaling": {}},
+        base={"conditions": [not_ready]},
+    )  # fmt: skip
+    patches = [r for r in api.requests if r[0] == "PATCH"]
+    assert [p[4]["metadata"]["resourceVersion"] for p in patches] == ["7", "8"]
+    assert patches[-1][4]["status"] == {"conditions": [ready, scaled], "autoscaling": {}}
+
+
+def test_a_status_write_that_keeps_losing_the_race_is_retried_later(api: ApiServer) -> None:
+    api.answers[("GET", POOL)] = (200, stored_pool("7", []))
+    api.answers[("PATCH", POOL + "/status")] = (409, status_body(409, "Conflict", "modified"))
+    with pytest.raises(kopf.TemporaryError, match="changed by another writer 5 times"):
+        cluster_of(api).patch_pool_status(NS, "frontier-premium", {"conditions": []}, base={})

@@ -530,20 +530,20 @@ def test_a_deployment_whose_new_spec_is_not_observed_yet_is_still_rolling_out() 
 
 def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
     events: list[str] = []
+    cluster = FakeCluster()
     memo = handlers.OperatorMemo(
         catalog=CATALOG,
         images=IMAGE,
-        cluster=FakeCluster(),
+        cluster=cluster,
         warn=lambda body, reason, message: events.append(reason),
     )
     body = kopf.Body(pool(model="gpt-17"))
     with pytest.raises(kopf.PermanentError, match="gpt-17"):
         handlers.inferencepool_reconcile(body=body, patch=kopf.Patch(), memo=memo)
     assert events == ["InvalidSpec"]
-    patch = kopf.Patch()
-    handlers.inferencepool_resync(body=body, patch=patch, memo=memo)  # no raise, no event
+    handlers.inferencepool_resync(body=body, patch=kopf.Patch(), memo=memo)  # no raise, no event
     assert events == ["InvalidSpec"]
-    ready = conditions(patch["status"])["Ready"]
+    ready = conditions(cluster.status_patches[-1][1])["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
 
 
@@ -559,10 +559,9 @@ def test_a_name_taken_is_an_event_from_the_resync_too_but_only_once() -> None:
     )
     _foreign(cluster, "Service")
     body = pool()
-    patch = kopf.Patch()
-    handlers.inferencepool_resync(body=kopf.Body(body), patch=patch, memo=memo)
+    handlers.inferencepool_resync(body=kopf.Body(body), patch=kopf.Patch(), memo=memo)
     assert events == ["NameTaken"]
-    body["status"] = dict(patch["status"])
+    body["status"] = dict(cluster.status_patches[-1][1])
     handlers.inferencepool_resync(body=kopf.Body(body), patch=kopf.Patch(), memo=memo)
     assert events == ["NameTaken"]
     with pytest.raises(kopf.PermanentError, match="already exists"):  # a spec edit: no retries

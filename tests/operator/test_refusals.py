@@ -42,11 +42,10 @@ def test_an_image_not_allowed_gets_a_condition_one_event_and_no_deployment() -> 
         warn=lambda body, reason, message: events.append((reason, message)),
     )
     body = pool(**NOT_ALLOWED)
-    patch = kopf.Patch()
     with pytest.raises(kopf.PermanentError, match="not allowed"):
-        handlers.inferencepool_reconcile(body=kopf.Body(body), patch=patch, memo=memo)
+        handlers.inferencepool_reconcile(body=kopf.Body(body), patch=kopf.Patch(), memo=memo)
     assert cluster.applied == []
-    c = conditions(patch["status"])
+    c = conditions(cluster.status_patches[-1][1])
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ImageNotAllowed")
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "ImageNotAllowed")
     assert c["Fits"]["status"] == "True"  # the model fits: the image is what is refused
@@ -56,7 +55,7 @@ def test_an_image_not_allowed_gets_a_condition_one_event_and_no_deployment() -> 
         "allow-list: `tiergate operator --allowed-image`, chart value operator.allowedImages)"
     )
     assert events == [("ImageNotAllowed", c["Ready"]["message"])]
-    body["status"] = dict(patch["status"])
+    body["status"] = dict(cluster.status_patches[-1][1])
     for _ in range(2):  # the resync timer and Deployment events: no more events, no objects
         handlers.inferencepool_resync(body=kopf.Body(body), patch=kopf.Patch(), memo=memo)
     assert len(events) == 1 and cluster.applied == []
