@@ -32,7 +32,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from tiergate.common.connection_limits import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
+from tiergate.common.connection_limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    IDLE_TIMEOUT_S,
+    ConnectionLimits,
+)
 from tiergate.common.validation import first_problem, yaml_position
 from tiergate.pools import (
     DNS_LABEL,
@@ -194,11 +198,13 @@ class ConnectionSettings(_Model):
         ),
     )
     idle_timeout_s: float = Field(
-        default=5.0,
+        default=IDLE_TIMEOUT_S,
         gt=0,
         description=(
-            "A connection with no request in progress (new, or kept alive after a reply) is "
-            "closed after this many seconds."
+            "A connection kept alive after a reply is closed after this many seconds with no "
+            "request: longer than clients and proxies keep an idle connection (Go 90 s, load "
+            "balancers 60 s), so that they close it first. A new connection must begin its "
+            "first request within headerTimeoutS"
         ),
     )
     max_connections: int | None = Field(

@@ -171,7 +171,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         "--idle-timeout-s",
         type=positive_float,
         default=limits.idle_timeout_s,
-        help="close a connection idle this long (default %(default)g s)",
+        help="close a connection kept alive this long with no request (default %(default)g s; "
+        "a new one must begin its request within --header-timeout-s)",
     )
     g.add_argument(
         "--max-connections",

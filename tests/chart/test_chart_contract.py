@@ -13,6 +13,7 @@ import pytest
 import yaml
 from chart_helpers import CHART, NAMESPACE, OPERATOR, RELEASE, ROUTER, Helm, Manifest, one
 
+from tiergate.common.connection_limits import IDLE_TIMEOUT_S
 from tiergate.router.config import RouterConfig
 from tiergate.router.tenants.registry import TenantRegistry, parse_tenants
 
@@ -237,7 +238,11 @@ def test_router_connection_values_become_the_router_s_limits(
     assert "connections" not in router_config(default_manifests)["router"]  # the router's own
     connections = validate_with_router(router_config(variant_manifests)).router.connections
     limits = connections.limits()
-    assert (limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) == (10, 60, 5)
+    assert (limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) == (
+        10,
+        60,
+        IDLE_TIMEOUT_S,
+    )
     assert connections.max_connections == 4000
 
 

@@ -2,8 +2,9 @@
 counts them.
 
 A client must send a request's head within `header_timeout_s` of its first byte and its body
-within `body_timeout_s` of the head; a connection with no request in progress is closed after
-`idle_timeout_s` (from its opening, or from the end of its last response); at most
+within `body_timeout_s` of the head; a new connection must begin its first request within
+`header_timeout_s` too, and one kept alive after a response is closed after `idle_timeout_s`
+with no request; at most
 `max_connections` are open at once, past which a new connection gets a 503 and is closed at
 once (limited_protocol.py does all of this inside uvicorn). The cap keeps the process below
 its open-file limit, so what else needs a file descriptor (upstream connections, the ledger,
@@ -23,6 +24,7 @@ __all__ = [
     "CLIENT_KEEPALIVE_S",
     "DEFAULT_MAX_CONNECTIONS",
     "HEAD",
+    "IDLE_TIMEOUT_S",
     "ConnectionGate",
     "ConnectionLimits",
     "Phase",
@@ -30,10 +32,14 @@ __all__ = [
 
 #: Past this, memory rather than file descriptors runs out first (~10 KB a connection, idle).
 DEFAULT_MAX_CONNECTIONS = 10_000
-#: How long tiergate's own clients (the bench) keep an idle connection for reuse: well under
-#: a server's default `idle_timeout_s`, so that the server never closes a connection in the
-#: instant a client sends on it (httpx's default, 5 s, equals it: such a request fails with
-#: no reply).
+#: How long a server keeps a connection alive after a response, by default: longer than its
+#: clients and the proxies in front keep an idle connection for reuse (httpx 5 s, aiohttp 15 s,
+#: nginx and AWS load balancers 60 s, Go 90 s), so that they close it first. A server that
+#: closes first races a request sent on the connection in that instant, which fails with no
+#: reply (a proxy answers it 502 or 503). uvicorn's own default, 5 s, is shorter than most.
+IDLE_TIMEOUT_S = 120.0
+#: How long tiergate's own clients (the bench) keep an idle connection for reuse: under every
+#: server's keep-alive they talk to (vLLM's is uvicorn's 5 s), for the same reason.
 CLIENT_KEEPALIVE_S = 2.0
 
 #: The part of a request a timeout cut short: its head (request line and headers) or its body.
@@ -48,7 +54,7 @@ class ConnectionLimits:
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    idle_timeout_s: float = 5.0
+    idle_timeout_s: float = IDLE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def summary(self) -> str:

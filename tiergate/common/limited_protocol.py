@@ -7,8 +7,9 @@ connection cap either (`limit_concurrency` answers 503 only once a request's hea
 each refused client still holds its descriptor until then), and httptools keeps a header
 being received in memory however long it grows.
 
-So, per connection, one timer at a time: idle (uvicorn's own, also armed when the connection
-opens, and re-armed at its first deadline after bytes that begin no request), head or body.
+So, per connection, one timer at a time: idle (uvicorn's own; armed when the connection
+opens too, for the first request's start, no longer than the head's timeout; and re-armed at
+its deadline after bytes that begin no request), head or body.
 A read timer is armed only when a packet ends in the middle of a head or a body: a request
 that arrives in one packet, as nearly all do, costs no timer. A head still unfinished after
 `MAX_HEAD_BYTES` more is refused (431).
@@ -109,8 +110,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._admitted = True
         super().connection_made(transport)
+        # A new connection begins its request within the head's time (a kept-alive one may
+        # wait longer: its client is one that sent a request).
+        first_s = min(self.timeout_keep_alive, self._gate.limits.header_timeout_s)
         self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
+            first_s, self.timeout_keep_alive_handler
         )
 
     def send_400_response(self, msg: str) -> None:

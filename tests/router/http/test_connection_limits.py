@@ -110,6 +110,46 @@ def test_an_idle_connection_is_closed(router: tuple[RouterApp, str], before: str
             assert read_until_closed(sock) == b""
 
 
+@pytest.fixture
+def keeping_router(served: Served, tmp_path: Path) -> Iterator[str]:
+    """A router that keeps a connection alive a minute after a reply, and gives a request's
+    head half a second."""
+    settings = "connections: {headerTimeoutS: 0.5, idleTimeoutS: 60}"
+    with tenant_router(
+        served, tmp_path / "ledger.sqlite", tmp_path, budget="", router=settings
+    ) as (_, url):
+        yield url
+
+
+@pytest.mark.parametrize("before", ["nothing", "blank lines"])
+def test_a_new_connection_must_begin_its_request_within_the_head_s_time(
+    keeping_router: str, before: str
+) -> None:
+    """A long keep-alive is for clients that sent a request: a connection that sends none is
+    closed long before it (connection_helpers waits 15 s at most, the keep-alive is 60)."""
+    with connect(keeping_router) as sock:
+        if before == "blank lines":
+            with trickling(sock, b"\r\n"):
+                assert read_until_closed(sock) == b""
+        else:
+            assert read_until_closed(sock) == b""
+
+
+def test_a_connection_kept_alive_after_a_reply_outlasts_the_head_s_time(
+    keeping_router: str,
+) -> None:
+    with connect(keeping_router) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: router\r\n\r\n")
+        head = sock.recv(65536)
+        assert status_of(head) == 200
+        sock.settimeout(2.0)  # four times the head's time: still open, as its client expects
+        with pytest.raises(TimeoutError):
+            sock.recv(1)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: router\r\nconnection: close\r\n\r\n")
+        sock.settimeout(15.0)
+        assert status_of(read_until_closed(sock)) == 200  # and it serves a second request
+
+
 def test_a_head_that_keeps_growing_is_refused_with_a_431(router: tuple[RouterApp, str]) -> None:
     _, url = router
     with connect(url) as sock:
