@@ -168,12 +168,14 @@ def reconcile(
         }
         status = _status(body, values, now(), envelope=None)
         return Outcome(status, warnings=[("ModelDoesNotFit", message)])
-    if assessment.problem is not None:
-        problem = f"invalid spec: {assessment.problem}"
-        return _refused(body, spec, assessment, cluster, "InvalidSpec", problem, now())
-    refusal = images.refusal(spec)
+    invalid = assessment.problem is not None
+    refusal = f"invalid spec: {assessment.problem}" if invalid else images.refusal(spec)
     if refusal is not None:
-        return _refused(body, spec, assessment, cluster, "ImageNotAllowed", refusal, now())
+        # A spec the router routes (the performance model evaluates it) that the operator
+        # will not roll out: nothing is applied.
+        reason = "InvalidSpec" if invalid else "ImageNotAllowed"
+        status = _previous_spec(body, spec, assessment, cluster, reason, refusal, now())
+        return Outcome(status, warnings=[(reason, refusal)], permanent_error=refusal)
     manifests = pool_manifests(
         name,
         namespace,
@@ -266,21 +268,6 @@ def _blocked(
         body, values, now, envelope=envelope.model_dump(by_alias=True) if envelope else None
     )
     return _alerting(body, status, reason, message)
-
-
-def _refused(
-    body: Manifest,
-    spec: InferencePoolSpec,
-    assessment: Assessment,
-    cluster: Cluster,
-    reason: str,
-    message: str,
-    now: str,
-) -> Outcome:
-    """A spec the router routes (the performance model evaluates it) that the operator will not
-    roll out: nothing is applied (`_previous_spec`)."""
-    status = _previous_spec(body, spec, assessment, cluster, reason, message, now)
-    return Outcome(status, warnings=[(reason, message)], permanent_error=message)
 
 
 def _previous_spec(

@@ -3,13 +3,17 @@ its CEL rules (tests of the CRD and of anything that writes InferencePools use i
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import celpy
 import jsonschema
 import yaml
+from pydantic import ValidationError
 
+from tiergate.common.validation import first_problem
 from tiergate.operator.commands.crds_cmd import render
+from tiergate.pools import InferencePoolSpec
 
 
 def generated_crd() -> dict[str, Any]:
@@ -66,3 +70,12 @@ def problems(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
             if not held:
                 found.append(rule["message"])
     return found
+
+
+def pydantic_says(obj: dict[str, Any]) -> str | None:
+    """What the API models say of a pool's spec (the CRD's rules in words), or None."""
+    try:
+        InferencePoolSpec.model_validate(copy.deepcopy(obj["spec"]))
+    except ValidationError as exc:
+        return first_problem(exc)
+    return None

@@ -6,17 +6,14 @@ command line, which argparse has read already, still takes such a name, as vLLM 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import celpy
 import pytest
-from crd_helpers import generated_crd, problems, schema_of, walk
+from crd_helpers import generated_crd, problems, pydantic_says, schema_of, walk
 from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, pool
-from pydantic import ValidationError
 
 from tiergate.cli import build_parser
-from tiergate.common.validation import first_problem
 from tiergate.operator.reconcile import reconcile
 from tiergate.pools import InferencePoolSpec
 from tiergate.pools.engines import COMMAND_LINE_FIELDS, option_like_problem
@@ -44,14 +41,6 @@ CASES = {
     "modelSource": lambda: pool(modelSource="-weights"),
     "modelProfile.huggingFaceId": lambda: custom(huggingFaceId="-org/team-72b"),
 }
-
-
-def pydantic_says(obj: dict[str, Any]) -> str | None:
-    try:
-        InferencePoolSpec.model_validate(copy.deepcopy(obj["spec"]))
-    except ValidationError as exc:
-        return first_problem(exc)
-    return None
 
 
 def item_problems(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:

@@ -5,16 +5,13 @@ sentence."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
-from crd_helpers import generated_crd, problems, schema_of
-from pydantic import ValidationError
+from crd_helpers import generated_crd, problems, pydantic_says, schema_of
 
-from tiergate.common.validation import first_problem
 from tiergate.operator.crd import engine_rules
-from tiergate.pools import ENGINES, InferencePoolSpec
+from tiergate.pools import ENGINES
 from tiergate.pools.engines import kv_dtype_problem, memory_kind_problem, weights_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 
@@ -87,14 +84,6 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("fp8 kv cache", pool(engine="sglang", kvDtype="fp8"), None),
     ("int8 kv cache on the sim", pool(engine="sim", kvDtype="int8"), None),
 ]  # fmt: skip
-
-
-def pydantic_says(obj: dict[str, Any]) -> str | None:
-    try:
-        InferencePoolSpec.model_validate(copy.deepcopy(obj["spec"]))
-    except ValidationError as exc:
-        return first_problem(exc)
-    return None
 
 
 @pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
