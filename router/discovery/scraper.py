@@ -80,9 +80,12 @@ Fetch = Callable[[str, float, int], Awaitable[str]]
 
 class MetricsFetcher:
     """The scraper's HTTP client: one aiohttp session (made on first use, in the event loop)
-    with at most `max_connections` in flight and idle connections kept for the next round."""
+    with at most `max_connections` in flight and idle connections kept for the next round:
+    `keepalive_s`, under a vLLM's own keep-alive (uvicorn's 5 s), so that a scrape never goes
+    out on a connection in the instant the engine closes it (with `scrapeIntervalS` near 5 s,
+    a round now and then would)."""
 
-    def __init__(self, *, max_connections: int = 32, keepalive_s: float = 30.0) -> None:
+    def __init__(self, *, max_connections: int = 32, keepalive_s: float = 4.0) -> None:
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
