@@ -110,6 +110,10 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         ({"tier": "turbo"}, "'turbo' is not one of"),
         ({"replicas": -1}, "less than the minimum of 0"),
         ({"replicas": 2**31}, "greater than the maximum of 2147483647"),
+        # Label values and quantities as Kubernetes checks them (keys: the API server's).
+        ({"template": {"labels": {"team": "team a"}}}, "'team a' does not match"),
+        ({"template": {"nodeSelector": {"pool": "x" * 64}}}, "is too long"),
+        ({"template": {"resources": {"limits": {"cpu": "two"}}}}, "'two' does not match"),
         ({"weightDtype": "fp16"}, "'fp16' is not one of"),
         ({"model": None}, "'model' is a required property"),
         ({"aliases": ["fast", ""]}, "'' should be non-empty"),

@@ -92,9 +92,13 @@ def named(name: str, **metadata: str) -> dict[str, Any]:
         (yaml.safe_dump(named("p" * 64)), "at most 63 characters"),
         (yaml.safe_dump(named("chat", namespace="Team_A")), "'Team_A': a namespace is"),
         (yaml.safe_dump(pool("premium", replicas=10**23)), "less than or equal to 2147483647"),
+        (yaml.safe_dump(pool("premium", template={"labels": {"team": "team a"}})),
+         "spec.template.labels.team: 'team a' is not a label value"),
+        (yaml.safe_dump(pool("premium", template={"resources": {"limits": {"cpu": "two"}}})),
+         "spec.template.resources.limits.cpu: 'two' is not a Kubernetes quantity"),
     ],
     ids=["yaml", "kind", "wafer-vllm", "unknown-model", "no-name", "bad-name", "long-name",
-         "bad-namespace", "replicas"],
+         "bad-namespace", "replicas", "label-value", "quantity"],
 )  # fmt: skip
 def test_a_bad_pool_file_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str

@@ -14,9 +14,9 @@ Wire names are camelCase (Kubernetes style); Python names snake_case.
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
 from tiergate.common.tiers import DEFINITIONS, Tier
@@ -116,11 +116,49 @@ class Toleration(Api):
     )
 
 
+#: A label's value (a node selector's too), as Kubernetes checks it: at most 63 characters,
+#: letters and digits first and last, `-`, `_` and `.` between; or empty. (Keys are left to the
+#: API server, which refuses a bad one when the operator applies the pods: ApplyRejected.)
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+#: A resource quantity, as Kubernetes reads one (its own pattern): 100m, 2, 1.5Gi, 1e3.
+QUANTITY = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+def _checked(pattern: str, max_length: int, what: str) -> tuple[AfterValidator, WithJsonSchema]:
+    """A string's check in words (pydantic's own would quote the pattern), and the same
+    pattern in the schema, so that the CRD refuses what the models do."""
+
+    def check(value: str) -> str:
+        if len(value) > max_length or re.fullmatch(pattern, value) is None:
+            raise PydanticCustomError("pattern", f"{value[:80]!r} is not {what}")
+        return value
+
+    schema = {"type": "string", "maxLength": max_length, "pattern": pattern}
+    return AfterValidator(check), WithJsonSchema(schema)
+
+
+LabelValue = Annotated[
+    str,
+    *_checked(
+        LABEL_VALUE,
+        63,
+        "a label value (at most 63 letters, digits, '-', '_' and '.', a letter or digit first "
+        "and last)",
+    ),
+]
+Quantity = Annotated[
+    str, *_checked(QUANTITY, 64, "a Kubernetes quantity (e.g. 500m, 2, 1.5Gi, 10G)")
+]
+
+
 class Resources(Api):
     """Container resources (core/v1 ResourceRequirements); quantities as strings."""
 
-    requests: dict[str, str] = Field(default_factory=dict, description="e.g. cpu: 100m.")
-    limits: dict[str, str] = Field(default_factory=dict, description="e.g. memory: 256Mi.")
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. cpu: 100m.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="e.g. memory: 256Mi.")
 
 
 class TemplateSpec(Api):
@@ -134,9 +172,11 @@ class TemplateSpec(Api):
         ),
     )
     resources: Resources | None = Field(default=None, description="Container resources.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, description="Pod nodeSelector."
+    )
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
-    labels: dict[str, str] = Field(
+    labels: dict[str, LabelValue] = Field(
         default_factory=dict, description="Extra pod labels (tiergate's own labels win)."
     )
 
