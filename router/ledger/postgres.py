@@ -40,7 +40,11 @@ from tiergate.router.ledger.postgres_connect import (
     where,
 )
 from tiergate.router.ledger.postgres_reads import PostgresReads
-from tiergate.router.ledger.postgres_recovery import BACKLOG_BATCH, PostgresRecovery
+from tiergate.router.ledger.postgres_recovery import (
+    BACKLOG_BATCH,
+    PostgresRecovery,
+    write_over_held,
+)
 from tiergate.router.ledger.postgres_schema import WRITE_BATCH, batch_arguments, migrate
 from tiergate.router.ledger.records import (
     LedgerError,
@@ -381,7 +385,10 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
             log.warning("event=ledger_spool_clear_failed path=%s error=%s", spool.path, exc)
 
     async def _write_backlog(self) -> int:
-        """Write up to `BACKLOG_BATCH` held records, oldest first; how many left the backlog."""
+        """Write up to `BACKLOG_BATCH` held records, oldest first; how many left the backlog.
+        A held record's earlier write failed, but may have committed all the same (the
+        connection lost after COMMIT, a timeout while a standby confirmed it): each is written
+        over the row the database holds (`write_over_held`), so the daily totals move once."""
         batch = [(e, e.record) for e in list(self._backlog)[:BACKLOG_BATCH]]
         if not await self._try_write(batch, pooled=True):
             return 0
@@ -447,11 +454,13 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
                 self._unwritten[record.tenant] = left
 
     async def _write(self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool) -> None:
-        arguments = batch_arguments(batch, self.holder)
-        if pooled:
+        if pooled:  # the backlog's records (`_write_backlog`)
             pool = await self.connection_pool()
-            await pool.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
+            async with pool.acquire() as conn, conn.transaction():
+                records = [record for _, record in batch]
+                await write_over_held(conn, records, self.holder, self._timeout_s)
             return
+        arguments = batch_arguments(batch, self.holder)
         conn = await self._writer()
         try:
             async with asyncio.timeout(self._timeout_s):

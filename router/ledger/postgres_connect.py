@@ -11,7 +11,7 @@ import asyncpg
 from tiergate.router.ledger.postgres_schema import migrate
 from tiergate.router.ledger.records import LedgerError
 
-__all__ = ["CONNECT_TIMEOUT_S", "open_check", "reason", "where"]
+__all__ = ["AMBIGUOUS", "CONNECT_TIMEOUT_S", "open_check", "reason", "where"]
 
 #: How long connecting may take.
 CONNECT_TIMEOUT_S = 5.0
@@ -24,8 +24,16 @@ UNREADABLE = (
 )
 
 
+#: Said of a URL whose user or password may hold an unencoded `/`, `?` or `#`, in place of the
+#: server it names: a URL parser would read part of the password as the host, port or path.
+AMBIGUOUS = "postgresql://(not shown: its user or password may hold an unencoded / ? or #)"
+
+
 def where(dsn: str) -> str:
     """The server and database a URL names, without its user or password (for messages)."""
+    before, at, _ = dsn.partition("://")[2].rpartition("@")
+    if at and any(c in before for c in "/?#"):
+        return AMBIGUOUS
     try:
         parts = urlsplit(dsn)
         host = parts.hostname or "localhost"

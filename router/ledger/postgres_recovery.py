@@ -101,22 +101,31 @@ class PostgresRecovery:
         for start in range(0, len(records), BACKLOG_BATCH):
             chunk = records[start : start + BACKLOG_BATCH]
             async with pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(
-                    SELECT_FOR_REPLAY,
-                    [r.request_id for r in chunk],
-                    [r.attempt for r in chunk],
-                    timeout=self._timeout_s,
-                )
-                held = {(r.request_id, r.attempt): r for r in (UsageRecord(*row) for row in rows)}
-                batch = []
-                for record in chunk:
-                    before = held.get((record.request_id, record.attempt))
-                    if before is None or before.latency_s < record.latency_s:
-                        batch.append((LedgerEntry(record, written=before), record))
-                if batch:
-                    # Named after the file: no lease, so a row it leaves `incomplete` is closed.
-                    holder = f"spool:{orphan.path.name}"
-                    arguments = batch_arguments(batch, holder)
-                    await conn.fetchrow(WRITE_BATCH, *arguments, timeout=self._timeout_s)
-                written += len(batch)
+                # Named after the file: no lease, so a row it leaves `incomplete` is closed.
+                holder = f"spool:{orphan.path.name}"
+                written += await write_over_held(conn, chunk, holder, self._timeout_s)
         return written
+
+
+async def write_over_held(
+    conn: Any, records: list[UsageRecord], holder: str, timeout_s: float
+) -> int:
+    """In the caller's transaction: upsert each record where the database holds an older one of
+    its attempt (a shorter latency) or none, the daily totals moved by the difference from the
+    row it holds, read under a lock. Written again, a record moves nothing: what a replay, and
+    a write retried after one that committed unseen, rely on. How many it wrote."""
+    rows = await conn.fetch(
+        SELECT_FOR_REPLAY,
+        [r.request_id for r in records],
+        [r.attempt for r in records],
+        timeout=timeout_s,
+    )
+    held = {(r.request_id, r.attempt): r for r in (UsageRecord(*row) for row in rows)}
+    batch = []
+    for record in records:
+        before = held.get((record.request_id, record.attempt))
+        if before is None or before.latency_s < record.latency_s:
+            batch.append((LedgerEntry(record, written=before), record))
+    if batch:
+        await conn.fetchrow(WRITE_BATCH, *batch_arguments(batch, holder), timeout=timeout_s)
+    return len(batch)

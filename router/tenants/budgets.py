@@ -102,17 +102,20 @@ class BudgetGuard:
             if tenant.budget_usd is not None:
                 self._tracked(tenant, now_s)
 
-    def check(self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0) -> float:
+    def check(
+        self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0
+    ) -> float | None:
         """Take a hold of `hold_usd` for a request, or raise RouterError(429,
         insufficient_quota) if the tenant has spent its budget, counting the holds of its
-        requests in flight. Returns the hold, for `release` when the request ends.
+        requests in flight. Returns the hold, for `release` when the request ends; None for a
+        tenant without a budget (nothing held, nothing to release).
 
         `Retry-After` is the time to the next period (a spent `total` budget has none), or 1 s
         when only requests in flight stand in the way.
         """
         budget = tenant.budget_usd
         if budget is None:
-            return 0.0
+            return None
         now = self._clock() if now_s is None else now_s
         spend = self._tracked(tenant, now)
         held = self._held.get(tenant.name)

@@ -115,13 +115,15 @@ class FleetBudgets(LoopService):
             if self.needs_lease(tenant, hold_usd, now_s):  # a waiter's call may have done it
                 await self._lease(tenant, max(hold_usd, 1e-9), now_s)
 
-    def check(self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0) -> float:
+    def check(
+        self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0
+    ) -> float | None:
         """Take a hold of `hold_usd` against this replica's lease, or refuse: 429 when the
         budget is spent or the rest of it is in flight, 503 when the database could not be
-        asked. Returns the hold, for `release`."""
+        asked. Returns the hold, for `release`; None for a tenant without a budget."""
         budget = tenant.budget_usd
         if budget is None:
-            return 0.0
+            return None
         now = self._clock() if now_s is None else now_s
         lease = self._current(tenant, now)
         live = lease is not None and lease.valid_until > self._monotonic()

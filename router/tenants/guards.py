@@ -19,7 +19,13 @@ class Budgets(Protocol):
 
     async def lease(self, tenant: Tenant, hold_usd: float, now_s: float) -> None: ...
 
-    def check(self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0) -> float: ...
+    def check(
+        self, tenant: Tenant, now_s: float | None = None, hold_usd: float = 0.0
+    ) -> float | None:
+        """Take a hold of `hold_usd` for a request and return it, for `release`; None when the
+        tenant has no budget and nothing is held (a budget added by a reload meanwhile must
+        not see a release of a hold it never took)."""
+        ...
 
     def room_usd(self, tenant: Tenant, now_s: float) -> float | None:
         """What the tenant's budget lets one more request spend now: the budget less what is

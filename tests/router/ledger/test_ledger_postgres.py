@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -14,6 +15,7 @@ from postgres_server import PostgresServer
 from private_ledger import private_ledger
 
 from tiergate.router.ledger.postgres import PostgresLedger, open_check, where
+from tiergate.router.ledger.postgres_connect import AMBIGUOUS
 from tiergate.router.ledger.postgres_schema import SCHEMA_VERSION
 from tiergate.router.ledger.records import LedgerError, UsageRecord, utc_day
 
@@ -187,9 +189,56 @@ async def test_a_password_that_splits_the_url_is_one_line_without_any_of_it(
         assert piece not in message and piece not in where(dsn), (message, where(dsn))
 
 
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        # A piece of the password a parser reads as a port (2024) and a path (/Winter!).
+        ("postgresql://tiergate:2024/Winter!@db.prod:5432/ledger", AMBIGUOUS),
+        ("postgresql://tiergate:a?b#c@db.prod/ledger", AMBIGUOUS),
+        ("postgresql://tiergate:s3cret@db.prod:5432/ledger", "postgresql://db.prod:5432/ledger"),
+        ("postgresql:///ledger", "postgresql://localhost/ledger"),
+    ],
+)
+def test_messages_name_the_server_never_the_password(dsn: str, shown: str) -> None:
+    assert where(dsn) == shown
+
+
 def _closed_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def test_a_write_that_committed_unseen_is_counted_once_when_written_again(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection is lost after COMMIT (or a timeout fires while a standby confirms it):
+    the router holds the record and writes it again, and the daily totals move once."""
+    await open_check(pg_dsn)
+    real = PostgresLedger._write
+    lost: list[int] = []
+
+    async def committed_then_lost(self: PostgresLedger, batch: Any, *, pooled: bool) -> None:
+        await real(self, batch, pooled=pooled)
+        if not pooled and not lost:
+            lost.append(1)
+            raise ConnectionResetError("the connection was lost after COMMIT")
+
+    monkeypatch.setattr(PostgresLedger, "_write", committed_then_lost)
+    ledger = PostgresLedger(pg_dsn)
+    ledger.start()
+    try:
+        ledger.add(usage("once", tenant="unseen", cost=0.5))
+        await ledger.committed()  # returns: the record is held, its write having "failed"
+        assert lost and ledger.backlog == 1
+        deadline = time.monotonic() + 30
+        while ledger.backlog:
+            assert time.monotonic() < deadline, "the backlog was not written"
+            await asyncio.sleep(0.05)
+        totals = await ledger.totals("unseen")
+        assert (totals.requests, totals.cost_usd) == (1, pytest.approx(0.5))
+        assert ledger.unwritten_usd("unseen") == 0.0
+    finally:
+        await ledger.stop()

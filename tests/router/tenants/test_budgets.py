@@ -14,6 +14,8 @@ from tenant_router_helpers import KEY, tenant_router
 
 from tiergate.router.base.errors import RouterError
 from tiergate.router.ledger.sqlite import Ledger, UsageRecord
+from tiergate.router.request.accounting import Accountant
+from tiergate.router.request.exchange import Exchange
 from tiergate.router.tenants.budgets import BudgetGuard, period_bounds
 from tiergate.router.tenants.registry import ANONYMOUS, BudgetPeriod, Tenant
 
@@ -357,3 +359,24 @@ def test_every_hold_is_released_even_one_of_nothing(
             r = httpx.post(url + "/v1/chat/completions", json=body, headers=KEY, timeout=60)
             assert r.status_code == 200, r.text
             assert app.router.budgets._held == {}
+
+
+def test_a_budget_a_reload_adds_keeps_the_holds_taken_under_it(ledger: Ledger) -> None:
+    """Requests admitted while the tenant had no budget held nothing: ending after a reload
+    gave it one, they release nothing of the holds its requests took since."""
+    guard = BudgetGuard(ledger, clock=lambda: NOW)
+    accountant = Accountant(ledger, guard, None, None, lambda: 0.0, lambda: NOW)  # type: ignore[arg-type]
+
+    def admitted(tenant: Tenant) -> Exchange:
+        ex = Exchange("r", 0.0, {}, receive=None, send=None, tenant=tenant)  # type: ignore[arg-type]
+        ex.hold_usd = guard.check(tenant, NOW, 4.0)
+        return ex
+
+    unbudgeted = dataclasses.replace(MONTHLY, budget_usd=None)
+    before = [admitted(unbudgeted) for _ in range(3)]
+    assert [ex.hold_usd for ex in before] == [None] * 3  # nothing held
+    after = [admitted(MONTHLY) for _ in range(2)]  # $8 of its $10 held
+    for ex in before:
+        accountant.release(ex)
+    after.append(admitted(MONTHLY))  # $8 < $10: one more, now $12 held
+    _refused(guard, MONTHLY, NOW)  # the holds taken under the budget still count
