@@ -159,7 +159,9 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
                 self.where, len(self._backlog), len(self._backlog) - unspooled, unspooled,
             )  # fmt: skip
         if self.spool is not None:
-            self.spool.close(keep=bool(self._backlog))
+            # Records spooled but not committed include those a full backlog let go of
+            # (`_hold`): the file stays for the next process to replay (idempotently).
+            self.spool.close(keep=bool(self._backlog or self._spooled))
         if not self._backlog and self._pool is not None:
             try:  # a clean stop: any row of this process still `incomplete` is closed
                 await self._pool.execute(

@@ -556,3 +556,39 @@ async def test_a_dead_processs_streams_are_closed_once_its_lease_expires(
         assert child.stdout is not None
         child.stdout.close()
         await alive.stop()
+
+
+async def test_records_a_full_backlog_let_go_of_stay_spooled_for_the_next_process(
+    tmp_path: Path,
+) -> None:
+    """The database was away so long that the backlog in memory filled: what it let go of is
+    on disk only. A clean stop keeps the file, and the next process writes it, once."""
+    spool = LedgerSpool(tmp_path, max_bytes=10**6)
+    async with private_ledger(interval_s=0.05, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        led.max_backlog = 2
+        await asyncio.to_thread(server.stop)
+        for i in range(3):
+            led.add(usage(f"r{i}"))
+            await led.committed()
+        assert (led.backlog, led.dropped) == (2, 1)
+        await asyncio.to_thread(server.start)
+        until_written = time.monotonic() + WRITTEN_WITHIN_S
+        while led.backlog:
+            assert time.monotonic() < until_written, "the backlog was not written"
+            await asyncio.sleep(0.05)
+        await led.stop()
+        assert spool_files(tmp_path), "the spool holding r2 was deleted"
+        after = PostgresLedger(dsn, interval_s=0.05, timeout_s=2.0,
+                               spool=LedgerSpool(tmp_path, max_bytes=10**6))  # fmt: skip
+        after.start()
+        try:
+            until_replayed = time.monotonic() + WRITTEN_WITHIN_S
+            while len(await fetch(dsn, "SELECT 1 FROM usage")) < 3:
+                assert time.monotonic() < until_replayed, "the kept spool was not replayed"
+                await asyncio.sleep(0.05)
+        finally:
+            await after.stop()
+        got = await fetch(dsn, "SELECT request_id FROM usage ORDER BY request_id")
+        assert got == [("r0",), ("r1",), ("r2",)]
+        daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
+        assert daily == [(3, pytest.approx(0.03))]
