@@ -42,6 +42,7 @@ from tiergate.router.ledger.postgres_connect import (
 from tiergate.router.ledger.postgres_reads import PostgresReads
 from tiergate.router.ledger.postgres_recovery import (
     BACKLOG_BATCH,
+    NEVER_TAKEN,
     PostgresRecovery,
     write_over_held,
 )
@@ -71,9 +72,6 @@ SPOOL_RESERVE = 0.1
 LEASE_TTL_S = 30.0
 #: How often a process closes the rows dead processes left `incomplete`.
 SWEEP_INTERVAL_S = 15.0
-
-#: Errors of a record the database can never take: it is dropped, not held.
-_NEVER = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 
 
 class PostgresLedger(PostgresReads, PostgresRecovery):
@@ -412,7 +410,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         take is dropped and counted, and the rest written."""
         try:
             await self._write(batch, pooled=pooled)
-        except _NEVER:
+        except NEVER_TAKEN:
             if len(batch) > 1:
                 for one in batch:
                     if not await self._try_write([one], pooled=pooled):
@@ -467,7 +465,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         try:
             async with asyncio.timeout(self._timeout_s):
                 await conn.fetchrow(WRITE_BATCH, *arguments)
-        except _NEVER:
+        except NEVER_TAKEN:
             raise  # the connection is fine: the record is not
         except BaseException:
             self._drop_writer()

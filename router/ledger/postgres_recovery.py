@@ -9,6 +9,8 @@ import logging
 import time
 from typing import Any
 
+import asyncpg
+
 from tiergate.router.ledger.entry import LedgerEntry
 from tiergate.router.ledger.postgres_connect import reason
 from tiergate.router.ledger.postgres_schema import (
@@ -21,7 +23,7 @@ from tiergate.router.ledger.postgres_schema import (
 from tiergate.router.ledger.records import UsageRecord
 from tiergate.router.ledger.spool import LedgerSpool, Orphan, latest
 
-__all__ = ["BACKLOG_BATCH", "LEASE_RENEW_S", "PostgresRecovery"]
+__all__ = ["BACKLOG_BATCH", "LEASE_RENEW_S", "NEVER_TAKEN", "PostgresRecovery", "write_over_held"]
 
 log = logging.getLogger("tiergate.router")
 
@@ -31,6 +33,10 @@ BACKLOG_BATCH = 500
 LEASE_RENEW_S = 5.0
 
 
+#: Errors of a record the database can never take: it is dropped, not held.
+NEVER_TAKEN = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+
+
 class PostgresRecovery:
     """Replaying dead processes' spools, the lease and the sweep (mixed into the ledger)."""
 
@@ -38,6 +44,7 @@ class PostgresRecovery:
     holder: str
     spool: LedgerSpool | None
     replayed: int
+    dropped: int
     swept: int
     _timeout_s: float
     _lease_ttl_s: float
@@ -94,16 +101,30 @@ class PostgresRecovery:
 
     async def _replay(self, orphan: Orphan) -> int:
         """Upsert the newest record of each attempt in `orphan` where the database holds an
-        older one or none, totals moved by the difference from what it holds; how many."""
+        older one or none, totals moved by the difference from what it holds; how many. A
+        record the database can never take is dropped and counted, as a live write's is:
+        kept, it would hold this file, and every file after it, back for ever."""
         records = latest(orphan.records)
         pool = await self.connection_pool()
+        # Named after the file: no lease, so a row it leaves `incomplete` is closed.
+        holder = f"spool:{orphan.path.name}"
         written = 0
         for start in range(0, len(records), BACKLOG_BATCH):
             chunk = records[start : start + BACKLOG_BATCH]
-            async with pool.acquire() as conn, conn.transaction():
-                # Named after the file: no lease, so a row it leaves `incomplete` is closed.
-                holder = f"spool:{orphan.path.name}"
-                written += await write_over_held(conn, chunk, holder, self._timeout_s)
+            try:
+                async with pool.acquire() as conn, conn.transaction():
+                    written += await write_over_held(conn, chunk, holder, self._timeout_s)
+                continue
+            except NEVER_TAKEN:
+                pass
+            for record in chunk:  # one at a time: only the record the database refuses goes
+                try:
+                    async with pool.acquire() as conn, conn.transaction():
+                        written += await write_over_held(conn, [record], holder, self._timeout_s)
+                except NEVER_TAKEN:
+                    self.dropped += 1
+                    log.error("event=ledger_record_dropped where=%s path=%s",
+                              self.where, orphan.path)  # fmt: skip
         return written
 
 

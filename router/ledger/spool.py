@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 from collections.abc import Iterator
@@ -35,6 +36,18 @@ log = logging.getLogger("tiergate.router")
 #: The spool's file names: `<pid>-<random>.spool`.
 SUFFIX = ".spool"
 _FIELDS = {f.name for f in dataclasses.fields(UsageRecord)}
+#: What each field of a line may hold (a line that holds anything else is unreadable: written
+#: by hand, or by another version, its record could stall every replay after it).
+_TEXT, _COUNT, _NUMBER, _FLAG = "text", "count", "number", "flag"
+_REAL = (_NUMBER, _COUNT)  # a whole number is a number too
+_KINDS = {
+    "request_id": (_TEXT,), "time_s": _REAL, "tenant": (_TEXT,),
+    "tier_requested": (_TEXT,), "tier_served": (_TEXT, None), "pool": (_TEXT, None),
+    "endpoint": (_TEXT, None), "prompt_tokens": (_COUNT,), "completion_tokens": (_COUNT,),
+    "latency_s": _REAL, "ttft_s": (*_REAL, None), "cost_usd": _REAL,
+    "http_status": (_COUNT,), "outcome": (_TEXT,), "escalated": (_FLAG,), "attempt": (_COUNT,),
+}  # fmt: skip
+assert set(_KINDS) == _FIELDS, "every field of UsageRecord has its kind"
 
 
 @dataclass
@@ -196,10 +209,25 @@ def _read(fd: int) -> tuple[list[UsageRecord], int]:
             fields = json.loads(line)
             if not isinstance(fields, dict) or set(fields) != _FIELDS:
                 raise ValueError("not a usage record")
+            if not all(_kind(value) in _KINDS[name] for name, value in fields.items()):
+                raise ValueError("a field of the wrong kind")
             records.append(UsageRecord(**fields))
         except ValueError:
             unreadable += 1
     return records, unreadable
+
+
+def _kind(value: object) -> str | None:
+    """`value`'s kind in `_KINDS` (None for null; "" for none of them)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return _FLAG
+    if isinstance(value, int):
+        return _COUNT if value >= 0 else _NUMBER
+    if isinstance(value, float):
+        return _NUMBER if math.isfinite(value) else ""
+    return _TEXT if isinstance(value, str) else ""
 
 
 def _mtime(path: Path) -> float:

@@ -11,6 +11,7 @@ is full (a tmpfs of its own, filled), before the database is back.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import signal
@@ -592,3 +593,39 @@ async def test_records_a_full_backlog_let_go_of_stay_spooled_for_the_next_proces
         assert got == [("r0",), ("r1",), ("r2",)]
         daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
         assert daily == [(3, pytest.approx(0.03))]
+
+
+async def test_a_record_the_database_never_takes_does_not_hold_a_replay_back(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """A dead process's file holds a line whose count is not one (edited by hand, or written
+    by another version) and a record the database refuses whatever is tried (a count past its
+    bigint): the first is unreadable, the second dropped and counted, the file's other records
+    are written, and the files after it are replayed."""
+    dsn = postgres.dsn(postgres.create_database())
+    await open_check(dsn)
+    folder = tmp_path / "spool"
+    for name, records in (
+        ("1-first", [usage("a"), dataclasses.replace(usage("bad"), prompt_tokens="many"),
+                     dataclasses.replace(usage("huge"), prompt_tokens=2**63), usage("b")]),
+        ("2-second", [usage("c")]),
+    ):  # fmt: skip
+        dead = LedgerSpool(folder, max_bytes=10**6)
+        dead.open()
+        assert dead.append(records)  # type: ignore[arg-type]
+        assert dead.path is not None
+        dead.path.rename(folder / f"{name}.spool")
+        os.close(dead._fd)  # type: ignore[arg-type]  # its process died: the lock is gone
+        time.sleep(0.01)  # the files are replayed oldest first
+    ledger = PostgresLedger(dsn, interval_s=0.05, spool=LedgerSpool(folder, 10**6))
+    ledger.start()
+    try:
+        until_done = time.monotonic() + WRITTEN_WITHIN_S
+        while len(spool_files(folder)) > 1:
+            assert time.monotonic() < until_done, "the dead processes' files were not replayed"
+            await asyncio.sleep(0.05)
+    finally:
+        await ledger.stop()
+    got = await fetch(dsn, "SELECT request_id FROM usage ORDER BY request_id")
+    assert got == [("a",), ("b",), ("c",)]
+    assert ledger.dropped == 1
