@@ -55,6 +55,21 @@ def usage(request_id: str, *, cost: float = 0.01, completion: int = 10, latency:
     )  # fmt: skip
 
 
+async def replayed(dsn: str, folder: Path) -> PostgresLedger:
+    """A ledger started on `folder` until it has replayed the dead processes' files there (only
+    its own file is left), then stopped."""
+    ledger = PostgresLedger(dsn, interval_s=0.05, spool=LedgerSpool(folder, 10**6))
+    ledger.start()
+    try:
+        until_done = time.monotonic() + WRITTEN_WITHIN_S
+        while len(spool_files(folder)) > 1:
+            assert time.monotonic() < until_done, "the dead processes' files were not replayed"
+            await asyncio.sleep(0.05)
+    finally:
+        await ledger.stop()
+    return ledger
+
+
 async def fetch(dsn: str, sql: str) -> list[tuple[object, ...]]:
     conn = await asyncpg.connect(dsn)
     try:
@@ -209,18 +224,7 @@ async def test_a_dead_processs_spool_is_replayed_once_with_its_newest_records(
     shutil.copy(dead.path, copy)
     os.close(dead._fd)  # type: ignore[arg-type]  # its process died: the lock is gone
 
-    async def replay() -> None:
-        ledger = PostgresLedger(dsn, interval_s=0.05, spool=LedgerSpool(folder, 10**6))
-        ledger.start()
-        try:
-            until_done = time.monotonic() + WRITTEN_WITHIN_S
-            while len(spool_files(folder)) > 1:
-                assert time.monotonic() < until_done, "the dead process's file was not replayed"
-                await asyncio.sleep(0.05)
-        finally:
-            await ledger.stop()
-
-    await replay()
+    await replayed(dsn, folder)
     rows = "SELECT request_id, completion_tokens, cost_usd FROM usage ORDER BY request_id"
     totals = "SELECT requests, attempts, completion_tokens, cost_usd FROM tenant_daily"
     expected_rows = [("new", 10, 0.5), ("old", 20, 0.02)]
@@ -228,7 +232,7 @@ async def test_a_dead_processs_spool_is_replayed_once_with_its_newest_records(
     assert await fetch(dsn, rows) == expected_rows
     assert await fetch(dsn, totals) == expected_totals
     shutil.copy(copy, folder / "99-replayed-again.spool")
-    await replay()
+    await replayed(dsn, folder)
     assert await fetch(dsn, rows) == expected_rows
     assert await fetch(dsn, totals) == expected_totals
     assert spool_files(folder) == []
@@ -617,15 +621,7 @@ async def test_a_record_the_database_never_takes_does_not_hold_a_replay_back(
         dead.path.rename(folder / f"{name}.spool")
         os.close(dead._fd)  # type: ignore[arg-type]  # its process died: the lock is gone
         time.sleep(0.01)  # the files are replayed oldest first
-    ledger = PostgresLedger(dsn, interval_s=0.05, spool=LedgerSpool(folder, 10**6))
-    ledger.start()
-    try:
-        until_done = time.monotonic() + WRITTEN_WITHIN_S
-        while len(spool_files(folder)) > 1:
-            assert time.monotonic() < until_done, "the dead processes' files were not replayed"
-            await asyncio.sleep(0.05)
-    finally:
-        await ledger.stop()
+    ledger = await replayed(dsn, folder)
     got = await fetch(dsn, "SELECT request_id FROM usage ORDER BY request_id")
     assert got == [("a",), ("b",), ("c",)]
     assert ledger.dropped == 1
