@@ -380,6 +380,12 @@ class _LedgerCollector(Collector):
             "not take yet, durable on the pod's volume (router.ledgerSpoolMaxSize bounds it).",
             value=spool.bytes,
         )
+        yield GaugeMetricFamily(
+            "tiergate_ledger_spool_only_records",
+            "Records the full backlog let go of that are not yet written: on the pod's volume "
+            "only, written from the spool once the backlog is.",
+            value=ledger.on_disk_only,
+        )
         yield CounterMetricFamily(
             "tiergate_ledger_spooled_records",
             "Records written to the spool because the PostgreSQL ledger could not take them.",
@@ -392,7 +398,8 @@ class _LedgerCollector(Collector):
         )
         yield CounterMetricFamily(
             "tiergate_ledger_replayed_records",
-            "Records of dead router processes' spool files written to the PostgreSQL ledger.",
+            "Records of spool files written to the PostgreSQL ledger: dead router processes' "
+            "files, and this process's records that a full backlog let go of.",
             value=ledger.replayed,
         )
 

@@ -19,3 +19,6 @@ class LedgerEntry:
     written: UsageRecord | None = None
     held: bool = False  # in the backlog, to be written as `record` says then
     spooled: UsageRecord | None = None  # the newest record in the spool (PostgreSQL ledger)
+    # Let go of by a full backlog, its record on disk only: what the database holds is unknown
+    # until it is read, so its next write is written over the row held (PostgreSQL ledger).
+    over_held: bool = False

@@ -51,7 +51,7 @@ from tiergate.router.ledger.records import (
     LedgerError,
     UsageRecord,
 )
-from tiergate.router.ledger.spool import LedgerSpool
+from tiergate.router.ledger.spool import LedgerSpool, Orphan
 
 __all__ = ["PostgresLedger", "open_check", "where"]
 
@@ -117,7 +117,14 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         self._stopping = False
         self.max_backlog = MAX_BACKLOG
         self.dropped = 0
-        self.replayed = 0  # records of dead processes' spool files written to the database
+        self.replayed = 0  # records of spool files written to the database
+        # Records a full backlog let go of, on disk only: in this process's file, and in its
+        # former file (`_rotated`) that it writes from; their USD, by tenant, not yet written.
+        self._let_go = 0
+        self._let_go_usd: dict[str, float] = {}
+        self._rotated: Orphan | None = None
+        self._rotated_usd: dict[str, float] = {}
+        self._rotated_records = 0
 
     # The service.
 
@@ -150,6 +157,11 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         await self._write_next()
         while self._backlog and await self._write_backlog():
             pass
+        if not self._backlog:
+            await self._write_rotated()
+        if self._rotated is not None:  # the next process writes it
+            rotated, self._rotated = self._rotated, None
+            rotated.release()
         if self._backlog:
             unspooled = sum(e.spooled is not e.record for e in self._backlog)
             log.error(
@@ -159,7 +171,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         if self.spool is not None:
             # Records spooled but not committed include those a full backlog let go of
             # (`_hold`): the file stays for the next process to replay (idempotently).
-            self.spool.close(keep=bool(self._backlog or self._spooled))
+            self.spool.close(keep=bool(self._backlog or self._spooled or self._let_go))
         if not self._backlog and self._pool is not None:
             try:  # a clean stop: any row of this process still `incomplete` is closed
                 await self._pool.execute(
@@ -297,6 +309,11 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         """Records held in memory, not yet written."""
         return len(self._backlog)
 
+    @property
+    def on_disk_only(self) -> int:
+        """Records a full backlog let go of that are not yet written: in the spool only."""
+        return self._let_go + self._rotated_records
+
     async def _run(self) -> None:
         assert self._wake is not None
         while not self._stopping:
@@ -326,6 +343,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
                     await asyncio.sleep(0)
                 if not self._backlog and not self._stopping:
                     await self._keep_lease()
+                    await self._write_rotated()
                     await self._replay_orphans()
             except Exception:  # a bug: log it, and try again next round
                 log.exception("event=ledger_backlog_writer_failed where=%s", self.where)
@@ -375,14 +393,59 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         return True
 
     def _clear_spool(self) -> None:
-        """Empty the spool once every entry it holds has its newest record committed."""
+        """Empty the spool once every entry it holds has its newest record committed; when it
+        holds records on disk only, go on in a new file and write the old one from disk."""
         spool = self.spool
         if spool is None or not spool.used or self._spooled or self._appending:
+            return
+        if self._let_go:
+            if self._rotated is None:
+                self._rotate(spool)
             return
         try:
             spool.clear()
         except OSError as exc:  # replayed later, idempotently
             log.warning("event=ledger_spool_clear_failed path=%s error=%s", spool.path, exc)
+
+    def _rotate(self, spool: LedgerSpool) -> None:
+        """Hand the spool's file over to `_write_rotated` (the backlog writer's next round).
+        Every record of it that memory holds
+        is committed (`_clear_spool`), so writing the file over the rows held moves nothing
+        the live writes move; an entry let go of is written over its row too (`over_held`)."""
+        try:
+            self._rotated = spool.rotate()
+        except OSError as exc:  # tried again at the next write
+            log.warning("event=ledger_spool_rotate_failed path=%s error=%s", spool.path, exc)
+            return
+        self._rotated_usd, self._let_go_usd = self._let_go_usd, {}
+        self._rotated_records, self._let_go = self._let_go, 0
+
+    async def _write_rotated(self) -> None:
+        """Write the records of the spool's former file (`_rotate`) over the rows held, then
+        delete it; a failure leaves it, still locked, for the next round."""
+        rotated = self._rotated
+        if rotated is None:
+            return
+        try:
+            await asyncio.to_thread(rotated.read)
+            written = await self._replay(rotated)
+        except Exception as exc:  # the database is away again
+            log.warning(
+                "event=ledger_replay_failed where=%s path=%s error=%s",
+                self.where, rotated.path, reason(exc),
+            )  # fmt: skip
+            return
+        self._rotated = None
+        rotated.done()
+        self.replayed += written
+        for tenant, usd in self._rotated_usd.items():
+            self._settle(tenant, usd)
+        self._rotated_usd, self._rotated_records = {}, 0
+        log.warning(
+            "event=ledger_spool_replayed where=%s path=%s records=%d written=%d unreadable=%d",
+            self.where, rotated.path, len(rotated.records), written, rotated.unreadable,
+        )  # fmt: skip
+        self._clear_spool()  # the file now in use may hold records on disk only too
 
     async def _write_backlog(self) -> int:
         """Write up to `BACKLOG_BATCH` held records, oldest first; how many left the backlog.
@@ -405,9 +468,10 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
     async def _try_write(
         self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool = False
     ) -> bool:
-        """Commit `batch` (on the batch writer's connection, or one of the pool's); False
-        (logged) when the database refused or could not be reached. A record it can never
-        take is dropped and counted, and the rest written."""
+        """Commit `batch` (on the batch writer's connection, or one of the pool's, over the
+        rows held); False (logged) when the database refused or could not be reached. A
+        record it can never take is dropped and counted, and the rest written."""
+        pooled = pooled or any(entry.over_held for entry, _ in batch)
         try:
             await self._write(batch, pooled=pooled)
         except NEVER_TAKEN:
@@ -437,21 +501,27 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         before = entry.written
         entry.written = record
         entry.rowid = 0  # has a row
+        entry.over_held = False  # what it holds is known: `record`, or newer
         if record is entry.record or record is entry.spooled:
             self._spooled.discard(entry)
-        self._count_written(record, before)
         grew = record.cost_usd - (before.cost_usd if before is not None else 0.0)
         if grew:
-            self._committed[record.tenant] = self._committed.get(record.tenant, 0.0) + grew
+            self._settle(record.tenant, grew)
 
     def _count_written(self, record: UsageRecord, before: UsageRecord | None) -> None:
         grew = record.cost_usd - (before.cost_usd if before is not None else 0.0)
         if grew:
-            left = self._unwritten.get(record.tenant, 0.0) - grew
-            if abs(left) < 1e-12:
-                self._unwritten.pop(record.tenant, None)
-            else:
-                self._unwritten[record.tenant] = left
+            self._settle(record.tenant, grew, committed=False)
+
+    def _settle(self, tenant: str, usd: float, *, committed: bool = True) -> None:
+        """`usd` of `tenant`'s is no longer waiting to be written: committed, or lost."""
+        left = self._unwritten.get(tenant, 0.0) - usd
+        if abs(left) < 1e-12:
+            self._unwritten.pop(tenant, None)
+        else:
+            self._unwritten[tenant] = left
+        if committed:
+            self._committed[tenant] = self._committed.get(tenant, 0.0) + usd
 
     async def _write(self, batch: list[tuple[LedgerEntry, UsageRecord]], *, pooled: bool) -> None:
         if pooled:  # the backlog's records (`_write_backlog`)
@@ -478,6 +548,9 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
     def _hold(self, entry: LedgerEntry) -> None:
         if entry.held:
             return
+        if len(self._backlog) >= self.max_backlog and entry.spooled is entry.record:
+            self._let_go_of(entry)
+            return
         if len(self._backlog) >= self.max_backlog:
             self.dropped += 1
             self._count_written(entry.record, entry.written)  # never to be written
@@ -486,3 +559,18 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
             return
         entry.held = True
         self._backlog.append(entry)
+
+    def _let_go_of(self, entry: LedgerEntry) -> None:
+        """Leave a spooled record to the disk: written from the spool's file once the backlog
+        is (`_rotate`), so memory does not hold it meanwhile. Its USD is counted as not yet
+        written until then; the entry takes the record as written, and its next write is
+        written over the row the database holds (`over_held`), which the file may move."""
+        record = entry.record
+        grew = record.cost_usd - (entry.written.cost_usd if entry.written is not None else 0.0)
+        if grew:
+            self._let_go_usd[record.tenant] = self._let_go_usd.get(record.tenant, 0.0) + grew
+        entry.written, entry.over_held = record, True
+        self._spooled.discard(entry)
+        self._let_go += 1
+        if self._let_go == 1:
+            log.warning("event=ledger_backlog_full where=%s on_disk_only=1", self.where)

@@ -5,7 +5,9 @@ of its own in the spool folder and fsyncs it before the reply's end goes out, so
 client has whole survives the process. The process holds an exclusive `flock` on its file for
 as long as it lives: a file nobody holds belongs to a process that died, and whichever process
 of the pod finds it first replays it into the database (`PostgresLedger`) and deletes it. A
-process clears its own file once everything it spooled is committed.
+process clears its own file once everything it spooled is committed; when some of its records
+are on disk only (a full backlog let go of them), it goes on in a new file and writes the old
+one's records itself (`rotate`).
 
 The files of one database share a folder (`spool_folder`). A file is JSON lines, one record
 each, appended in the order they were made; a record that was amended is appended again, and
@@ -52,12 +54,21 @@ assert set(_KINDS) == _FIELDS, "every field of UsageRecord has its kind"
 
 @dataclass
 class Orphan:
-    """A dead process's spool file, locked by this process until `done()` or `release()`."""
+    """A spool file whose records this process writes, locked by it until `done()` or
+    `release()`: a dead process's, or its own former file (`LedgerSpool.rotate`)."""
 
     path: Path
     fd: int
     records: list[UsageRecord]
     unreadable: int  # lines that could not be read back (cut short by a crash)
+
+    def read(self) -> None:
+        """Read the file's records (a file `rotate` handed over is not read yet)."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self.records, self.unreadable = _read(fd)
+        finally:
+            os.close(fd)
 
     def done(self) -> None:
         """The records are in the database: delete the file."""
@@ -122,6 +133,16 @@ class LedgerSpool:
         self.spooled += len(records)
         return True
 
+    def rotate(self) -> Orphan:
+        """Go on in a new file, and hand over this one, still locked and not yet read: it holds
+        records only the disk has (a full backlog let go of them), which this process writes
+        from it while new records go to the new file (OSError when no new file can be made)."""
+        assert self._fd is not None and self.path is not None, "open() the spool first"
+        path, fd = self.path, self._fd
+        self.open()
+        self.bytes = 0
+        return Orphan(path, fd, [], 0)
+
     def clear(self) -> None:
         """Everything this process spooled is committed: empty its file."""
         if self._fd is None or not self.bytes:
@@ -171,8 +192,8 @@ class LedgerSpool:
 
     @property
     def used(self) -> bool:
-        """Whether this process's file holds records not yet committed."""
-        return self.bytes > 0
+        """Whether this process's file, open, holds records not yet committed."""
+        return self._fd is not None and self.bytes > 0
 
 
 def spool_folder(base: Path, database: str) -> Path:

@@ -563,36 +563,92 @@ async def test_a_dead_processs_streams_are_closed_once_its_lease_expires(
         await alive.stop()
 
 
-async def test_records_a_full_backlog_let_go_of_stay_spooled_for_the_next_process(
+async def outage_past_the_backlog(led: PostgresLedger, server: PostgresServer) -> None:
+    """Stop the database and record r0, r1, r2 with room for two in memory: r2 is on disk
+    only, and its $0.01 is counted as not yet written."""
+    led.max_backlog = 2
+    await asyncio.to_thread(server.stop)
+    for i in range(3):
+        led.add(usage(f"r{i}"))
+        await led.committed()
+    assert (led.backlog, led.on_disk_only, led.dropped) == (2, 1, 0)
+    assert led.unwritten_usd("acme") == pytest.approx(0.03)
+
+
+async def test_a_backlog_that_let_records_go_to_disk_writes_them_from_there_once_back(
     tmp_path: Path,
 ) -> None:
-    """The database was away so long that the backlog in memory filled: what it let go of is
-    on disk only. A clean stop keeps the file, and the next process writes it, once."""
+    """The database was away so long that the backlog in memory filled, and the spool grew past
+    the point where new work is refused. Once the database is back, the process writes what is
+    on disk only from its file, empties its spool, and takes new work again, with no restart."""
     spool = LedgerSpool(tmp_path, max_bytes=10**6)
     async with private_ledger(interval_s=0.05, timeout_s=2.0, spool=spool) as (server, dsn, led):
-        led.max_backlog = 2
-        await asyncio.to_thread(server.stop)
-        for i in range(3):
-            led.add(usage(f"r{i}"))
-            await led.committed()
-        assert (led.backlog, led.dropped) == (2, 1)
+        await outage_past_the_backlog(led, server)
+        spool.max_bytes = spool.bytes  # as if the outage had filled it
+        assert led.refusing
         await asyncio.to_thread(server.start)
         until_written = time.monotonic() + WRITTEN_WITHIN_S
-        while led.backlog:
-            assert time.monotonic() < until_written, "the backlog was not written"
+        while led.backlog or led.on_disk_only:
+            assert time.monotonic() < until_written, "what was on disk only was not written"
             await asyncio.sleep(0.05)
+        assert not led.refusing and spool.bytes == 0
+        assert spool_files(tmp_path) == [spool.path]
+        got = await fetch(dsn, "SELECT request_id FROM usage ORDER BY request_id")
+        assert got == [("r0",), ("r1",), ("r2",)]
+        daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
+        assert daily == [(3, pytest.approx(0.03))]
+        assert led.unwritten_usd("acme") == 0
+        assert led.committed_usd("acme") == pytest.approx(0.03)
+        assert (led.replayed, led.dropped) == (1, 0)
+
+
+@pytest.mark.parametrize("amended", ["before", "after"])
+async def test_a_stream_let_go_to_disk_and_amended_is_billed_once(
+    tmp_path: Path, amended: str
+) -> None:
+    """A stream's row is let go to disk while it is still open; its end is recorded before, or
+    after, the process writes its file: either way its row and the day's totals say the end's
+    cost once, not the end's plus the start's."""
+    spool = LedgerSpool(tmp_path, max_bytes=10**6)
+    # A long interval: the test drives the backlog writer itself.
+    async with private_ledger(interval_s=3600, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        led.max_backlog = 0
+        await asyncio.to_thread(server.stop)
+        entry = led.add(usage("s", completion=1, cost=0.001, outcome="incomplete"))
+        await led.committed()
+        assert (led.backlog, led.on_disk_only) == (0, 1)
+        await asyncio.to_thread(server.start)
+        led.add(usage("next"))
+        await led.committed()  # written: the spool's file is handed over
+        assert led._rotated is not None
+        if amended == "before":
+            led.amend(entry, usage("s", completion=40, cost=0.04, latency=2.0))
+            await led.committed()
+        await led._write_rotated()
+        if amended == "after":
+            led.amend(entry, usage("s", completion=40, cost=0.04, latency=2.0))
+            await led.committed()
+        got = await fetch(dsn, "SELECT request_id, cost_usd, outcome FROM usage ORDER BY id")
+        assert sorted(got) == [("next", 0.01, "ok"), ("s", 0.04, "ok")]
+        daily = await fetch(dsn, "SELECT requests, completion_tokens, cost_usd FROM tenant_daily")
+        assert daily == [(2, 50, pytest.approx(0.05))]
+        assert led.unwritten_usd("acme") == 0
+        assert led.committed_usd("acme") == pytest.approx(0.05)
+        assert spool.bytes == 0 and led.on_disk_only == 0
+
+
+async def test_records_on_disk_only_at_a_clean_stop_are_written_by_the_next_process(
+    tmp_path: Path,
+) -> None:
+    """The process stops while the database is still away: the file holding what the backlog
+    let go of stays, and the next process writes it, once."""
+    spool = LedgerSpool(tmp_path, max_bytes=10**6)
+    async with private_ledger(interval_s=0.05, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        await outage_past_the_backlog(led, server)
         await led.stop()
         assert spool_files(tmp_path), "the spool holding r2 was deleted"
-        after = PostgresLedger(dsn, interval_s=0.05, timeout_s=2.0,
-                               spool=LedgerSpool(tmp_path, max_bytes=10**6))  # fmt: skip
-        after.start()
-        try:
-            until_replayed = time.monotonic() + WRITTEN_WITHIN_S
-            while len(await fetch(dsn, "SELECT 1 FROM usage")) < 3:
-                assert time.monotonic() < until_replayed, "the kept spool was not replayed"
-                await asyncio.sleep(0.05)
-        finally:
-            await after.stop()
+        await asyncio.to_thread(server.start)
+        await replayed(dsn, tmp_path)
         got = await fetch(dsn, "SELECT request_id FROM usage ORDER BY request_id")
         assert got == [("r0",), ("r1",), ("r2",)]
         daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
