@@ -57,9 +57,14 @@ class OutlierDetector:
         ep.consecutive_failures = 0
 
     def record_failure(self, ep: EndpointState, now_s: float) -> bool:
-        """A request to `ep` failed at `now_s`; True if this failure ejected it."""
+        """A request to `ep` failed at `now_s`; True if this failure ejected it. A failure
+        while it is ejected (a request sent before) counts for nothing: a pod that died with
+        forty streams open would otherwise be ejected again, for twice as long, by the first
+        failure after its ejection."""
+        if ep.is_ejected(now_s):
+            return False
         ep.consecutive_failures += 1
-        if ep.consecutive_failures < self.consecutive_failures or ep.is_ejected(now_s):
+        if ep.consecutive_failures < self.consecutive_failures:
             return False
         if ep.hosted is None and self._last_in_rotation(ep, now_s):
             return False

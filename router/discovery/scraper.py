@@ -154,7 +154,7 @@ def parse_vllm_metrics(text: str) -> EndpointMetrics:
     try:
         for family in text_string_to_metric_families("\n".join(kept) + "\n"):
             for sample in family.samples:
-                if sample.name in _WANTED and not math.isnan(sample.value):
+                if sample.name in _WANTED and math.isfinite(sample.value):
                     sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
                     counts[sample.name] = counts.get(sample.name, 0) + 1
     except ValueError as exc:

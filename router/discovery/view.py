@@ -184,6 +184,7 @@ def build_pool(
     previous: dict[tuple[str, str], EndpointState] | None = None,
     answers_to: Mapping[str, Collection[str]] | None = None,
     keys: KeySource | None = None,
+    carried: list[Carried] | None = None,
 ) -> RoutedPool:
     """Evaluate one pool's envelope and attach its endpoints; ConfigError if it cannot run.
 
@@ -194,10 +195,21 @@ def build_pool(
     rolls out without a 404), and the spec's new names go only to the pods made for them.
     Other endpoints take the spec's names. A hosted pool's one endpoint is the provider's URL
     (`urls` is not read); `keys` holds the keys of the Secrets such pools name.
+
+    An endpoint of `previous` is reused as it is; what it is to say now goes to `carried`,
+    for the caller to apply once its whole view has built (`build_view`), or, without
+    `carried`, is applied at once.
     """
     previous = previous or {}
+    if carried is None:
+        pending: list[Carried] = []
+        pool = build_pool(spec, catalog, urls, previous, answers_to, keys, pending)
+        for change in pending:
+            change.apply()
+        return pool
     if spec.endpoint is not None:
-        return _hosted_pool(spec, catalog, previous.get((spec.name, spec.endpoint.url)), keys)
+        old = previous.get((spec.name, spec.endpoint.url))
+        return _hosted_pool(spec, catalog, old, keys, carried)
     try:
         performance = predict(spec, spec.workload, catalog)
     except (CatalogError, PerfConfigError) as exc:
@@ -215,7 +227,8 @@ def build_pool(
             names = tuple(n for n in spec.names if n in known)
             names += tuple(sorted(set(known).difference(spec.names)))
         if names:
-            endpoints.append(_endpoint(previous.get((spec.name, url)), spec, url, names))
+            old = previous.get((spec.name, url))
+            endpoints.append(_endpoint(old, spec, url, names, None, carried))
     return RoutedPool(
         spec,
         deployment,
@@ -230,7 +243,11 @@ def build_pool(
 
 
 def _hosted_pool(
-    spec: PoolSpec, catalog: Catalog, old: EndpointState | None, keys: KeySource | None
+    spec: PoolSpec,
+    catalog: Catalog,
+    old: EndpointState | None,
+    keys: KeySource | None,
+    carried: list[Carried],
 ) -> RoutedPool:
     """A pool a provider's API serves: one endpoint, the provider's URL (none while the pool
     is scaled to zero), priced as its billing states, no envelope."""
@@ -244,9 +261,8 @@ def _hosted_pool(
         raise ConfigError(f"pool {spec.name}: a hosted pool needs its billing and context")
     endpoints: tuple[EndpointState, ...] = ()
     if spec.replicas > 0:
-        ep = _endpoint(old, spec, hosted.url, spec.names)
-        ep.hosted = HostedApi(hosted.url, hosted.model, key, hosted.timeout_s)
-        endpoints = (ep,)
+        api = HostedApi(hosted.url, hosted.model, key, hosted.timeout_s)
+        endpoints = (_endpoint(old, spec, hosted.url, spec.names, api, carried),)
     return RoutedPool(
         spec,
         None,
@@ -291,17 +307,40 @@ def _output_usd_per_million(spec: PoolSpec, envelope: PerfResult | None) -> floa
     return envelope.cost_per_million_output_tokens_usd if envelope is not None else 0.0
 
 
+@dataclass(frozen=True)
+class Carried:
+    """An endpoint of the previous view, reused, and what it is to say in the new one."""
+
+    state: EndpointState
+    tier: Tier
+    model: str
+    names: tuple[str, ...]
+    hosted: HostedApi | None
+
+    def apply(self) -> None:
+        state = self.state
+        state.tier, state.model, state.served_names = self.tier, self.model, self.names
+        state.hosted = self.hosted
+
+
 def _endpoint(
-    old: EndpointState | None, spec: PoolSpec, url: str, names: tuple[str, ...]
+    old: EndpointState | None,
+    spec: PoolSpec,
+    url: str,
+    names: tuple[str, ...],
+    hosted: HostedApi | None,
+    carried: list[Carried],
 ) -> EndpointState:
     if old is None:
-        return EndpointState(url, spec.name, spec.tier, spec.model, names)
+        state = EndpointState(url, spec.name, spec.tier, spec.model, names)
+        state.hosted = hosted
+        return state
     # The same pool and URL: the same server, whatever the edit (a new alias, another tier).
     # Its figures, ejection and in-flight count carry over; requests in flight hold this very
     # object and release on it, so a copy would undercount now and overcount forever after.
     # The old view's candidate sets say their tier and model as a whole, not per member.
-    old.tier, old.model, old.served_names = spec.tier, spec.model, names
-    old.hosted = None  # a hosted pool's builder sets it anew
+    # What it says changes only with the view it is in: a reload refused leaves it as it was.
+    carried.append(Carried(old, spec.tier, spec.model, names, hosted))
     return old
 
 
@@ -323,14 +362,20 @@ def build_view(
     """
     old = {(e.pool, e.url): e for e in previous.endpoints()} if previous else {}
     pools: list[RoutedPool] = []
+    carried: list[Carried] = []
     for spec in specs:
+        pending: list[Carried] = []
         try:
             names = answers_to(spec) if answers_to is not None else None
-            pools.append(build_pool(spec, catalog, urls_of(spec), old, names, keys))
+            pools.append(build_pool(spec, catalog, urls_of(spec), old, names, keys, pending))
         except ConfigError as exc:
             if on_error is None:
                 raise
             on_error(spec, exc)
+            continue
+        carried += pending
+    for change in carried:  # the view stands: its endpoints say what it says
+        change.apply()
     return PoolView(pools)
 
 
@@ -423,8 +468,8 @@ class FileSource:
                 raise ConfigError("switching to discovery.kubernetes needs a restart")
             view = build_view(config.pools, self.catalog, self.view)
         except ConfigError as exc:
-            self.file.reload_errors += 1
-            log.error("event=config_reload_failed path=%s error=%r", self.path, str(exc))
+            if self.file.refused(str(exc)):
+                log.error("event=config_reload_failed path=%s error=%r", self.path, str(exc))
             return False
         unapplied = _restart_only_changes(self.config, config)
         if unapplied:
@@ -433,7 +478,7 @@ class FileSource:
                 self.path, ",".join(unapplied),
             )  # fmt: skip
         self.config, self.view = config, view
-        self.file.reloads += 1
+        self.file.applied()
         log.info("event=config_reloaded path=%s pools=%d", self.path, len(view.pools))
         return True
 

@@ -52,11 +52,11 @@ class TenantsReloader(LoopService):
         try:
             registry = load_tenants(self.path)
         except TenantConfigError as exc:
-            self.file.reload_errors += 1
-            log.error("event=tenants_reload_failed error=%r keeping=previous", str(exc))
+            if self.file.refused(str(exc)):
+                log.error("event=tenants_reload_failed error=%r keeping=previous", str(exc))
             return False
         self._swap(registry)
-        self.file.reloads += 1
+        self.file.applied()
         log.info("event=tenants_reloaded tenants=%d", len(registry.tenants))
         return True
 

@@ -212,6 +212,61 @@ def test_hot_reload_keeps_endpoint_state_and_survives_a_bad_edit(tmp_path: Path)
     assert source.file.reloads == 2
 
 
+def hosted_and_local(tmp_path: Path, *, provider_model: str, key: Path, local_model: str) -> str:
+    """A hosted pool `a`, then a local pool `b` (whose model may not exist)."""
+    return yaml.safe_dump({"pools": [
+        {"name": "a", "tier": "batched", "model": "llama-3.1-8b", "servedModelName": "chat",
+         "billing": {"outputPerMillionUsd": 1},
+         "endpoint": {"url": "http://127.0.0.1:9100/v1", "model": provider_model,
+                      "apiKeyFile": str(key)}},
+        {"name": "b", "tier": "batched", "model": local_model, "accelerator": "h100-sxm",
+         "servedModelName": "local", "endpoints": ["http://127.0.0.1:9000"]},
+    ]})  # fmt: skip
+
+
+def test_a_refused_reload_changes_nothing_the_router_sends(tmp_path: Path) -> None:
+    """An edit moves pool a to another provider model and key, and names a model that does
+    not exist for pool b: refused as a whole, pool a still sends what it sent, with its key."""
+    old_key, new_key = tmp_path / "old-key", tmp_path / "new-key"
+    old_key.write_text("sk-old")
+    new_key.write_text("sk-new")
+    path = tmp_path / "router.yaml"
+    path.write_text(hosted_and_local(tmp_path, provider_model="gpt-old", key=old_key,
+                                     local_model="llama-3.1-8b"))  # fmt: skip
+    source = FileSource(path, default_catalog())
+    before = source.view
+    path.write_text(hosted_and_local(tmp_path, provider_model="gpt-new", key=new_key,
+                                     local_model="no-such-model"))  # fmt: skip
+    assert not settled(source.reload_if_changed)
+    assert source.view is before and source.file.reload_errors == 1
+    hosted = source.view.pools["a"].endpoints[0].hosted
+    assert hosted is not None
+    assert (hosted.model, hosted.key.value()) == ("gpt-old", "sk-old")
+
+
+def test_a_reload_refused_for_a_file_not_there_yet_is_tried_again(tmp_path: Path) -> None:
+    """A ConfigMap's volume is updated before the Secret's that holds the new pool's key: the
+    reload fails, is logged once, and is tried again (after 1, 2, 4... looks) until the key
+    is there, with no edit to the file."""
+    key = tmp_path / "keys" / "provider-key"
+    path = tmp_path / "router.yaml"
+    path.write_text(POOLS)
+    source = FileSource(path, default_catalog())
+    path.write_text(hosted_and_local(tmp_path, provider_model="m", key=key,
+                                     local_model="llama-3.1-8b"))  # fmt: skip
+    assert not settled(source.reload_if_changed)
+    tries = [source.reload_if_changed() for _ in range(6)]
+    assert tries == [False] * 6 and source.file.reload_errors == 1
+    assert set(source.view.pools) == {"fr-batched", "fr-premium", "spark"}
+    key.parent.mkdir()
+    key.write_text("sk-123")
+    looks = 1
+    while not source.reload_if_changed():
+        looks += 1
+        assert looks <= 8, "the refused content was not tried again"
+    assert set(source.view.pools) == {"a", "b"} and source.file.reloads == 1
+
+
 # -- inline profiles -------------------------------------------------------------------------
 
 

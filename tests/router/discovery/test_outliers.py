@@ -47,6 +47,17 @@ def test_failures_while_ejected_do_not_extend_the_ejection() -> None:
     assert ep.ejected_until_s == 10.0
 
 
+def test_failures_while_ejected_do_not_count_toward_the_next_ejection() -> None:
+    """A pod dies with 40 streams open: they all fail at once. The fifth ejects it; the other
+    35 were sent before, and the first request after the ejection must start a new streak."""
+    detector = OutlierDetector(pool_members=lambda pool: peers)
+    peers = endpoints(3)
+    ep = peers[0]
+    assert fail(detector, ep, 40, now_s=100.0).index(True) == 4
+    assert ep.ejected_until_s == 110.0 and ep.consecutive_failures == 0
+    assert not detector.record_failure(ep, 111.0) and not ep.is_ejected(111.0)
+
+
 def test_a_long_healthy_spell_forgets_past_ejections() -> None:
     detector = OutlierDetector(consecutive_failures=1, base_ejection_s=10, max_ejection_s=60)
     ep = endpoint()

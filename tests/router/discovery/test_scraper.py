@@ -106,6 +106,20 @@ def test_parse_clamps_and_ignores_nan() -> None:
     assert parse_vllm_metrics(text) == EndpointMetrics(running=None, waiting=0.0, kv_usage=1.0)
 
 
+def test_parse_ignores_infinities() -> None:
+    """An engine that reports +Inf waiting, or caches at +Inf and -Inf, says nothing usable:
+    taken in, an infinite load makes every load-aware score NaN, and the endpoints are picked
+    by their place in the list, the overloaded one first."""
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0"} +Inf\n'
+        'vllm:kv_cache_usage_perc{engine="1"} -Inf\n'
+        'vllm:kv_cache_usage_perc{engine="2"} 0.5\n'
+        "vllm:num_requests_running 3\n"
+        "vllm:num_requests_waiting +Inf\n"
+    )
+    assert parse_vllm_metrics(text) == EndpointMetrics(running=3.0, waiting=None, kv_usage=0.5)
+
+
 @pytest.mark.parametrize(
     "text",
     [
