@@ -177,6 +177,8 @@ def build_app(
     if isinstance(source, FileSource):
         file = source
         metrics.count_reloads("pools", lambda: (file.file.reloads, file.file.reload_errors))
+    if isinstance(source, KubeSource):
+        metrics.count_discovery(source.watchers)
     app = RouterApp(
         router,
         services,

@@ -40,6 +40,7 @@ from tiergate.router.discovery.kube_state import (
 from tiergate.router.discovery.kube_watch import SERVER_TIMEOUT_S, Backoff, KubeApi, ResourceWatcher
 from tiergate.router.discovery.view import PoolView, build_view
 from tiergate.router.endpoints.hosted import SecretKeys
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.sim_nodes.catalogs import Catalog
 
 log = logging.getLogger("tiergate.router.kube")
@@ -49,6 +50,11 @@ log = logging.getLogger("tiergate.router.kube")
 DEBOUNCE_S = 0.1
 #: How often the Secrets of hosted pools' keys are read again (a rotated key is used after).
 SECRET_REFRESH_S = 30.0
+#: How long an endpoint that left the view (its pod not ready for a while, its pool left out)
+#: keeps its state for its return: its ejection, in-flight count and figures carry over as if
+#: it had stayed, so a sick pod whose readiness flaps does not come back unejected. Longer
+#: than the longest ejection (router/discovery/outliers.py: 120 s).
+RETIRED_KEEP_S = 600.0
 
 
 class KubeSource:
@@ -85,6 +91,9 @@ class KubeSource:
         self.debounce_s = debounce_s
         self.stop_timeout_s = stop_timeout_s
         self.view = PoolView(())
+        self._clock = clock
+        # (pool, URL) -> an endpoint that left the view, and when.
+        self._retired: dict[tuple[str, str], tuple[EndpointState, float]] = {}
         self.state = ClusterState()
         self.synced = False
         self.publishes = 0
@@ -183,11 +192,13 @@ class KubeSource:
 
     def _publish(self) -> None:
         self._pending = None
+        before = self.view
         try:
             self.view = self.build_view()
         except Exception:  # a bug here must not kill discovery: keep the last view
             log.exception("event=kube_view_failed namespace=%s", self.namespace)
             return
+        self._retire(before, self.view)
         self.publishes += 1
         if not self.synced:
             log.info("event=kube_discovery_synced namespace=%s", self.namespace)
@@ -197,8 +208,22 @@ class KubeSource:
             len(self.view.pools), len(self.view.endpoints()),
         )  # fmt: skip
 
+    def _retire(self, before: PoolView, after: PoolView) -> None:
+        """Keep the endpoints `before` had and `after` has not, for `RETIRED_KEEP_S`."""
+        now = self._clock()
+        kept = {(e.pool, e.url) for e in after.endpoints()}
+        for e in before.endpoints():
+            if (e.pool, e.url) not in kept:
+                self._retired[(e.pool, e.url)] = (e, now)
+        self._retired = {
+            key: (e, since)
+            for key, (e, since) in self._retired.items()
+            if key not in kept and now - since < RETIRED_KEEP_S
+        }
+
     def build_view(self) -> PoolView:
         """The view of the current state (pure apart from the warnings it logs)."""
+        now = self._clock()
         problems: dict[str, str] = {}
         specs: list[PoolSpec] = []
         answers: dict[str, dict[str, frozenset[str]]] = {}  # pool -> URL -> names, if known
@@ -220,6 +245,7 @@ class KubeSource:
             on_error=unusable,
             answers_to=lambda spec: answers.get(spec.name, {}),
             keys=self.keys,
+            retired=[e for e, since in self._retired.values() if now - since < RETIRED_KEEP_S],
         )
         self._report(problems)
         self._want_secrets(specs)

@@ -120,6 +120,9 @@ class ResourceWatcher:
         self.lists = 0
         self.watches = 0
         self.errors = 0
+        #: Since when lists and watches have failed (`clock`), with nothing delivered since;
+        #: None while they work. The view is as it was then.
+        self.failing_since_s: float | None = None
         #: Where the next watch starts: the last resourceVersion delivered (None: list first).
         self.version: str | None = None
 
@@ -143,6 +146,7 @@ class ResourceWatcher:
                 self._watch()
                 failures = 0
                 self.backoff.reset()
+                self.failing_since_s = None
             except WatchExpired:
                 if self.stop.is_set():
                     return
@@ -155,6 +159,8 @@ class ResourceWatcher:
                     return
                 self.errors += 1
                 failures += 1
+                if self.failing_since_s is None:
+                    self.failing_since_s = self.clock()
                 if failures % RELIST_AFTER_FAILURES == 0:
                     self.version = None
                 delay_s = self.backoff.next_delay_s()
@@ -167,10 +173,16 @@ class ResourceWatcher:
                 )  # fmt: skip
                 self.stop.wait(delay_s)
 
+    def failing_s(self) -> float:
+        """How long lists and watches have failed, with nothing delivered (0 while they work)."""
+        since = self.failing_since_s
+        return 0.0 if since is None else max(self.clock() - since, 0.0)
+
     def _list(self) -> str:
         items, version = parse_list(self.api.list(self.resource))
         self.lists += 1
         self.sink.listed(self.resource, items)
+        self.failing_since_s = None
         log.info(
             "event=listed resource=%s items=%d resource_version=%s",
             self.resource.plural, len(items), version,
@@ -191,6 +203,7 @@ class ResourceWatcher:
                 events += 1
                 if event.get("type") != "BOOKMARK":
                     self.sink.event(self.resource, event)
+                self.failing_since_s = None
                 # After the sink has it: a failure in between resumes from before it.
                 self.version = event_resource_version(event) or self.version
         finally:

@@ -352,15 +352,18 @@ def build_view(
     on_error: Callable[[PoolSpec, ConfigError], None] | None = None,
     answers_to: Callable[[PoolSpec], Mapping[str, Collection[str]]] | None = None,
     keys: KeySource | None = None,
+    retired: Iterable[EndpointState] = (),
 ) -> PoolView:
-    """A view of `specs`, reusing `previous`' endpoint states where pool and URL match.
+    """A view of `specs`, reusing `previous`' endpoint states where pool and URL match, or
+    else `retired` ones (endpoints that left an earlier view and may come back).
 
     A pool that cannot run raises ConfigError, unless `on_error` is given: then it is
     reported there and left out, and the other pools still make the view (a source fed by
     other people's objects must not lose every pool over one bad one). `answers_to`: a
     pool's endpoints' names, where they say (`build_pool`).
     """
-    old = {(e.pool, e.url): e for e in previous.endpoints()} if previous else {}
+    old = {(e.pool, e.url): e for e in retired}
+    old.update(((e.pool, e.url), e) for e in (previous.endpoints() if previous else ()))
     pools: list[RoutedPool] = []
     carried: list[Carried] = []
     for spec in specs:

@@ -7,9 +7,9 @@ A worker of `tiergate router --workers N` exports the metrics of all of them add
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,6 +33,9 @@ from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.request.spill import SpillReason
 from tiergate.router.tenants.guards import Budgets
 from tiergate.router.tenants.registry import Tenant
+
+if TYPE_CHECKING:  # the watches are imported only where Kubernetes is watched
+    from tiergate.router.discovery.kube_watch import ResourceWatcher
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -193,6 +196,10 @@ class RouterMetrics:
         attributed to the pools of `view()` that serve them."""
         self._read_when_scraped(PoolWaitingCollector(view, waiting))
 
+    def count_discovery(self, watchers: Sequence[ResourceWatcher]) -> None:
+        """Export how the Kubernetes watches that feed the pool view go."""
+        self._read_when_scraped(_DiscoveryCollector(watchers))
+
     def count_check_budgets(self, spent_tenants: Callable[[], list[str]]) -> None:
         """Export how many tenants have spent their budget of cascade check time now (their
         checks are given up at once; the log names them)."""
@@ -212,6 +219,29 @@ class RouterMetrics:
         """Export `reloads()` (applied, failed) as `tiergate_config_reloads_total{config}`;
         one call per reloaded file (pools, tenants), all in the one metric family."""
         self._reloads.sources[config] = reloads
+
+
+class _DiscoveryCollector(Collector):
+    def __init__(self, watchers: Sequence[ResourceWatcher]) -> None:
+        self._watchers = watchers
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        failing = GaugeMetricFamily(
+            "tiergate_discovery_failing_seconds",
+            "How long the router has failed to list and watch this kind of Kubernetes object "
+            "(0 while it can): its pools and endpoints are as they were then.",
+            labels=["resource"],
+        )
+        errors = CounterMetricFamily(
+            "tiergate_discovery_errors",
+            "Lists and watches of Kubernetes objects that failed (the router retries them).",
+            labels=["resource"],
+        )
+        for watcher in self._watchers:
+            failing.add_metric([watcher.resource.plural], watcher.failing_s())
+            errors.add_metric([watcher.resource.plural], watcher.errors)
+        yield failing
+        yield errors
 
 
 class _ReloadCollector(Collector):

@@ -60,6 +60,7 @@ GAUGE_MODES: dict[str, GaugeMode] = {
     "tiergate_tenant_budget_usd": "livemax",
     "tiergate_tenant_budget_spent_usd": "livemax",
     "tiergate_cascade_check_budget_spent_tenants": "livemax",
+    "tiergate_discovery_failing_seconds": "livemax",
 }
 #: A gauge not listed: each worker's value, with a `pid` label.
 DEFAULT_GAUGE_MODE: GaugeMode = "liveall"

@@ -10,6 +10,7 @@ import logging
 import random
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from kube_helpers import (
 )
 
 from tiergate.pools import SERVES_ANNOTATION, serves_annotation
-from tiergate.router.discovery.kube import KubeSource
+from tiergate.router.discovery.kube import RETIRED_KEEP_S, KubeSource
 from tiergate.router.discovery.kube_state import (
     INFERENCE_POOLS,
     PODS,
@@ -35,6 +36,10 @@ from tiergate.router.discovery.kube_state import (
     WatchExpired,
 )
 from tiergate.router.discovery.kube_watch import RELIST_AFTER_FAILURES, Backoff, ResourceWatcher
+from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.http.metrics import RouterMetrics
+from tiergate.router.ledger.retention import LedgerRetention
+from tiergate.router.ledger.sqlite import Ledger
 
 POOLS = INFERENCE_POOLS
 BATCHED_URLS = ["http://10.244.1.17:8000", "http://10.244.2.9:8000"]
@@ -109,6 +114,38 @@ async def test_an_endpoint_that_is_terminating_or_goes_away_leaves_the_view(
     await eventually(lambda: urls(source, "coder-batched") == [])
     assert "coder-batched" in source.view.pools  # the pool stays, with no endpoint
     assert urls(source, "coder-premium") == ["http://10.244.1.18:8000"]
+
+
+async def test_a_pod_whose_readiness_flaps_comes_back_with_its_state(api: ReplayApi) -> None:
+    """A sick pod fails its readiness probe, leaves the view and comes back: its ejection and
+    in-flight count are still there, so it is not sent a burst the moment it is ready. Back
+    after longer than the state is kept, it starts afresh."""
+    now = [1000.0]
+    source = kube_source(api, clock=lambda: now[0])
+    await source.start()
+    try:
+        await listed(api, source)
+        sick = source.view.pools["coder-batched"].endpoints[0]
+        sick.inflight, sick.ejected_until_s, sick.ejections = 5, 1e12, 3
+        pod = recorded_pod("coder-batched-6d8f9c7b5-2xk4l")
+        flaps = iter(range(60000, 60010))
+
+        async def ready(status: str, gone: bool) -> EndpointState | None:
+            api.give_watch(PODS, watch_event("MODIFIED", set_ready(pod, status), str(next(flaps))))
+            await eventually(lambda: (sick.url in urls(source, "coder-batched")) != gone)
+            return next((e for e in source.view.endpoints() if e.url == sick.url), None)
+
+        assert await ready("False", gone=True) is None
+        assert await ready("True", gone=False) is sick
+        assert (sick.inflight, sick.ejections) == (5, 3) and sick.is_ejected(now[0])
+
+        assert await ready("False", gone=True) is None
+        now[0] += RETIRED_KEEP_S
+        back = await ready("True", gone=False)
+        assert back is not sick and back is not None
+        assert (back.inflight, back.ejections) == (0, 0) and not back.is_ejected(now[0])
+    finally:
+        await source.stop()
 
 
 async def test_new_pool_and_pod_appear_and_a_deleted_pool_disappears(
@@ -386,6 +423,32 @@ async def test_transient_errors_keep_the_last_view(
     # and the watch works again
     api.give_watch(PODS, recorded("pod_batched_deleted"))
     await eventually(lambda: urls(source, "coder-batched") == ["http://10.244.2.9:8000"])
+
+
+async def test_how_long_the_watches_have_failed_is_a_metric(api: ReplayApi, tmp_path: Path) -> None:
+    """RBAC revoked: every watch of pods fails, and the router goes on with the view it had.
+    How long that has lasted is exported, per kind, and is 0 again once a watch delivers."""
+    now = [50.0]
+    source = kube_source(api, clock=lambda: now[0])
+    ledger = Ledger(tmp_path / "ledger.db")
+    metrics = RouterMetrics(lambda: source.view, lambda: now[0], ledger, LedgerRetention(ledger))
+    metrics.count_discovery(source.watchers)
+    await source.start()
+    try:
+        await listed(api, source)
+        pods = next(w for w in source.watchers if w.resource is PODS)
+        api.give_watch(PODS, KubeApiError("HTTP 403 Forbidden", 403))
+        await eventually(lambda: pods.failing_since_s is not None)
+        now[0] += 90.0
+        text = metrics.exposition().decode()
+        assert 'tiergate_discovery_failing_seconds{resource="pods"} 90.0' in text
+        assert 'tiergate_discovery_failing_seconds{resource="inferencepools"} 0.0' in text
+        assert 'tiergate_discovery_errors_total{resource="pods"} 1.0' in text
+        api.give_watch(PODS, recorded("pod_batched_deleted"))
+        await eventually(lambda: pods.failing_s() == 0.0)
+    finally:
+        await source.stop()
+        ledger.close()
 
 
 async def test_a_failing_first_list_is_retried_and_the_router_is_not_ready_meanwhile(
