@@ -53,7 +53,23 @@ class Accountant:
         except LedgerError as exc:
             self.metrics.ledger_refusals.inc()
             log.error("event=reply_withheld request_id=%s error=%s", ex.request_id, exc)
+            self._withheld(ex)
             raise ledger_unavailable() from None
+
+    def _withheld(self, ex: Exchange) -> None:
+        """The reply's end does not go out, and its row says so: an `error`, and for a whole
+        reply, which the client never has, a 503 billed nothing (a client that retries it is
+        billed once). A stream is billed for what it relayed, which the client has."""
+        done = ex.done
+        if ex.tenant is None or ex.choice is None or done.entry is None:
+            return
+        done.outcome = "error"
+        if ex.request is None or not ex.request.stream:
+            done.status, done.cost_usd = 503, 0.0
+        try:
+            self._bill(ex, done, done.outcome)
+        except Exception:
+            self._failed(ex)
 
     def account(self, ex: Exchange, done: Progress) -> None:
         """Count and bill one attempt of `ex`, once (later calls for it do nothing)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import asyncpg
 import httpx
@@ -32,10 +34,19 @@ from polling_helpers import until
 from postgres_server import PostgresServer, started_server
 from private_ledger import private_ledger
 from process_helpers import Running, start_router, start_sim_node
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tiergate.router.base.errors import RouterError
+from tiergate.router.base.tiers import TierChoice
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.ledger.records import LedgerError, UsageRecord
 from tiergate.router.ledger.spool import LedgerSpool, latest
+from tiergate.router.request.accounting import Accountant
+from tiergate.router.request.body import parse_completion
+from tiergate.router.request.exchange import Exchange
+from tiergate.router.request.progress import Progress
+from tiergate.router.tenants.budgets import BudgetGuard
+from tiergate.router.tenants.registry import Tenant
 
 #: Real processes and servers, or seconds of work: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -653,6 +664,59 @@ async def test_records_on_disk_only_at_a_clean_stop_are_written_by_the_next_proc
         assert got == [("r0",), ("r1",), ("r2",)]
         daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
         assert daily == [(3, pytest.approx(0.03))]
+
+
+def accountant(ledger: PostgresLedger) -> Accountant:
+    registry = CollectorRegistry()
+    metrics = SimpleNamespace(
+        requests=Counter("requests", "", ["requested", "served", "outcome"], registry=registry),
+        ttft=Histogram("ttft", "", ["tier"], registry=registry),
+        cost=Counter("cost", "", ["tier"], registry=registry),
+        tokens=Counter("tokens", "", ["tier", "kind"], registry=registry),
+        accounting_errors=Counter("accounting_errors", "", registry=registry),
+        ledger_refusals=Counter("ledger_refusals", "", registry=registry),
+    )
+    budgets = BudgetGuard(ledger, clock=time.time)  # type: ignore[arg-type]
+    limits = SimpleNamespace(settle=lambda *_: None)
+    return Accountant(ledger, budgets, limits, metrics, time.monotonic, time.time)  # type: ignore[arg-type]
+
+
+def served(request_id: str, *, stream: bool) -> Exchange:
+    """A request of tenant acme served whole (or as a stream), 10 output tokens for $0.20."""
+    ex = Exchange(request_id, time.monotonic(), {}, receive=None, send=None)  # type: ignore[arg-type]
+    ex.tenant = Tenant("acme")
+    body = {"model": "m", "prompt": "hi", "max_tokens": 10, "stream": stream}
+    ex.request = parse_completion(json.dumps(body).encode(), chat=False)
+    ex.choice = TierChoice("batched", "default", "standard", may_fall_back=False)
+    ex.done = Progress(outcome="ok", status=200, tier_served="batched", endpoint="e",
+                       prompt_tokens=5, completion_tokens=10, cost_usd=0.2)  # fmt: skip
+    return ex
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_reply_withheld_for_a_full_spool_is_billed_only_for_what_the_client_had(
+    tmp_path: Path, stream: bool
+) -> None:
+    """The database is away and the spool full: the reply's end does not go out. A whole
+    reply the client never had is recorded as a 503 and billed nothing, so a client that
+    retries it pays once; a stream is billed for the tokens it relayed, which the client has."""
+    spool = LedgerSpool(tmp_path, max_bytes=64)  # takes no record
+    async with private_ledger(interval_s=0.05, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        await asyncio.to_thread(server.stop)
+        with pytest.raises(RouterError) as refused:
+            await accountant(led).settle(served("withheld", stream=stream))
+        assert (refused.value.status, refused.value.code) == (503, "ledger_unavailable")
+        await asyncio.to_thread(server.start)
+        until_written = time.monotonic() + WRITTEN_WITHIN_S
+        while led.backlog:
+            assert time.monotonic() < until_written, "the held record was not written"
+            await asyncio.sleep(0.05)
+        got = await fetch(
+            dsn, "SELECT http_status, outcome, completion_tokens, cost_usd FROM usage"
+        )
+        assert got == [(200, "error", 10, 0.2) if stream else (503, "error", 10, 0.0)]
+        daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
+        assert daily == [(1, pytest.approx(0.2 if stream else 0.0))]
 
 
 async def test_a_record_the_database_never_takes_does_not_hold_a_replay_back(
