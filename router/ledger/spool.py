@@ -107,6 +107,23 @@ class LedgerSpool:
             path.unlink(missing_ok=True)
             raise
         self.path, self._fd = path, fd
+        self._report_strays()
+
+    def _report_strays(self) -> None:
+        """Log the spool files in the folders of other databases beside this one: written
+        under another URL (the database's host spelt another way, or moved), no process of
+        this one replays them. If it is the same database, moving them here replays them."""
+        try:
+            folders = [f for f in self.folder.parent.iterdir() if f.is_dir() and f != self.folder]
+            for folder in sorted(folders):
+                files = sum(1 for _ in folder.glob("*" + SUFFIX))
+                if files:
+                    log.warning(
+                        "event=ledger_spool_elsewhere folder=%s files=%d replayed_from=%s",
+                        folder, files, self.folder,
+                    )  # fmt: skip
+        except OSError:
+            return
 
     def append(self, records: list[UsageRecord]) -> bool:
         """Append `records` and fsync them; False, with nothing appended, when they would take

@@ -40,7 +40,7 @@ from tiergate.router.base.errors import RouterError
 from tiergate.router.base.tiers import TierChoice
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.ledger.records import LedgerError, UsageRecord
-from tiergate.router.ledger.spool import LedgerSpool, latest
+from tiergate.router.ledger.spool import LedgerSpool, latest, spool_folder
 from tiergate.router.request.accounting import Accountant
 from tiergate.router.request.body import parse_completion
 from tiergate.router.request.exchange import Exchange
@@ -157,6 +157,28 @@ def test_a_live_processs_file_is_never_taken_and_a_dead_ones_is(tmp_path: Path) 
         child.wait(30)
         assert child.stdout is not None
         child.stdout.close()
+
+
+def test_spool_files_of_another_database_url_are_named_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ledger's URL changed (its host spelt another way): the files spooled under the old
+    one are in another folder, which no process replays. Each start names it and its count,
+    so that an operator who knows it is the same database can move them."""
+    old = LedgerSpool(spool_folder(tmp_path, "postgresql://10.0.0.5:5432/ledger"), 10**6)
+    old.open()
+    assert old.append([usage("stranded")])
+    old.close(keep=True)
+    caplog.set_level("WARNING", "tiergate.router")
+    new = LedgerSpool(spool_folder(tmp_path, "postgresql://db.tiergate:5432/ledger"), 10**6)
+    new.open()
+    new.close(keep=False)
+    assert f"event=ledger_spool_elsewhere folder={old.folder} files=1" in caplog.text
+    caplog.clear()
+    again = LedgerSpool(old.folder, 10**6)  # the old URL: its own folder is not a stray
+    again.open()
+    again.close(keep=False)
+    assert "ledger_spool_elsewhere" not in caplog.text
 
 
 # The ledger with its spool, on a real server.
