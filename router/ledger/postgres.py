@@ -428,7 +428,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
             return
         try:
             await asyncio.to_thread(rotated.read)
-            written = await self._replay(rotated)
+            written = await self._replay(rotated, self.holder)
         except Exception as exc:  # the database is away again
             log.warning(
                 "event=ledger_replay_failed where=%s path=%s error=%s",

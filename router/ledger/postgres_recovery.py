@@ -99,15 +99,17 @@ class PostgresRecovery:
                 self.where, orphan.path, len(orphan.records), written, orphan.unreadable,
             )  # fmt: skip
 
-    async def _replay(self, orphan: Orphan) -> int:
+    async def _replay(self, orphan: Orphan, holder: str | None = None) -> int:
         """Upsert the newest record of each attempt in `orphan` where the database holds an
         older one or none, totals moved by the difference from what it holds; how many. A
         record the database can never take is dropped and counted, as a live write's is:
-        kept, it would hold this file, and every file after it, back for ever."""
+        kept, it would hold this file, and every file after it, back for ever. `holder`: the
+        rows' (this process's, for its own file: its streams may still be going)."""
         records = latest(orphan.records)
         pool = await self.connection_pool()
-        # Named after the file: no lease, so a row it leaves `incomplete` is closed.
-        holder = f"spool:{orphan.path.name}"
+        # A dead process's file: named after it, no lease, so a row it leaves `incomplete`
+        # is closed.
+        holder = holder or f"spool:{orphan.path.name}"
         written = 0
         for start in range(0, len(records), BACKLOG_BATCH):
             chunk = records[start : start + BACKLOG_BATCH]

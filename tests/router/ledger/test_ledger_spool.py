@@ -659,6 +659,9 @@ async def test_a_stream_let_go_to_disk_and_amended_is_billed_once(
             await led.committed()
         await led._write_rotated()
         if amended == "after":
+            # Its stream still going, the row is this process's: no sweep closes it.
+            row = await fetch(dsn, "SELECT holder, outcome FROM usage WHERE request_id = 's'")
+            assert row == [(led.holder, "incomplete")]
             led.amend(entry, usage("s", completion=40, cost=0.04, latency=2.0))
             await led.committed()
         got = await fetch(dsn, "SELECT request_id, cost_usd, outcome FROM usage ORDER BY id")
