@@ -44,6 +44,9 @@ DEFAULT_MAX_TOKENS = 256
 #: Prompt tokens a chat template may add beyond the body's bytes (system preamble, tool
 #: instructions): every other token is at least one byte of the body.
 TEMPLATE_TOKENS = 256
+#: Prompt tokens an image or audio part is taken for before the node counts it: vision models
+#: take a 1024x1024 image as 576 (LLaVA) to about 1,300 (Qwen2-VL) tokens.
+MEDIA_TOKENS = 1000
 #: The most sequences one request may ask for of each prompt (`n`, `best_of`).
 MAX_SEQUENCES = 128
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -285,12 +288,17 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
         if not isinstance(messages, list) or not messages:
             raise _bad("`messages` must be a non-empty array", param="messages")
         parts: list[str] = []
+        # What the prompt holds besides its text: the tools' schemas and the calls made, as
+        # their JSON, and each image or audio part.
+        extra = _json_tokens(body.get("tools")) + _json_tokens(body.get("functions"))
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise _bad(f"`messages[{i}]` must be an object", param="messages")
-            parts.append(_content_text(message.get("content"), i))
+            content = message.get("content")
+            parts.append(_content_text(content, i))
+            extra += _json_tokens(message.get("tool_calls")) + _media_tokens(content)
         text = "\n".join(parts)
-        return text, len(text) // CHARS_PER_TOKEN, 1
+        return text, len(text) // CHARS_PER_TOKEN + extra, 1
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt, len(prompt) // CHARS_PER_TOKEN, 1
@@ -320,6 +328,22 @@ def _ids_text(ids: list[int]) -> str:
     """Token ids as text for prefix affinity: the same leading ids give the same leading text.
     Only as many as the prefix hash can look at are written out."""
     return " ".join(map(str, map(int, ids[: PREFIX_CHARS // 2])))  # 5.0 and 5 alike
+
+
+def _json_tokens(value: Any) -> int:
+    """The tokens `value` (a part of the body, None if absent) is estimated at, as JSON."""
+    return 0 if value is None else len(orjson.dumps(value)) // CHARS_PER_TOKEN
+
+
+def _media_tokens(content: Any) -> int:
+    """The tokens the image and audio parts of a message's content are estimated at."""
+    if not isinstance(content, list):
+        return 0
+    return MEDIA_TOKENS * sum(
+        isinstance(part, dict) and isinstance(part.get("type"), str)
+        and part["type"].removeprefix("input_") in ("image", "image_url", "audio", "video")
+        for part in content
+    )  # fmt: skip
 
 
 def _content_text(content: Any, i: int) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from tiergate.router.base.errors import RouterError
-from tiergate.router.request.body import parse_completion, upstream_body
+from tiergate.router.request.body import MEDIA_TOKENS, parse_completion, upstream_body
 
 
 def test_unchanged_bodies_are_forwarded_byte_for_byte() -> None:
@@ -67,7 +67,7 @@ def test_every_content_part_with_text_counts_in_the_prompt_estimate() -> None:
              {"type": "image_url", "image_url": {"url": "x" * 4000}}]  # fmt: skip
     body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
     request = parse_completion(json.dumps(body).encode(), chat=True)
-    assert request.prompt_tokens_estimate == 200
+    assert request.prompt_tokens_estimate == 200 + MEDIA_TOKENS  # and the image
     bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "x", "text": 5}]}]}
     with pytest.raises(RouterError):  # the node refuses it too
         parse_completion(json.dumps(bad).encode(), chat=True)
@@ -223,6 +223,27 @@ def test_a_request_counts_every_sequence_the_node_generates(
     request = parse_completion(json.dumps({**body, "max_tokens": 10}).encode(), chat=chat)
     assert request.sequences == sequences
     assert request.tokens_expected == request.prompt_tokens_estimate + 10 * sequences
+
+
+def test_tools_calls_and_images_count_in_the_prompt_estimate() -> None:
+    """An agent's request is mostly its tools' schemas and the calls it made: left out of the
+    estimate, 500 of them at once took 2 tokens each from a 1,000 tokens-per-minute limit,
+    and then locked the tenant out for a week once their real usage was counted."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "d" * 1600,
+              "parameters": {"type": "object", "properties": {}}}} for i in range(50)]  # fmt: skip
+    arguments = json.dumps({"path": "p" * 4000})
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "tool_0", "arguments": arguments}}  # fmt: skip
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 40_000}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, image]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    raw = json.dumps({"model": "m", "messages": messages, "tools": tools, "max_tokens": 1})
+    estimate = parse_completion(raw.encode(), chat=True).prompt_tokens_estimate
+    least = len(json.dumps(tools, separators=(",", ":"))) // 4 + 4000 // 4 + MEDIA_TOKENS
+    assert least <= estimate < least + 100
 
 
 def test_the_prompt_bound_is_the_bodys_bytes_whatever_the_text_tokenises_to() -> None:
