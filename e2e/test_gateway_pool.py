@@ -7,6 +7,7 @@ it. Both kinds named InferencePool answer clearly by their group and short names
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,13 +21,22 @@ from release import Release, installed, namespace_for
 EXAMPLES = REPO / "examples"
 GIE = "inferencepools.inference.networking.k8s.io"
 GATEWAY_POOL = "tiergate"
+#: The gateway's pods: they send requests straight to the pods the picker chose.
+GATEWAY_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}
 
 
 @pytest.fixture(scope="module")
 def release(cluster: LocalCluster) -> Iterator[Release]:
-    values = ("--set", "gatewayPool.enabled=true", "--set", "router.eppPort=9002")
+    values = ("--set", "gatewayPool.enabled=true", "--set", "router.eppPort=9002",
+              "--set-json", f"gatewayPool.gatewayFrom=[{json.dumps(GATEWAY_PEER)}]")  # fmt: skip
     with installed(cluster, namespace_for("gateway-pool"), *values) as r:
         yield r
+
+
+def test_the_gateways_pods_may_reach_the_pools_pods(release: Release) -> None:
+    policy = release.get("networkpolicy", f"{release.name}-sim-nodes")
+    (ingress,) = policy["spec"]["ingress"]
+    assert GATEWAY_PEER in ingress["from"]
 
 
 def _pool_name(example: str) -> str:

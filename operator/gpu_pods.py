@@ -1,9 +1,11 @@
 """What a real engine's pod needs beyond the sim node's (pure): GPUs, GPU nodes, volumes,
 probes on the engine's health path and time to drain.
 
-A replica's chips are requested as `nvidia.com/gpu` (requests = limits), nodes are selected
-by the accelerator's `nvidia.com/gpu.product` label (catalog `gpu_product`) and the usual
-`nvidia.com/gpu` NoSchedule taint is tolerated. Weights are cached on the model-cache volume
+A replica's chips are requested as `nvidia.com/gpu` (requests = limits), with CPU and memory
+requests that grow with them unless the pool's template names its own; nodes are selected by
+the accelerator's `nvidia.com/gpu.product` label (catalog `gpu_product`) and the usual
+`nvidia.com/gpu` NoSchedule taint is tolerated. /dev/shm is a memory-backed emptyDir with a
+size limit (it counts against the pod's memory). Weights are cached on the model-cache volume
 (an emptyDir, or the PersistentVolumeClaim the operator is given) under `HF_HOME`; the
 engines' other caches go to /tmp (`HOME`): the root filesystem stays read-only.
 """
@@ -18,14 +20,17 @@ from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf.spec import layered_catalog
 
 __all__ = [
+    "CPU_PER_CHIP",
     "ENGINE_TERMINATION_GRACE_S",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
     "GPU_TOLERATION",
     "HEALTH_PATH",
+    "MEMORY_GIB_PER_CHIP",
     "MODEL_CACHE_PATH",
     "EnginePodParts",
     "engine_pod_parts",
+    "shm_size_gib",
 ]
 
 Manifest = dict[str, Any]
@@ -43,6 +48,15 @@ ENGINE_TERMINATION_GRACE_S = 180
 #: declared failed to start.
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 180
+#: Requested for each chip of a replica unless the pool's template names its own: what vLLM's
+#: Kubernetes guide (vllm-project/vllm, docs/deployment/k8s.md) asks for its one-GPU pod, 2
+#: CPUs and 6G of memory, times the chips, since the engine runs a worker process for each GPU.
+#: The memory covers /dev/shm below, which is charged to the pod.
+CPU_PER_CHIP = 2
+MEMORY_GIB_PER_CHIP = 6
+#: /dev/shm: the same guide gives its one-GPU pod 2Gi; between a replica's GPUs NCCL and the
+#: engine's queue to its workers use it, so one GiB a chip past two.
+SHM_MIN_GIB = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +82,22 @@ def _probe(period_s: int, failures: int) -> Manifest:
     }
 
 
+def shm_size_gib(chips: int) -> int:
+    """The size limit of a replica's /dev/shm, in GiB."""
+    return max(SHM_MIN_GIB, chips)
+
+
 def _resources(spec: InferencePoolSpec, chips: int) -> Manifest:
-    """The template's resources with the replica's GPUs in both requests and limits."""
+    """The template's resources with the replica's GPUs in both requests and limits, and CPU
+    and memory requests for its chips where the template names neither a request nor a limit
+    of that resource (Kubernetes takes a limit without a request as the request too)."""
     own = spec.template.resources if spec.template else None
     requests = dict(own.requests) if own else {}
     limits = dict(own.limits) if own else {}
+    defaults = {"cpu": str(CPU_PER_CHIP * chips), "memory": f"{MEMORY_GIB_PER_CHIP * chips}Gi"}
+    for resource, quantity in defaults.items():
+        if resource not in requests and resource not in limits:
+            requests[resource] = quantity
     requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(chips)
     return {"requests": requests, "limits": limits}
 
@@ -120,7 +145,10 @@ def engine_pod_parts(
         node_selector=selector,
         tolerations=tolerations,
         volumes=[
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_size_gib(layout.chips)}Gi"},
+            },
             {"name": "model-cache", **cache},
         ],
         volume_mounts=[

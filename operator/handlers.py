@@ -36,7 +36,7 @@ from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster, KubeCluster
 from .metrics import Handler, OperatorMetrics, result_of
 from .reconcile import Outcome, reconcile
-from .render import FIELD_MANAGER
+from .render import DEFAULT_RUN_AS, FIELD_MANAGER, RunAs
 
 __all__ = ["OperatorMemo", "configure", "register_autoscaler"]
 
@@ -89,6 +89,8 @@ class OperatorMemo:
     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
     #: The PersistentVolumeClaim real engines cache weights on (None: an emptyDir per pod).
     model_cache_claim: str | None = None
+    #: The user and group the pools' pods run as (the chart's runAsUser / runAsGroup).
+    run_as: RunAs = DEFAULT_RUN_AS
     #: The GIE InferencePool to keep beside the routers' pools (None: none).
     gateway: GatewayPool | None = None
     #: Why the GIE pool could not be kept, last time (logged when it changes, not each resync).
@@ -195,6 +197,7 @@ def _reconcile(pool: dict[str, Any], memo: OperatorMemo, handler: Handler) -> Ou
             memo.images,
             _now,
             model_cache_claim=memo.model_cache_claim,
+            run_as=memo.run_as,
         )
     except Exception:
         memo.metrics.count(handler, "error")

@@ -14,6 +14,7 @@ clients that want one address per pool.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tiergate.pools import (
@@ -37,11 +38,13 @@ from .gpu_pods import engine_pod_parts
 
 __all__ = [
     "CONTAINER_PORT",
+    "DEFAULT_RUN_AS",
     "FIELD_MANAGER",
     "GENERATION_ANNOTATION",
     "NODE_NAME_ENV",
     "POOL_JSON_ENV",
     "SIM_COMMAND",
+    "RunAs",
     "container_command",
     "deployment_manifest",
     "pod_labels",
@@ -58,12 +61,24 @@ DEFAULT_RESOURCES = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"memory": "512Mi"},
 }
-UID = 10001
 #: On a pool's Deployment (not its pods: that would roll them): the pool's metadata.generation
 #: the Deployment was last applied from, so a status can say which spec its pods run.
 GENERATION_ANNOTATION = "tiergate.dev/pool-generation"
 #: The sim image's command: `tiergate sim-node`, given `vllm serve`'s arguments.
 SIM_COMMAND = ["tiergate", "sim-node"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """The non-root user and group a pool's pods run as (the chart's runAsUser / runAsGroup,
+    passed on by the operator's --run-as-user / --run-as-group)."""
+
+    user: int
+    group: int
+
+
+#: The image's own USER (Dockerfile), and the chart's default.
+DEFAULT_RUN_AS = RunAs(user=10001, group=10001)
 
 
 def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
@@ -136,11 +151,11 @@ def _scheduling(spec: InferencePoolSpec) -> Manifest:
     return out
 
 
-def _container_security() -> Manifest:
+def _container_security(run_as: RunAs) -> Manifest:
     return {
         "runAsNonRoot": True,
-        "runAsUser": UID,
-        "runAsGroup": UID,
+        "runAsUser": run_as.user,
+        "runAsGroup": run_as.group,
         "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -148,7 +163,11 @@ def _container_security() -> Manifest:
 
 
 def _pod_spec(
-    spec: InferencePoolSpec, image: str, layout: Layout, model_cache_claim: str | None
+    spec: InferencePoolSpec,
+    image: str,
+    layout: Layout,
+    model_cache_claim: str | None,
+    run_as: RunAs,
 ) -> Manifest:
     """The pod's spec: the engine's container, locked down, and what the engine needs."""
     command, args = container_command(spec, layout)
@@ -182,14 +201,14 @@ def _pod_spec(
         pod["nodeSelector"] = parts.node_selector
         pod["tolerations"] = parts.tolerations
         pod["terminationGracePeriodSeconds"] = parts.termination_grace_s
-    container["securityContext"] = _container_security()
+    container["securityContext"] = _container_security(run_as)
     container["volumeMounts"] = mounts
     return {
         "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": UID,
-            "fsGroup": UID,
+            "runAsUser": run_as.user,
+            "fsGroup": run_as.group,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
@@ -207,11 +226,12 @@ def deployment_manifest(
     generation: int | None = None,
     *,
     model_cache_claim: str | None = None,
+    run_as: RunAs = DEFAULT_RUN_AS,
 ) -> Manifest:
     """The pool's Deployment (owner reference added by the caller); `image`: the engine's
     (a pool's spec.template.image wins); `generation`: the pool's metadata.generation,
     recorded in `GENERATION_ANNOTATION`; `model_cache_claim`: the PersistentVolumeClaim
-    real engines cache weights on (None: an emptyDir)."""
+    real engines cache weights on (None: an emptyDir); `run_as`: the pods' user and group."""
     labels = pod_labels(pool, spec)
     metadata: Manifest = {"name": pool, "namespace": namespace, "labels": labels}
     if generation is not None:
@@ -231,7 +251,7 @@ def deployment_manifest(
                     "labels": labels,
                     "annotations": {SERVES_ANNOTATION: serves_annotation(names)},
                 },
-                "spec": _pod_spec(spec, image, layout, model_cache_claim),
+                "spec": _pod_spec(spec, image, layout, model_cache_claim, run_as),
             },
         },
     }
@@ -246,11 +266,19 @@ def pool_manifests(
     generation: int | None = None,
     *,
     model_cache_claim: str | None = None,
+    run_as: RunAs = DEFAULT_RUN_AS,
 ) -> tuple[Manifest, Manifest]:
     """The pool's Deployment and Service, as the operator applies them (before it adds its
     owner reference) and `tiergate render` prints them."""
     deployment = deployment_manifest(
-        pool, namespace, spec, image, layout, generation, model_cache_claim=model_cache_claim
+        pool,
+        namespace,
+        spec,
+        image,
+        layout,
+        generation,
+        model_cache_claim=model_cache_claim,
+        run_as=run_as,
     )
     return deployment, service_manifest(pool, namespace, spec)
 

@@ -4,7 +4,8 @@ Watches InferencePools in the given namespaces (default: its own; every namespac
 --all-namespaces, which needs cluster-wide permissions), renders sim-node Deployments with
 `--image` (default: $TIERGATE_IMAGE, which the chart sets to the operator's own image), vLLM
 and SGLang Deployments with `--vllm-image` / `--sglang-image`; a pool's `spec.template.image`
-may name only those images or one given with `--allowed-image`.
+may name only those images or one given with `--allowed-image`. Every pool's pods run as
+`--run-as-user` / `--run-as-group` (the chart passes its runAsUser / runAsGroup).
 Replicas of the operator elect one writer through kopf peering: each starts with a random
 priority, the highest one runs, the others stand by and take over when its peering record
 expires. `--standalone` turns peering off (local development).
@@ -34,6 +35,7 @@ from tiergate.common.validation import yaml_position
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
+from ..render import DEFAULT_RUN_AS, RunAs
 
 if TYPE_CHECKING:
     from ..autoscale import Routers
@@ -48,6 +50,8 @@ DEFAULT_EPP_PORT = 9002
 #: operator.autoscaleIntervalSeconds default), and the most that may be asked for.
 DEFAULT_AUTOSCALE_INTERVAL_S = 15
 MAX_AUTOSCALE_INTERVAL_S = 3600
+#: The largest user or group id Kubernetes accepts (int32).
+MAX_ID = 2**31 - 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("TIERGATE_MODEL_CACHE_CLAIM") or None,
                    help="PersistentVolumeClaim vllm and sglang pods cache weights on (default: "
                         "$TIERGATE_MODEL_CACHE_CLAIM, else an emptyDir per pod)")  # fmt: skip
+    p.add_argument("--run-as-user", type=int_between(1, MAX_ID), metavar="UID",
+                   default=os.environ.get("TIERGATE_RUN_AS_USER") or str(DEFAULT_RUN_AS.user),
+                   help="the user every pool's pods run as (default: $TIERGATE_RUN_AS_USER, "
+                        f"else {DEFAULT_RUN_AS.user})")  # fmt: skip
+    p.add_argument("--run-as-group", type=int_between(1, MAX_ID), metavar="GID",
+                   default=os.environ.get("TIERGATE_RUN_AS_GROUP") or str(DEFAULT_RUN_AS.group),
+                   help="their group, and the owner of their volumes (default: "
+                        f"$TIERGATE_RUN_AS_GROUP, else {DEFAULT_RUN_AS.group})")  # fmt: skip
     p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
                    help="another image a pool's spec.template.image may name (repeatable; "
                         "whole references; default: only --image)")  # fmt: skip
@@ -145,6 +157,11 @@ def image_policy(args: argparse.Namespace) -> ImagePolicy:
     return ImagePolicy(
         args.image, frozenset(args.allowed_image), vllm=args.vllm_image, sglang=args.sglang_image
     )
+
+
+def run_as(args: argparse.Namespace) -> RunAs:
+    """The user and group of the pools' pods, from --run-as-user / --run-as-group."""
+    return RunAs(user=args.run_as_user, group=args.run_as_group)
 
 
 def routers(args: argparse.Namespace, own_namespace: Callable[[], str]) -> Routers | None:
@@ -223,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         images=image_policy(args),
         namespaced=not options["clusterwide"],
         model_cache_claim=args.model_cache_claim,
+        run_as=run_as(args),
         routers=routers(args, lambda: current_namespace(args.kubeconfig)),
         gateway=gateway_pool(args, lambda: current_namespace(args.kubeconfig)),
     )

@@ -58,9 +58,11 @@ class Helm:
         set_strings: Sequence[str] = (),
         include_crds: bool = False,
         chart: Path = CHART,
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
     ) -> list[Manifest]:
         """`helm template` as a list of manifests (test hooks included)."""
-        args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE]
+        args = ["template", release, str(chart), "--namespace", namespace]
         args += ["--kube-version", KUBE_VERSION]
         for path in values:
             args += ["--values", str(path)]
@@ -100,6 +102,13 @@ def pod_specs(manifests: list[Manifest]) -> list[tuple[str, Manifest]]:
             specs.append((where, m["spec"]["template"]["spec"]))
     return specs
 
+
+#: The gateway's pods, for values that put the routers behind one (gatewayPool.enabled).
+GATEWAY_NAMESPACE = "gateways"
+GATEWAY_FROM = (
+    "gatewayPool.gatewayFrom[0].namespaceSelector.matchLabels."
+    f"kubernetes\\.io/metadata\\.name={GATEWAY_NAMESPACE}"
+)
 
 ROUTER = f"{RELEASE}-tiergate-router"
 OPERATOR = f"{RELEASE}-tiergate-operator"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chart_helpers import TOOLS_SCRIPT, VARIANT, Helm, Manifest
+from chart_helpers import GATEWAY_FROM, TOOLS_SCRIPT, VARIANT, Helm, Manifest
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +65,9 @@ def postgres_manifests(helm: Helm) -> list[Manifest]:
 
 @pytest.fixture(scope="session")
 def gateway_manifests(helm: Helm) -> list[Manifest]:
-    """Behind a Gateway API gateway: the GIE CRD, the endpoint picker's Service."""
-    return helm.template(sets=["gatewayPool.enabled=true", "router.eppPort=9002"])
+    """Behind a Gateway API gateway: the GIE CRD, the endpoint picker's Service, the gateway's
+    pods let into the sim nodes."""
+    return helm.template(sets=["gatewayPool.enabled=true", "router.eppPort=9002", GATEWAY_FROM])
 
 
 @pytest.fixture(scope="session", params=["default", "variant", "persistent", "postgres", "gateway"])

@@ -7,11 +7,22 @@ and the router cannot drift apart unnoticed.
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import CHART, NAMESPACE, OPERATOR, RELEASE, ROUTER, Helm, Manifest, one
+from chart_helpers import (
+    CHART,
+    NAMESPACE,
+    OPERATOR,
+    RELEASE,
+    ROUTER,
+    Helm,
+    Manifest,
+    one,
+    pod_specs,
+)
 
 from tiergate.common.connection_limits import IDLE_TIMEOUT_S
 from tiergate.router.config import RouterConfig
@@ -155,6 +166,40 @@ def test_the_autoscaler_s_interval_is_a_value_the_operator_parses(helm: Helm) ->
     args = container(manifests, "Deployment", OPERATOR)["args"]
     assert args[5:7] == ["--autoscale-interval", "5"]
     assert autoscale_interval(build_parser("operator").parse_args(args)) == 5
+
+
+def test_the_pools_pods_run_as_the_chart_s_user_and_group(
+    default_manifests: list[Manifest], helm: Helm, tmp_path: Path
+) -> None:
+    """runAsUser / runAsGroup reach the pods the operator renders for pools, through the
+    environment its flags default to; ids as large as the ranges OpenShift assigns, read from
+    a values file (where YAML numbers reach the templates as floats), stay whole numbers."""
+    from tiergate.cli import build_parser
+    from tiergate.operator.commands.operator_cmd import run_as
+    from tiergate.operator.render import DEFAULT_RUN_AS, RunAs
+
+    def operator_run_as(manifests: list[Manifest]) -> RunAs:
+        operator = container(manifests, "Deployment", OPERATOR)
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env_of(operator).items():
+                if isinstance(value, str):
+                    patch.setenv(name, value)
+            return run_as(build_parser("operator").parse_args(operator["args"]))
+
+    assert operator_run_as(default_manifests) == DEFAULT_RUN_AS
+    values = tmp_path / "ids.yaml"
+    values.write_text("runAsUser: 1000680000\nrunAsGroup: 1000680001\n", encoding="utf-8")
+    manifests = helm.template(values=[values])
+    assert operator_run_as(manifests) == RunAs(user=1000680000, group=1000680001)
+    for where, spec in pod_specs(manifests):
+        context = spec["securityContext"]
+        ids = (context["runAsUser"], context["runAsGroup"], context["fsGroup"])
+        for c in spec["containers"]:
+            ids += (c["securityContext"]["runAsUser"], c["securityContext"]["runAsGroup"])
+        # Not 1.00068e+09, which the API server refuses for an integer field.
+        assert [type(i) for i in ids] == [int] * len(ids), (where, ids)
+        assert ids[:3] == (1000680000, 1000680001, 1000680001), where
+        assert ids[3:] == (1000680000, 1000680001) * len(spec["containers"]), where
 
 
 def test_operator_is_never_two_at_once(default_manifests: list[Manifest]) -> None:

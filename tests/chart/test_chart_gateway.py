@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_helpers import CHART, NAMESPACE, OPERATOR, ROUTER, Helm, HelmFailed, Manifest, find, one
+from chart_helpers import (
+    CHART,
+    GATEWAY_FROM,
+    NAMESPACE,
+    OPERATOR,
+    ROUTER,
+    Helm,
+    HelmFailed,
+    Manifest,
+    find,
+    one,
+)
 
 from tiergate.cli import build_parser
 from tiergate.operator.commands.operator_cmd import gateway_pool
@@ -80,7 +91,12 @@ def test_the_operator_may_write_gie_pools_only_when_asked(
 
 def test_a_cluster_with_gie_s_crd_already_gets_none_from_the_chart(helm: Helm) -> None:
     manifests = helm.template(
-        sets=["gatewayPool.enabled=true", "router.eppPort=9002", "gatewayPool.installCRD=false"]
+        sets=[
+            "gatewayPool.enabled=true",
+            "router.eppPort=9002",
+            "gatewayPool.installCRD=false",
+            GATEWAY_FROM,
+        ]
     )
     assert find(manifests, "CustomResourceDefinition") == []
     assert find(manifests, "Service", f"{ROUTER}-epp")
@@ -89,13 +105,19 @@ def test_a_cluster_with_gie_s_crd_already_gets_none_from_the_chart(helm: Helm) -
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["gatewayPool.enabled=true"], "gatewayPool.enabled needs router.eppPort"),
+        (["gatewayPool.enabled=true", GATEWAY_FROM], "gatewayPool.enabled needs router.eppPort"),
         (
-            ["gatewayPool.enabled=true", "router.eppPort=9002", "router.discoveryNamespace=x"],
+            ["gatewayPool.enabled=true", "router.eppPort=9002", "router.discoveryNamespace=x",
+             GATEWAY_FROM],
             "gatewayPool.enabled needs router.discoveryNamespace empty or the release namespace",
         ),
-        (["gatewayPool.enabled=true", "router.eppPort=9002", "gatewayPool.failureMode=Open"],
-         "failureMode"),
+        (["gatewayPool.enabled=true", "router.eppPort=9002", "gatewayPool.failureMode=Open",
+          GATEWAY_FROM], "failureMode"),
+        # The gateway sends requests to the pools' pods itself: their policy must let it in.
+        (["gatewayPool.enabled=true", "router.eppPort=9002"],
+         "gatewayPool.enabled with networkPolicy.enabled needs gatewayPool.gatewayFrom"),
+        (["gatewayPool.enabled=true", "router.eppPort=9002", "gatewayPool.gatewayFrom[0].pods=x"],
+         "/gatewayPool/gatewayFrom/0"),
     ],
 )  # fmt: skip
 def test_values_that_cannot_work_are_refused_with_the_reason(

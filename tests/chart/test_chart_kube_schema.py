@@ -13,7 +13,7 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-from chart_helpers import VARIANT, Helm, Manifest
+from chart_helpers import GATEWAY_FROM, VARIANT, Helm, Manifest
 
 #: Real processes and servers, or seconds of work: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -64,6 +64,7 @@ def validate_all(manifests: list[Manifest]) -> set[str]:
         ),
         # Names YAML would read as numbers must still render as strings.
         ([], [], ["operator.watchNamespaces={123,4e5}", "router.discoveryNamespace=0"]),
+        ([], ["gatewayPool.enabled=true", "router.eppPort=9002", GATEWAY_FROM], []),
     ],
     ids=[
         "default",
@@ -74,6 +75,7 @@ def validate_all(manifests: list[Manifest]) -> set[str]:
         "cluster-wide-operator",
         "network-policy-extra-from",
         "numeric-namespaces",
+        "gateway",
     ],
 )
 def test_rendered_manifests_are_valid_kubernetes_1_33(

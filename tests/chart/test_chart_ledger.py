@@ -39,6 +39,11 @@ POSTGRES_HOST = [
 ]
 POSTGRES_DSN = ["router.ledger.postgres.existingSecret=tiergate-dsn"]
 SHARED = "(one ledger shared by every replica); the SQLite ledger serves one router process"
+#: Kubernetes' own defaults for a Deployment's strategy, as the chart writes them out.
+ROLLING_UPDATE = {
+    "type": "RollingUpdate",
+    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"},
+}
 
 
 def install(helm: Helm, sets: Sequence[str] = (), values: Sequence[Path] = ()) -> str:
@@ -235,7 +240,19 @@ def test_postgres_mode_spools_to_an_emptydir_and_rolls_updates(helm: Helm, sets:
     assert settings["ledgerSpoolDir"] == "/var/lib/tiergate/spool"
     assert settings["ledgerSpoolMaxSize"] == "256Mi"
     deployment = one(manifests, "Deployment", ROUTER)["spec"]
-    assert deployment["replicas"] == 2 and "strategy" not in deployment  # RollingUpdate
+    assert deployment["replicas"] == 2 and deployment["strategy"] == ROLLING_UPDATE
+
+
+def test_the_router_s_strategy_is_written_out_so_persistence_can_turn_it_to_recreate(
+    default_manifests: list[Manifest], persistent_manifests: list[Manifest]
+) -> None:
+    """A ReadWriteOnce ledger needs Recreate, which the API server refuses beside a
+    rollingUpdate block. Under server-side apply a block Kubernetes defaulted belongs to no
+    one, so it would stay when persistence is turned on and `helm upgrade` would fail; written
+    out by the chart, it is the release's, and the upgrade to Recreate drops it."""
+    assert one(default_manifests, "Deployment", ROUTER)["spec"]["strategy"] == ROLLING_UPDATE
+    strategy = one(persistent_manifests, "Deployment", ROUTER)["spec"]["strategy"]
+    assert strategy == {"type": "Recreate"}
 
 
 def test_sqlite_mode_keeps_its_file_and_size_limit(

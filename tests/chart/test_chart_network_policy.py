@@ -1,5 +1,6 @@
 """The sim nodes' NetworkPolicy: only the router's pods reach them, on the port they serve
-requests and metrics on, in every namespace where the operator renders them.
+requests and metrics on, in every namespace where the operator renders them; behind a gateway,
+the gateway's pods too (it sends each request to the pod the picker chose).
 
 The policy's selectors are checked against the labels the pods really carry: the router's from
 its Deployment's pod template, the sim nodes' from the operator's own rendering
@@ -13,7 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_helpers import NAMESPACE, RELEASE, ROUTER, Helm, Manifest, find, one
+from chart_helpers import (
+    GATEWAY_FROM,
+    GATEWAY_NAMESPACE,
+    NAMESPACE,
+    RELEASE,
+    ROUTER,
+    Helm,
+    Manifest,
+    find,
+    one,
+)
 
 from tiergate.operator.render import CONTAINER_PORT, deployment_manifest
 from tiergate.operator.status import assess
@@ -128,3 +139,27 @@ def test_extra_sources_are_added_beside_the_router(helm: Helm) -> None:
     assert peers[2] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     }
+
+
+def test_behind_a_gateway_its_pods_reach_the_pools_it_routes_to(helm: Helm) -> None:
+    """The gateway's pool selects the pods of the release namespace (the chart refuses another
+    discovery namespace with it): that namespace's policy lets the gateway in, on the same
+    port; the sim nodes of the other watched namespaces stay the router's alone."""
+    sets = ["gatewayPool.enabled=true", "router.eppPort=9002", GATEWAY_FROM,
+            f"operator.watchNamespaces={{{NAMESPACE},team-b}}"]  # fmt: skip
+    found = policies(helm.template(sets=sets))
+    gateway = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": GATEWAY_NAMESPACE}}
+    }
+    (rule,) = found[NAMESPACE]["spec"]["ingress"]
+    assert rule["from"][2:] == [gateway]
+    assert rule["ports"] == [{"port": HTTP_PORT_NAME, "protocol": "TCP"}]
+    (other,) = found["team-b"]["spec"]["ingress"]
+    assert len(other["from"]) == 2  # the router, the operator
+
+
+def test_a_gateway_needs_no_peers_where_no_policy_is_rendered(helm: Helm) -> None:
+    manifests = helm.template(
+        sets=["gatewayPool.enabled=true", "router.eppPort=9002", "networkPolicy.enabled=false"]
+    )
+    assert find(manifests, "NetworkPolicy") == []

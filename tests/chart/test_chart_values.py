@@ -55,6 +55,7 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         ),
         (["engines.tgi.image=x"], "tgi"),
         (["runAsUser=0"], "/runAsUser"),
+        (["runAsGroup=2147483648"], "/runAsGroup"),  # past Kubernetes' int32
         (["tests.tier=fast"], "/tests/tier"),
         ([*A_TENANT, f"{TENANT}.allowedTiers={{batched,turbo}}"], "/allowedTiers/1"),
         ([*A_TENANT, f"{TENANT}.spillOver.to={{turbo}}"], "/spillOver/to/0"),

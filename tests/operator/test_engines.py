@@ -98,10 +98,8 @@ def test_a_gpu_pod_requests_its_chips_on_nodes_of_its_gpu_and_tolerates_their_ta
     spec = spec_of(engine="vllm", **EVERYTHING)
     pod = pod_of(spec)
     container = container_of(pod)
-    assert container["resources"] == {
-        "requests": {"nvidia.com/gpu": "8"},
-        "limits": {"nvidia.com/gpu": "8"},
-    }
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "8"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
         "tolerations"
@@ -134,7 +132,7 @@ def test_a_gpu_pod_has_shared_memory_a_model_cache_and_its_token() -> None:
     spec = spec_of(engine="vllm", huggingFaceTokenSecretRef={"name": "hf", "key": "token"})
     pod = pod_of(spec)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
     assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
     container = container_of(pod)
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -146,6 +144,36 @@ def test_a_gpu_pod_has_shared_memory_a_model_cache_and_its_token() -> None:
     claimed = pod_of(spec, model_cache_claim="weights")
     volumes = {v["name"]: v for v in claimed["spec"]["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
+
+
+@pytest.mark.parametrize(("chips", "cpu", "memory", "shm"), [
+    (1, "2", "6Gi", "2Gi"), (2, "4", "12Gi", "2Gi"), (8, "16", "48Gi", "8Gi"),
+])  # fmt: skip
+def test_a_gpu_pod_asks_for_cpu_memory_and_bounded_shared_memory_by_its_chips(
+    chips: int, cpu: str, memory: str, shm: str
+) -> None:
+    """Without requests the scheduler would put the engine on a node with no CPU or memory to
+    spare, and a memory-backed /dev/shm without a limit could take the node's memory."""
+    for engine in ("vllm", "sglang"):
+        spec = spec_of(engine=engine, model="llama-3.1-8b")
+        pod = pod_of(spec, Layout(chips, chips))
+        resources = container_of(pod)["resources"]
+        gpus = str(chips)
+        assert resources == {
+            "requests": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": gpus},
+            "limits": {"nvidia.com/gpu": gpus},
+        }
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": shm}
+
+
+def test_the_pool_s_own_cpu_and_memory_win() -> None:
+    """A request the template names replaces the default; so does a limit alone, which
+    Kubernetes takes as the request too (a larger default request would be refused)."""
+    template = {"resources": {"requests": {"cpu": "12"}, "limits": {"memory": "20Gi"}}}
+    resources = container_of(pod_of(spec_of(engine="vllm", template=template)))["resources"]
+    assert resources["requests"] == {"cpu": "12", "nvidia.com/gpu": "8"}
+    assert resources["limits"] == {"memory": "20Gi", "nvidia.com/gpu": "8"}
 
 
 def test_without_a_token_no_secret_is_read() -> None:

@@ -4,16 +4,48 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The release's base name; component names append "-operator" / "-router" to it. */}}
+{{/*
+The release's base name; object names append a suffix to it ("-operator", "-router-metrics").
+At most 48 characters, so that the longest suffix (15) keeps a name within 63, and starting
+with a letter: Service names are DNS-1035 labels.
+*/}}
 {{- define "tiergate.fullname" -}}
+{{- $fullname := "" }}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- $fullname = .Values.fullnameOverride | trunc 48 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- $fullname = .Release.Name | trunc 48 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- $fullname = printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- if not (regexMatch "^[a-z]" $fullname) }}
+{{- fail (printf "the chart's objects would be named %s-...: a Service name must start with a letter; name the release so, or set fullnameOverride" $fullname) }}
+{{- end }}
+{{- $fullname }}
+{{- end }}
+
+{{/*
+A name within 63 characters: base and suffix joined when they fit; else the base cut short and
+eight hex digits of the whole name's SHA-256 before the suffix (or, for a suffix too long to
+keep, in place of the name's tail), so that two long names stay apart.
+Usage: include "tiergate.boundedName" (list $base "-suffix")
+*/}}
+{{- define "tiergate.boundedName" -}}
+{{- $base := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $whole := printf "%s%s" $base $suffix }}
+{{- if le (len $whole) 63 }}
+{{- $whole }}
+{{- else }}
+{{- $hash := sha256sum $whole | trunc 8 }}
+{{- $room := sub 63 (add (len $suffix) 9) | int }}
+{{- if ge $room 8 }}
+{{- printf "%s-%s%s" ($base | trunc $room | trimSuffix "-") $hash $suffix }}
+{{- else }}
+{{- printf "%s-%s" ($whole | trunc 54 | trimSuffix "-") $hash }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -89,9 +121,9 @@ operator.clusterWide (every namespace), which must not be combined with a list.
 {{/* Pod-level security: every pod of the chart runs non-root with the runtime's seccomp profile. */}}
 {{- define "tiergate.podSecurityContext" -}}
 runAsNonRoot: true
-runAsUser: {{ .Values.runAsUser }}
-runAsGroup: {{ .Values.runAsGroup }}
-fsGroup: {{ .Values.runAsGroup }}
+runAsUser: {{ .Values.runAsUser | int }}
+runAsGroup: {{ .Values.runAsGroup | int }}
+fsGroup: {{ .Values.runAsGroup | int }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
@@ -99,8 +131,8 @@ seccompProfile:
 {{/* Container-level security: nothing is written outside the mounted volumes. */}}
 {{- define "tiergate.containerSecurityContext" -}}
 runAsNonRoot: true
-runAsUser: {{ .Values.runAsUser }}
-runAsGroup: {{ .Values.runAsGroup }}
+runAsUser: {{ .Values.runAsUser | int }}
+runAsGroup: {{ .Values.runAsGroup | int }}
 readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 privileged: false
