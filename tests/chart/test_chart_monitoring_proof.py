@@ -316,7 +316,7 @@ def test_alerts_the_load_should_not_trigger_are_quiet(
         "TiergateTierSLOBurn", "TiergatePoolNoReadyEndpoint", "TiergateEndpointsEjected",
         "TiergateLedgerBacklogGrowing", "TiergateLedgerRecordsDropped",
         "TiergateBudgetNearExhaustion", "TiergateOperatorReconcileErrors",
-        "TiergateAutoscalerCannotAct",
+        "TiergateAutoscalerCannotAct", "TiergateDiscoveryFailing",
     }  # fmt: skip
     noisy = []
     for rule in rules:
