@@ -24,6 +24,7 @@ What a budget holds is then bounded by what the node can produce (`CompletionReq
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -332,7 +333,13 @@ def _ids_text(ids: list[int]) -> str:
 
 def _json_tokens(value: Any) -> int:
     """The tokens `value` (a part of the body, None if absent) is estimated at, as JSON."""
-    return 0 if value is None else len(orjson.dumps(value)) // CHARS_PER_TOKEN
+    if value is None:
+        return 0
+    try:
+        text = orjson.dumps(value)
+    except TypeError:  # deeper than orjson goes (254); the body may nest up to 512
+        text = json.dumps(value, separators=(",", ":")).encode()
+    return len(text) // CHARS_PER_TOKEN
 
 
 def _media_tokens(content: Any) -> int:

@@ -277,3 +277,17 @@ def test_bad_sequence_counts_caps_and_usage_flags_are_400s(
     with pytest.raises(RouterError) as caught:
         parse_completion(json.dumps({**TEXT_, **extra}).encode(), chat=False)
     assert caught.value.status == 400 and says in caught.value.message
+
+
+def test_tools_nested_deeper_than_orjson_writes_are_estimated_too() -> None:
+    """The body may nest 512 deep; orjson writes at most 254."""
+    schema: dict[str, Any] = {}
+    inner = schema
+    for _ in range(300):
+        inner["items"] = {}
+        inner = inner["items"]
+    tools = [{"type": "function", "function": {"name": "t", "parameters": schema}}]
+    messages = [{"role": "user", "content": "hi"}]
+    raw = json.dumps({"model": "m", "messages": messages, "tools": tools})
+    estimate = parse_completion(raw.encode(), chat=True).prompt_tokens_estimate
+    assert estimate >= len(json.dumps(tools, separators=(",", ":"))) // 4
