@@ -140,6 +140,8 @@ def build_app(
         saturation=saturation,
         tool_checker=tool_checker,
     )
+    # A new view resizes the tier queues at once: waiters take new endpoints' slots.
+    source.on_view = router.pipeline
     # Fair share across the fleet: only with a shared ledger, and only for fair admission.
     interval_s = settings.fleet_fair_share_interval_s
     fair = settings.admission_order == "fair"

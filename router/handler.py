@@ -147,6 +147,12 @@ class Router:
         self._pipeline_view = view
         return self._pipeline
 
+    def current(self) -> tuple[PoolView, Pipeline]:
+        """The view now, and its pipeline: what a request that waited for a slot serves on
+        (the endpoints may have changed meanwhile: new pods, pods gone)."""
+        view = self.view()
+        return view, self.pipeline(view)
+
     # -- the request path ------------------------------------------------------------------
 
     async def completion(
@@ -251,7 +257,7 @@ class Router:
             ex.spill = spill
             self.metrics.spills.labels(spill.origin, spill.to, spill.reason).inc()
         try:
-            await self._serve(ex, view, pipeline, grant.tier)
+            await self._serve(ex, *self.current(), grant.tier)
         finally:
             done = ex.done
             self.admission.release(grant, done.prompt_tokens + done.completion_tokens)

@@ -91,6 +91,7 @@ class KubeSource:
         self.debounce_s = debounce_s
         self.stop_timeout_s = stop_timeout_s
         self.view = PoolView(())
+        self.on_view: Callable[[PoolView], object] | None = None  # see PoolSource
         self._clock = clock
         # (pool, URL) -> an endpoint that left the view, and when.
         self._retired: dict[tuple[str, str], tuple[EndpointState, float]] = {}
@@ -199,6 +200,11 @@ class KubeSource:
             log.exception("event=kube_view_failed namespace=%s", self.namespace)
             return
         self._retire(before, self.view)
+        if self.on_view is not None:
+            try:
+                self.on_view(self.view)
+            except Exception:  # a bug there must not stop discovery
+                log.exception("event=kube_view_listener_failed namespace=%s", self.namespace)
         self.publishes += 1
         if not self.synced:
             log.info("event=kube_discovery_synced namespace=%s", self.namespace)

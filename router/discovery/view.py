@@ -395,6 +395,9 @@ class PoolSource(Protocol):
     """
 
     ready_needs_endpoints: bool
+    #: Called with each new view once it is in place (the router resizes its queues, so
+    #: requests waiting for a slot take the new endpoints' at once); None: nobody is told.
+    on_view: Callable[[PoolView], object] | None
 
     @property
     def view(self) -> PoolView: ...
@@ -411,6 +414,7 @@ class StaticSource:
 
     synced = True
     ready_needs_endpoints = True
+    on_view: Callable[[PoolView], object] | None = None  # its view never changes
 
     def __init__(self, view: PoolView) -> None:
         self.view = view
@@ -441,6 +445,7 @@ class FileSource:
         self.config: RouterConfig = load_config(path)
         self.file = WatchedFile(path)
         self.view = build_view(self.config.pools, catalog)
+        self.on_view: Callable[[PoolView], object] | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -482,6 +487,8 @@ class FileSource:
             )  # fmt: skip
         self.config, self.view = config, view
         self.file.applied()
+        if self.on_view is not None:
+            self.on_view(view)
         log.info("event=config_reloaded path=%s pools=%d", self.path, len(view.pools))
         return True
 

@@ -165,6 +165,8 @@ class CascadeStages(Protocol):
     @property
     def metrics(self) -> CascadeMetrics: ...
 
+    def current(self) -> tuple[PoolView, Pipeline]: ...
+
     async def open(
         self,
         ex: Exchange,
@@ -255,6 +257,7 @@ async def _first_reply(
             view, attempt.model, choice.priority, [tier], ex.tenant, attempt.tokens_expected
         )
     try:
+        view, pipeline = stages.current()  # the endpoints now: it may have waited
         with ex.guard.cancellable():
             opened, pool = await stages.open(ex, view, pipeline, attempt, tier, one)
         try:

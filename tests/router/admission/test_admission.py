@@ -1,8 +1,21 @@
 """A tier's admission queue when its endpoints change under waiting requests."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from conftest import serve_app
+from polling_helpers import until
 
 from tiergate.router.admission import TierQueue
+from tiergate.router.build import build_app, file_source
+from tiergate.router.config import load_config
+from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
+from tiergate.sim_nodes.server import NodeConfig, create_app
 
 
 async def test_a_larger_capacity_admits_waiters_at_once() -> None:
@@ -32,3 +45,61 @@ async def test_a_smaller_capacity_sheds_nothing_and_takes_effect_as_requests_end
     queue.release(second)
     await asyncio.wait_for(waiter, timeout=5)
     assert queue.active == 1
+
+
+# Through the router: a request waits for a slot while its pool's endpoints change.
+
+
+def test_a_new_endpoint_serves_a_waiting_request_without_another_arriving(tmp_path: Path) -> None:
+    """One node with one slot, busy with a long stream, and one request waiting for it. The
+    router's file gains a second node: its slot goes to the waiting request at once (not when
+    another request arrives), and the request is sent to the new node, the one that is free,
+    not to the endpoints it saw when it began to wait."""
+    with ExitStack() as stack:
+        busy, new = (stack.enter_context(serve_app(one_slot_node())) for _ in range(2))
+        config = tmp_path / "router.yaml"
+        config.write_text(pools_file(tmp_path, [busy]))
+        _, source = file_source(config)
+        app = build_app(load_config(config), source)
+        url = stack.enter_context(serve_app(app))
+        with httpx.Client(base_url=url, timeout=60) as http:
+            stream = stack.enter_context(
+                http.stream("POST", "/v1/chat/completions", json=chat(5000, stream=True))
+            )
+            lines = stream.iter_lines()  # kept: a generator let go of closes the stream
+            next(lines)  # the busy node's one slot is taken
+            queue = app.router.admission.queues["batched"]
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(http.post, "/v1/chat/completions", json=chat(2))
+                until(lambda: queue.waiting == 1, "the request did not wait for the slot", 30)
+                config.write_text(pools_file(tmp_path, [busy, new]))
+                reply = waiting.result(timeout=60)
+            assert reply.status_code == 200
+            assert served(new) == 1 and served(busy) == 0  # the stream is still going there
+
+
+def one_slot_node() -> Any:
+    serving = ServingSpec(model="llama-3.1-8b", accelerator="h100-sxm",
+                          batching=BatchingSpec(max_num_seqs=1))  # fmt: skip
+    return create_app(NodeConfig(serving=serving, served_model_names=["m"]))
+
+
+def pools_file(folder: Path, urls: list[str]) -> str:
+    return yaml.safe_dump({
+        "router": {"ledgerPath": str(folder / "ledger.sqlite"), "reloadIntervalS": 0.05},
+        "pools": [{"name": "one", "tier": "batched", "model": "llama-3.1-8b",
+                   "accelerator": "h100-sxm", "servedModelName": "m",
+                   "batching": {"maxNumSeqs": 1}, "endpoints": urls}],
+    })  # fmt: skip
+
+
+def chat(max_tokens: int, **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens, **fields}  # fmt: skip
+
+
+def served(node: str) -> float:
+    """Requests `node` finished (its vLLM counter)."""
+    text = httpx.get(node + "/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))  # fmt: skip
