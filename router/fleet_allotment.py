@@ -4,20 +4,24 @@ what each process published (router/fleet_share.py exchanges it through PostgreS
 Each process claims, per tenant, the slots the tenant holds there and the requests it has
 waiting there. The tier's slots go to tenants by weighted max-min fairness over their demand
 across the fleet (water-filling: no tenant gets more than it asks, and a tenant that asks more
-than its weight's share gets that share of what the others leave). Slots are whole: the slot a
-fraction leaves over goes to the tenant the fleet served least lately, per unit of weight, so
-over time each tenant's share follows its fraction. A tenant's slots are split over the
-processes it waits in by its demand there. Slots nobody asks for are spare, split evenly over
-the live processes, so a process admits a burst at once without waiting for an exchange.
+than its weight's share gets that share of what the others leave). A tenant's slots are split
+over the processes it waits in by its demand there. Slots are whole: a slot that fractions
+leave over goes to the tenant the fleet served least lately per unit of weight, and within a
+tenant to the process that served it least lately per request it claims, so over time each
+share follows its fraction. A process holding such a slot cannot keep it by handing it on to
+its next waiter: when the turn moves, the next process takes it once the request holding it
+ends. Slots nobody asks for are spare, split evenly over the live processes, so a process
+admits a burst at once without waiting for an exchange.
 
-Every process computes the same answer from the same claims, so the slots handed out add up to
-the tier's.
+Every process computes the same answer from the same claims, in whatever order they come (sums
+of floats are correctly rounded, ties go by name), so the slots handed out add up to the
+tier's, less those a tenant still holds where its part moved away.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["Claim", "HolderSlots", "allot", "water_fill"]
@@ -67,7 +71,7 @@ def water_fill(
     shares: dict[str, float] = {}
     left = float(slots)
     while active:
-        level = left / sum(weight[t] for t in active)
+        level = left / math.fsum(weight[t] for t in active)
         satisfied = {t for t in active if demand[t] <= level * weight[t] + _EPS}
         if not satisfied:
             shares.update({t: level * weight[t] for t in active})
@@ -95,11 +99,11 @@ def allot(
     _check(claims)
     demand: dict[str, int] = {}
     weight: dict[str, float] = {}
-    served: dict[str, float] = {}
+    served: dict[str, list[float]] = {}
     for c in claims:
         demand[c.tenant] = demand.get(c.tenant, 0) + c.demand
         weight[c.tenant] = max(weight.get(c.tenant, 0.0), c.weight)
-        served[c.tenant] = served.get(c.tenant, 0.0) + c.served
+        served.setdefault(c.tenant, []).append(c.served)
     tenant_slots = _whole(water_fill(slots, demand, weight), served, weight)
     live = sorted({*holders, *(c.holder for c in claims)})
     out: dict[str, dict[str, int]] = {h: {} for h in live}
@@ -126,31 +130,48 @@ def _check(claims: list[Claim]) -> None:
 
 
 def _whole(
-    shares: Mapping[str, float], served: Mapping[str, float], weight: Mapping[str, float]
+    shares: Mapping[str, float], served: Mapping[str, list[float]], weight: Mapping[str, float]
 ) -> dict[str, int]:
     """Whole slots from fractional shares: each tenant its share rounded down, and the slots
     the fractions add up to go to the tenants with a fraction the fleet served least lately
     per unit of weight (on a tie, the larger fraction, then the name)."""
-    whole = {t: math.floor(x + _EPS) for t, x in shares.items()}
-    left = round(sum(shares.values())) - sum(whole.values())
-    fractional = [t for t, x in shares.items() if x - whole[t] > _EPS]
-    fractional.sort(key=lambda t: (served[t] / weight[t], whole[t] - shares[t], t))
-    for t in fractional[: max(left, 0)]:
-        whole[t] += 1
-    return whole
+    per_weight = {t: math.fsum(served[t]) / weight[t] for t in shares}
+    return _rounded(shares, lambda t, fraction: (per_weight[t], -fraction, t))
 
 
 def _split(n: int, claims: list[Claim]) -> dict[str, int]:
-    """`n` slots of one tenant over the processes it claims demand in, by their demand (the
-    slots fractions leave go to the largest fraction, then the process holding more, then by
-    name), never more than a process's demand."""
+    """`n` slots of one tenant over the processes it claims demand in, by their demand, never
+    more than a process's demand.
+
+    The slots the fractions leave go to the processes with a fraction that served the tenant
+    least lately per request they claim (on a tie, the larger fraction, then the process
+    holding more, then the name), so with equal demand they take turns. Slots the tenant
+    still holds in a process whose part they left are withheld from the processes they go to
+    (the one served most lately first) until those requests end: a turn that moves does not
+    let the tenant hold its last slot and its next at once."""
     total = sum(c.demand for c in claims)
     if not total:
         return {}
     exact = {c.holder: n * c.demand / total for c in claims}
-    parts = {h: math.floor(x + _EPS) for h, x in exact.items()}
+    per_demand = {c.holder: c.served / c.demand for c in claims}
     holding = {c.holder: c.holding for c in claims}
-    order = sorted(exact, key=lambda h: (parts[h] - exact[h], -holding[h], h))
-    for h in order[: n - sum(parts.values())]:
-        parts[h] += 1
+    parts = _rounded(exact, lambda h, fraction: (per_demand[h], -fraction, -holding[h], h))
+    over = sum(max(holding[h] - part, 0) for h, part in parts.items())
+    for h in sorted(parts, key=lambda h: (per_demand[h], h), reverse=True):
+        withheld = min(over, max(parts[h] - holding[h], 0))
+        parts[h] -= withheld
+        over -= withheld
     return parts
+
+
+def _rounded(
+    exact: Mapping[str, float], rank: Callable[[str, float], tuple[float | str, ...]]
+) -> dict[str, int]:
+    """`exact` rounded down, and one more each for as many of the keys left with a fraction as
+    the fractions add up to, the first in the order of `rank` (of the key and its fraction)."""
+    whole = {k: math.floor(x + _EPS) for k, x in exact.items()}
+    left = round(math.fsum(exact.values())) - sum(whole.values())
+    fraction = {k: x - whole[k] for k, x in exact.items() if x - whole[k] > _EPS}
+    for k in sorted(fraction, key=lambda k: rank(k, fraction[k]))[: max(left, 0)]:
+        whole[k] += 1
+    return whole

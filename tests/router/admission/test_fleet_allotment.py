@@ -4,6 +4,7 @@ for the live processes, and what it refuses."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -82,8 +83,67 @@ def test_a_tenant_in_two_processes_is_split_by_its_demand_there() -> None:
     )
     assert totals(found) == {"a": 4, "b": 4}
     assert found["p1"].tenants["a"] + found["p2"].tenants["a"] == 4
-    assert found["p1"].tenants["a"] == 1  # 4 x 3/11, rounded: p2 has the larger fraction
+    assert found["p1"].tenants["a"] == 1  # 4 x 3/12
     assert found["p2"].tenants == {"a": 3, "b": 4}
+
+
+def turns(clients: dict[str, int], exchanges: int) -> dict[str, int]:
+    """How many requests of tenant x each process runs on x's one slot over `exchanges`
+    exchanges, with `clients` of x asking in each, as their queues run them: at an exchange a
+    process starts what its part allows; before the next, the requests it holds end (100
+    tokens each), and a process still allotted the slot hands it straight to its next client.
+    Checks at every exchange that the slot is never handed out twice."""
+    holding = dict.fromkeys(clients, 0)
+    served = dict.fromkeys(clients, 0.0)
+    ran = dict.fromkeys(clients, 0)
+    for _ in range(exchanges):
+        claims = [
+            claim(h, "x", 1, holding[h], n - holding[h], served[h]) for h, n in clients.items()
+        ]
+        part = {h: s.tenants.get("x", 0) for h, s in allot(1, claims).items()}
+        assert sum(max(holding[h], part[h]) for h in clients) <= 1, (holding, part)
+        for h in clients:
+            served[h] += 100 * holding[h]
+            ran[h] += part[h]
+        holding = part
+    return ran
+
+
+def test_with_equal_demand_the_processes_take_turns_at_a_tenants_slot() -> None:
+    # A slot a fraction leaves, which the process holding it would otherwise hand to its
+    # next client at every turn.
+    ran = turns({"p1": 2, "p2": 2, "p3": 2}, 30)
+    assert min(ran.values()) >= 6 and max(ran.values()) - min(ran.values()) <= 2, ran
+
+
+def test_over_time_a_tenants_slot_goes_to_its_processes_by_their_demand() -> None:
+    ran = turns({"p1": 1, "p2": 3}, 400)
+    assert ran["p1"] / (ran["p1"] + ran["p2"]) == pytest.approx(0.25, abs=0.03)
+
+
+def test_a_slot_whose_turn_moved_waits_for_the_request_holding_it() -> None:
+    # p1 served x, and its part is over, but its request holds the slot still: p2, next, waits
+    # for it, and it is no one's spare either.
+    first = [claim("p1", "x", 1, 1, 1, 100.0), claim("p2", "x", 1, 0, 2), claim("p3", "x", 1, 0, 2)]
+    assert {h: s.total for h, s in allot(1, first).items()} == {"p1": 0, "p2": 0, "p3": 0}
+    # p1's request ended: the slot is p2's.
+    ended = [claim("p1", "x", 1, 0, 2, 100.0), *first[1:]]
+    assert {h: s.total for h, s in allot(1, ended).items()} == {"p1": 0, "p2": 1, "p3": 0}
+
+
+def test_every_order_of_the_same_claims_gives_the_same_allotment() -> None:
+    # a and b tie on service (0.1 + 0.2 + 0.3 against 0.6) and fraction (1.5 slots each):
+    # the extra slot goes by name, whichever order the claims come in.
+    claims = [
+        claim("p1", "a", 1, 0, 2, 0.1),
+        claim("p2", "a", 1, 0, 2, 0.2),
+        claim("p3", "a", 1, 0, 2, 0.3),
+        claim("p4", "b", 1, 0, 6, 0.6),
+    ]
+    found = {
+        tuple(sorted(totals(allot(3, order)).items())) for order in itertools.permutations(claims)
+    }
+    assert found == {(("a", 2), ("b", 1))}
 
 
 def test_spare_slots_are_split_over_the_live_processes_and_add_up_to_the_tier() -> None:

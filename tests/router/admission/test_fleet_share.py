@@ -1,7 +1,9 @@
 """Fair share across the fleet through a real PostgreSQL (router/fleet_share.py): processes'
 queues (real TierQueues, each with a FleetShare of its own) exchange their claims and fill
 only their part of a tier; a process that stops or dies leaves its slots to the others; a
-database that cannot be reached sends each process back to filling the tier on its own."""
+database that cannot be reached sends each process back to filling the tier on its own. And,
+with the claims passed between processes in memory, how the processes a tenant waits in take
+turns at its slot."""
 
 from __future__ import annotations
 
@@ -181,3 +183,39 @@ async def test_an_unreachable_database_sends_each_process_back_on_its_own(
             await cancel(a + b)
             await p1.stop()
             await p2.stop()
+
+
+async def test_the_processes_a_tenant_waits_in_take_turns_at_its_slot() -> None:
+    # y holds 7 of the 8 slots in p1 all along; x has two clients in each process, asking
+    # again as soon as a request ends. x's one slot is a third each: left to itself, the
+    # process holding it would hand it to its next client at every exchange.
+    clock = Clock()
+    unopened = PostgresLedger("postgresql://localhost/unused")  # exchanged in memory instead
+    processes = [process(unopened, holder, clock) for holder in ("p1", "p2", "p3")]
+    y = await flood(processes[0][0], "y", 7.0, 7)
+    x = [await flood(queue, "x", 1.0, 2) for queue, _ in processes]
+    ran = [0, 0, 0]
+    held: list[int] = []  # x's slots across the fleet after each exchange
+    try:
+        for _ in range(30):
+            rows = [row for _, share in processes for row in share.claims()]
+            for _, share in processes:
+                share.apply(rows)
+            await asyncio.sleep(0)
+            held.append(sum(queue.holding_of("x") for queue, _ in processes))
+            # Till the next exchange, every request of x running ends and its client asks again.
+            clock.now_s += processes[0][1].period_s
+            for i, (queue, _) in enumerate(processes):
+                ended = [task for task in x[i] if task.done()]
+                for task in ended:
+                    queue.release(task.result(), served_tokens=10)
+                ran[i] += len(ended)
+                x[i] = [task for task in x[i] if not task.done()]
+                x[i] += [asyncio.create_task(queue.acquire("standard", "x")) for _ in ended]
+            await asyncio.sleep(0)
+        assert min(ran) >= 5, ran
+        # Once what each process admitted on its own ended, never more than x's one slot.
+        assert max(held[1:]) == 1, held
+        assert processes[0][0].holding_of("y") == 7
+    finally:
+        await cancel(y + [task for tasks in x for task in tasks])
