@@ -3,6 +3,8 @@ configured as a Gateway API Inference Extension gateway renders it: the ext_proc
 (full-duplex streamed, or buffered request bodies for fail-open) and an original-destination
 cluster keyed on `x-gateway-destination-endpoint`. Or, for comparison, Envoy alone: a plain
 route to one endpoint (`GatewayConfig.direct`). The gateway tests and the benchmark use it.
+Its ext_proc filter is the one docs/operations/gateway.md shows (a test holds them equal),
+`message_timeout` included, which the picker's own deadline sets (router/epp/deadline.py).
 
 Envoy listens on ports it chooses (`port_value: 0`); its admin API, whose address Envoy writes
 to a file, says which. Output goes to a log file.
@@ -18,6 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tiergate.router.epp.deadline import MESSAGE_TIMEOUT_S
 
 START_WITHIN_S = 60.0
 ENVOY_BIN_ENV = "TIERGATE_ENVOY_BIN"
@@ -71,6 +75,10 @@ class GatewayConfig:
     #: the Inference Extension's own Envoy render it (an UpstreamTlsContext whose validation
     #: context is empty); False: plaintext gRPC.
     epp_tls: bool = True
+    #: How long Envoy waits for each of the picker's answers it times (a buffered body's).
+    message_timeout_s: float = MESSAGE_TIMEOUT_S
+    #: Envoy reads HTTP/1.1 clients' trailers (it drops them by default).
+    http1_trailers: bool = False
 
     def bootstrap(self) -> dict[str, Any]:
         route: dict[str, Any] = {"cluster": "inference_pool", "timeout": "300s"}
@@ -167,7 +175,7 @@ class GatewayConfig:
                         "request_trailer_mode": "SEND",
                         "response_trailer_mode": "SEND",
                     },
-                    message_timeout="10s",
+                    message_timeout=f"{self.message_timeout_s:g}s",
                     status_on_error={"code": "ServiceUnavailable"},
                     response_attributes=["upstream.address"],
                     metadata_options={
@@ -210,6 +218,8 @@ class GatewayConfig:
             },
             http_filters=filters,
         )
+        if self.http1_trailers:
+            hcm["http_protocol_options"] = {"enable_trailers": True}
         return {
             "admin": {"address": _address("127.0.0.1", 0)},
             "static_resources": {

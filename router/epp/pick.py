@@ -7,7 +7,9 @@ hint), tells the gateway the pick (and `fallbacks` more, in order), and waits fo
 headers. The gateway sends the request once: a pick that fails is not tried elsewhere by
 tiergate (a gateway that reads the fallbacks may), so it has one attempt. A reply the gateway
 made itself because the endpoint failed (502, 503, 504) is the endpoint's failure and the
-client's 503, in the OpenAI error envelope, as the proxy's would be.
+client's 503, in the OpenAI error envelope, as the proxy's would be. A whole reply larger than
+`max_reply_bytes` is refused as it arrives (`ReplyTooLarge`), as the proxy refuses it; once a
+reply is closed, the stream drops what is left of its body as it comes.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from tiergate.router.config import MAX_REPLY_BYTES
 from tiergate.router.endpoints.hosted import HostedApi
 from tiergate.router.endpoints.state import CandidateSet, EndpointState
-from tiergate.router.upstream.proxy import UpstreamUnavailable
+from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamUnavailable
 
 __all__ = ["Gateway", "GatewayOpener", "GatewayReply", "ReplyHead", "address_of"]
 
@@ -30,6 +33,10 @@ ENDPOINT_FAILED = frozenset({502, 503, 504})
 #: Request headers never passed to an endpoint: the tenant's key stays at the gateway and
 #: tiergate, as with the proxy; the fault header only when the router passes it on.
 NEVER_FORWARDED = ("authorization", "x-tiergate-fault")
+#: Request headers the picker sets on every request it picks: the picker reads the reply to
+#: bill it, and does not decompress it, so the endpoint is asked for it uncompressed (not the
+#: client's `accept-encoding`, which the gateway would pass on).
+ALWAYS_SENT = {"accept-encoding": "identity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,9 @@ class Gateway(Protocol):
     async def reply_chunk(self) -> tuple[bytes, bool]:
         """The reply's next body chunk, and whether it is the last."""
         ...
+
+    def close_reply(self) -> None:
+        """The reply's body is read no more: what came of it and what comes are dropped."""
 
 
 def address_of(endpoint: EndpointState) -> str | None:
@@ -93,6 +103,7 @@ class GatewayOpener:
     gateway: Gateway
     fallbacks: int = 0
     on_failure: Callable[[EndpointState], object] = lambda e: None
+    max_reply_bytes: int = MAX_REPLY_BYTES
     attempts: int = 1  # the gateway sends the request once
 
     def usable(self, endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
@@ -119,7 +130,7 @@ class GatewayOpener:
         if not chosen:
             raise UpstreamUnavailable("no endpoint the gateway can reach was picked", 0)
         addresses = [address_of(e) or "" for e in chosen]
-        sent = {**headers, "content-length": str(len(body))}
+        sent = {**headers, **ALWAYS_SENT, "content-length": str(len(body))}
         self.gateway.send_pick(",".join(addresses), sent, body)
         picked = chosen[0]
         picked.inflight += 1
@@ -138,7 +149,7 @@ class GatewayOpener:
                     self.on_failure(failed)
                 picked.inflight -= 1
                 served.inflight += 1
-        reply = GatewayReply(served, attempts, head, self.gateway)
+        reply = GatewayReply(served, attempts, head, self.gateway, self.max_reply_bytes)
         if head.status in ENDPOINT_FAILED:
             await reply.close()
             self.on_failure(served)
@@ -162,6 +173,7 @@ class GatewayReply:
     attempts: int
     head: ReplyHead
     gateway: Gateway
+    max_reply_bytes: int = MAX_REPLY_BYTES
     closed: bool = field(default=False)
     _ended: bool = field(default=False)
 
@@ -174,7 +186,15 @@ class GatewayReply:
         return self.head.headers.get("content-type", "")
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+        """The whole body; ReplyTooLarge past `max_reply_bytes` (the rest is not read)."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > self.max_reply_bytes:
+                raise ReplyTooLarge(self.max_reply_bytes)
+            parts.append(chunk)
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while not self._ended:
@@ -186,3 +206,4 @@ class GatewayReply:
         if not self.closed:
             self.closed = True
             self.endpoint.inflight -= 1
+            self.gateway.close_reply()

@@ -81,11 +81,12 @@ def body_modes(request: ProcessingRequest) -> tuple[str, str] | None:
 
 def headers_of(part: Any) -> dict[str, str]:
     """An `HttpHeaders` message's headers, names lower-cased, values as latin-1 text (Envoy
-    fills `raw_value`); a repeated header's values joined by commas. Pseudo-headers
-    (`:path`, `:status`) included."""
+    fills `raw_value`; a `value` is taken as its UTF-8 bytes); a repeated header's values
+    joined by commas. Pseudo-headers (`:path`, `:status`) included."""
     found: dict[str, str] = {}
     for header in part.headers.headers:
-        value = header.raw_value.decode("latin-1") if header.raw_value else header.value
+        raw = header.raw_value or header.value.encode()
+        value = raw.decode("latin-1")
         key = header.key.lower()
         found[key] = f"{found[key]},{value}" if key in found else value
     return found

@@ -5,12 +5,18 @@ Health answers for the names the endpoint picker protocol and its gateways use: 
 (the process serves), and `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor`,
 `inference-extension` and the empty name, which follow the router's own readiness (`/readyz`:
 started, discovery synced, an endpoint to pick).
+
+A stream that breaks (Envoy resets it) ends as a client that left, quietly; one whose messages
+are out of order ends with INVALID_ARGUMENT; one the picker itself failed on (a bug) is logged,
+counted as an internal error, and ends with INTERNAL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tiergate.router.config import EppTls
 from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.epp import protocol
+from tiergate.router.epp.deadline import PICK_WITHIN_S
 from tiergate.router.epp.stream import End, GatewayStream, ProtocolViolation
 from tiergate.router.epp.tls import TlsFiles, TlsProblem, server_credentials
 from tiergate.router.handler import Router
@@ -38,7 +45,8 @@ GRACE_S = 5.0
 
 class EppServer:
     """Serves the endpoint picker on `host:port` (0: any free port; `port` says which once
-    started), over TLS unless `tls` says not (router/epp/tls.py)."""
+    started), over TLS unless `tls` says not (router/epp/tls.py). A buffered request body
+    waits at most `pick_within_s` for its pick (router/epp/deadline.py)."""
 
     def __init__(
         self,
@@ -51,9 +59,11 @@ class EppServer:
         ready: Callable[[], bool] = lambda: True,
         on_failure: Callable[[EndpointState], object] = lambda e: None,
         internal_error: Callable[[], None] = lambda: None,
+        pick_within_s: float = PICK_WITHIN_S,
     ) -> None:
         self.router, self.host, self.port = router, host, port
         self.fallbacks = fallbacks
+        self.pick_within_s = pick_within_s
         self.tls = tls if tls is not None else EppTls()
         self._ready = ready
         self._on_failure = on_failure
@@ -130,7 +140,13 @@ class EppServer:
             fallbacks=self.fallbacks,
             on_failure=self._on_failure,
             internal_error=self._internal_error,
+            max_reply_bytes=self.router.settings.max_reply_bytes,
+            pick_within_s=self.pick_within_s,
         )
+
+
+class FeedFailed(Exception):
+    """The picker failed on one of Envoy's messages (a bug, logged where it happened)."""
 
 
 class _Servicer:
@@ -150,10 +166,13 @@ class _Servicer:
                 if isinstance(answer, End):
                     break
                 yield answer
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                violation = reader.exception()
-                log.warning("event=epp_protocol_violation problem=%s", violation)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(violation))
+            error = reader.exception() if reader.done() and not reader.cancelled() else None
+            if isinstance(error, ProtocolViolation):
+                log.warning("event=epp_protocol_violation problem=%s", error)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            elif isinstance(error, FeedFailed):
+                self._server._internal_error()
+                await context.abort(grpc.StatusCode.INTERNAL, "internal endpoint picker error")
         finally:
             reader.cancel()
             stream.ended()
@@ -167,11 +186,27 @@ async def _read(requests: AsyncIterator[Any], stream: GatewayStream) -> None:
     """Feed the stream Envoy's messages until it ends them; then the stream ends too."""
     try:
         async for request in requests:
-            stream.feed(request)
-    except ProtocolViolation:
+            try:
+                stream.feed(request)
+            except ProtocolViolation:
+                raise
+            except Exception as exc:
+                _log_feed_failure(request, exc)
+                raise FeedFailed from exc
+    except (ProtocolViolation, FeedFailed):
         stream.outbox.put_nowait(End())
         raise
     except Exception:  # the stream broke (reset): as if the client left
         stream.outbox.put_nowait(End())
         return
     stream.half_closed()  # Envoy sends no more; the answers still owed go out
+
+
+def _log_feed_failure(request: Any, exc: Exception) -> None:
+    """Where the picker failed and on what kind of message; not the exception's message, which
+    may quote a header (a key) or the body. Its traceback only at debug level."""
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    log.error("event=internal_error via=epp phase=%s error=%s at=%s:%s function=%s",
+              protocol.phase(request), type(exc).__name__, os.path.basename(where.filename),
+              where.lineno, where.name)  # fmt: skip
+    log.debug("event=internal_error via=epp traceback", exc_info=exc)

@@ -11,6 +11,11 @@ as the relay rewrote and billed it, the body Envoy passes on (full-duplex stream
 forwards what the picker sends back). The pick itself goes out through `GatewayOpener`
 (router/epp/pick.py) when the request path opens its upstream request.
 
+A body ends at its end of stream or at the request's trailers; in buffered mode its one message
+is all of it (the gateway marks it unended when trailers follow). A buffered body not picked
+within `PICK_WITHIN_S` is refused here (router/epp/deadline.py), before the gateway's own
+timeout would send it on unpicked.
+
 A stream whose messages come out of order (a body before headers, a reply before the pick) is
 a broken gateway or client: it ends with gRPC INVALID_ARGUMENT, and the request it carried
 ends as a client that left.
@@ -27,10 +32,13 @@ from typing import Any
 from tiergate.router.base.asgi import ClientGone, Message
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.jsonbytes import dumps
+from tiergate.router.config import MAX_REPLY_BYTES
 from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.epp import protocol
+from tiergate.router.epp.deadline import PICK_WITHIN_S
 from tiergate.router.epp.pick import NEVER_FORWARDED, GatewayOpener, ReplyHead
 from tiergate.router.handler import Router
+from tiergate.router.upstream.disconnect import Timer
 
 __all__ = ["GatewayStream", "ProtocolViolation", "End"]
 
@@ -58,7 +66,8 @@ END = End()
 
 class GatewayStream:
     """The state of one ext_proc stream; `feed` it Envoy's messages in order, send what
-    comes out of `outbox`."""
+    comes out of `outbox`. `call_later` schedules the buffered pick's deadline (the event
+    loop's, unless a test drives time itself)."""
 
     def __init__(
         self,
@@ -67,12 +76,20 @@ class GatewayStream:
         fallbacks: int,
         on_failure: Callable[[EndpointState], object],
         internal_error: Callable[[], None],
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+        pick_within_s: float = PICK_WITHIN_S,
+        call_later: Callable[[float, Callable[[], None]], Timer] | None = None,
     ) -> None:
         self.router = router
         self.outbox: asyncio.Queue[protocol.ProcessingResponse | End] = asyncio.Queue()
         self.subset: frozenset[str] | None = None
-        self.opener = GatewayOpener(self, fallbacks=fallbacks, on_failure=on_failure)
+        self.opener = GatewayOpener(
+            self, fallbacks=fallbacks, on_failure=on_failure, max_reply_bytes=max_reply_bytes
+        )
         self.task: asyncio.Task[None] | None = None
+        self.pick_within_s = pick_within_s
+        self._call_later = call_later
+        self._pick_deadline: Timer | None = None
         self._internal_error = internal_error
         self._buffered = False
         self._headers_seen = False
@@ -84,6 +101,7 @@ class GatewayStream:
         self._head: ReplyHead | None = None
         self._head_came = asyncio.Event()  # set by the reply's headers, or the stream's end
         self._reply_ended = False
+        self._reply_closed = False  # the request path reads no more of the reply's body
         self._chunks: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue()
         self._refusal: Message | None = None
         self._refusal_body = b""
@@ -103,10 +121,16 @@ class GatewayStream:
             if not self._headers_seen or self._body_ended:
                 raise ProtocolViolation("a request body chunk outside the request")
             body = request.request_body
-            self._take_body(bytes(body.body), not body.end_of_stream)
+            if self._buffered:  # all of it, even unended (trailers follow)
+                self._take_body(bytes(body.body), False)
+                self._start_pick_deadline()
+            else:
+                self._take_body(bytes(body.body), not body.end_of_stream)
         elif kind == "request_trailers":
             if not self._headers_seen:
                 raise ProtocolViolation("request trailers before the request's headers")
+            if not self._body_ended:  # trailers end the body
+                self._take_body(b"", False)
             if self._picked:
                 self._emit(protocol.ack("request_trailers"))
             else:
@@ -123,20 +147,19 @@ class GatewayStream:
             self._head = ReplyHead(status, plain, protocol.served_of(request))
             self._head_came.set()
             if request.response_headers.end_of_stream:
-                self._reply_ended = True
-                self._chunks.put_nowait((b"", True))
+                self._end_reply()
         elif kind == "response_body":
             if self._head is None or self._reply_ended:
                 raise ProtocolViolation("a reply body chunk outside the reply")
             body = request.response_body
             self._reply_ended = bool(body.end_of_stream)
-            self._chunks.put_nowait((bytes(body.body), self._reply_ended))
+            if not self._reply_closed:
+                self._chunks.put_nowait((bytes(body.body), self._reply_ended))
         elif kind == "response_trailers":
             if self._head is None:
                 raise ProtocolViolation("reply trailers before the reply's headers")
             if not self._reply_ended:
-                self._reply_ended = True
-                self._chunks.put_nowait((b"", True))
+                self._end_reply()
             if self._finished:
                 self._emit(protocol.ack("response_trailers"))
             else:
@@ -188,6 +211,29 @@ class GatewayStream:
         self._body_ended = not more
         self._body_ready.set()
 
+    def _end_reply(self) -> None:
+        self._reply_ended = True
+        if not self._reply_closed:
+            self._chunks.put_nowait((b"", True))
+
+    def _start_pick_deadline(self) -> None:
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._pick_deadline = call_later(self.pick_within_s, self._pick_overdue)
+
+    def _stop_pick_deadline(self) -> None:
+        if self._pick_deadline is not None:
+            self._pick_deadline.cancel()
+            self._pick_deadline = None
+
+    def _pick_overdue(self) -> None:
+        """The gateway's timeout for the pick is near: the request is refused here, and ends
+        (as a client that left) once the stream has."""
+        self._pick_deadline = None
+        if self._picked or self._finished or self._gone:
+            return
+        log.warning("event=epp_pick_overdue within_s=%g", self.pick_within_s)
+        self._refuse(_pick_timeout(self.pick_within_s))
+
     def half_closed(self) -> None:
         """Envoy will send nothing more: the stream ends once the answers owed went out
         (at once if none are)."""
@@ -201,6 +247,7 @@ class GatewayStream:
         if self._gone:
             return
         self._gone = True
+        self._stop_pick_deadline()
         self._body_ready.set()
         self._head_came.set()
         task = self.task
@@ -276,6 +323,7 @@ class GatewayStream:
             self._emit(protocol.pick_in_headers(destination, headers, remove))
             self._emit(*protocol.streamed_body("request_body", body, True))
         self._picked = True
+        self._stop_pick_deadline()
         for part in self._after_pick:
             self._emit(protocol.ack(part))
 
@@ -289,6 +337,11 @@ class GatewayStream:
 
     async def reply_chunk(self) -> tuple[bytes, bool]:
         return await self._chunks.get()
+
+    def close_reply(self) -> None:
+        self._reply_closed = True
+        while not self._chunks.empty():
+            self._chunks.get_nowait()
 
     # -- answers out -------------------------------------------------------------------------------
 
@@ -311,6 +364,7 @@ class GatewayStream:
         if self._finished:
             return
         self._finished = True
+        self._stop_pick_deadline()
         self._emit(protocol.immediate(status, headers, body, details or "tiergate"), END)
 
 
@@ -318,6 +372,16 @@ async def _let_the_answers_out() -> None:
     """One turn of the loop, in which the servicer starts sending the reply's end: Envoy gets
     it while the request path's bookkeeping (accounting, releasing its slot) runs."""
     await asyncio.sleep(0)
+
+
+def _pick_timeout(within_s: float) -> RouterError:
+    return RouterError(
+        503,
+        f"no endpoint was picked within {within_s:g} s (the tier's queue is long); retry later",
+        type="server_error",
+        code="pick_timeout",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _misconfigured(request_mode: str, reply_mode: str) -> RouterError:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ import httpx
 from envoy_gateway import Envoy, GatewayConfig, start_envoy
 
 from tiergate.router.build import build_app
-from tiergate.router.config import parse_config
+from tiergate.router.config import EppTls, RouterSettings, parse_config
 from tiergate.router.discovery.view import StaticSource, build_view
 from tiergate.router.epp.server import EppServer
 from tiergate.router.http.app import RouterApp
@@ -158,6 +158,31 @@ def epp_system(
         finally:
             for envoy in system.envoys:
                 envoy.stop()
+
+
+class StandIn:
+    """Stands in for the router behind a picker (`Router.completion`, its settings): a
+    subclass says what the request path does."""
+
+    settings = RouterSettings()
+
+    async def completion(self, scope: Any, receive: Any, send: Any, **_: Any) -> None:
+        raise NotImplementedError
+
+
+@asynccontextmanager
+async def picker_alone(
+    server: type[EppServer] = EppServer, **settings: Any
+) -> AsyncIterator[EppServer]:
+    """A plaintext picker on a free loopback port (`server`, with `settings`), on this event
+    loop; stopped on exit."""
+    settings.setdefault("router", StandIn())
+    picker = server(host="127.0.0.1", port=0, tls=EppTls(enabled=False), **settings)
+    await picker.start()
+    try:
+        yield picker
+    finally:
+        await picker.stop()
 
 
 def chat(model: str = "coder", **fields: Any) -> dict[str, Any]:

@@ -1,15 +1,19 @@
-"""What a GIE gateway does when its endpoint picker is away (FailClose, FailOpen), with the
-picker's fallbacks, and that the endpoint that served is the one billed."""
+"""What a GIE gateway does when its endpoint picker is away (FailClose, FailOpen) or slow to
+pick, with the picker's fallbacks, and that the endpoint that served is the one billed."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import pytest
-from epp_system import System, address, chat, epp_system, node, post
+from envoy_gateway import GatewayConfig, start_envoy
+from epp_system import StandIn, System, address, chat, epp_system, node, picker_alone, post
 
 #: Real processes and servers: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -60,6 +64,32 @@ def test_fail_open_config_with_the_picker_up_picks_and_bills(system: System, str
     (row,) = system.rows([r.headers["x-tiergate-request-id"]])
     assert row["pool"] == "coder-premium" and row["completion_tokens"] == 4
     assert row["outcome"] == "ok" and row["cost_usd"] > 0
+
+
+class _NeverPicks(StandIn):
+    """A request path whose request waits for a slot that never frees, until it is gone."""
+
+    async def completion(self, scope: Any, receive: Any, send: Any, **_: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+
+async def test_fail_open_a_pick_not_made_in_time_is_refused_not_sent_on_unpicked(
+    tmp_path: Path,
+) -> None:
+    """The gateway, as documented, waits for a buffered body's pick longer than the picker
+    lets it take: the client gets the picker's refusal, not the fallback unpicked."""
+    async with picker_alone(router=_NeverPicks(), pick_within_s=0.5) as picker:
+        gateway = GatewayConfig(picker.port, fail_open=True, fallback=f"127.0.0.1:{closed_port()}",
+                                epp_tls=False)  # fmt: skip
+        envoy = start_envoy(gateway, tmp_path)
+        try:
+            r = await asyncio.to_thread(post, envoy.url, chat(max_tokens=2))
+        finally:
+            envoy.stop()
+    assert r.status_code == 503, r.text
+    assert json.loads(r.content)["error"]["code"] == "pick_timeout"
+    assert r.headers["retry-after"] == "1"
 
 
 @pytest.mark.parametrize("fallbacks", [1, 0])

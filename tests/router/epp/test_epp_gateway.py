@@ -4,10 +4,13 @@ refusals and billing as on the router's own port, and the gateway following the 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -311,3 +314,31 @@ def test_a_chunked_request_body_and_one_larger_than_a_message_go_through(
     direct, through = post(system.url, body), post(envoy.url, body)
     assert through.status_code == direct.status_code == 200, through.text
     assert through.json()["usage"]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]
+
+
+def post_with_trailers(url: str, body: bytes) -> http.client.HTTPResponse:
+    """POST `body` chunked, with a trailer after it (an HTTP/1.1 client that checksums); the
+    reply read whole."""
+    where = urlsplit(url)
+    assert where.hostname is not None and where.port is not None
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        f"authorization: {ALICE['authorization']}\r\ncontent-type: application/json\r\n"
+        "transfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n"
+    ).encode()
+    chunk = b"%x\r\n%s\r\n0\r\nx-checksum: 1\r\n\r\n" % (len(body), body)
+    with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+        sock.sendall(head + chunk)
+        reply = http.client.HTTPResponse(sock)
+        reply.begin()
+        reply.read()
+        return reply
+
+
+@pytest.mark.parametrize("fail_open", [False, True], ids=["full-duplex", "buffered"])
+def test_a_body_followed_by_trailers_is_picked(system: System, fail_open: bool) -> None:
+    fallback = address(system.nodes["coder-batched"][0]) if fail_open else None
+    envoy = system.envoy(http1_trailers=True, fail_open=fail_open, fallback=fallback)
+    reply = post_with_trailers(envoy.url, json.dumps(chat(max_tokens=2)).encode())
+    assert reply.status == 200
+    assert reply.headers["x-tiergate-request-id"]  # picked by tiergate, not the fallback

@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.epp import protocol
 from tiergate.router.epp.pick import GatewayOpener, ReplyHead, address_of, in_subset
+from tiergate.router.upstream.proxy import ReplyTooLarge
 
 
 def endpoint(url: str) -> EndpointState:
@@ -98,6 +99,7 @@ class _Gateway:
     def __init__(self, served: str) -> None:
         self.picks: list[str] = []
         self.served = served
+        self.closed = False
 
     def send_pick(self, destination: str, headers: dict[str, str], body: bytes) -> None:
         self.picks.append(destination)
@@ -107,6 +109,9 @@ class _Gateway:
 
     async def reply_chunk(self) -> tuple[bytes, bool]:
         return b"{}", True
+
+    def close_reply(self) -> None:
+        self.closed = True
 
 
 def test_fallbacks_follow_the_pick_in_order_and_the_served_one_is_the_reply() -> None:
@@ -120,3 +125,35 @@ def test_fallbacks_follow_the_pick_in_order_and_the_served_one_is_the_reply() ->
     assert (a.inflight, b.inflight) == (0, 1)
     asyncio.run(reply.close())
     assert b.inflight == 0
+    assert gateway.closed  # what is left of its body is dropped as it comes
+
+
+class _LongReply(_Gateway):
+    """A reply of ten 60-byte chunks."""
+
+    chunks_left = 10
+
+    async def reply_chunk(self) -> tuple[bytes, bool]:
+        self.chunks_left -= 1
+        return b"x" * 60, self.chunks_left == 0
+
+
+def test_a_whole_reply_past_its_limit_is_refused_as_it_arrives() -> None:
+    gateway = _LongReply(served="10.0.0.1:80")
+    opener = GatewayOpener(gateway, max_reply_bytes=100)
+
+    async def read() -> bytes:
+        reply = await opener.open([endpoint("http://10.0.0.1:80")], "/v1/completions", b"", {})
+        return await reply.read()
+
+    with pytest.raises(ReplyTooLarge) as refused:
+        asyncio.run(read())
+    assert refused.value.limit == 100
+    assert gateway.chunks_left == 8  # the rest is not read
+
+
+def test_a_header_value_given_as_text_is_taken_as_its_utf8_bytes() -> None:
+    part = ext.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key="x-name", value="J\u20acrg")])
+    )
+    assert protocol.headers_of(part)["x-name"].encode("latin-1") == "J\u20acrg".encode()
