@@ -1,4 +1,4 @@
-"""Admission: one queue per tier in front of its endpoints, and the saturation flags.
+"""Admission: a queue per tier in front of its endpoints, and the saturation flags.
 
 Each tier admits at most `capacity` requests at once: the batch caps of its endpoints (a slot
 per pool of which is held for a tenant below its fair share), so that requests beyond them
@@ -6,6 +6,10 @@ wait here, where the tier's queue (router/tier_queue.py) orders
 them by priority and, within a priority, by tenants' weighted fair share. A request the
 router has sent on waits at its node first come, first served, so the router keeps none
 waiting there. When the wait queue is full, a request is shed (429 with Retry-After).
+
+A tier whose models are served by different pools has a queue for each set of pools (named
+`<tier>:<pool>+<pool>...`), sized by those pools' caps: one model's flood cannot fill the
+slots of another model's pools, and that model's requests do not wait behind it.
 
 A tier is also *saturated* when every endpoint reports (vLLM metrics) at least
 `SATURATION_WAITING` queued requests: that catches load the router does not see (other
@@ -119,34 +123,65 @@ class Admission:
         self.saturation = saturation
         self.order: AdmissionOrder = order
         self.headroom_per_pool = headroom_per_pool
-        self.queues: dict[Tier, TierQueue] = {}
+        #: The queues by name: a tier's, or one of its sets of pools (the module docstring).
+        self.queues: dict[str, TierQueue] = {}
+        #: (model, tier) -> the name of its queue, where the tier's models queue apart.
+        self._names: dict[tuple[str, Tier], str] = {}
         self._events = events or AdmissionEvents()
         #: Requests inside a tier's queue now, by (tier, model asked for): the queue itself
         #: does not know the model, which is what tells which pools will serve them.
         self._waiting: dict[tuple[Tier, str], int] = {}
 
     def resize(self, view: PoolView) -> None:
-        """Size each tier's queue for `view`: its endpoints' batch caps."""
-        caps: dict[Tier, int] = dict.fromkeys(TIERS, 0)
-        pools: dict[Tier, int] = dict.fromkeys(TIERS, 0)
-        for pool in view.pools.values():
-            caps[pool.spec.tier] += len(pool.endpoints) * pool.slots
-            pools[pool.spec.tier] += bool(pool.endpoints)
-        for tier, cap in caps.items():
-            capacity = max(1, cap)
-            headroom = pools[tier] * self.headroom_per_pool
-            queue = self.queues.get(tier)
+        """Size the queues for `view`: each tier's, by its endpoints' batch caps, and where a
+        tier's models are served by different sets of pools, one for each set, by its
+        pools'. A queue the view no longer asks for goes once nothing holds or waits in it."""
+        sets: dict[tuple[str, Tier], frozenset[str]] = {
+            (members.model, members.tier): frozenset(e.pool for e in members)
+            for members in view.candidate_sets()
+        }
+        apart = {
+            tier for tier in TIERS
+            if len({pools for (_, t), pools in sets.items() if t == tier}) > 1
+        }  # fmt: skip
+        wanted: dict[str, tuple[Tier, int, int]] = {t: self._size(view, t, None) for t in TIERS}
+        names: dict[tuple[str, Tier], str] = {}
+        for (model, tier), pools in sets.items():
+            if tier in apart:
+                names[(model, tier)] = name = f"{tier}:{'+'.join(sorted(pools))}"
+                wanted[name] = self._size(view, tier, pools)
+        for name, (tier, capacity, headroom) in wanted.items():
+            queue = self.queues.get(name)
             if queue is None:
-                self.queues[tier] = TierQueue(
+                self.queues[name] = TierQueue(
                     tier, capacity, max(MIN_WAITING, capacity), order=self.order,
-                    headroom=headroom,
+                    headroom=headroom, name=name,
                 )  # fmt: skip
             else:
                 queue.resize(capacity, max(MIN_WAITING, capacity), headroom)
+        for name in [n for n, q in self.queues.items() if n not in wanted]:
+            if not self.queues[name].active and not self.queues[name].waiting:
+                del self.queues[name]
+        self._names = names
 
-    def has_room(self, tier: Tier) -> bool:
-        """Whether `tier` would admit a request now, without it waiting."""
-        return self.queues[tier].has_room()
+    def _size(
+        self, view: PoolView, tier: Tier, pools: frozenset[str] | None
+    ) -> tuple[Tier, int, int]:
+        """(tier, capacity, headroom) of the queue of `pools` of `tier` (None: all of them)."""
+        capacity = headroom = 0
+        for pool in view.pools.values():
+            if pool.spec.tier == tier and (pools is None or pool.spec.name in pools):
+                capacity += len(pool.endpoints) * pool.slots
+                headroom += bool(pool.endpoints) * self.headroom_per_pool
+        return tier, max(1, capacity), headroom
+
+    def queue_for(self, model: str, tier: Tier) -> TierQueue:
+        """The queue a request for `model` waits in to be served by `tier`."""
+        return self.queues[self._names.get((model, tier), tier)]
+
+    def has_room(self, tier: Tier, model: str) -> bool:
+        """Whether `tier` would admit a request for `model` now, without it waiting."""
+        return self.queue_for(model, tier).has_room()
 
     async def admit(
         self,
@@ -164,13 +199,13 @@ class Admission:
         for i, candidate in enumerate(tiers):
             last = i == len(tiers) - 1
             busy = self.saturation.is_saturated(view, model, candidate)
-            queue = self.queues[candidate]
+            queue = self.queue_for(model, candidate)
             if busy and (priority == "flex" or not last):
                 if last:
                     self._events.shed(candidate, priority)
                     raise shed_error(candidate, 2)
                 continue
-            if not last and not self.has_room(candidate):
+            if not last and not queue.has_room():
                 continue  # full here: try the next tier before waiting
             key = (candidate, model)
             self._waiting[key] = self._waiting.get(key, 0) + 1
@@ -210,6 +245,6 @@ class Admission:
     def release(self, grant: Grant, served_tokens: int | None = None) -> None:
         """Give back the slot `admit` granted; `served_tokens` is what the request used
         (prompt + output), when known."""
-        self.queues[grant.tier].release(grant, served_tokens)
+        self.queues[grant.queue].release(grant, served_tokens)
         if served_tokens:
             self._events.served(grant.tier, grant.tenant, served_tokens)

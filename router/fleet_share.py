@@ -54,7 +54,7 @@ class FleetShare(LoopService):
     def __init__(
         self,
         ledger: PostgresLedger,
-        queues: Callable[[], Mapping[Tier, TierQueue]],
+        queues: Callable[[], Mapping[str, TierQueue]],
         *,
         period_s: float = PERIOD_S,
         holder: str | None = None,
@@ -72,17 +72,18 @@ class FleetShare(LoopService):
         self.failures = 0
         self.exchange_seconds = 0.0
         self._last_ok_s = -math.inf
-        self._recent: dict[tuple[Tier, str], float] = {}
-        self._counted: dict[tuple[Tier, str], int] = {}
+        self._recent: dict[tuple[str, str], float] = {}
+        self._counted: dict[tuple[str, str], int] = {}
         self._decayed_at_s: float | None = None
 
     # Claims.
 
-    def claims(self) -> list[tuple[Tier, Claim]]:
-        """What this process claims now, by tier: a mark that it serves the tier (tenant ''),
-        and the counts of each tenant holding, waiting for or lately served its slots."""
+    def claims(self) -> list[tuple[str, Claim]]:
+        """What this process claims now, by queue (a tier's, or one of its sets of pools,
+        router/admission.py): a mark that it serves the queue (tenant ''), and the counts of
+        each tenant holding, waiting for or lately served its slots."""
         self._decay()
-        out: list[tuple[Tier, Claim]] = []
+        out: list[tuple[str, Claim]] = []
         for tier, queue in self._queues().items():
             out.append((tier, Claim(self.holder, "", 1.0, 0, 0)))
             served = {t for (q, t) in self._recent if q == tier}
@@ -176,12 +177,12 @@ class FleetShare(LoopService):
 
     def allotted(self) -> dict[Tier, int]:
         """The slots of each tier this process fills now, headroom aside (none while it
-        fills the whole tier on its own)."""
-        return {
-            tier: fleet.total
-            for tier, queue in self._queues().items()
-            if (fleet := queue.fleet) is not None
-        }
+        fills the whole tier on its own), over the tier's queues."""
+        out: dict[Tier, int] = {}
+        for queue in self._queues().values():
+            if (fleet := queue.fleet) is not None:
+                out[queue.tier] = out.get(queue.tier, 0) + fleet.total
+        return out
 
     def _failed(self, exc: BaseException) -> bool:
         self.failures += 1

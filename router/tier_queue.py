@@ -82,6 +82,7 @@ class Grant:
     charged_tokens: int  # what the tenant's counter was charged when admitted
     weight: float
     waited_s: float = 0.0
+    queue: str = ""  # the queue's name (router/admission.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +124,11 @@ class TierQueue:
         order: AdmissionOrder = "fair",
         clock: Callable[[], float] = time.monotonic,
         headroom: int = 0,
+        name: str | None = None,
     ) -> None:
         self.tier = tier
+        #: The queue's name among the router's (the tier's, unless its models queue apart).
+        self.name = name or tier
         self.capacity = max(capacity, 1)
         self.headroom = _headroom(self.capacity, headroom, order)
         self.max_waiting = max_waiting
@@ -297,7 +301,7 @@ class TierQueue:
         served = self._service.get(tenant, 0.0) + (tokens / weight if weight > 0 else 0.0)
         self._service[tenant] = served
         self._last_tenant = tenant
-        return Grant(self.tier, tenant, tokens, weight, waited_s)
+        return Grant(self.tier, tenant, tokens, weight, waited_s, self.name)
 
     def _lift(self, tenant: str) -> None:
         """A tenant that was not waiting starts no lower than those that were (VTC)."""

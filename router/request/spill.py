@@ -111,7 +111,9 @@ def choose_spill(
     model = request.model
 
     def free(tier: Tier) -> bool:
-        return admission.has_room(tier) and not admission.saturation.is_saturated(view, model, tier)
+        return admission.has_room(tier, model) and not admission.saturation.is_saturated(
+            view, model, tier
+        )
 
     def meets_slo(tier: Tier) -> bool:
         if request.slo is None:
@@ -148,7 +150,7 @@ def _predict(
     endpoints = [e for e in view.candidates(request.model, tier) if not e.is_ejected(now_s)]
     if not endpoints:
         return None
-    queued = admission.queues[tier].waiting / len(endpoints)
+    queued = admission.queue_for(request.model, tier).waiting / len(endpoints)
     best: LatencyEstimate | None = None
     for endpoint in endpoints:
         estimate = predictor.predict(

@@ -11,9 +11,12 @@ import yaml
 from conftest import serve_app
 from polling_helpers import until
 
-from tiergate.router.admission import TierQueue
+from tiergate.router.admission import Admission, Saturation, TierQueue
 from tiergate.router.build import build_app, file_source
-from tiergate.router.config import load_config
+from tiergate.router.config import load_config, parse_config
+from tiergate.router.discovery.view import build_view
+from tiergate.router.tenants.registry import Tenant
+from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
 from tiergate.sim_nodes.server import NodeConfig, create_app
 
@@ -103,3 +106,76 @@ def served(node: str) -> float:
     text = httpx.get(node + "/metrics").text
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("vllm:request_success_total"))  # fmt: skip
+
+
+# A tier whose models are served by different pools.
+
+
+def two_models(*, second_pool_model: str = "llama-3.1-70b") -> Admission:
+    """The batched tier: pool `small` (llama-3.1-8b, one endpoint of 2 slots) and pool `big`
+    (`second_pool_model`, one endpoint of 2 slots), each under its own name."""
+    text = yaml.safe_dump({"pools": [
+        {"name": "small", "tier": "batched", "model": "llama-3.1-8b", "servedModelName": "s",
+         "accelerator": "h100-sxm", "batching": {"maxNumSeqs": 2},
+         "endpoints": ["http://127.0.0.1:9000"]},
+        {"name": "big", "tier": "batched", "model": second_pool_model,
+         "servedModelName": "s" if second_pool_model == "llama-3.1-8b" else "b",
+         "accelerator": "h100-sxm", "chips": 4, "batching": {"maxNumSeqs": 2},
+         "endpoints": ["http://127.0.0.1:9001"]},
+    ]})  # fmt: skip
+    admission = Admission(Saturation())
+    admission.resize(build_view(parse_config(text).pools, default_catalog()))
+    return admission
+
+
+async def test_one_models_flood_does_not_hold_up_another_models_requests() -> None:
+    """Two models in one tier, on pools of their own: the small model's flood fills its pool's
+    two slots and waits; the big model's request is admitted at once, to its idle pool."""
+    admission = two_models()
+    flood = admission.queue_for("s", "batched")
+    assert flood is not admission.queue_for("b", "batched")
+    assert flood.capacity == 2 and admission.queue_for("b", "batched").capacity == 2
+    held = [await flood.acquire("standard", "t") for _ in range(2)]
+    waiter = asyncio.create_task(flood.acquire("standard", "t"))
+    await asyncio.sleep(0)
+    assert flood.waiting == 1 and not admission.has_room("batched", "s")
+    assert admission.has_room("batched", "b")
+    view = build_view(parse_config("pools: []").pools, default_catalog())
+    grant = await asyncio.wait_for(
+        admission.admit(view, "b", "standard", ["batched"], Tenant("t"), 10), timeout=5
+    )
+    assert grant.queue == "batched:big" and grant.waited_s == 0.0
+    admission.release(grant)
+    admission.release(held[0])
+    assert (await asyncio.wait_for(waiter, timeout=5)).queue == "batched:small"
+
+
+async def test_models_on_the_same_pools_share_the_tier_s_queue() -> None:
+    admission = two_models(second_pool_model="llama-3.1-8b")
+    assert list(admission.queues) == ["batched", "premium", "wafer-scale"]
+    assert admission.queue_for("s", "batched").capacity == 4
+
+
+async def test_a_queue_the_view_no_longer_asks_for_serves_its_waiters_then_goes() -> None:
+    """The big pool is deleted while the small model's requests hold and wait in their queue:
+    the tier's queue is one again, and the old one's waiter is served as its holder ends."""
+    admission = two_models()
+    old = admission.queue_for("s", "batched")
+    held = [await old.acquire("standard", "t") for _ in range(2)]
+    waiter = asyncio.create_task(old.acquire("standard", "t"))
+    await asyncio.sleep(0)
+    one = yaml.safe_dump({"pools": [
+        {"name": "small", "tier": "batched", "model": "llama-3.1-8b", "servedModelName": "s",
+         "accelerator": "h100-sxm", "batching": {"maxNumSeqs": 2},
+         "endpoints": ["http://127.0.0.1:9000"]},
+    ]})  # fmt: skip
+    view = build_view(parse_config(one).pools, default_catalog())
+    admission.resize(view)
+    assert admission.queue_for("s", "batched") is admission.queues["batched"]
+    assert "batched:small" in admission.queues  # still holding and waiting
+    admission.release(held[0])
+    grant = await asyncio.wait_for(waiter, timeout=5)
+    for g in (held[1], grant):
+        admission.release(g)
+    admission.resize(view)
+    assert "batched:small" not in admission.queues

@@ -95,7 +95,7 @@ class Decision:
         """Every router slot of `tier` taken by another tenant (nobody waiting)."""
         queue = self.admission.queues[tier]
         grants = [await queue.acquire("standard", "other") for _ in range(queue.capacity)]
-        assert not self.admission.has_room(tier)
+        assert not self.admission.has_room(tier, "coder")
         try:
             yield grants
         finally:
