@@ -20,7 +20,7 @@ scrape round and for each new view, and a request reads one flag instead of ever
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tiergate.router.base.errors import RouterError
@@ -174,6 +174,11 @@ class Admission:
                 capacity += len(pool.endpoints) * pool.slots
                 headroom += bool(pool.endpoints) * self.headroom_per_pool
         return tier, max(1, capacity), headroom
+
+    def prune(self, keep: Collection[str]) -> None:
+        """Forget what the queues keep of tenants not in `keep` (a reload removed them)."""
+        for queue in self.queues.values():
+            queue.prune(keep)
 
     def queue_for(self, model: str, tier: Tier) -> TierQueue:
         """The queue a request for `model` waits in to be served by `tier`."""

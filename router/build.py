@@ -165,12 +165,10 @@ def build_app(
         *(extra_services or []),
     ]
     if settings.tenants_file is not None:
-
-        def swap(registry: TenantRegistry) -> None:
-            router.tenants = registry
-
         reloader = TenantsReloader(
-            settings.tenants_file, swap, interval_s=lambda: settings.reload_interval_s
+            settings.tenants_file,
+            router.swap_tenants,
+            interval_s=lambda: settings.reload_interval_s,
         )
         services.append(reloader)
         metrics.count_reloads(

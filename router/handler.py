@@ -124,6 +124,13 @@ class Router:
         )
         self.predictor = LatencyPredictor(self.view)
 
+    def swap_tenants(self, registry: TenantRegistry) -> None:
+        """Serve `registry`'s tenants from now on (a reload), and forget the rate limits and
+        queue counters of the tenants it no longer has."""
+        self.tenants = registry
+        self.limiter.prune(registry.tenants)
+        self.admission.prune(registry.tenants)
+
     # -- per-view derived state ------------------------------------------------------------
 
     def pipeline(self, view: PoolView) -> Pipeline:

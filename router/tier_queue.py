@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -187,6 +187,18 @@ class TierQueue:
     def has_room(self) -> bool:
         """Whether a request would be admitted now without waiting (headroom aside)."""
         return self.active < self._open() and not self._waiting
+
+    def prune(self, keep: Collection[str]) -> None:
+        """Forget the counters of tenants not in `keep` (a reload removed them) that hold and
+        wait for nothing here."""
+        present = self.tenants()
+        for table in (self._service, self._weights, self.served):
+            for tenant in [t for t in table if t not in keep and t not in present]:
+                del table[tenant]
+
+    def known(self) -> set[str]:
+        """The tenants this queue keeps anything of."""
+        return {*self._service, *self._weights, *self.served, *self.tenants()}
 
     def service(self, tenant: str) -> float:
         """`tenant`'s counter: tokens the tier served it, over its weight (and any lift)."""

@@ -3,6 +3,7 @@ bad edit keeps the tenants already loaded."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -18,6 +19,7 @@ from tiergate.router.build import build_app, file_source
 from tiergate.router.discovery.view import FileSource
 from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.tenants.reload import TenantsReloader
+from tiergate.router.tier_queue import TierQueue
 from tiergate.sim_nodes.catalogs import default_catalog
 
 ALICE = "tenants:\n  - {name: alice, apiKeys: [alice-key-0123456789]}\n"
@@ -106,3 +108,30 @@ def test_a_router_with_a_pools_file_and_a_tenants_file_counts_the_reloads_of_bot
     text = build_app(config, source).metrics.exposition().decode()
     for name in ("pools", "tenants"):
         assert f'tiergate_config_reloads_total{{config="{name}",result="applied"}} 0.0' in text
+
+
+def test_a_tenant_a_reload_removes_is_forgotten_by_the_queues(
+    tmp_path: Path, served: Callable[[Any], AbstractContextManager[str]]
+) -> None:
+    """Tenants come and go with reloads: what the tier queues count of a removed tenant (its
+    fair-share counter, its weight, what it was served) goes with it, or it would be kept for
+    as long as the router runs."""
+    with tenant_router(
+        served, tmp_path / "ledger.sqlite", tmp_path, budget="", router="reloadIntervalS: 0.05"
+    ) as (app, url):
+        body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(url + "/v1/chat/completions", json=body, headers=KEY).status_code == 200
+        queue = app.router.admission.queues["batched"]
+        assert "alice" in queue.known()
+        (tmp_path / "tenants.yaml").write_text(CAROL)
+        until(lambda: "alice" not in queue.known(), "alice's counters were kept")
+
+
+def test_a_queue_forgets_only_tenants_that_hold_and_wait_for_nothing() -> None:
+    queue = TierQueue("batched", capacity=1, max_waiting=4)
+    grant = asyncio.run(queue.acquire("standard", "gone", tokens=10))
+    queue.prune(keep=set())  # still holding its slot: kept
+    assert queue.known() == {"gone"}
+    queue.release(grant, served_tokens=12)
+    queue.prune(keep={"other"})
+    assert queue.known() == set() and queue.service("gone") == 0.0
