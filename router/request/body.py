@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import orjson
 
-from tiergate.common.nesting import MAX_BODY_NESTING, body_too_deep
+from tiergate.common.nesting import MAX_BODY_NESTING, body_shape_problem
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.jsonbytes import dumps
 
@@ -131,8 +131,9 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise _bad(f"the request body is not valid JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
-    if body_too_deep(raw, body):  # deeper than the node reads: its refusal would mislead
-        raise _bad(TOO_DEEP)
+    problem = body_shape_problem(raw, body)
+    if problem is not None:  # the node refuses it too: its refusal would mislead
+        raise _bad(f"the request body {problem}")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required and must be a string", param="model")
@@ -203,12 +204,19 @@ def upstream_body(request: CompletionRequest) -> bytes:
 #: OpenAI's API defines (a strict provider refuses vLLM's `continuous_usage_stats`). A hosted
 #: stream cut short is therefore billed by the router's count of what it relayed.
 HOSTED_STREAM_OPTIONS: Final = MappingProxyType({"include_usage": True})
+#: Fields of the client's body a hosted API is never sent: what the provider bills or keeps on
+#: the operator's account. `service_tier: priority` is billed at the provider's priority
+#: price while the router bills the tier it served; `store` keeps the tenant's prompts and
+#: replies in the operator's account, with `metadata` to find them by.
+HOSTED_WITHHELD: Final = frozenset({"service_tier", "store", "metadata"})
 
 
 def hosted_body(request: CompletionRequest, model: str) -> bytes:
-    """The body sent to a hosted API: the client's, naming the provider's `model`, and for a
-    stream asking for its usage (`HOSTED_STREAM_OPTIONS`, nothing else)."""
-    body = {**request.body, "model": model}
+    """The body sent to a hosted API: the client's but for `HOSTED_WITHHELD`, naming the
+    provider's `model`, and for a stream asking for its usage (`HOSTED_STREAM_OPTIONS`,
+    nothing else)."""
+    body = {k: v for k, v in request.body.items() if k not in HOSTED_WITHHELD}
+    body["model"] = model
     if request.stream:
         body["stream_options"] = dict(HOSTED_STREAM_OPTIONS)
     try:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from tiergate.common.nesting import MAX_BODY_NESTING, body_too_deep
+from tiergate.common.nesting import MAX_BODY_NESTING, body_shape_problem
 
 from .errors import ApiError, bad_request
 
@@ -57,8 +57,9 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         raise bad_request(
             "We could not parse the JSON body of your request. The body must be a JSON object."
         ) from None
-    if body_too_deep(raw, data):
-        raise bad_request(TOO_DEEP)
+    problem = body_shape_problem(raw, data)
+    if problem is not None:
+        raise bad_request(f"The request body {problem}.")
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
     return data

@@ -172,6 +172,20 @@ def test_nesting_deeper_than_the_node_reads_is_the_router_s_400(
     assert_serves(system, ALICE, "coder")
 
 
+@pytest.mark.parametrize("field", ["x", "tools"])
+def test_a_body_of_a_million_arrays_is_refused_without_stalling_the_router(
+    system: System, field: str
+) -> None:
+    """4 MiB of empty arrays is 1.3 million of them: walking each (their depth, a prompt
+    each) took seconds of the router's one event loop per request, and every other request
+    waited. A body holds at most 50,000 arrays and objects."""
+    body = HEAD + f', "{field}": ['.encode() + b"[]," * 1_300_000 + b"[]]}"
+    r = httpx.post(system.url + "/v1/chat/completions", content=body, headers=ALICE, timeout=60)
+    error = assert_refused(r, 400, "invalid_request", system)
+    assert "holds more than 50,000 arrays and objects" in error["message"], error
+    assert_serves(system, ALICE, "coder")
+
+
 def test_nesting_up_to_the_limit_is_served(system: System) -> None:
     body = HEAD + b', "x": ' + nested(510) + b"}"  # 512 levels, the body and the leaf too
     r = httpx.post(system.url + "/v1/chat/completions", content=body, headers=ALICE, timeout=60)

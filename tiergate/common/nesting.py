@@ -13,7 +13,14 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-__all__ = ["MAX_BODY_NESTING", "MAX_NESTING", "JsonObject", "body_too_deep", "nesting_depth"]
+__all__ = [
+    "MAX_BODY_CONTAINERS",
+    "MAX_BODY_NESTING",
+    "MAX_NESTING",
+    "JsonObject",
+    "body_shape_problem",
+    "nesting_depth",
+]
 
 #: Levels of objects and arrays a free-form value may nest, counting the value itself. Far
 #: above real tool schemas (OpenAI's structured outputs allow 10 levels of objects).
@@ -22,6 +29,11 @@ MAX_NESTING = 64
 #: recursion limit), orjson near 1,024: a body is refused well below both, by the router and
 #: the node alike, in the same words.
 MAX_BODY_NESTING = 512
+#: Arrays and objects a whole request body may hold. A 4 MiB body of empty arrays holds 1.3
+#: million, and reading them (their depth, each message, each prompt) took seconds of a
+#: worker's CPU per request; real bodies hold thousands (a long agent transcript with content
+#: parts, a hundred tool schemas).
+MAX_BODY_CONTAINERS = 50_000
 
 
 def nesting_depth(value: Any, stop_after: int = MAX_NESTING) -> int:
@@ -41,13 +53,25 @@ def nesting_depth(value: Any, stop_after: int = MAX_NESTING) -> int:
     return deepest
 
 
-def body_too_deep(raw: bytes, body: Any) -> bool:
-    """Whether the request body `body` (read from `raw`) nests deeper than `MAX_BODY_NESTING`.
-    Only a body with that many brackets can, and counting them is cheap: most bodies are
-    never walked."""
+def body_shape_problem(raw: bytes, body: Any) -> str | None:
+    """What is wrong with the shape of the request body `body` (read from `raw`): nesting
+    deeper than `MAX_BODY_NESTING`, or more than `MAX_BODY_CONTAINERS` arrays and objects;
+    None when neither. Only a body with that many brackets can be either, and counting them
+    is cheap: most bodies are never walked, and a walk stops at either limit."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_BODY_NESTING:
-        return False
-    return nesting_depth(body, MAX_BODY_NESTING) > MAX_BODY_NESTING
+        return None
+    containers = 0
+    stack: list[tuple[Any, int]] = [(body, 1)] if isinstance(body, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        containers += 1
+        if depth > MAX_BODY_NESTING:
+            return f"nests arrays or objects more than {MAX_BODY_NESTING} levels deep"
+        if containers > MAX_BODY_CONTAINERS:
+            return f"holds more than {MAX_BODY_CONTAINERS:,} arrays and objects"
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return None
 
 
 def _not_too_deep(value: dict[str, Any]) -> dict[str, Any]:

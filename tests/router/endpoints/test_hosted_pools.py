@@ -40,9 +40,10 @@ class Hosted:
     providers: dict[str, Provider]
     ledger: Path
 
-    def chat(self, **fields: Any) -> httpx.Response:
+    def chat(self, headers: dict[str, str] | None = None, **fields: Any) -> httpx.Response:
         body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], **fields}
-        return httpx.post(self.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30)
+        return httpx.post(self.url + "/v1/chat/completions", json=body,
+                          headers={**TENANT, **(headers or {})}, timeout=30)  # fmt: skip
 
     def provider_of(self, reply: httpx.Response) -> Provider:
         return self.providers[reply.headers["x-tiergate-pool"].removeprefix("hosted-")]
@@ -121,6 +122,23 @@ def test_the_provider_gets_its_key_and_model_and_never_the_tenants_key(hosted: H
     assert not any(TENANT_KEY in value for value in sent.headers.values()), sent.headers
     assert not any(k.lower().startswith("x-tiergate") for k in sent.headers), sent.headers
     assert reply.json()["model"] == "chat"  # the name the client asked for, not the provider's
+
+
+def test_the_provider_is_never_asked_for_its_priority_price_or_to_keep_the_prompt(
+    hosted: Hosted,
+) -> None:
+    """`service_tier: priority` would be billed by the provider at its priority price while
+    the router bills the tier it served; `store` would keep the tenant's prompts in the
+    operator's account. Neither, nor `metadata`, reaches the provider (the tier is the
+    header's, which the body's `service_tier` does not override)."""
+    reply = hosted.chat(
+        {"x-tiergate-tier": "batched"},
+        max_tokens=5, service_tier="priority", store=True, metadata={"x": "y"},
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    sent = hosted.provider_of(reply).requests()[-1].body
+    assert sent is not None and sent["messages"] == [{"role": "user", "content": "hi"}]
+    assert not {"service_tier", "store", "metadata"} & set(sent), sent
 
 
 def test_a_whole_reply_is_billed_at_the_stated_price_from_the_providers_usage(

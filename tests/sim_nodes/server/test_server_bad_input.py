@@ -356,3 +356,10 @@ async def test_a_body_nested_past_the_limit_says_so(served: httpx.AsyncClient, d
     r = await served.post("/v1/chat/completions", content=body)
     assert r.status_code == 400
     assert "more than 512 levels deep" in r.json()["error"]["message"]
+
+
+async def test_a_body_of_too_many_arrays_says_so(served: httpx.AsyncClient) -> None:
+    body = _body(max_tokens=2)[:-1] + b', "x": [' + b"[]," * 60_000 + b"[]]}"
+    r = await served.post("/v1/chat/completions", content=body)
+    assert r.status_code == 400
+    assert "holds more than 50,000 arrays and objects" in r.json()["error"]["message"]
