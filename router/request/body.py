@@ -48,6 +48,10 @@ TEMPLATE_TOKENS = 256
 #: Prompt tokens an image or audio part is taken for before the node counts it: vision models
 #: take a 1024x1024 image as 576 (LLaVA) to about 1,300 (Qwen2-VL) tokens.
 MEDIA_TOKENS = 1000
+#: The most prompt tokens a media part may be counted as, for the budget's hold: an image in
+#: Qwen2-VL at its default largest size (12.8 megapixels) is 16,384 tokens, and a part is a
+#: URL of a few bytes. A video part is taken for the whole context.
+MEDIA_TOKENS_MOST = 16_384
 #: The most sequences one request may ask for of each prompt (`n`, `best_of`).
 MAX_SEQUENCES = 128
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -150,6 +154,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
             raise _bad(f"`stream_options.{key}` must be a boolean", param="stream_options")
     max_tokens, capped = _output_cap(body, chat)
     text, tokens, prompts = _prompt(body, chat)
+    media = _media_parts(body) if chat else ()
     return CompletionRequest(
         body=body if capped is None else capped,
         chat=chat,
@@ -161,7 +166,11 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         prefix_text=text[:PREFIX_CHARS],
         raw=raw if capped is None else None,
         sequences=_sequences(body, prompts),
-        prompt_tokens_most=len(raw) + TEMPLATE_TOKENS,
+        prompt_tokens_most=(
+            len(raw) + TEMPLATE_TOKENS + MEDIA_TOKENS_MOST * len(media)
+            if "video" not in media
+            else MAX_TOKENS_LIMIT
+        ),
         continuous_usage=include_usage is True and continuous is True,
     )
 
@@ -305,7 +314,8 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
                 raise _bad(f"`messages[{i}]` must be an object", param="messages")
             content = message.get("content")
             parts.append(_content_text(content, i))
-            extra += _json_tokens(message.get("tool_calls")) + _media_tokens(content)
+            extra += _json_tokens(message.get("tool_calls"))
+        extra += MEDIA_TOKENS * len(_media_parts(body))
         text = "\n".join(parts)
         return text, len(text) // CHARS_PER_TOKEN + extra, 1
     prompt = body.get("prompt")
@@ -350,15 +360,21 @@ def _json_tokens(value: Any) -> int:
     return len(text) // CHARS_PER_TOKEN
 
 
-def _media_tokens(content: Any) -> int:
-    """The tokens the image and audio parts of a message's content are estimated at."""
-    if not isinstance(content, list):
-        return 0
-    return MEDIA_TOKENS * sum(
-        isinstance(part, dict) and isinstance(part.get("type"), str)
-        and part["type"].removeprefix("input_") in ("image", "image_url", "audio", "video")
-        for part in content
-    )  # fmt: skip
+#: The kinds of content part that are media, by their `type` (without an `input_` prefix).
+_MEDIA = {"image": "image", "image_url": "image", "audio": "audio", "video": "video",
+          "video_url": "video"}  # fmt: skip
+
+
+def _media_parts(body: dict[str, Any]) -> tuple[str, ...]:
+    """The kind of each image, audio or video part of a chat body's messages."""
+    kinds: list[str] = []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind.removeprefix("input_") in _MEDIA:
+                kinds.append(_MEDIA[kind.removeprefix("input_")])
+    return tuple(kinds)
 
 
 def _content_text(content: Any, i: int) -> str:

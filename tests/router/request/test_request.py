@@ -6,7 +6,12 @@ from typing import Any
 import pytest
 
 from tiergate.router.base.errors import RouterError
-from tiergate.router.request.body import MEDIA_TOKENS, parse_completion, upstream_body
+from tiergate.router.request.body import (
+    MEDIA_TOKENS,
+    MEDIA_TOKENS_MOST,
+    parse_completion,
+    upstream_body,
+)
 
 
 def test_unchanged_bodies_are_forwarded_byte_for_byte() -> None:
@@ -291,3 +296,20 @@ def test_tools_nested_deeper_than_orjson_writes_are_estimated_too() -> None:
     raw = json.dumps({"model": "m", "messages": messages, "tools": tools})
     estimate = parse_completion(raw.encode(), chat=True).prompt_tokens_estimate
     assert estimate >= len(json.dumps(tools, separators=(",", ":"))) // 4
+
+
+def test_the_prompt_bound_counts_each_image_at_its_most_and_a_video_as_the_context() -> None:
+    """The budget holds a request's most possible prompt: an image URL is 60 bytes of the body
+    and up to 16,384 tokens of the prompt. Held at its bytes, 8 requests of 20 images each
+    spent $9.19 of a $1 budget at once."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "what is it?"}, *[image] * 20]}
+    ]
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    request = parse_completion(raw, chat=True)
+    assert request.prompt_tokens_most >= 20 * MEDIA_TOKENS_MOST
+    assert request.prompt_tokens_estimate >= 20 * MEDIA_TOKENS
+    video = {"type": "video_url", "video_url": {"url": "https://example.com/cat.mp4"}}
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": [video]}]}).encode()
+    assert parse_completion(raw, chat=True).prompt_tokens_most >= 2**31 - 1
