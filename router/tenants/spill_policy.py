@@ -8,10 +8,13 @@ In the tenants file, per tenant::
       maxOutputUsdPerMillion: 25    # the most per million output tokens where it moves
       notForTools: [wafer-scale]    # tiers a request with tools never moves to
 
-A request may say otherwise for itself: `x-tiergate-spill-to: premium,wafer-scale` (or
-`none`) replaces `to`, and `x-tiergate-spill-max-usd-per-mtok: 12.5` replaces the price cap.
-Neither reaches past the tenant's `allowedTiers`, and `notForTools` always holds. Without a
-policy, nothing moves. Where a request goes is decided in router/request/spill.py.
+A request of a tenant with a policy may say otherwise for itself:
+`x-tiergate-spill-to: premium,wafer-scale` (or `none`) replaces `to`, and
+`x-tiergate-spill-max-usd-per-mtok: 12.5` replaces the price cap. Neither reaches past the
+tenant's `allowedTiers`, and `notForTools` always holds. A tenant without a policy is never
+moved: the headers are checked, and change nothing, since whether a tenant's requests may move
+at all is the tenants file's to say, not its clients'. Where a request goes is decided in
+router/request/spill.py.
 """
 
 from __future__ import annotations
@@ -89,16 +92,17 @@ def parse_spill_headers(
     headers: Mapping[str, str], policy: SpillPolicy, allowed: tuple[Tier, ...], tenant: str
 ) -> SpillPolicy:
     """`policy` with what the request's spill headers replace; 400 for a header the router
-    cannot read, 403 for a tier the tenant may not use."""
+    cannot read, 403 for a tier the tenant may not use. Without a policy (no tier to move to)
+    the headers are checked all the same and `policy` is returned as it is."""
     to_header = headers.get(SPILL_TO_HEADER)
     price_header = headers.get(SPILL_PRICE_HEADER)
-    if to_header is None and price_header is None:
-        return policy
     to, price = policy.to, policy.max_output_usd_per_million
     if to_header is not None:
         to = _tiers(to_header, allowed, tenant)
     if price_header is not None:
         price = _price(price_header)
+    if not policy.to or (to_header is None and price_header is None):
+        return policy
     return SpillPolicy(to, price, policy.not_for_tools)
 
 

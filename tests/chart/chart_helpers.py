@@ -56,6 +56,7 @@ class Helm:
         values: Sequence[Path] = (),
         sets: Sequence[str] = (),
         set_strings: Sequence[str] = (),
+        set_jsons: Sequence[str] = (),
         include_crds: bool = False,
         chart: Path = CHART,
         release: str = RELEASE,
@@ -70,6 +71,8 @@ class Helm:
             args += ["--set", assignment]
         for assignment in set_strings:
             args += ["--set-string", assignment]
+        for assignment in set_jsons:
+            args += ["--set-json", assignment]
         if include_crds:
             args.append("--include-crds")
         return _documents(self.run(*args))
@@ -91,6 +94,16 @@ def one(manifests: list[Manifest], kind: str, name: str) -> Manifest:
     return found[0]
 
 
+def ingress_by_port(manifests: list[Manifest]) -> dict[str, list[dict[str, Any]]]:
+    """The router NetworkPolicy's rules: port name -> the `from` peers of each rule naming it
+    ({} for a rule open to every source)."""
+    rules: dict[str, list[dict[str, Any]]] = {}
+    for rule in one(manifests, "NetworkPolicy", ROUTER)["spec"]["ingress"]:
+        for port in rule["ports"]:
+            rules.setdefault(port["port"], []).extend(rule.get("from", []) or [{}])
+    return rules
+
+
 def pod_specs(manifests: list[Manifest]) -> list[tuple[str, Manifest]]:
     """(where, pod spec) for every pod the manifests would create."""
     specs = []
@@ -103,12 +116,16 @@ def pod_specs(manifests: list[Manifest]) -> list[tuple[str, Manifest]]:
     return specs
 
 
-#: The gateway's pods, for values that put the routers behind one (gatewayPool.enabled).
+#: The gateway's pods, for values that put the routers behind one (router.eppPort, with or
+#: without gatewayPool.enabled): GATEWAY_FROM sets them, GATEWAY_PEER is the peer it renders.
 GATEWAY_NAMESPACE = "gateways"
 GATEWAY_FROM = (
     "gatewayPool.gatewayFrom[0].namespaceSelector.matchLabels."
     f"kubernetes\\.io/metadata\\.name={GATEWAY_NAMESPACE}"
 )
+GATEWAY_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": GATEWAY_NAMESPACE}}
+}
 
 ROUTER = f"{RELEASE}-tiergate-router"
 OPERATOR = f"{RELEASE}-tiergate-operator"

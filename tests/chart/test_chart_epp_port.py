@@ -1,12 +1,31 @@
 """The endpoint picker in the chart: `router.eppPort` turns it on, and the router's
 configuration, its container port (`epp`, which the picker's Service targets) and its
-NetworkPolicy follow; off by default."""
+NetworkPolicy follow; off by default.
+
+The picker's TLS is server-only: it cannot tell the gateway from any other caller, and a caller
+that reports failures for an endpoint gets it ejected. So under NetworkPolicies its port admits
+the gateway's pods (gatewayPool.gatewayFrom) only, with or without gatewayPool.enabled, and the
+chart refuses the port with no peers named rather than open it to all.
+"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
-from chart_helpers import ROUTER, Helm, HelmFailed, one
+from chart_helpers import (
+    GATEWAY_FROM,
+    GATEWAY_PEER,
+    ROUTER,
+    Helm,
+    HelmFailed,
+    ingress_by_port,
+    one,
+)
+
+#: The picker, for a gateway configured by hand (no gatewayPool), and its pods named.
+PICKER = ["router.eppPort=9002", GATEWAY_FROM]
 
 
 def test_the_picker_is_off_by_default(helm: Helm) -> None:
@@ -18,25 +37,50 @@ def test_the_picker_is_off_by_default(helm: Helm) -> None:
 
 
 def test_every_part_follows_the_epp_port_value(helm: Helm) -> None:
-    manifests = helm.template(sets=["router.eppPort=9002"])
+    manifests = helm.template(sets=PICKER)
     config = yaml.safe_load(one(manifests, "ConfigMap", ROUTER)["data"]["router.yaml"])
     assert config["router"]["eppPort"] == 9002
     pod = one(manifests, "Deployment", ROUTER)["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert {"name": "epp", "containerPort": 9002, "protocol": "TCP"} in container["ports"]
-    open_ports = [
-        p["port"]
-        for rule in one(manifests, "NetworkPolicy", ROUTER)["spec"]["ingress"]
-        if not rule.get("from")
-        for p in rule["ports"]
-    ]
-    assert "epp" in open_ports  # the gateway asks from its own namespace
+    assert "epp" in ingress_by_port(manifests)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [PICKER, [*PICKER, "gatewayPool.enabled=true"]],
+    ids=["gateway-by-hand", "gateway-pool"],
+)
+def test_only_the_gateway_s_pods_reach_the_picker(helm: Helm, sets: list[str]) -> None:
+    by_port = ingress_by_port(helm.template(sets=sets))
+    assert by_port["epp"] == [GATEWAY_PEER]
+    assert by_port["http"] == [{}]  # the tenants' port stays open to every client
+
+
+def test_the_picker_with_no_peers_named_is_refused_under_network_policies(helm: Helm) -> None:
+    with pytest.raises(HelmFailed, match="router.eppPort with networkPolicy.enabled needs "
+                       "gatewayPool.gatewayFrom"):  # fmt: skip
+        helm.template(sets=["router.eppPort=9002"])
+
+
+def test_without_network_policies_the_picker_needs_no_peers(helm: Helm) -> None:
+    manifests = helm.template(sets=["router.eppPort=9002", "networkPolicy.enabled=false"])
+    assert not [m for m in manifests if m["kind"] == "NetworkPolicy"]
+
+
+def test_peers_that_match_every_source_open_the_picker_as_asked(helm: Helm) -> None:
+    """Opening the port to all is allowed, but only said in so many words."""
+    everyone = [{"namespaceSelector": {}}, {"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    manifests = helm.template(
+        sets=["router.eppPort=9002"], set_jsons=[f"gatewayPool.gatewayFrom={json.dumps(everyone)}"]
+    )
+    assert ingress_by_port(manifests)["epp"] == everyone
 
 
 @pytest.mark.parametrize("port", ["8080", "8090"])
 def test_the_picker_needs_a_port_of_its_own(helm: Helm, port: str) -> None:
-    with pytest.raises(HelmFailed, match="eppPort"):
-        helm.template(sets=[f"router.eppPort={port}"])
+    with pytest.raises(HelmFailed, match="router.eppPort: the endpoint picker needs a port"):
+        helm.template(sets=[f"router.eppPort={port}", GATEWAY_FROM])
 
 
 def _picker(manifests: list[dict]) -> tuple[dict, list[dict]]:
@@ -48,13 +92,13 @@ def _picker(manifests: list[dict]) -> tuple[dict, list[dict]]:
 
 
 def test_the_picker_serves_tls_with_a_certificate_of_its_own_by_default(helm: Helm) -> None:
-    tls, sources = _picker(helm.template(sets=["router.eppPort=9002"]))
+    tls, sources = _picker(helm.template(sets=PICKER))
     assert tls == {"enabled": True}
     assert not [s for s in sources if "epp-tls" in str(s)]
 
 
 def test_a_tls_secret_is_projected_and_named_to_the_router(helm: Helm) -> None:
-    sets = ["router.eppPort=9002", "router.eppTls.existingSecret=picker-cert"]
+    sets = [*PICKER, "router.eppTls.existingSecret=picker-cert"]
     tls, sources = _picker(helm.template(sets=sets))
     assert tls == {
         "enabled": True,
@@ -69,8 +113,7 @@ def test_a_tls_secret_is_projected_and_named_to_the_router(helm: Helm) -> None:
 
 
 def test_a_plaintext_picker_takes_no_secret(helm: Helm) -> None:
-    sets = ["router.eppPort=9002", "router.eppTls.enabled=false",
-            "router.eppTls.existingSecret=picker-cert"]  # fmt: skip
+    sets = [*PICKER, "router.eppTls.enabled=false", "router.eppTls.existingSecret=picker-cert"]
     tls, sources = _picker(helm.template(sets=sets))
     assert tls == {"enabled": False}
     assert not [s for s in sources if "picker-cert" in str(s)]
@@ -78,4 +121,4 @@ def test_a_plaintext_picker_takes_no_secret(helm: Helm) -> None:
 
 def test_a_tls_value_of_the_wrong_kind_is_refused_by_the_schema(helm: Helm) -> None:
     with pytest.raises(HelmFailed, match="eppTls"):
-        helm.template(sets=["router.eppPort=9002", "router.eppTls.enabled=maybe"])
+        helm.template(sets=[*PICKER, "router.eppTls.enabled=maybe"])

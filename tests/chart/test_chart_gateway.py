@@ -113,7 +113,8 @@ def test_a_cluster_with_gie_s_crd_already_gets_none_from_the_chart(helm: Helm) -
         ),
         (["gatewayPool.enabled=true", "router.eppPort=9002", "gatewayPool.failureMode=Open",
           GATEWAY_FROM], "failureMode"),
-        # The gateway sends requests to the pools' pods itself: their policy must let it in.
+        # The gateway asks the picker, and sends requests to the pools' pods itself: both
+        # policies must let it in, and it alone into the picker.
         (["gatewayPool.enabled=true", "router.eppPort=9002"],
          "gatewayPool.enabled with networkPolicy.enabled needs gatewayPool.gatewayFrom"),
         (["gatewayPool.enabled=true", "router.eppPort=9002", "gatewayPool.gatewayFrom[0].pods=x"],

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import OPERATOR, ROUTER, Helm, HelmFailed, Manifest, one
+from chart_helpers import OPERATOR, ROUTER, Helm, HelmFailed, Manifest, ingress_by_port, one
 
 MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 METRICS_FROM = "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels"
@@ -19,16 +19,6 @@ METRICS_FROM = "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels"
 
 def router_pod(manifests: list[Manifest]) -> dict[str, Any]:
     return dict(one(manifests, "Deployment", ROUTER)["spec"]["template"])
-
-
-def ingress_by_port(manifests: list[Manifest]) -> dict[str, list[dict[str, Any]]]:
-    """The router NetworkPolicy's rules: port name -> the `from` of each rule naming it ([]
-    for a rule open to every source)."""
-    rules: dict[str, list[dict[str, Any]]] = {}
-    for rule in one(manifests, "NetworkPolicy", ROUTER)["spec"]["ingress"]:
-        for port in rule["ports"]:
-            rules.setdefault(port["port"], []).extend(rule.get("from", []) or [{}])
-    return rules
 
 
 def test_every_part_follows_the_metrics_port_value(helm: Helm) -> None:

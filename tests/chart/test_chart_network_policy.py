@@ -1,6 +1,7 @@
 """The sim nodes' NetworkPolicy: only the router's pods reach them, on the port they serve
-requests and metrics on, in every namespace where the operator renders them; behind a gateway,
-the gateway's pods too (it sends each request to the pod the picker chose).
+requests and metrics on, in every namespace where the operator renders them; behind a gateway
+(router.eppPort, with or without gatewayPool.enabled), the gateway's pods too (it sends each
+request to the pod the picker chose).
 
 The policy's selectors are checked against the labels the pods really carry: the router's from
 its Deployment's pod template, the sim nodes' from the operator's own rendering
@@ -17,6 +18,7 @@ import pytest
 from chart_helpers import (
     GATEWAY_FROM,
     GATEWAY_NAMESPACE,
+    GATEWAY_PEER,
     NAMESPACE,
     RELEASE,
     ROUTER,
@@ -156,6 +158,16 @@ def test_behind_a_gateway_its_pods_reach_the_pools_it_routes_to(helm: Helm) -> N
     assert rule["ports"] == [{"port": HTTP_PORT_NAME, "protocol": "TCP"}]
     (other,) = found["team-b"]["spec"]["ingress"]
     assert len(other["from"]) == 2  # the router, the operator
+
+
+def test_a_gateway_configured_by_hand_reaches_the_pods_the_picker_picks(helm: Helm) -> None:
+    """Without gatewayPool the picker still picks the discovery namespace's pods, and the
+    gateway's pods still send requests straight to them."""
+    sets = ["router.eppPort=9002", GATEWAY_FROM, f"operator.watchNamespaces={{{NAMESPACE},pools}}",
+            "router.discoveryNamespace=pools"]  # fmt: skip
+    found = policies(helm.template(sets=sets))
+    assert found["pools"]["spec"]["ingress"][0]["from"][2:] == [GATEWAY_PEER]
+    assert len(found[NAMESPACE]["spec"]["ingress"][0]["from"]) == 2  # the router, the operator
 
 
 def test_a_gateway_needs_no_peers_where_no_policy_is_rendered(helm: Helm) -> None:

@@ -309,13 +309,16 @@ def test_an_slo_its_tier_is_predicted_to_miss_moves_the_request(
     ("tenant", "body", "headers"),
     [
         ("", BODY, {}),
+        ("", BODY, {"x-tiergate-spill-to": "premium"}),
+        ("", BODY, {"x-tiergate-spill-to": "premium", "x-tiergate-spill-max-usd-per-mtok": "1e9"}),
         (SPILL, BODY, {"x-tiergate-spill-to": "none"}),
         (SPILL, BODY, {"x-tiergate-spill-max-usd-per-mtok": "19.99"}),
         ("spillOver: {to: [premium], notForTools: [premium]}", {**BODY, "tools": TOOLS}, {}),
         ("spillOver: {to: [premium], notForTools: [premium]}", {**BODY, "tools": TOOLS},
          {"x-tiergate-spill-to": "premium"}),
     ],
-    ids=["no-policy", "header-none", "header-cap-below", "tools", "tools-header-to"],
+    ids=["no-policy", "no-policy-header-to", "no-policy-both-headers", "header-none",
+         "header-cap-below", "tools", "tools-header-to"],
 )  # fmt: skip
 def test_a_request_that_may_not_move_stays_whatever_its_slo(
     served: Served, tmp_path: Path, tenant: str, body: dict[str, Any], headers: dict[str, str]
@@ -337,10 +340,12 @@ def test_the_price_header_replaces_the_tenant_s_cap(served: Served, tmp_path: Pa
         assert_spilled(ask(url, **TIGHT_SLO, **price), "slo")
 
 
-def test_the_to_header_moves_a_request_of_a_tenant_without_a_policy(
+def test_the_to_header_moves_a_request_to_a_tier_outside_the_tenant_s_list(
     served: Served, tmp_path: Path
 ) -> None:
-    with spill_router(served, tmp_path, "", accelerator=SLOW_BATCHED) as (_, url, metrics):
+    """The header replaces the tenant's list, within its allowedTiers."""
+    tenant = "spillOver: {to: [wafer-scale]}"
+    with spill_router(served, tmp_path, tenant, accelerator=SLOW_BATCHED) as (_, url, metrics):
         assert_spilled(ask(url, **TIGHT_SLO, **{"x-tiergate-spill-to": "premium"}), "slo")
         assert spills_metric(metrics) == {"batched->premium slo": 1.0}
 

@@ -114,6 +114,26 @@ operator.clusterWide (every namespace), which must not be combined with a list.
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when a gateway asks the routers' endpoint picker (router.eppPort; gatewayPool.enabled
+needs it). Under NetworkPolicies its pods, gatewayPool.gatewayFrom, are the only sources let
+into the picker's port and, in the discovery namespace, into the pods it picks: the picker's
+TLS is server-only, so any pod that reached the port could pose as the gateway (ask for picks,
+report an endpoint's failures until it is ejected). Without them the chart refuses, rather
+than closing the port (a FailOpen gateway would then route past every check) or opening it to
+all; peers that match every source are the explicit way to open it.
+*/}}
+{{- define "tiergate.gatewayPeers" -}}
+{{- if or .Values.router.eppPort .Values.gatewayPool.enabled }}
+{{- if and .Values.networkPolicy.enabled (not .Values.gatewayPool.gatewayFrom) }}
+{{- $by := "router.eppPort" }}
+{{- if .Values.gatewayPool.enabled }}{{ $by = "gatewayPool.enabled" }}{{ end }}
+{{- fail (printf "%s with networkPolicy.enabled needs gatewayPool.gatewayFrom: the gateway's pods, as NetworkPolicy from peers, the only sources let into the endpoint picker's port (which cannot tell the gateway from any other caller) and into the pods it picks; to admit every source, list {namespaceSelector: {}} and {ipBlock: {cidr: 0.0.0.0/0}}, or set networkPolicy.enabled=false" $by) }}
+{{- end }}
+{{- "true" }}
+{{- end }}
+{{- end }}
+
 {{- define "tiergate.tenantsEnabled" -}}
 {{- if or .Values.router.tenants.existingSecret .Values.router.tenants.inline }}true{{ end }}
 {{- end }}

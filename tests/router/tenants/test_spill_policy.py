@@ -8,6 +8,7 @@ import pytest
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.tenants.spill_policy import (
+    NO_SPILL,
     SPILL_PRICE_HEADER,
     SPILL_TO_HEADER,
     SpillPolicy,
@@ -64,9 +65,33 @@ def test_both_headers_replace_both_and_not_for_tools_still_holds() -> None:
     assert policy.tiers_for(has_tools=False) == ("premium", "wafer-scale")
 
 
-def test_a_price_header_without_a_policy_moves_nothing() -> None:
-    policy = parse_spill_headers({SPILL_PRICE_HEADER: "100"}, SpillPolicy(), ALL, "team-a")
-    assert policy.to == () and policy.max_output_usd_per_million == 100.0
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {SPILL_TO_HEADER: "premium"},
+        {SPILL_TO_HEADER: "premium,wafer-scale", SPILL_PRICE_HEADER: "1e9"},
+        {SPILL_PRICE_HEADER: "100"},
+        {SPILL_TO_HEADER: "none"},
+    ],
+)
+def test_headers_never_move_a_request_of_a_tenant_without_a_policy(
+    headers: dict[str, str],
+) -> None:
+    """The tenants file says whether a tenant's requests may move at all; its clients don't."""
+    assert parse_spill_headers(headers, NO_SPILL, ALL, "team-b") == NO_SPILL
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [({SPILL_TO_HEADER: "fast"}, 400), ({SPILL_PRICE_HEADER: "cheap"}, 400),
+     ({SPILL_TO_HEADER: "wafer-scale"}, 403)],
+)  # fmt: skip
+def test_headers_are_checked_for_a_tenant_without_a_policy_too(
+    headers: dict[str, str], status: int
+) -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_spill_headers(headers, NO_SPILL, ("batched", "premium"), "team-b")
+    assert caught.value.status == status
 
 
 @pytest.mark.parametrize("value", ["fast", "premium,fast", "", " , ", "none,premium", "all"])
