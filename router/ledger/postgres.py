@@ -409,9 +409,9 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
 
     def _rotate(self, spool: LedgerSpool) -> None:
         """Hand the spool's file over to `_write_rotated` (the backlog writer's next round).
-        Every record of it that memory holds
-        is committed (`_clear_spool`), so writing the file over the rows held moves nothing
-        the live writes move; an entry let go of is written over its row too (`over_held`)."""
+        Every record of it that memory holds is committed (`_clear_spool`), so writing the
+        file over the rows held moves nothing the live writes move; an entry let go of is
+        written over its row too (`over_held`)."""
         try:
             self._rotated = spool.rotate()
         except OSError as exc:  # tried again at the next write
