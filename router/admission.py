@@ -7,9 +7,10 @@ them by priority and, within a priority, by tenants' weighted fair share. A requ
 router has sent on waits at its node first come, first served, so the router keeps none
 waiting there. When the wait queue is full, a request is shed (429 with Retry-After).
 
-A tier whose models are served by different pools has a queue for each set of pools (named
+A tier whose models are served by disjoint sets of pools has a queue for each set (named
 `<tier>:<pool>+<pool>...`), sized by those pools' caps: one model's flood cannot fill the
-slots of another model's pools, and that model's requests do not wait behind it.
+slots of another model's pools, and that model's requests do not wait behind it. Sets that
+share a pool keep the tier's one queue (a queue each would count the shared slots twice).
 
 A tier is also *saturated* when every endpoint reports (vLLM metrics) at least
 `SATURATION_WAITING` queued requests: that catches load the router does not see (other
@@ -134,16 +135,18 @@ class Admission:
 
     def resize(self, view: PoolView) -> None:
         """Size the queues for `view`: each tier's, by its endpoints' batch caps, and where a
-        tier's models are served by different sets of pools, one for each set, by its
-        pools'. A queue the view no longer asks for goes once nothing holds or waits in it."""
+        tier's models are served by disjoint sets of pools, one for each set, by its pools'
+        (a model with no endpoint waits in the tier's). A queue the view no longer asks for
+        goes once nothing holds or waits in it; while the pools change, the tier may admit
+        more than its caps for as long as that one's requests run."""
         sets: dict[tuple[str, Tier], frozenset[str]] = {
             (members.model, members.tier): frozenset(e.pool for e in members)
             for members in view.candidate_sets()
+            if members
         }
-        apart = {
-            tier for tier in TIERS
-            if len({pools for (_, t), pools in sets.items() if t == tier}) > 1
-        }  # fmt: skip
+        apart = {tier for tier in TIERS if _disjoint(
+            {pools for (_, t), pools in sets.items() if t == tier}
+        )}  # fmt: skip
         wanted: dict[str, tuple[Tier, int, int]] = {t: self._size(view, t, None) for t in TIERS}
         names: dict[tuple[str, Tier], str] = {}
         for (model, tier), pools in sets.items():
@@ -253,3 +256,9 @@ class Admission:
         self.queues[grant.queue].release(grant, served_tokens)
         if served_tokens:
             self._events.served(grant.tier, grant.tenant, served_tokens)
+
+
+def _disjoint(sets: set[frozenset[str]]) -> bool:
+    """Whether there are several `sets` and no two share a pool: then each is a queue of its
+    own. Sets that overlap would count the slots they share twice: their tier keeps one."""
+    return len(sets) > 1 and sum(map(len, sets)) == len(frozenset().union(*sets))

@@ -162,6 +162,9 @@ class FleetShare(LoopService):
             by_tier.setdefault(tier, []).append(claim)
         for tier, queue in self._queues().items():
             found = by_tier.get(tier, [])
+            if not any(c.holder == self.holder for c in found):
+                queue.share_fleet(None)  # new since the claims: alone until it is claimed
+                continue
             claims = [c for c in found if c.tenant]
             shared = max(queue.capacity - queue.headroom, 0)
             try:

@@ -359,7 +359,7 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         self._next_done = None
         durable = True
         try:
-            if self._backlog or not await self._try_write(batch):
+            if self._backlog or self._beside_rotated(batch) or not await self._try_write(batch):
                 durable = await self._spool(batch)
                 for entry, _ in batch:
                     self._hold(entry)
@@ -406,6 +406,13 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
             spool.clear()
         except OSError as exc:  # replayed later, idempotently
             log.warning("event=ledger_spool_clear_failed path=%s error=%s", spool.path, exc)
+
+    def _beside_rotated(self, batch: list[tuple[LedgerEntry, UsageRecord]]) -> bool:
+        """Whether `batch` must wait for the spool's former file to be written: it holds an
+        entry let go of, whose older record the file may hold. Written beside the file's
+        replay, both could find no row, insert, and count the attempt twice; held, it is
+        written by the backlog writer, which writes the file too, one after the other."""
+        return self._rotated is not None and any(entry.over_held for entry, _ in batch)
 
     def _rotate(self, spool: LedgerSpool) -> None:
         """Hand the spool's file over to `_write_rotated` (the backlog writer's next round).

@@ -179,3 +179,47 @@ async def test_a_queue_the_view_no_longer_asks_for_serves_its_waiters_then_goes(
         admission.release(g)
     admission.resize(view)
     assert "batched:small" not in admission.queues
+
+
+def view_of(pools: list[dict[str, Any]]) -> Any:
+    return build_view(parse_config(yaml.safe_dump({"pools": pools})).pools, default_catalog())
+
+
+def batched(name: str, model: str, served: str, urls: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "tier": "batched", "model": model, "servedModelName": served,
+            "accelerator": "h100-sxm", "batching": {"maxNumSeqs": 2}, "endpoints": urls,
+            **extra}  # fmt: skip
+
+
+def test_sets_of_pools_that_share_a_pool_keep_the_tier_s_one_queue() -> None:
+    """`s` is served by pools small and big, `x` (small's alias) by small alone: a queue each
+    would count small's slots twice, and admit 6 requests to 4 slots."""
+    admission = Admission(Saturation())
+    admission.resize(view_of([
+        batched("small", "llama-3.1-8b", "s", ["http://127.0.0.1:9000"], aliases=["x"]),
+        batched("big", "llama-3.1-8b", "s", ["http://127.0.0.1:9001"]),
+    ]))  # fmt: skip
+    assert list(admission.queues) == ["batched", "premium", "wafer-scale"]
+    assert admission.queue_for("x", "batched").capacity == 4
+
+
+async def test_a_model_with_no_endpoint_waits_in_the_tier_s_queue() -> None:
+    """Pool big is scaled to zero: its model has no endpoint, so no set of pools, and waits in
+    the tier's queue; once big has its endpoint, that queue is big's and small's caps, and the
+    waiter is admitted at once."""
+    small = batched("small", "llama-3.1-8b", "s", ["http://127.0.0.1:9000"])
+    admission = Admission(Saturation())
+    admission.resize(view_of([small, batched("big", "llama-3.1-70b", "b", [], chips=4)]))
+    tier = admission.queue_for("b", "batched")
+    assert tier is admission.queues["batched"] and "batched:" not in admission.queues
+    held = [await tier.acquire("standard", "t") for _ in range(tier.capacity)]
+    waiter = asyncio.create_task(tier.acquire("standard", "t"))
+    await asyncio.sleep(0)
+    assert tier.waiting == 1
+    admission.resize(view_of([
+        small, batched("big", "llama-3.1-70b", "b", ["http://127.0.0.1:9001"], chips=4),
+    ]))  # fmt: skip
+    assert admission.queue_for("b", "batched").name == "batched:big"
+    await asyncio.wait_for(waiter, timeout=5)
+    for grant in held:
+        admission.release(grant)

@@ -15,6 +15,7 @@ import pytest
 from private_ledger import private_ledger
 
 from tiergate.router.base.tiers import Tier
+from tiergate.router.fleet_allotment import Claim
 from tiergate.router.fleet_share import FleetShare
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.tier_queue import Grant, TierQueue
@@ -219,3 +220,16 @@ async def test_the_processes_a_tenant_waits_in_take_turns_at_its_slot() -> None:
         assert processes[0][0].holding_of("y") == 7
     finally:
         await cancel(y + [task for tasks in x for task in tasks])
+
+
+def test_a_queue_made_since_the_claims_fills_its_slots_alone_until_it_is_claimed() -> None:
+    """A new view made a queue (a tier's models now queue apart) between this process's claims
+    and the exchange's answer: nobody claimed it, so the fleet's allotment gives it nothing.
+    It fills its own slots until the next exchange claims it, rather than none."""
+    claimed = TierQueue("batched", SLOTS, 32)
+    new = TierQueue("batched", SLOTS, 32, name="batched:big")
+    share = FleetShare(None, lambda: {"batched": claimed, "batched:big": new}, holder="a")  # type: ignore[arg-type]
+    rows = [("batched", Claim("a", "", 1.0, 0, 0)), ("batched", Claim("b", "", 1.0, 0, 0))]
+    share.apply(rows)
+    assert claimed.fleet is not None and new.fleet is None
+    assert new.has_room()

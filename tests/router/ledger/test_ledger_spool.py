@@ -635,13 +635,25 @@ async def test_a_backlog_that_let_records_go_to_disk_writes_them_from_there_once
         assert (led.replayed, led.dropped) == (1, 0)
 
 
-@pytest.mark.parametrize("amended", ["before", "after"])
+async def drained(led: PostgresLedger) -> None:
+    """What the backlog writer does, round after round, until nothing is held or on disk."""
+    for _ in range(10):
+        while led.backlog and await led._write_backlog():
+            pass
+        await led._write_rotated()
+        if not (led.backlog or led.on_disk_only):
+            return
+    raise AssertionError("the backlog writer left records unwritten")
+
+
+@pytest.mark.parametrize("amended", ["before", "during", "after"])
 async def test_a_stream_let_go_to_disk_and_amended_is_billed_once(
     tmp_path: Path, amended: str
 ) -> None:
-    """A stream's row is let go to disk while it is still open; its end is recorded before, or
-    after, the process writes its file: either way its row and the day's totals say the end's
-    cost once, not the end's plus the start's."""
+    """A stream's row is let go to disk while it is still open; its end is recorded before,
+    while, or after the process writes its file: its row and the day's totals say the end's
+    cost once, not the end's plus the start's. (Written while the file was, neither write
+    found a row: both inserted, and the attempt was counted twice.)"""
     spool = LedgerSpool(tmp_path, max_bytes=10**6)
     # A long interval: the test drives the backlog writer itself.
     async with private_ledger(interval_s=3600, timeout_s=2.0, spool=spool) as (server, dsn, led):
@@ -654,16 +666,21 @@ async def test_a_stream_let_go_to_disk_and_amended_is_billed_once(
         led.add(usage("next"))
         await led.committed()  # written: the spool's file is handed over
         assert led._rotated is not None
+        end = usage("s", completion=40, cost=0.04, latency=2.0)
         if amended == "before":
-            led.amend(entry, usage("s", completion=40, cost=0.04, latency=2.0))
+            led.amend(entry, end)
             await led.committed()
-        await led._write_rotated()
+        if amended == "during":
+            led.amend(entry, end)
+            await asyncio.gather(led._write_rotated(), led.committed())
+        await drained(led)
         if amended == "after":
             # Its stream still going, the row is this process's: no sweep closes it.
             row = await fetch(dsn, "SELECT holder, outcome FROM usage WHERE request_id = 's'")
             assert row == [(led.holder, "incomplete")]
-            led.amend(entry, usage("s", completion=40, cost=0.04, latency=2.0))
+            led.amend(entry, end)
             await led.committed()
+            await drained(led)
         got = await fetch(dsn, "SELECT request_id, cost_usd, outcome FROM usage ORDER BY id")
         assert sorted(got) == [("next", 0.01, "ok"), ("s", 0.04, "ok")]
         daily = await fetch(dsn, "SELECT requests, completion_tokens, cost_usd FROM tenant_daily")
