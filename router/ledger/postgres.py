@@ -443,11 +443,14 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
             )  # fmt: skip
             return
         self._rotated = None
-        rotated.done()
         self.replayed += written
         for tenant, usd in self._rotated_usd.items():
             self._settle(tenant, usd)
         self._rotated_usd, self._rotated_records = {}, 0
+        try:
+            rotated.done()
+        except OSError as exc:  # written all the same; a file left is replayed again, in vain
+            log.warning("event=ledger_spool_delete_failed path=%s error=%s", rotated.path, exc)
         log.warning(
             "event=ledger_spool_replayed where=%s path=%s records=%d written=%d unreadable=%d",
             self.where, rotated.path, len(rotated.records), written, rotated.unreadable,

@@ -40,7 +40,7 @@ from tiergate.router.base.errors import RouterError
 from tiergate.router.base.tiers import TierChoice
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
 from tiergate.router.ledger.records import LedgerError, UsageRecord
-from tiergate.router.ledger.spool import LedgerSpool, latest, spool_folder
+from tiergate.router.ledger.spool import LedgerSpool, Orphan, latest, spool_folder
 from tiergate.router.request.accounting import Accountant
 from tiergate.router.request.body import parse_completion
 from tiergate.router.request.exchange import Exchange
@@ -644,6 +644,28 @@ async def drained(led: PostgresLedger) -> None:
         if not (led.backlog or led.on_disk_only):
             return
     raise AssertionError("the backlog writer left records unwritten")
+
+
+async def test_a_replayed_file_that_cannot_be_deleted_is_settled_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process wrote the records a full backlog let go of from its former spool file, but
+    the file cannot be deleted (a volume turned read-only): the records are in the database, so
+    budgets count them as written; the file left is replayed again, in vain."""
+
+    def undeletable(orphan: Orphan) -> None:
+        os.close(orphan.fd)
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Orphan, "done", undeletable)
+    spool = LedgerSpool(tmp_path, max_bytes=10**6)
+    async with private_ledger(interval_s=3600, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        await outage_past_the_backlog(led, server)
+        await asyncio.to_thread(server.start)
+        await drained(led)
+        assert led.unwritten_usd("acme") == 0
+        assert led.committed_usd("acme") == pytest.approx(0.03)
+        assert await fetch(dsn, "SELECT requests FROM tenant_daily") == [(3,)]
 
 
 @pytest.mark.parametrize("amended", ["before", "during", "after"])
