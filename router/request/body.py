@@ -162,7 +162,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage is True,
         max_tokens=max_tokens,
-        prompt_tokens_estimate=max(1, tokens),
+        prompt_tokens_estimate=max(1, tokens + MEDIA_TOKENS * len(media)),
         prefix_text=text[:PREFIX_CHARS],
         raw=raw if capped is None else None,
         sequences=_sequences(body, prompts),
@@ -307,7 +307,7 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
             raise _bad("`messages` must be a non-empty array", param="messages")
         parts: list[str] = []
         # What the prompt holds besides its text: the tools' schemas and the calls made, as
-        # their JSON, and each image or audio part.
+        # their JSON (its media parts are counted by the caller).
         extra = _json_tokens(body.get("tools")) + _json_tokens(body.get("functions"))
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
@@ -315,7 +315,6 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
             content = message.get("content")
             parts.append(_content_text(content, i))
             extra += _json_tokens(message.get("tool_calls"))
-        extra += MEDIA_TOKENS * len(_media_parts(body))
         text = "\n".join(parts)
         return text, len(text) // CHARS_PER_TOKEN + extra, 1
     prompt = body.get("prompt")
