@@ -177,6 +177,17 @@ async def clients(url: str, rounds: int, calls: int) -> list[tuple[str, float]]:
 
         rows.append(("proxy: router Upstream (aiohttp ClientSession)",
                      await async_us(rounds, calls, router_proxy)))  # fmt: skip
+
+        async def router_proxy_whole() -> None:
+            opened = await upstream.open([endpoint], "/v1/chat/completions", BODY,
+                                         {"content-type": "application/json"},
+                                         whole=True)  # fmt: skip
+            await opened.read()
+            await opened.close()
+
+        # A whole reply's head is awaited beside a watch of its node's scrapes.
+        rows.append(("proxy: router Upstream, a whole reply (its wait watched)",
+                     await async_us(rounds, calls, router_proxy_whole)))  # fmt: skip
     finally:
         await upstream.aclose()
     return rows

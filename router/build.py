@@ -89,9 +89,12 @@ def build_app(
     outliers = OutlierDetector(pool_members=pool_members)
     upstream = Upstream(
         attempts=settings.upstream_attempts,
+        read_timeout_s=settings.upstream_read_timeout_s,
+        whole_reply_timeout_s=settings.whole_reply_timeout_s,
         max_reply_bytes=settings.max_reply_bytes,
         on_success=outliers.record_success,
         on_failure=lambda e: outliers.record_failure(e, clock()),
+        clock=clock,
     )
     # The scraper has a client of its own: scraping hundreds of endpoints must not take
     # connections from (or add connections to) the proxy's pool.

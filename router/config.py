@@ -69,6 +69,13 @@ __all__ = [
 #: one (a chat reply with `n: 16` choices of 32k tokens is about 2 MB, with 20 `top_logprobs`
 #: for every token about 40 MB), small enough that a few at once fit in memory.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+#: Until a stream's head from a node, and between two parts of any reply
+#: (router.upstreamReadTimeoutS): long, since a stream may pause while a busy node prefills a
+#: long prompt.
+READ_TIMEOUT_S = 300.0
+#: Until a whole reply's head from a node (router.wholeReplyTimeoutS), which it sends once it
+#: has generated the reply: what the OpenAI and Anthropic SDKs wait for a reply by default.
+WHOLE_REPLY_TIMEOUT_S = 600.0
 
 
 class ConfigError(ValueError):
@@ -383,6 +390,28 @@ class RouterSettings(_Model):
         description=(
             "Endpoints tried for one request, before the first token of a stream or the first "
             "byte of a whole reply."
+        ),
+    )
+    upstream_read_timeout_s: float = Field(
+        default=READ_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds to wait for a node's stream to begin (a node sends a stream's head at "
+            "once), and between two parts of any reply; past it the node counts a failure, and "
+            "a stream not yet begun goes to another endpoint."
+        ),
+    )
+    whole_reply_timeout_s: float = Field(
+        default=WHOLE_REPLY_TIMEOUT_S,
+        gt=0,
+        le=86400,
+        description=(
+            "Seconds to wait for a node's whole (not streamed) reply, which it sends only once "
+            "it has generated it; past it, 504 `upstream_timeout`, tried on no other endpoint and "
+            "not counted against the node. A node that stops answering its metrics scrapes "
+            "meanwhile counts a failure and the request goes to another endpoint. A hosted "
+            "pool's own `timeoutS` bounds its replies instead."
         ),
     )
     admission_order: AdmissionOrder = Field(

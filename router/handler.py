@@ -67,7 +67,12 @@ from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.guards import Budgets, Limits
 from tiergate.router.tenants.registry import TenantRegistry
 from tiergate.router.upstream.disconnect import DisconnectGuard
-from tiergate.router.upstream.proxy import Upstream, UpstreamError, UpstreamUnavailable
+from tiergate.router.upstream.proxy import (
+    Upstream,
+    UpstreamError,
+    UpstreamUnavailable,
+    WholeReplyTimeout,
+)
 from tiergate.router.upstream.reply import Opener, Reply
 
 log = logging.getLogger("tiergate.router")
@@ -419,9 +424,10 @@ class Router:
         path = "/v1/chat/completions" if request.chat else "/v1/completions"
         try:
             opened = await opener.open(
-                order, path, upstream_body(request), headers, _hosted_bodies(request)
-            )
-        except UpstreamUnavailable as exc:
+                order, path, upstream_body(request), headers, _hosted_bodies(request),
+                whole=not request.stream,
+            )  # fmt: skip
+        except (UpstreamUnavailable, WholeReplyTimeout) as exc:
             self.metrics.retries.inc(max(exc.attempts - 1, 0))
             raise
         self.metrics.retries.inc(opened.attempts - 1)

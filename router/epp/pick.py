@@ -125,6 +125,8 @@ class GatewayOpener:
         body: bytes,
         headers: dict[str, str],
         hosted_body: Callable[[HostedApi], bytes] | None = None,
+        *,
+        whole: bool = False,  # the gateway's own timeouts bound the wait for the reply
     ) -> GatewayReply:
         chosen = list(self.usable(endpoints))[: 1 + self.fallbacks]
         if not chosen:

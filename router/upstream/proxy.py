@@ -1,7 +1,7 @@
 """The upstream half of the proxy: one shared aiohttp session, bounded retries, outliers.
 
 Every upstream request goes through one `aiohttp.ClientSession` (one connection pool, created
-on first use inside the event loop) with explicit timeouts (`UPSTREAM_TIMEOUT`) and pool limits
+on first use inside the event loop) with explicit timeouts (below) and pool limits
 (`max_connections`), and no cookie jar: a gateway shared by tenants must not keep one tenant's
 upstream cookies and send them with another tenant's request. aiohttp rather than httpx: on
 the request path httpx's pool and objects cost several times more CPU per request
@@ -9,10 +9,22 @@ the request path httpx's pool and objects cost several times more CPU per reques
 
 `Upstream.open(...)` sends a request to the first endpoint of the picked order and returns
 the upstream response with its headers read and its body not yet (streaming). A connection
-error, a timeout before the response starts, or a 5xx/429 status is retried on the next
+error, a stream's head that does not come (below), or a 5xx/429 status is retried on the next
 endpoint, with a short backoff, at most `attempts` times; nothing has reached the client yet,
 so a retry is invisible to it. Once the body starts flowing the caller owns the response: a
 failure then is mid-stream (`UpstreamError`) and is the caller's to report.
+
+A stream's head comes at once (vLLM, SGLang and sim nodes send it before the first token), so
+a stream whose head or next part does not come within `read_timeout_s` (300 s) is a hung
+node's. A whole reply's head comes only once the node has generated all of it, which a long
+reply on a busy node may take many minutes to do: waiting for it is bounded by
+`whole_reply_timeout_s` instead (600 s, what the OpenAI and Anthropic SDKs wait), and past it
+the client gets 504 `upstream_timeout` with no retry and nothing held against the node (it
+is busy, not broken; another endpoint would do the same work again). A node that stops
+answering its metrics scrapes while it holds a whole reply (`unresponsive_after_s`, three
+scrapes in a row) is taken for hung: the wait ends, the node counts a failure and the
+request goes to the next endpoint. A hosted API has no scrapes: its pool's `timeoutS`
+bounds a reply's start, whole or streamed.
 
 Redirects are never followed: a 3xx is the endpoint's failure, like a 502. An endpoint that
 sent the request elsewhere would send the prompt to a host no pool names. A whole reply larger
@@ -30,15 +42,17 @@ endpoints. The client's 503 names the tier and the last failure, never an endpoi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from yarl import URL
 
 from tiergate.router.base.errors import RouterError
-from tiergate.router.config import MAX_REPLY_BYTES
+from tiergate.router.config import MAX_REPLY_BYTES, READ_TIMEOUT_S, WHOLE_REPLY_TIMEOUT_S
 from tiergate.router.endpoints.hosted import HostedApi, KeyUnavailable
 from tiergate.router.endpoints.state import EndpointState
 
@@ -52,10 +66,15 @@ REQUEST_ID_HEADER = "x-tiergate-request-id"
 #: Backoff before the 2nd, 3rd, ... attempt (seconds); the last value repeats.
 BACKOFF_S = (0.0, 0.02, 0.1)
 
-#: Explicit upstream timeouts: connecting is short (a dead endpoint must be retried elsewhere
-#: quickly), and so is waiting for a pooled connection (`connect` covers both); reading is long
-#: (a stream may pause while a busy node prefills a long prompt). No total: streams are long.
-UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=2.0, sock_read=300.0)
+#: Connecting is short (a dead endpoint must be retried elsewhere quickly), and so is waiting
+#: for a pooled connection (`connect` covers both).
+CONNECT_TIMEOUT_S, SOCK_CONNECT_TIMEOUT_S = 5.0, 2.0
+#: A node whose scrapes have failed `UNRESPONSIVE_SCRAPES` times in a row, its last good one
+#: this long ago, is taken for hung by a whole reply waiting on it.
+UNRESPONSIVE_AFTER_S = 10.0
+UNRESPONSIVE_SCRAPES = 3
+#: How often a whole reply's wait looks at its node's scrapes.
+WATCH_S = 1.0
 
 #: Idle connections are dropped after this long: under uvicorn's (so vLLM's and the sim
 #: node's) 5 s keep-alive, so a request never goes out on a connection the node is closing
@@ -84,6 +103,25 @@ class UpstreamUnavailable(RouterError):
         self.attempts = attempts
 
 
+class WholeReplyTimeout(RouterError):
+    """A whole reply not begun within `whole_reply_timeout_s` on a node still answering: the
+    client's 504, tried nowhere else."""
+
+    def __init__(self, tier: str, timeout_s: float, attempts: int) -> None:
+        super().__init__(
+            504,
+            f"the {tier} tier's node did not finish the reply within {timeout_s:g} s; "
+            'ask for a stream ("stream": true) to receive a long reply as it is generated',
+            type="server_error",
+            code="upstream_timeout",
+        )
+        self.attempts = attempts
+
+
+class _Unresponsive(Exception):
+    """The node holding a whole reply stopped answering its scrapes."""
+
+
 class UpstreamError(Exception):
     """The upstream connection failed after the response started (reset, timeout, bad framing)."""
 
@@ -109,6 +147,9 @@ class Opened:
     response: aiohttp.ClientResponse
     attempts: int  # how many endpoints were tried (1 = no retry)
     max_reply_bytes: int = MAX_REPLY_BYTES
+    # Between two parts of the body, when the connection's own timeout does not bound it (a
+    # whole reply's: its wait for the head had none).
+    read_timeout_s: float | None = None
     closed: bool = False
 
     @property
@@ -124,15 +165,19 @@ class Opened:
         ReplyTooLarge past `max_reply_bytes` (counted as decoded: a compressed reply too)."""
         parts: list[bytes] = []
         size = 0
+        content = self.response.content
         try:
-            async for chunk in self.response.content.iter_any():
+            while True:
+                async with asyncio.timeout(self.read_timeout_s):
+                    chunk = await content.readany()
+                if not chunk:
+                    return b"".join(parts)
                 size += len(chunk)
                 if size > self.max_reply_bytes:
                     raise ReplyTooLarge(self.max_reply_bytes)
                 parts.append(chunk)
         except CONNECTION_ERRORS as exc:
             raise UpstreamError(type(exc).__name__) from exc
-        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; UpstreamError if the connection fails on the way."""
@@ -156,14 +201,30 @@ class Upstream:
         self,
         *,
         max_connections: int = MAX_CONNECTIONS,
-        timeout: aiohttp.ClientTimeout = UPSTREAM_TIMEOUT,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        whole_reply_timeout_s: float = WHOLE_REPLY_TIMEOUT_S,
+        unresponsive_after_s: float = UNRESPONSIVE_AFTER_S,
         attempts: int = 3,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         on_success: Callable[[EndpointState], object] = lambda e: None,
         on_failure: Callable[[EndpointState], object] = lambda e: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """
+        read_timeout_s: until a stream's head, and between two parts of any reply.
+        whole_reply_timeout_s: until a whole reply's head, from a node still answering.
+        unresponsive_after_s: a node holding a whole reply whose scrapes have failed
+            `UNRESPONSIVE_SCRAPES` times in a row, the last good one this long ago (by `clock`,
+            the scraper's), is taken for hung.
+        """
         self.max_connections = max_connections
-        self.timeout = timeout
+        self.read_timeout_s = read_timeout_s
+        self.whole_reply_timeout_s = whole_reply_timeout_s
+        self.unresponsive_after_s = unresponsive_after_s
+        self.clock = clock
+        self.timeout = self._timeout(read_timeout_s)
+        # A whole reply's head has no read timeout: the wait is bounded by `_whole_head`.
+        self._whole_timeout = self._timeout(None)
         self.attempts = attempts
         self.max_reply_bytes = max_reply_bytes
         self._on_success = on_success
@@ -198,8 +259,12 @@ class Upstream:
         body: bytes,
         headers: dict[str, str],
         hosted_body: Callable[[HostedApi], bytes] | None = None,
+        *,
+        whole: bool = False,
     ) -> Opened:
-        """POST `body` to `path` on the first endpoint that answers well enough.
+        """POST `body` to `path` on the first endpoint that answers well enough; `whole`: the
+        reply is not streamed, so a node sends its head only once it has generated it all
+        (module docstring).
 
         A hosted API's endpoint is sent `hosted_body(api)` instead (the provider's model name),
         with the provider's key and none of `headers` (`HostedApi.headers`), at its own URL and
@@ -217,7 +282,9 @@ class Upstream:
                 self.retries += 1
                 await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
             hosted = endpoint.hosted
-            url, data, sent, timeout = endpoint.url + path, body, headers, self.timeout
+            watched = whole and hosted is None  # a node's whole reply: `_whole_head` waits
+            url, data, sent = endpoint.url + path, body, headers
+            timeout = self._whole_timeout if watched else self.timeout
             if hosted is not None:
                 try:
                     sent = hosted.headers()
@@ -231,14 +298,24 @@ class Upstream:
                 data = hosted_body(hosted) if hosted_body is not None else body
             endpoint.inflight += 1
             try:
-                response = await session.post(
+                post = session.post(
                     self._url(url), data=data, headers=sent, timeout=timeout,
                     allow_redirects=False,
                 )  # fmt: skip
+                response = await (
+                    self._whole_head(post, endpoint, headers, len(failures) + 1)
+                    if watched
+                    else post
+                )
             except (*CONNECTION_ERRORS, ValueError) as exc:  # ValueError: a URL it cannot use
                 endpoint.inflight -= 1
                 self._on_failure(endpoint)
                 failures.append((endpoint, _failure(exc)))
+                continue
+            except _Unresponsive:
+                endpoint.inflight -= 1
+                self._on_failure(endpoint)
+                failures.append((endpoint, "the node stopped answering"))
                 continue
             except BaseException:
                 endpoint.inflight -= 1
@@ -274,8 +351,63 @@ class Upstream:
                 for failed in answered_500:  # the request was fine: those endpoints were not
                     self._on_failure(failed)
             self._on_success(endpoint)
-            return Opened(endpoint, response, len(failures) + 1, self.max_reply_bytes)
+            read_s = self.read_timeout_s if watched else None
+            return Opened(endpoint, response, len(failures) + 1, self.max_reply_bytes, read_s)
         raise self._unavailable(endpoints, failures, headers)
+
+    async def _whole_head(
+        self,
+        post: Awaitable[aiohttp.ClientResponse],
+        endpoint: EndpointState,
+        headers: dict[str, str],
+        attempt: int,
+    ) -> aiohttp.ClientResponse:
+        """The head of a whole reply from a node, awaited for up to `whole_reply_timeout_s`
+        (WholeReplyTimeout past it) while the node answers its scrapes (_Unresponsive once it
+        has not for `unresponsive_after_s`). The request is cancelled (its connection
+        closed, which stops the node's work) when the wait ends without the head."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.whole_reply_timeout_s
+        task = asyncio.ensure_future(post)
+        handed = False
+        try:
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    log.warning(
+                        "event=whole_reply_timeout request_id=%s pool=%s endpoint=%s after_s=%g",
+                        headers.get(REQUEST_ID_HEADER, "-"), endpoint.pool, endpoint.url,
+                        self.whole_reply_timeout_s,
+                    )  # fmt: skip
+                    raise WholeReplyTimeout(endpoint.tier, self.whole_reply_timeout_s, attempt)
+                await asyncio.wait((task,), timeout=min(WATCH_S, left))
+                if task.done():
+                    handed = True
+                    return task.result()
+                if self._unresponsive(endpoint):
+                    log.warning(
+                        "event=node_unresponsive request_id=%s pool=%s endpoint=%s "
+                        "failed_scrapes=%d", headers.get(REQUEST_ID_HEADER, "-"),
+                        endpoint.pool, endpoint.url, endpoint.scrape_failures,
+                    )  # fmt: skip
+                    raise _Unresponsive
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            elif not handed and not task.cancelled() and task.exception() is None:
+                task.result().close()  # came as the wait ended: nobody reads it
+
+    def _unresponsive(self, endpoint: EndpointState) -> bool:
+        """Whether `endpoint` has stopped answering its scrapes (one never scraped well, an
+        engine with no metrics, is not judged)."""
+        last_good = endpoint.scraped_at_s
+        return (
+            last_good is not None
+            and endpoint.scrape_failures >= UNRESPONSIVE_SCRAPES
+            and self.clock() - last_good >= self.unresponsive_after_s
+        )
 
     @staticmethod
     def _unavailable(
@@ -305,13 +437,19 @@ class Upstream:
         """The upstream timeouts, with a hosted API's own for its reply (cached per value)."""
         timeout = self._timeouts.get(read_s)
         if timeout is None:
-            timeout = self._timeouts[read_s] = aiohttp.ClientTimeout(
-                total=None,
-                connect=self.timeout.connect,
-                sock_connect=self.timeout.sock_connect,
-                sock_read=read_s,
-            )
+            timeout = self._timeouts[read_s] = self._timeout(read_s)
         return timeout
+
+    @staticmethod
+    def _timeout(read_s: float | None) -> aiohttp.ClientTimeout:
+        """Connecting's timeouts, and `read_s` to read (None: not bounded here). No total:
+        streams are long."""
+        return aiohttp.ClientTimeout(
+            total=None,
+            connect=CONNECT_TIMEOUT_S,
+            sock_connect=SOCK_CONNECT_TIMEOUT_S,
+            sock_read=read_s,
+        )
 
     def failed(self, endpoint: EndpointState) -> None:
         """An endpoint's response failed after it started (its stream broke before the first

@@ -64,9 +64,12 @@ class Opener(Protocol):
         body: bytes,
         headers: dict[str, str],
         hosted_body: Callable[[HostedApi], bytes] | None = None,
+        *,
+        whole: bool = False,
     ) -> Reply:
         """The first well enough answer of `endpoints` (in order); UpstreamUnavailable (503)
-        when none answered."""
+        when none answered. `whole`: the reply is not streamed (its head comes once it is
+        generated)."""
         ...
 
     def failed(self, endpoint: EndpointState) -> None:

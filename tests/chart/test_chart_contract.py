@@ -25,7 +25,7 @@ from chart_helpers import (
 )
 
 from tiergate.common.connection_limits import IDLE_TIMEOUT_S
-from tiergate.router.config import RouterConfig
+from tiergate.router.config import READ_TIMEOUT_S, WHOLE_REPLY_TIMEOUT_S, RouterConfig
 from tiergate.router.tenants.registry import TenantRegistry, parse_tenants
 
 CONFIG_PATH = "/etc/tiergate/router.yaml"
@@ -237,6 +237,8 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
         "ledgerRetentionDays": 90,
         "ledgerMaxSize": "768Mi",
         "admissionOrder": "fair",
+        "upstreamReadTimeoutS": 300,
+        "wholeReplyTimeoutS": 600,
     }
     assert config["discovery"] == {"kubernetes": {"namespace": NAMESPACE}}
     assert config["pools"] == []
@@ -244,6 +246,9 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
     assert parsed.router.tenants_file is None and parsed.router.port == 8080
     assert parsed.router.metrics_port == 8090 and parsed.router.metrics_bind_host() == "0.0.0.0"
     assert parsed.router.ledger_max_size == 768 * 2**20
+    # The chart's timeouts are the router's own defaults.
+    assert parsed.router.upstream_read_timeout_s == READ_TIMEOUT_S
+    assert parsed.router.whole_reply_timeout_s == WHOLE_REPLY_TIMEOUT_S
 
 
 def test_ledger_limits_can_be_switched_off(helm: Helm) -> None:
@@ -263,6 +268,7 @@ def test_router_config_with_tenants_and_a_discovery_namespace(
     router = validate_with_router(config).router
     assert str(router.tenants_file) == "/etc/tiergate/tenants"
     assert router.admission_order == "fcfs"
+    assert router.whole_reply_timeout_s == 1800
 
 
 def test_router_policy_values_become_the_router_s_policy(

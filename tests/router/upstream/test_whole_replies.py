@@ -1,0 +1,237 @@
+"""Waiting for a whole (not streamed) reply, against real sockets: a node sends its head only
+once it has generated the reply, so a long wait is a busy node, not a hung one, unless the
+node also stops answering its scrapes (a real `Scraper` reads them here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tiergate.router.discovery.scraper import MetricsFetcher, Scraper
+from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.upstream.proxy import (
+    Upstream,
+    UpstreamError,
+    UpstreamUnavailable,
+    WholeReplyTimeout,
+)
+
+#: Real servers, and seconds of waiting: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
+Served = Callable[[Any], AbstractContextManager[str]]
+PATH = "/v1/chat/completions"
+IDLE_METRICS = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+
+
+@dataclass
+class Node:
+    """A node that takes `reply_s` to generate each whole reply and sends its head then, as
+    vLLM does. With `hangs`, it answers nothing more, scrapes included, once a request came;
+    without `metrics`, it has no /metrics (an engine started without them)."""
+
+    reply_s: float
+    hangs: bool = False
+    metrics: bool = True
+    requests: int = 0
+    left: int = 0  # requests whose client closed the connection before the reply
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            if self.requests and self.hangs:  # until the scraper gives up and hangs up
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                return
+            status, body = (200, IDLE_METRICS) if self.metrics else (404, b"not found")
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": body})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        self.requests += 1
+        try:  # "generating": a client that leaves is seen as http.disconnect
+            message = await asyncio.wait_for(receive(), 3600 if self.hangs else self.reply_s)
+            if message["type"] == "http.disconnect":
+                self.left += 1
+                return
+        except TimeoutError:
+            pass
+        reply = json.dumps({"choices": [{"message": {"content": "done"}}]}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": reply})
+
+
+def endpoint(url: str) -> EndpointState:
+    return EndpointState(url, "pool", "batched", "m", ("m",))
+
+
+@pytest.fixture
+def failed() -> list[str]:
+    """The endpoints the upstream counted a failure for, in order."""
+    return []
+
+
+async def scraping(endpoints: list[EndpointState]) -> tuple[Scraper, MetricsFetcher]:
+    fetcher = MetricsFetcher()
+    scraper = Scraper(lambda: endpoints, fetcher, clock=time.monotonic, interval_s=0.1)
+    scraper.start()
+    return scraper, fetcher
+
+
+async def test_a_whole_reply_longer_than_the_read_timeout_is_waited_for(
+    served: Served, failed: list[str]
+) -> None:
+    """A stream whose head does not come within the read timeout is a hung node's; a whole
+    reply that takes as long is served, from the one endpoint it went to."""
+    upstream = Upstream(
+        read_timeout_s=0.3, whole_reply_timeout_s=30, on_failure=lambda e: failed.append(e.url)
+    )
+    try:
+        with ExitStack() as stack:
+            nodes = [Node(reply_s=1.0), Node(reply_s=1.0)]
+            eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
+            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+            assert (opened.status, opened.attempts, opened.endpoint) == (200, 1, eps[0])
+            assert json.loads(await opened.read())["choices"][0]["message"]["content"] == "done"
+            await opened.close()
+            assert [n.requests for n in nodes] == [1, 0] and failed == []
+            # The same wait for a stream's head is a hang: every endpoint fails it.
+            with pytest.raises(UpstreamUnavailable, match="last: timed out"):
+                await upstream.open(eps, PATH, b"{}", {})
+            assert failed == [eps[0].url, eps[1].url]
+        assert all(e.inflight == 0 for e in eps)
+    finally:
+        await upstream.aclose()
+
+
+async def test_a_whole_reply_past_its_limit_is_a_504_tried_nowhere_else(
+    served: Served, failed: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream = Upstream(whole_reply_timeout_s=0.5, on_failure=lambda e: failed.append(e.url))
+    try:
+        with ExitStack() as stack:
+            nodes = [Node(reply_s=30.0), Node(reply_s=0.0)]
+            eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
+            with pytest.raises(WholeReplyTimeout) as caught:
+                await upstream.open(eps, PATH, b"{}", {"x-tiergate-request-id": "r-9"}, whole=True)
+            error = caught.value
+            assert (error.status, error.code, error.attempts) == (504, "upstream_timeout", 1)
+            assert "within 0.5 s" in str(error) and '"stream": true' in str(error)
+            assert eps[0].url not in str(error)
+            # Not held against the node, not repeated on the other one, and the node's work
+            # was cancelled (its connection closed).
+            assert failed == [] and nodes[1].requests == 0 and upstream.retries == 0
+            deadline = time.monotonic() + 10
+            while nodes[0].left != 1:
+                assert time.monotonic() < deadline, "the node never saw the request cancelled"
+                await asyncio.sleep(0.02)
+        assert all(e.inflight == 0 for e in eps)
+    finally:
+        await upstream.aclose()
+    (line,) = [r.getMessage() for r in caplog.records if "whole_reply_timeout" in r.getMessage()]
+    assert "request_id=r-9 pool=pool" in line and f"endpoint={eps[0].url}" in line
+
+
+async def test_a_node_that_stops_answering_its_scrapes_fails_the_wait_and_another_serves(
+    served: Served, failed: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream = Upstream(
+        whole_reply_timeout_s=60, unresponsive_after_s=0.5,
+        on_failure=lambda e: failed.append(e.url),
+    )  # fmt: skip
+    with ExitStack() as stack:
+        nodes = [Node(reply_s=60.0, hangs=True), Node(reply_s=0.2)]
+        eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
+        scraper, fetcher = await scraping(eps)
+        try:
+            while any(e.scraped_at_s is None for e in eps):  # both answered a scrape
+                await asyncio.sleep(0.02)
+            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+            assert (opened.status, opened.attempts, opened.endpoint) == (200, 2, eps[1])
+            await opened.close()
+            assert failed == [eps[0].url] and eps[0].scrape_failures >= 3
+        finally:
+            await scraper.stop()
+            await fetcher.aclose()
+            await upstream.aclose()
+    assert all(e.inflight == 0 for e in eps)
+    assert any("event=node_unresponsive" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_node_without_metrics_is_not_taken_for_hung(
+    served: Served, failed: list[str]
+) -> None:
+    """An engine never scraped well (no /metrics) says nothing by its scrapes: only the limit
+    bounds its whole replies."""
+    upstream = Upstream(
+        whole_reply_timeout_s=60, unresponsive_after_s=0.1,
+        on_failure=lambda e: failed.append(e.url),
+    )  # fmt: skip
+    with served(Node(reply_s=1.0, metrics=False)) as url:
+        eps = [endpoint(url)]
+        scraper, fetcher = await scraping(eps)
+        try:
+            while eps[0].scrape_failures < 3:
+                await asyncio.sleep(0.02)
+            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+            assert (opened.status, opened.attempts) == (200, 1) and failed == []
+            await opened.close()
+        finally:
+            await scraper.stop()
+            await fetcher.aclose()
+            await upstream.aclose()
+
+
+async def test_a_client_that_leaves_cancels_the_node_s_whole_reply(served: Served) -> None:
+    upstream = Upstream()
+    node = Node(reply_s=30.0)
+    try:
+        with served(node) as url:
+            ep = endpoint(url)
+            waiting = asyncio.ensure_future(upstream.open([ep], PATH, b"{}", {}, whole=True))
+            while node.requests == 0:
+                await asyncio.sleep(0.02)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert ep.inflight == 0
+            deadline = time.monotonic() + 10
+            while node.left != 1:
+                assert time.monotonic() < deadline, "the node kept generating for nobody"
+                await asyncio.sleep(0.02)
+    finally:
+        await upstream.aclose()
+
+
+async def test_a_whole_body_that_stalls_after_its_head_times_out(served: Served) -> None:
+    """The wait for a whole reply's head has no read timeout; its body still has one."""
+
+    async def stalls(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b'{"choices":', "more_body": True})
+        while (await receive())["type"] != "http.disconnect":  # until the router hangs up
+            pass
+
+    with served(stalls) as url:
+        upstream = Upstream(read_timeout_s=0.3)
+        try:
+            opened = await upstream.open([endpoint(url)], PATH, b"{}", {}, whole=True)
+            with pytest.raises(UpstreamError, match="TimeoutError"):
+                await opened.read()
+            await opened.close()
+        finally:  # while the node is up: its handler ends once the connection is closed
+            await upstream.aclose()
