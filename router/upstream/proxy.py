@@ -42,7 +42,6 @@ endpoints. The client's 503 names the tier and the last failure, never an endpoi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -393,11 +392,10 @@ class Upstream:
                     raise _Unresponsive
         finally:
             if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            elif not handed and not task.cancelled() and task.exception() is None:
-                task.result().close()  # came as the wait ended: nobody reads it
+                task.cancel()  # closes the connection: the node stops generating
+                await asyncio.wait((task,))  # not `await task`: its CancelledError is not ours
+            if not handed and not task.cancelled() and task.exception() is None:
+                task.result().close()  # it came as the wait ended: nobody reads it
 
     def _unresponsive(self, endpoint: EndpointState) -> bool:
         """Whether `endpoint` has stopped answering its scrapes (one never scraped well, an
