@@ -361,8 +361,8 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         try:
             if self._backlog or self._beside_rotated(batch) or not await self._try_write(batch):
                 durable = await self._spool(batch)
-                for entry, _ in batch:
-                    self._hold(entry)
+                for entry, record in batch:
+                    self._hold(entry, record)
             else:
                 self._clear_spool()
         finally:
@@ -555,27 +555,36 @@ class PostgresLedger(PostgresReads, PostgresRecovery):
         # An amended held entry is waiting in both: count it once.
         return list(dict.fromkeys([*self._next, *self._backlog]))
 
-    def _hold(self, entry: LedgerEntry) -> None:
+    def _hold(self, entry: LedgerEntry, record: UsageRecord) -> None:
+        """Keep `entry` in the backlog after its write of `record` failed; with the backlog
+        full, leave `record` to the disk if it is spooled, or else drop it."""
         if entry.held:
             return
-        if len(self._backlog) >= self.max_backlog and entry.spooled is entry.record:
-            self._let_go_of(entry)
-            return
-        if len(self._backlog) >= self.max_backlog:
+        if len(self._backlog) < self.max_backlog:
+            entry.held = True
+            self._backlog.append(entry)
+        elif entry.spooled is record and entry in self._spooled:
+            self._let_go_of(entry, record)
+        elif record is not entry.record:
+            pass  # amended since: its newer record is queued, and has its own turn
+        else:
             self.dropped += 1
-            self._count_written(entry.record, entry.written)  # never to be written
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 log.error("event=ledger_backlog_full where=%s dropped=%d", self.where, self.dropped)
-            return
-        entry.held = True
-        self._backlog.append(entry)
+            on_disk = entry.spooled if entry in self._spooled else None
+            if on_disk is not None:  # an older record of the row is in the file: written from it
+                self._count_written(record, on_disk)  # what only memory had, never to be written
+                self._let_go_of(entry, on_disk)
+            else:
+                self._count_written(record, entry.written)  # never to be written
+                # The row holds an older record or none: a later one goes over what it holds.
+                entry.written, entry.over_held = record, True
 
-    def _let_go_of(self, entry: LedgerEntry) -> None:
-        """Leave a spooled record to the disk: written from the spool's file once the backlog
+    def _let_go_of(self, entry: LedgerEntry, record: UsageRecord) -> None:
+        """Leave `record`, spooled, to the disk: written from the spool's file once the backlog
         is (`_rotate`), so memory does not hold it meanwhile. Its USD is counted as not yet
         written until then; the entry takes the record as written, and its next write is
         written over the row the database holds (`over_held`), which the file may move."""
-        record = entry.record
         grew = record.cost_usd - (entry.written.cost_usd if entry.written is not None else 0.0)
         if grew:
             self._let_go_usd[record.tenant] = self._let_go_usd.get(record.tenant, 0.0) + grew

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -710,6 +711,57 @@ async def test_a_stream_let_go_to_disk_and_amended_is_billed_once(
         assert led.unwritten_usd("acme") == 0
         assert led.committed_usd("acme") == pytest.approx(0.05)
         assert spool.bytes == 0 and led.on_disk_only == 0
+
+
+class AmendedWhileAppending(LedgerSpool):
+    """A spool whose next append lets the event loop run `amend` before it returns: a
+    stream's end recorded while its start is being fsynced."""
+
+    amend: Callable[[], None] | None = None
+    loop: asyncio.AbstractEventLoop
+
+    def append(self, records: list[UsageRecord]) -> bool:
+        appended = super().append(records)
+        amend, self.amend = self.amend, None
+        if amend is not None:
+            ran = threading.Event()
+            self.loop.call_soon_threadsafe(lambda: (amend(), ran.set()))
+            assert ran.wait(10), "the event loop did not run the amendment"
+        return appended
+
+
+async def test_a_row_whose_end_the_full_spool_refused_leaves_its_start_to_disk_and_recovers(
+    tmp_path: Path,
+) -> None:
+    """Memory full, a stream's start is spooled while its end is recorded; the end then finds
+    the spool full too. The start, on disk, is written from the file once the database is
+    back; the end is dropped and counted. The spool empties and the process takes work again
+    without a restart (the entry used to stay counted as spooled and unwritten, so the spool
+    was never emptied and every request got 503 until a restart)."""
+    spool = AmendedWhileAppending(tmp_path, max_bytes=10**6)
+    async with private_ledger(interval_s=3600, timeout_s=2.0, spool=spool) as (server, dsn, led):
+        spool.loop = asyncio.get_running_loop()
+        led.max_backlog = 0
+        await asyncio.to_thread(server.stop)
+        start = usage("s", completion=1, cost=0.001, outcome="incomplete")
+        entry = led.add(start)
+        end = usage("s", completion=40, cost=0.04, latency=2.0)
+        spool.amend = lambda: led.amend(entry, end)
+        await led.committed()  # the start spooled, and let go to disk; the end queued
+        spool.max_bytes = spool.bytes  # as if the outage had filled it
+        with pytest.raises(LedgerError, match="the spool is full"):
+            await led.committed()  # the end: refused by the spool, no room in memory
+        assert led.refusing and led.dropped == 1 and led.on_disk_only == 1
+        await asyncio.to_thread(server.start)
+        spool.max_bytes = 10**6
+        led.add(usage("next"))
+        await led.committed()  # written: the spool's file is handed over
+        await drained(led)
+        assert not led.refusing and spool.bytes == 0 and led.on_disk_only == 0
+        got = await fetch(dsn, "SELECT request_id, cost_usd, outcome FROM usage ORDER BY id")
+        assert sorted(got) == [("next", 0.01, "ok"), ("s", 0.001, "incomplete")]
+        assert led.unwritten_usd("acme") == 0
+        assert led.committed_usd("acme") == pytest.approx(0.011)
 
 
 async def test_records_on_disk_only_at_a_clean_stop_are_written_by_the_next_process(
