@@ -93,8 +93,10 @@ class KubeSource:
         self.view = PoolView(())
         self.on_view: Callable[[PoolView], object] | None = None  # see PoolSource
         self._clock = clock
-        # (pool, URL) -> an endpoint that left the view, and when.
-        self._retired: dict[tuple[str, str], tuple[EndpointState, float]] = {}
+        # (pool, URL) -> an endpoint that left the view, when, and which pod it was.
+        self._retired: dict[tuple[str, str], tuple[EndpointState, float, str | None]] = {}
+        # (pool, URL) -> the pod behind the view's endpoint (its uid, if it says).
+        self._uids: dict[tuple[str, str], str | None] = {}
         self.state = ClusterState()
         self.synced = False
         self.publishes = 0
@@ -193,13 +195,13 @@ class KubeSource:
 
     def _publish(self) -> None:
         self._pending = None
-        before = self.view
+        before, pods_before = self.view, self._uids
         try:
             self.view = self.build_view()
         except Exception:  # a bug here must not kill discovery: keep the last view
             log.exception("event=kube_view_failed namespace=%s", self.namespace)
             return
-        self._retire(before, self.view)
+        self._retire(before, self.view, pods_before)
         if self.on_view is not None:
             try:
                 self.on_view(self.view)
@@ -214,28 +216,37 @@ class KubeSource:
             len(self.view.pools), len(self.view.endpoints()),
         )  # fmt: skip
 
-    def _retire(self, before: PoolView, after: PoolView) -> None:
-        """Keep the endpoints `before` had and `after` has not, for `RETIRED_KEEP_S`."""
+    def _retire(
+        self, before: PoolView, after: PoolView, pods: dict[tuple[str, str], str | None]
+    ) -> None:
+        """Keep the endpoints `before` had and `after` has not, for `RETIRED_KEEP_S`, with
+        the pods they were (`pods`, by pool and URL)."""
         now = self._clock()
         kept = {(e.pool, e.url) for e in after.endpoints()}
         for e in before.endpoints():
-            if (e.pool, e.url) not in kept:
-                self._retired[(e.pool, e.url)] = (e, now)
+            key = (e.pool, e.url)
+            if key not in kept:
+                self._retired[key] = (e, now, pods.get(key))
         self._retired = {
-            key: (e, since)
-            for key, (e, since) in self._retired.items()
-            if key not in kept and now - since < RETIRED_KEEP_S
+            key: retired
+            for key, retired in self._retired.items()
+            if key not in kept and now - retired[1] < RETIRED_KEEP_S
         }
 
     def build_view(self) -> PoolView:
-        """The view of the current state (pure apart from the warnings it logs)."""
+        """The view of the current state (apart from the warnings it logs, it only remembers
+        which pods the view's endpoints are). An endpoint keeps its state (ejection, requests
+        in flight) across views, and for `RETIRED_KEEP_S` after it left, while it is the same
+        pod: a new pod given an old one's IP starts afresh."""
         now = self._clock()
         problems: dict[str, str] = {}
         specs: list[PoolSpec] = []
         answers: dict[str, dict[str, frozenset[str]]] = {}  # pool -> URL -> names, if known
+        uids: dict[tuple[str, str], str | None] = {}
         for name in sorted(self.state.pools):
             pods = self.state.endpoints_of(name)
             answers[name] = {p.url: p.serves for p in pods if p.serves is not None}
+            uids.update(((name, p.url), p.uid) for p in pods)
             try:
                 specs.append(pool_from_object(self.state.pools[name], [p.url for p in pods]))
             except ConfigError as exc:
@@ -251,8 +262,14 @@ class KubeSource:
             on_error=unusable,
             answers_to=lambda spec: answers.get(spec.name, {}),
             keys=self.keys,
-            retired=[e for e, since in self._retired.values() if now - since < RETIRED_KEEP_S],
+            retired=[
+                e
+                for key, (e, since, uid) in self._retired.items()
+                if now - since < RETIRED_KEEP_S and not _another_pod(uid, uids.get(key))
+            ],
+            renewed={key for key, uid in uids.items() if _another_pod(self._uids.get(key), uid)},
         )
+        self._uids = uids
         self._report(problems)
         self._want_secrets(specs)
         return view
@@ -325,3 +342,8 @@ def _secret_problem(name: str, exc: KubeApiError) -> str:
     if exc.status == 404:
         return f"Secret {name} does not exist"
     return f"reading Secret {name} failed: {exc}"
+
+
+def _another_pod(before: str | None, now: str | None) -> bool:
+    """Whether two pods' uids say they are different pods (an unknown uid says nothing)."""
+    return before is not None and now is not None and before != now

@@ -98,12 +98,14 @@ def pool_from_object(obj: Object, endpoints: Sequence[str] = ()) -> PoolSpec:
 
 @dataclass(frozen=True, slots=True)
 class PodEndpoint:
-    """What the view takes from a pod that can take requests: its pool, its URL and the model
-    names it answers to (None: it does not say, so every name of its pool)."""
+    """What the view takes from a pod that can take requests: its pool, its URL, the model
+    names it answers to (None: it does not say, so every name of its pool), and which pod it
+    is (its `metadata.uid`: a new pod may be given an old one's IP)."""
 
     pool: str
     url: str
     serves: frozenset[str] | None = None
+    uid: str | None = None
 
 
 def pod_endpoint(obj: Object) -> PodEndpoint | None:
@@ -124,8 +126,12 @@ def pod_endpoint(obj: Object) -> PodEndpoint | None:
     host, port = _host(status.get("podIP")), _http_port(obj.get("spec") or {})
     if host is None or port is None:
         return None
+    uid = metadata.get("uid")
     return PodEndpoint(
-        pool, f"http://{host}:{port}", served_names(metadata.get("annotations") or {})
+        pool,
+        f"http://{host}:{port}",
+        served_names(metadata.get("annotations") or {}),
+        uid if isinstance(uid, str) and uid else None,
     )
 
 

@@ -353,9 +353,11 @@ def build_view(
     answers_to: Callable[[PoolSpec], Mapping[str, Collection[str]]] | None = None,
     keys: KeySource | None = None,
     retired: Iterable[EndpointState] = (),
+    renewed: Collection[tuple[str, str]] = (),
 ) -> PoolView:
     """A view of `specs`, reusing `previous`' endpoint states where pool and URL match, or
-    else `retired` ones (endpoints that left an earlier view and may come back).
+    else `retired` ones (endpoints that left an earlier view and may come back), but for the
+    (pool, URL)s in `renewed` (another pod took the URL over: its state starts afresh).
 
     A pool that cannot run raises ConfigError, unless `on_error` is given: then it is
     reported there and left out, and the other pools still make the view (a source fed by
@@ -364,6 +366,8 @@ def build_view(
     """
     old = {(e.pool, e.url): e for e in retired}
     old.update(((e.pool, e.url), e) for e in (previous.endpoints() if previous else ()))
+    for key in renewed:
+        old.pop(key, None)
     pools: list[RoutedPool] = []
     carried: list[Carried] = []
     for spec in specs:

@@ -6,6 +6,7 @@ on `ReplayApi`; only the API server is replayed.
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import threading
@@ -146,6 +147,36 @@ async def test_a_pod_whose_readiness_flaps_comes_back_with_its_state(api: Replay
         assert (back.inflight, back.ejections) == (0, 0) and not back.is_ejected(now[0])
     finally:
         await source.stop()
+
+
+@pytest.mark.parametrize("at_once", [False, True], ids=["after-a-while", "in-one-view"])
+async def test_a_new_pod_given_an_old_pod_s_ip_starts_afresh(
+    api: ReplayApi, source: KubeSource, at_once: bool
+) -> None:
+    """A pod is deleted and a new one is given its IP, a moment later or before the view
+    even changed: the new pod does not inherit the old one's ejection or requests in flight."""
+    await listed(api, source)
+    old = source.view.pools["coder-batched"].endpoints[0]
+    old.inflight, old.ejected_until_s, old.ejections = 5, 1e12, 3
+    pod = recorded_pod("coder-batched-6d8f9c7b5-2xk4l")
+    successor = copy.deepcopy(pod)
+    successor["metadata"]["name"] = "coder-batched-6d8f9c7b5-s8c3d"
+    successor["metadata"]["uid"] = "c1d2e3f4-0000-4a1b-9c8d-999999999999"
+    deleted, added = watch_event("DELETED", pod, "60000"), watch_event("ADDED", successor, "60001")
+    if at_once:
+        api.give_watch(PODS, deleted, added)
+    else:
+        api.give_watch(PODS, deleted)
+        await eventually(lambda: old.url not in urls(source, "coder-batched"))
+        api.give_watch(PODS, added)
+
+    def at_the_url() -> EndpointState | None:
+        return next((e for e in source.view.endpoints() if e.url == old.url), None)
+
+    await eventually(lambda: at_the_url() not in (None, old))
+    new = at_the_url()
+    assert new is not None and (new.inflight, new.ejections) == (0, 0)
+    assert not new.is_ejected(0.0)
 
 
 async def test_new_pool_and_pod_appear_and_a_deleted_pool_disappears(

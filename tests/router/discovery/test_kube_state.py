@@ -86,14 +86,15 @@ def test_an_unusable_pool_names_its_first_problem(obj: dict[str, Any], message: 
 
 def test_a_running_ready_pod_is_an_endpoint_of_its_pool_on_its_http_port() -> None:
     pod = recorded_pod(BATCHED_A)
-    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://10.244.1.17:8000")
+    uid = pod["metadata"]["uid"]  # which pod it is: a later one may be given its IP
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://10.244.1.17:8000", uid=uid)
     # the port named http, wherever it is among the container's ports
     pod["spec"]["containers"][0]["ports"].insert(0, {"containerPort": 9090, "name": "metrics"})
-    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://10.244.1.17:8000")
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://10.244.1.17:8000", uid=uid)
     pod["status"]["podIP"] = "fd00::5"
-    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://[fd00::5]:8000")
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://[fd00::5]:8000", uid=uid)
     pod["status"]["podIP"] = "127.0.0.7"  # kwok's pods: loopback is fine here
-    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://127.0.0.7:8000")
+    assert pod_endpoint(pod) == PodEndpoint("coder-batched", "http://127.0.0.7:8000", uid=uid)
 
 
 def _without_http_port(pod: Pod) -> None:
@@ -130,8 +131,9 @@ def test_recorded_pods_that_cannot_take_requests_are_no_endpoints() -> None:
     assert pod_endpoint(recorded_pod("coder-premium-8c9d0e1f2-w5x8z")) is None  # Pending
     assert pod_endpoint(recorded("pod_batched_terminating")["object"]) is None  # still Ready
     assert pod_endpoint(recorded("pod_spark_started")["object"]) is None  # not Ready yet
-    assert pod_endpoint(recorded("pod_spark_ready")["object"]) == PodEndpoint(
-        "coder-spark", "http://10.244.4.2:8000"
+    ready = recorded("pod_spark_ready")["object"]
+    assert pod_endpoint(ready) == PodEndpoint(
+        "coder-spark", "http://10.244.4.2:8000", uid=ready["metadata"]["uid"]
     )
 
 
