@@ -69,6 +69,10 @@ __all__ = [
 #: one (a chat reply with `n: 16` choices of 32k tokens is about 2 MB, with 20 `top_logprobs`
 #: for every token about 40 MB), small enough that a few at once fit in memory.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+#: An entry of router.allowedMediaDomains: `*`, a host name, or `*.` and a domain.
+MEDIA_DOMAIN = re.compile(
+    r"\*|(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+)
 #: Until a stream's head from a node, and between two parts of any reply
 #: (router.upstreamReadTimeoutS): long, since a stream may pause while a busy node prefills a
 #: long prompt.
@@ -414,6 +418,27 @@ class RouterSettings(_Model):
             "pool's own `timeoutS` bounds its replies instead."
         ),
     )
+    allowed_media_domains: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Hosts whose http(s) URLs a chat request's image, audio or video parts may name: "
+            "vLLM and SGLang fetch them from the model pods, inside the cluster. `example.com` "
+            "(that host), `*.example.com` (its subdomains), `*` (any host). Inline media "
+            "(`data:` URLs, base64) always pass; another URL is refused with 400 "
+            "`media_url_not_allowed`. Empty: no URL is fetched."
+        ),
+    )
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _media_domains(cls, domains: tuple[str, ...]) -> tuple[str, ...]:
+        for domain in domains:
+            if not MEDIA_DOMAIN.fullmatch(domain):
+                raise ValueError(
+                    f"{domain!r} is not `*`, a lower-case host name, or `*.` and a domain"
+                )
+        return domains
+
     admission_order: AdmissionOrder = Field(
         default="fair",
         description=(

@@ -48,6 +48,7 @@ from tiergate.router.request.body import (
 from tiergate.router.request.cascade import cascade_plan, serve_first_tier
 from tiergate.router.request.exchange import Exchange
 from tiergate.router.request.ids import new_request_id
+from tiergate.router.request.media_urls import check_media_urls
 from tiergate.router.request.progress import Progress
 from tiergate.router.request.relay import (
     FirstToken,
@@ -219,6 +220,7 @@ class Router:
             await read_body(ex.receive, headers, self.settings.max_body_bytes), chat=chat
         )
         request.slo = parse_slo(headers)
+        check_media_urls(request, self.settings.allowed_media_domains)
         guard = ex.guard = DisconnectGuard(ex.receive)
         view = self.view()
         pipeline = self.pipeline(view)

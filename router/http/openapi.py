@@ -120,7 +120,7 @@ class ModelList(BaseModel):
 
 _ERRORS = {
     "400": "Bad request (invalid body, unknown tier, model not served in the tier, a bad "
-    "cascade or SLO header).",
+    "cascade or SLO header, a media URL whose host the gateway does not allow).",
     "401": "Missing or invalid API key.",
     "403": "The tenant may not use the resolved tier.",
     "404": "Model not served here (the message lists the served models).",

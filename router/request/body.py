@@ -85,6 +85,9 @@ class CompletionRequest:
     #: The client asked for the usage on every chunk too (`continuous_usage_stats`, which
     #: counts only with `include_usage`, as in vLLM); the router always asks upstream.
     continuous_usage: bool = False
+    #: The URLs of its media parts that are not inline (`data:`): what a node would fetch.
+    #: Each with where it is in the body (`messages[0].content[1]`).
+    media_urls: tuple[tuple[str, str], ...] = ()
 
     @property
     def output_tokens_expected(self) -> int:
@@ -154,7 +157,8 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
             raise _bad(f"`stream_options.{key}` must be a boolean", param="stream_options")
     max_tokens, capped = _output_cap(body, chat)
     text, tokens, prompts = _prompt(body, chat)
-    media = _media_parts(body) if chat else ()
+    parts = _media_parts(body) if chat else ()
+    media = tuple(kind for kind, _, _ in parts)
     return CompletionRequest(
         body=body if capped is None else capped,
         chat=chat,
@@ -172,6 +176,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
             else MAX_TOKENS_LIMIT
         ),
         continuous_usage=include_usage is True and continuous is True,
+        media_urls=tuple((where, url) for _, where, url in parts if url is not None),
     )
 
 
@@ -360,20 +365,34 @@ def _json_tokens(value: Any) -> int:
 
 
 #: The kinds of content part that are media, by their `type` (without an `input_` prefix).
-_MEDIA = {"image": "image", "image_url": "image", "audio": "audio", "video": "video",
-          "video_url": "video"}  # fmt: skip
+_MEDIA = {"image": "image", "image_url": "image", "audio": "audio", "audio_url": "audio",
+          "video": "video", "video_url": "video"}  # fmt: skip
+#: The fields of a media part that may hold a URL (a string, or an object's `url`).
+_URL_FIELDS = ("image_url", "audio_url", "video_url")
 
 
-def _media_parts(body: dict[str, Any]) -> tuple[str, ...]:
-    """The kind of each image, audio or video part of a chat body's messages."""
-    kinds: list[str] = []
-    for message in body.get("messages") or ():
+def _media_parts(body: dict[str, Any]) -> tuple[tuple[str, str, str | None], ...]:
+    """Each image, audio or video part of a chat body's messages: its kind, where it is, and
+    the URL a node would fetch for it (None when inline: `data:`, or base64 data)."""
+    parts: list[tuple[str, str, str | None]] = []
+    for i, message in enumerate(body.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else ():
+        for j, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind.removeprefix("input_") in _MEDIA:
-                kinds.append(_MEDIA[kind.removeprefix("input_")])
-    return tuple(kinds)
+                where = f"messages[{i}].content[{j}]"
+                parts.append((_MEDIA[kind.removeprefix("input_")], where, _fetched_url(part)))
+    return tuple(parts)
+
+
+def _fetched_url(part: dict[str, Any]) -> str | None:
+    """The URL a node would fetch for a media part, unless it is inline (`data:`)."""
+    for field in _URL_FIELDS:
+        value = part.get(field)
+        url = value.get("url") if isinstance(value, dict) else value
+        if isinstance(url, str) and not url[:5].lower() == "data:":
+            return url
+    return None
 
 
 def _content_text(content: Any, i: int) -> str:

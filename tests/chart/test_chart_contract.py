@@ -249,6 +249,7 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
     # The chart's timeouts are the router's own defaults.
     assert parsed.router.upstream_read_timeout_s == READ_TIMEOUT_S
     assert parsed.router.whole_reply_timeout_s == WHOLE_REPLY_TIMEOUT_S
+    assert parsed.router.allowed_media_domains == ()  # no media URL is fetched
 
 
 def test_ledger_limits_can_be_switched_off(helm: Helm) -> None:
@@ -269,6 +270,7 @@ def test_router_config_with_tenants_and_a_discovery_namespace(
     assert str(router.tenants_file) == "/etc/tiergate/tenants"
     assert router.admission_order == "fcfs"
     assert router.whole_reply_timeout_s == 1800
+    assert router.allowed_media_domains == ("images.example.com", "*.cdn.example.net")
 
 
 def test_router_policy_values_become_the_router_s_policy(

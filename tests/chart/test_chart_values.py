@@ -94,6 +94,8 @@ A_TENANT = [f"{TENANT}.name=team-a", f"{TENANT}.apiKeys[0]=sk-a"]
         (["router.connections.headerTimeoutS=0"], "/router/connections/headerTimeoutS"),
         (["router.connections.maxConnections=0"], "/router/connections/maxConnections"),
         (["router.connections.idleTimeout=5"], "additional properties 'idleTimeout' not allowed"),
+        (["router.allowedMediaDomains={Images.example.com}"], "/router/allowedMediaDomains/0"),
+        (["router.wholeReplyTimeoutS=0"], "/router/wholeReplyTimeoutS"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(
