@@ -69,9 +69,11 @@ __all__ = [
 #: one (a chat reply with `n: 16` choices of 32k tokens is about 2 MB, with 20 `top_logprobs`
 #: for every token about 40 MB), small enough that a few at once fit in memory.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
-#: An entry of router.allowedMediaDomains: `*`, a host name, or `*.` and a domain.
+#: An entry of router.allowedMediaDomains: `*`, a host name (or an IPv4 address), or `*.` and
+#: a domain whose last label is a name (`*.0.0.1` would match 10.0.0.1).
 MEDIA_DOMAIN = re.compile(
-    r"\*|(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+    r"\*|[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+    r"|\*\.([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)*[a-z]([a-z0-9-]*[a-z0-9])?"
 )
 #: Until a stream's head from a node, and between two parts of any reply
 #: (router.upstreamReadTimeoutS): long, since a stream may pause while a busy node prefills a

@@ -373,15 +373,22 @@ _URL_FIELDS = ("image_url", "audio_url", "video_url")
 
 def _media_parts(body: dict[str, Any]) -> tuple[tuple[str, str, str | None], ...]:
     """Each image, audio or video part of a chat body's messages: its kind, where it is, and
-    the URL a node would fetch for it (None when inline: `data:`, or base64 data)."""
+    the URL a node would fetch for it (None when inline: `data:`, or base64 data). A part is
+    media by its `type`, or by a URL field whatever its `type` says: vLLM reads a part with no
+    `type` by its `image_url`, `audio_url` or `video_url`."""
     parts: list[tuple[str, str, str | None]] = []
     for i, message in enumerate(body.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind.removeprefix("input_") in _MEDIA:
-                where = f"messages[{i}].content[{j}]"
-                parts.append((_MEDIA[kind.removeprefix("input_")], where, _fetched_url(part)))
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            field = next((f for f in _URL_FIELDS if f in part), None)
+            media = _MEDIA.get(kind.removeprefix("input_") if isinstance(kind, str) else "")
+            if media is None and field is not None:
+                media = _MEDIA[field]
+            if media is not None:
+                parts.append((media, f"messages[{i}].content[{j}]", _fetched_url(part)))
     return tuple(parts)
 
 
@@ -390,7 +397,7 @@ def _fetched_url(part: dict[str, Any]) -> str | None:
     for field in _URL_FIELDS:
         value = part.get(field)
         url = value.get("url") if isinstance(value, dict) else value
-        if isinstance(url, str) and not url[:5].lower() == "data:":
+        if isinstance(url, str) and url[:5].lower() != "data:":
             return url
     return None
 

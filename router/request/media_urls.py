@@ -6,12 +6,18 @@ pod, inside the cluster: a tenant could make the pods send requests to internal 
 answers there. So a request whose media part has a URL that is not inline (`data:`) is refused
 with a 400, unless its host is one the router's `allowedMediaDomains` names: `example.com` (that
 host), `*.example.com` (its subdomains) or `*` (any host, as the engines do by themselves).
-Schemes other than http and https (`file:`) are always refused. The URL itself is never
-logged.
+Schemes other than http and https (`file:`) are always refused, and so is a URL with a
+character RFC 3986 does not allow (a backslash, a space, a non-ASCII host): parsers differ on
+those, and the host the router reads must be the one the engine's parser (urllib3, requests)
+fetches from. An allowed host is allowed on any port. The URL itself is never logged.
+
+The check cannot see where an allowed host sends the engine next: vLLM and SGLang follow
+redirects, so allow only hosts you control, and none that serves open redirects.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from urllib.parse import urlsplit
 
@@ -22,6 +28,8 @@ __all__ = ["ANY_HOST", "check_media_urls", "host_allowed"]
 
 #: The entry of `allowedMediaDomains` that allows every host.
 ANY_HOST = "*"
+#: A URL of RFC 3986's characters only: unreserved, reserved and `%`.
+_URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 
 
 def host_allowed(host: str, allowed: Collection[str]) -> bool:
@@ -37,11 +45,11 @@ def check_media_urls(request: CompletionRequest, allowed: Collection[str]) -> No
     """Refuse `request` (a 400) if one of its media parts has a URL a node may not fetch."""
     for where, url in request.media_urls:
         try:
-            parts = urlsplit(url.strip())
-            host = parts.hostname
+            parts = urlsplit(url) if _URL_CHARACTERS.fullmatch(url) else None
+            host = parts.hostname if parts is not None else None
         except ValueError:  # an unparsable address (a bad IPv6 literal, a bad port)
             parts, host = None, None
-        if parts is None or parts.scheme.lower() not in ("http", "https") or not host:
+        if parts is None or parts.scheme not in ("http", "https") or not host:
             raise _refused(
                 f"`{where}`: a media part's URL must be a data: URL, or an http(s) URL of a "
                 "host this gateway allows"

@@ -7,6 +7,7 @@ and the router cannot drift apart unnoticed.
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from chart_helpers import (
 )
 
 from tiergate.common.connection_limits import IDLE_TIMEOUT_S
-from tiergate.router.config import READ_TIMEOUT_S, WHOLE_REPLY_TIMEOUT_S, RouterConfig
+from tiergate.router.config import MEDIA_DOMAIN, READ_TIMEOUT_S, WHOLE_REPLY_TIMEOUT_S, RouterConfig
 from tiergate.router.tenants.registry import TenantRegistry, parse_tenants
 
 CONFIG_PATH = "/etc/tiergate/router.yaml"
@@ -271,6 +272,12 @@ def test_router_config_with_tenants_and_a_discovery_namespace(
     assert router.admission_order == "fcfs"
     assert router.whole_reply_timeout_s == 1800
     assert router.allowed_media_domains == ("images.example.com", "*.cdn.example.net")
+
+
+def test_the_chart_checks_media_domains_as_the_router_does() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    items = schema["properties"]["router"]["properties"]["allowedMediaDomains"]["items"]
+    assert items["pattern"] == f"^({MEDIA_DOMAIN.pattern})$"
 
 
 def test_router_policy_values_become_the_router_s_policy(

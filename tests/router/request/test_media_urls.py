@@ -56,6 +56,10 @@ def test_inline_media_and_text_pass_with_no_host_allowed(part: dict[str, Any]) -
         {"type": "input_image", "image_url": "https://internal.svc/cat.png"},
         {"type": "video_url", "video_url": {"url": "https://internal.svc/cat.mp4"}},
         {"type": "audio_url", "audio_url": {"url": "https://internal.svc/cat.wav"}},
+        # vLLM reads a part with no type (or one it does not know) by its URL field.
+        {"image_url": "https://internal.svc/cat.png"},
+        {"uuid": "u-1", "video_url": {"url": "https://internal.svc/cat.mp4"}},
+        {"type": "text", "text": "hi", "image_url": "https://internal.svc/cat.png"},
     ],
 )
 def test_a_url_a_node_would_fetch_is_a_400_naming_where_and_the_host(part: dict[str, Any]) -> None:
@@ -69,10 +73,15 @@ def test_a_url_a_node_would_fetch_is_a_400_naming_where_and_the_host(part: dict[
 @pytest.mark.parametrize(
     "url",
     ["file:///etc/passwd", "ftp://example.com/cat.png", "gopher://example.com", "https://",
-     "http://[::1/cat.png", "example.com/cat.png"],
+     "http://[::1/cat.png", "example.com/cat.png",
+     # Where parsers differ (urllib3 fetches from 169.254.169.254 here; urlsplit reads
+     # images.example.com), or a host no parser should be trusted with:
+     "http://169.254.169.254\\@images.example.com/latest/meta-data/",
+     "http://images.example.com /cat.png", "http://images.example.com\t/cat.png",
+     "http://ímages.example.com/cat.png", " data:image/png;base64,AAAA"],
 )  # fmt: skip
-def test_only_http_and_https_urls_are_ever_fetched(url: str) -> None:
-    error = refusal(chat(image(url)), ("*",))
+def test_only_http_and_https_urls_of_plain_characters_are_ever_fetched(url: str) -> None:
+    error = refusal(chat(image(url)), ("images.example.com", "*.example.com"))
     assert error is not None and error.code == "media_url_not_allowed"
     assert "must be a data: URL, or an http(s) URL" in str(error)
 
@@ -92,7 +101,9 @@ def test_allowed_hosts_exact_subdomains_or_any() -> None:
     assert refusal(chat(image("https://other.example.com/cat.png")), allowed) is not None
 
 
-@pytest.mark.parametrize("bad", ["Example.com", "*.", "*example.com", "ex ample.com", "a..b", ""])
+@pytest.mark.parametrize(
+    "bad", ["Example.com", "*.", "*example.com", "ex ample.com", "a..b", "", "*.0.0.1", "a.com:80"]
+)
 def test_an_allowed_domain_that_is_no_host_name_is_refused_by_the_config(bad: str) -> None:
     with pytest.raises(ValidationError, match="allowedMediaDomains"):
         RouterSettings.model_validate({"allowedMediaDomains": ["ok.example.com", bad]})
