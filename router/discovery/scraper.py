@@ -71,7 +71,12 @@ class MetricsParseError(ValueError):
 
 
 class ScrapeError(Exception):
-    """No metrics page came back: refused, timed out, a bad status, too big."""
+    """No metrics page came back: refused, timed out, a bad status, too big. `answered`: the
+    endpoint did answer (a status, a body), so it is up, if not with metrics."""
+
+    def __init__(self, message: str, *, answered: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 #: GET `url` within `timeout_s` and return the body as text, or raise ScrapeError.
@@ -103,12 +108,12 @@ class MetricsFetcher:
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as response:
                 if response.status != 200:
-                    raise ScrapeError(f"HTTP {response.status}")
+                    raise ScrapeError(f"HTTP {response.status}", answered=True)
                 body = bytearray()
                 async for chunk in response.content.iter_chunked(1 << 16):
                     body += chunk
                     if len(body) > max_bytes:
-                        raise ScrapeError(f"reply larger than {max_bytes} bytes")
+                        raise ScrapeError(f"reply larger than {max_bytes} bytes", answered=True)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ScrapeError(_describe(exc)) from exc
         return body.decode("utf-8", "replace")
@@ -355,6 +360,8 @@ class Scraper:
             metrics = parse_vllm_metrics(text)
         except (ScrapeError, MetricsParseError) as exc:
             ep.scrape_failures += 1
+            if isinstance(exc, MetricsParseError) or exc.answered:
+                ep.answered_at_s = self.clock()
             if ep.scrape_failures == 1:  # log transitions, not every failed round
                 log.warning(
                     "event=scrape_failed endpoint=%s pool=%s error=%r",
@@ -372,7 +379,7 @@ class Scraper:
         if ep.scrape_failures:
             log.info("event=scrape_recovered endpoint=%s failures=%d", ep.url, ep.scrape_failures)
         ep.running, ep.waiting, ep.kv_usage = metrics.running, metrics.waiting, metrics.kv_usage
-        ep.scraped_at_s = self.clock()
+        ep.scraped_at_s = ep.answered_at_s = self.clock()
         ep.scrape_failures = 0
         return True
 

@@ -31,6 +31,9 @@ class EndpointState:
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
     scraped_at_s: float | None = None  # router clock time of the last successful scrape
     scrape_failures: int = 0  # consecutive failed scrapes (0 after a success)
+    # Router clock time the endpoint last answered a scrape at all (metrics or not): a node
+    # that stops answering has hung, or its host is gone.
+    answered_at_s: float | None = None
     # The router's own view.
     inflight: int = 0  # requests the router has open to this endpoint
     consecutive_failures: int = 0

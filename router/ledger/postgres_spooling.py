@@ -163,8 +163,9 @@ class PostgresSpooling:
                 self._let_go_of(entry, on_disk)
             else:
                 self._count_written(record, entry.written)  # never to be written
-                # The row holds an older record or none: a later one goes over what it holds.
-                entry.written, entry.over_held = record, True
+            # Settled up to `record`; the row holds an older record or none, so a later one
+            # goes over what it holds (`over_held`), its USD counted from `record`.
+            entry.written, entry.over_held = record, True
 
     def _let_go_of(self, entry: LedgerEntry, record: UsageRecord) -> None:
         """Leave `record`, spooled, to the disk: written from the spool's file once the backlog

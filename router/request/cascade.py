@@ -32,7 +32,7 @@ from tiergate.router.request.refusal import hosted_refusal, node_refusal
 from tiergate.router.request.relay import bad_reply, bill
 from tiergate.router.request.tool_check import ToolCallChecker
 from tiergate.router.tenants.registry import Tenant, authorize_tier
-from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamError
+from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamError, WholeReplyTimeout
 from tiergate.router.upstream.reply import Reply
 
 log = logging.getLogger("tiergate.router")
@@ -287,6 +287,8 @@ async def _first_reply(
         except (ValueError, TypeError, AttributeError):
             return None, "a malformed reply", None
         return reply, None, None
+    except WholeReplyTimeout:
+        raise  # the second tier would take as long again: the client has the 504
     except RouterError as error:
         one.status = error.status
         return None, error.message, None

@@ -18,11 +18,12 @@ A stream's head comes at once (vLLM, SGLang and sim nodes send it before the fir
 a stream whose head or next part does not come within `read_timeout_s` (300 s) is a hung
 node's. A whole reply's head comes only once the node has generated all of it, which a long
 reply on a busy node may take many minutes to do: waiting for it is bounded by
-`whole_reply_timeout_s` instead (600 s, what the OpenAI and Anthropic SDKs wait), and past it
-the client gets 504 `upstream_timeout` with no retry and nothing held against the node (it
-is busy, not broken; another endpoint would do the same work again). A node that stops
-answering its metrics scrapes while it holds a whole reply (`unresponsive_after_s`, three
-scrapes in a row) is taken for hung: the wait ends, the node counts a failure and the
+`whole_reply_timeout_s` instead (600 s, what the OpenAI and Anthropic SDKs wait, for the
+request whichever endpoints it goes to), and past it the client gets 504 `upstream_timeout`
+with no retry and nothing held against the node (it is busy, not broken; another endpoint
+would do the same work again). A node that stops answering its metrics scrapes while it holds
+a whole reply (three failed in a row, and no answer at all, not even an error status, for
+`unresponsive_after_s`) is taken for hung: the wait ends, the node counts a failure and the
 request goes to the next endpoint. A hosted API has no scrapes: its pool's `timeoutS`
 bounds a reply's start, whole or streamed.
 
@@ -276,6 +277,8 @@ class Upstream:
         session = self._client()
         failures: list[tuple[EndpointState, str]] = []
         answered_500: list[EndpointState] = []  # not held against them unless another serves
+        # One bound for a whole reply, whichever endpoints it goes to.
+        deadline = asyncio.get_running_loop().time() + self.whole_reply_timeout_s
         for endpoint in endpoints[: self.attempts]:
             if failures:
                 self.retries += 1
@@ -302,7 +305,7 @@ class Upstream:
                     allow_redirects=False,
                 )  # fmt: skip
                 response = await (
-                    self._whole_head(post, endpoint, headers, len(failures) + 1)
+                    self._whole_head(post, endpoint, headers, len(failures) + 1, deadline)
                     if watched
                     else post
                 )
@@ -360,13 +363,13 @@ class Upstream:
         endpoint: EndpointState,
         headers: dict[str, str],
         attempt: int,
+        deadline: float,
     ) -> aiohttp.ClientResponse:
-        """The head of a whole reply from a node, awaited for up to `whole_reply_timeout_s`
-        (WholeReplyTimeout past it) while the node answers its scrapes (_Unresponsive once it
-        has not for `unresponsive_after_s`). The request is cancelled (its connection
+        """The head of a whole reply from a node, awaited until `deadline` (the event loop's
+        time; WholeReplyTimeout past it) while the node answers its scrapes (_Unresponsive
+        once it has not for `unresponsive_after_s`). The request is cancelled (its connection
         closed, which stops the node's work) when the wait ends without the head."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.whole_reply_timeout_s
         task = asyncio.ensure_future(post)
         handed = False
         try:
@@ -391,20 +394,22 @@ class Upstream:
                     )  # fmt: skip
                     raise _Unresponsive
         finally:
-            if not task.done():
+            if not handed:
+                # A head that comes anyway (as the wait ends, or past a second cancellation
+                # while this waits below) is closed, whenever it comes: nobody reads it.
+                task.add_done_callback(_close_unread)
                 task.cancel()  # closes the connection: the node stops generating
                 await asyncio.wait((task,))  # not `await task`: its CancelledError is not ours
-            if not handed and not task.cancelled() and task.exception() is None:
-                task.result().close()  # it came as the wait ended: nobody reads it
 
     def _unresponsive(self, endpoint: EndpointState) -> bool:
-        """Whether `endpoint` has stopped answering its scrapes (one never scraped well, an
-        engine with no metrics, is not judged)."""
-        last_good = endpoint.scraped_at_s
+        """Whether `endpoint` has stopped answering its scrapes: its last scrapes failed and
+        it has answered none (not even with an error status) for `unresponsive_after_s`. One
+        never scraped, or no longer scraped (out of the view), is not judged."""
+        answered = endpoint.answered_at_s
         return (
-            last_good is not None
+            answered is not None
             and endpoint.scrape_failures >= UNRESPONSIVE_SCRAPES
-            and self.clock() - last_good >= self.unresponsive_after_s
+            and self.clock() - answered >= self.unresponsive_after_s
         )
 
     @staticmethod
@@ -466,6 +471,12 @@ class Upstream:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _close_unread(task: asyncio.Future[aiohttp.ClientResponse]) -> None:
+    """Close the response `task` brought, if any (its exception, if any, is retrieved)."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 def _failure(exc: BaseException) -> str:

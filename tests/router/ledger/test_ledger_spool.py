@@ -762,6 +762,18 @@ async def test_a_row_whose_end_the_full_spool_refused_leaves_its_start_to_disk_a
         assert sorted(got) == [("next", 0.01, "ok"), ("s", 0.001, "incomplete")]
         assert led.unwritten_usd("acme") == 0
         assert led.committed_usd("acme") == pytest.approx(0.011)
+        # The stream goes on and ends later: its row and the day's totals say its end, and
+        # nothing is counted as unwritten twice. (What this process counts as committed
+        # moves from the dropped record, $0.04: the database's $0.049 is what a budget's next
+        # lease reads.)
+        led.amend(entry, usage("s", completion=50, cost=0.05, latency=3.0))
+        await led.committed()
+        got = await fetch(dsn, "SELECT request_id, cost_usd FROM usage ORDER BY request_id")
+        assert got == [("next", 0.01), ("s", 0.05)]
+        daily = await fetch(dsn, "SELECT requests, cost_usd FROM tenant_daily")
+        assert daily == [(2, pytest.approx(0.06))]
+        assert led.unwritten_usd("acme") == pytest.approx(0)
+        assert led.committed_usd("acme") == pytest.approx(0.011 + 0.01)
 
 
 async def test_records_on_disk_only_at_a_clean_stop_are_written_by_the_next_process(

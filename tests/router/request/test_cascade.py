@@ -518,3 +518,21 @@ def test_two_tenants_sending_exponential_schemas_leave_a_third_tenant_s_checks_a
         assert events[::2] == ["event=cascade_checks_given_up"] * len(events[::2]), events
         assert events[1::2] == ["event=cascade_checks_resumed"] * len(events[1::2]), events
     assert not any("$defs" in m or "list the files" in m for m in messages)
+
+
+def test_a_first_tier_that_does_not_finish_in_time_is_a_504_not_an_escalation(
+    served: Served, tmp_path: Path
+) -> None:
+    """The second tier would take as long again, so the client has the 504 at once (a stream
+    would be served by the second tier otherwise: its wait is not bounded by the limit)."""
+    with cascade_system(served, tmp_path, 8, 4, router=", wholeReplyTimeoutS: 0.01") as system:
+        # A text reply of 400 tokens: about 0.2 s on the wafer, past the 10 ms limit.
+        reply = cascade(system["url"], 0, stream=True, max_tokens=400, tool_choice="none")
+        assert reply.status_code == 504, reply.text
+        assert reply.json()["error"]["code"] == "upstream_timeout"
+        (escalated,) = (
+            sqlite3.connect(system["ledger"])
+            .execute("select count(*) from usage where escalated")
+            .fetchone()
+        )
+        assert escalated == 0

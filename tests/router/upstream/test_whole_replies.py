@@ -40,6 +40,7 @@ class Node:
     reply_s: float
     hangs: bool = False
     metrics: bool = True
+    breaks_metrics: bool = False  # its /metrics answers 500 once a request came
     requests: int = 0
     left: int = 0  # requests whose client closed the connection before the reply
 
@@ -52,6 +53,8 @@ class Node:
                     pass
                 return
             status, body = (200, IDLE_METRICS) if self.metrics else (404, b"not found")
+            if self.requests and self.breaks_metrics:
+                status, body = 500, b"internal error"
             await send({"type": "http.response.start", "status": status, "headers": []})
             await send({"type": "http.response.body", "body": body})
             return
@@ -234,4 +237,56 @@ async def test_a_whole_body_that_stalls_after_its_head_times_out(served: Served)
                 await opened.read()
             await opened.close()
         finally:  # while the node is up: its handler ends once the connection is closed
+            await upstream.aclose()
+
+
+async def test_a_node_that_answers_its_scrapes_with_errors_is_not_taken_for_hung(
+    served: Served, failed: list[str]
+) -> None:
+    """Metrics that break (500s) while the node generates say it is up: only a node that
+    answers nothing is taken for hung."""
+    upstream = Upstream(
+        whole_reply_timeout_s=60, unresponsive_after_s=0.3,
+        on_failure=lambda e: failed.append(e.url),
+    )  # fmt: skip
+    with ExitStack() as stack:
+        nodes = [Node(reply_s=2.0, breaks_metrics=True), Node(reply_s=0.1)]
+        eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
+        scraper, fetcher = await scraping(eps)
+        try:
+            while any(e.scraped_at_s is None for e in eps):
+                await asyncio.sleep(0.02)
+            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+            assert (opened.status, opened.attempts, opened.endpoint) == (200, 1, eps[0])
+            await opened.close()
+            assert failed == [] and eps[0].scrape_failures >= 3
+        finally:
+            await scraper.stop()
+            await fetcher.aclose()
+            await upstream.aclose()
+
+
+async def test_the_limit_bounds_the_whole_request_not_each_endpoint(
+    served: Served, failed: list[str]
+) -> None:
+    """The first node hangs and is given up on; the second gets what is left of the limit,
+    less than it takes: a 504 on the second attempt, not a fresh limit per endpoint."""
+    upstream = Upstream(
+        whole_reply_timeout_s=3.0, unresponsive_after_s=0.5,
+        on_failure=lambda e: failed.append(e.url),
+    )  # fmt: skip
+    with ExitStack() as stack:
+        nodes = [Node(reply_s=60.0, hangs=True), Node(reply_s=2.9)]
+        eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
+        scraper, fetcher = await scraping(eps)
+        try:
+            while any(e.scraped_at_s is None for e in eps):
+                await asyncio.sleep(0.02)
+            with pytest.raises(WholeReplyTimeout) as caught:
+                await upstream.open(eps, PATH, b"{}", {}, whole=True)
+            assert caught.value.attempts == 2 and failed == [eps[0].url]
+            assert nodes[1].requests == 1
+        finally:
+            await scraper.stop()
+            await fetcher.aclose()
             await upstream.aclose()
