@@ -33,7 +33,6 @@ from tiergate.sim_nodes.catalogs import Catalog
 from .autoscaling import (
     Decision,
     MetricsError,
-    PodMetrics,
     RouterQueues,
     decide,
     observed_load,
@@ -138,8 +137,12 @@ def autoscale(
     old = body.get("status") or {}
     previous = _previous(old.get("autoscaling"))
     hpa = cluster.hpa_targeting(namespace, name)
-    reports = _scrape_ready(cluster.pool_pods(namespace, name), scrape, f"{namespace}/{name}")
-    load = observed_load(reports) if reports else None
+    found = _scrape_all(
+        cluster.pool_pods(namespace, name), scrape, parse_pod_metrics, f"pool={namespace}/{name}"
+    )
+    reports = [report for report in found if report is not None]
+    # Pods that did not answer carry load the sum leaves out: it may scale up, not down.
+    load = observed_load(reports, unread=len(found) - len(reports)) if reports else None
     queues = None
     if routers is not None and routers.serves == namespace:
         queues = _router_queues(cluster, routers, name)
@@ -170,12 +173,6 @@ def autoscale(
         events.append(("Warning", ROUTER_QUEUES_UNKNOWN, message))
     replicas = decision.desired if decision.changes else None
     return Tick(status, replicas, decision, events)
-
-
-def _scrape_ready(pods: list[PodAddress], scrape: Scrape, pool: str) -> list[PodMetrics]:
-    """The reports of the ready pods that answered; the others are left out."""
-    found = _scrape_all(pods, scrape, parse_pod_metrics, f"pool={pool}")
-    return [report for report in found if report is not None]
 
 
 def _router_queues(cluster: Cluster, routers: Routers, pool: str) -> RouterQueues:

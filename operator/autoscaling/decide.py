@@ -55,11 +55,13 @@ class HpaUnknown:
 
 @dataclass(frozen=True, slots=True)
 class ObservedLoad:
-    """Requests running and waiting, summed over the pool's pods that reported."""
+    """Requests running and waiting, summed over the pool's pods that reported; `unread`
+    ready pods did not (their load is unknown, so the sum is a lower bound)."""
 
     pods: int
     running: int
     waiting: int
+    unread: int = 0
 
     @property
     def demand(self) -> int:
@@ -177,7 +179,7 @@ def decide(
         load = ObservedLoad(0, 0, 0)  # out of range: back within it, whatever the load
         base = current
     queued = routers.waiting if routers is not None else 0
-    partial = routers is not None and not routers.complete
+    partial = (routers is not None and not routers.complete) or load.unread > 0
     demand = load.demand + queued
     needed = math.ceil(demand / per_replica - 1e-9)
     recommended = min(max(needed, low), high)
@@ -211,6 +213,11 @@ def decide(
         message += f"; scaling down to {stable} after the {policy.stabilization_s} s window"
     if routers is not None and not routers.complete:
         message += f"; {unread_routers(routers)}: not scaling down until they are read"
+    if load.unread:
+        message += (
+            f"; {load.unread} of {load.pods + load.unread} ready pods did not report their "
+            "load: not scaling down until they are read"
+        )
     status = status.model_copy(update={"desired_replicas": desired})
     if desired != current:
         status = status.model_copy(

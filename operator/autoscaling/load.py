@@ -95,13 +95,14 @@ def parse_pod_metrics(text: str) -> PodMetrics:
     )
 
 
-def observed_load(pods: Iterable[PodMetrics]) -> ObservedLoad:
-    """Running and waiting summed over the pods that reported."""
+def observed_load(pods: Iterable[PodMetrics], *, unread: int = 0) -> ObservedLoad:
+    """Running and waiting summed over the pods that reported; `unread` ready pods did not."""
     reports = list(pods)
     return ObservedLoad(
         pods=len(reports),
         running=sum(p.running for p in reports),
         waiting=sum(p.waiting for p in reports),
+        unread=unread,
     )
 
 

@@ -226,6 +226,34 @@ def test_pods_that_do_not_answer_or_are_not_ready_are_left_out() -> None:
     assert events == []  # NoMetrics is said by the condition alone
 
 
+def test_a_pool_whose_pods_did_not_all_answer_scales_up_on_what_is_known_but_never_down() -> None:
+    """Pods that do not answer (busy, a network blip) carry load the tick cannot see: the
+    others' load is a lower bound, which may scale the pool up but never down."""
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((4, 6))
+    tick(cluster, memo)
+    assert replicas(cluster) == 4
+    fleet.set((0, 0), (0, 0), (0, 0), (4, 6))  # the busy one stops answering
+    fleet.down.add("10.0.0.4")
+    for _ in range(6):  # far past the 60 s window
+        clock.now += TICK
+        tick(cluster, memo)
+        assert replicas(cluster) == 4
+    autoscaling = status(cluster)["autoscaling"]
+    assert autoscaling["observedPods"] == 3
+    message = conditions(status(cluster))["Autoscaling"]["message"]
+    assert "1 of 4 ready pods did not report their load: not scaling down" in message
+    fleet.down.clear()  # it answers again, idle
+    fleet.set((0, 0), (0, 0), (0, 0), (0, 0))
+    seen = []
+    for _ in range(6):
+        clock.now += TICK
+        tick(cluster, memo)
+        seen.append(replicas(cluster))
+    assert seen[-1] == 1 and [reason for _, reason, _ in events] == ["ScaledUp", "ScaledDown"]
+
+
 @pytest.mark.parametrize("reading", ["NaN", "+Inf", "-Inf"])
 def test_a_pod_reporting_a_value_that_is_not_a_number_is_left_out(reading: str) -> None:
     cluster, fleet, clock, events = setup()
