@@ -176,11 +176,15 @@ class Router:
         *,
         chat: bool,
         upstream: Opener | None = None,
+        request_id: str | None = None,
     ) -> None:
         """Serve one completion request, whose reply goes out through `send`. `upstream`: the
         way to its endpoint when another proxy carries the request (the endpoint picker's
-        gateway, router/epp); the router's own proxy otherwise."""
-        ex = Exchange(new_request_id(), self.clock(), header_map(scope), receive, send)
+        gateway, router/epp); the router's own proxy otherwise. `request_id`: the request's,
+        when the caller named it already (a new one otherwise)."""
+        ex = Exchange(
+            request_id or new_request_id(), self.clock(), header_map(scope), receive, send
+        )
         ex.upstream = upstream
         try:
             await self._handle(ex, chat)
@@ -199,7 +203,11 @@ class Router:
                 pass  # a refusal costs nothing: it goes out even when its row cannot be kept
             await self._refuse(send, error, ex.request_id)
         except ClientGone:
-            ex.done.outcome, ex.done.status = "client_disconnect", 499
+            refusal = upstream.refusal if upstream is not None else None
+            if refusal is None:
+                ex.done.outcome, ex.done.status = "client_disconnect", 499
+            else:  # the gateway's client was answered in its stead (a pick not made in time)
+                ex.done.outcome, ex.done.status = "shed", refusal.status
         except Exception:
             await self.accountant.settle(ex)  # the app's 500 goes out after the record
             raise

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from tiergate.router.base.errors import RouterError
 from tiergate.router.config import MAX_REPLY_BYTES
 from tiergate.router.endpoints.hosted import HostedApi
 from tiergate.router.endpoints.state import CandidateSet, EndpointState
@@ -53,6 +54,8 @@ class Gateway(Protocol):
     """What the opener needs of the ext_proc stream (router/epp/stream.py)."""
 
     subset: frozenset[str] | None
+    #: What the picker answered in the request path's stead (a pick not made in time).
+    refusal: RouterError | None
 
     def send_pick(self, destination: str, headers: dict[str, str], body: bytes) -> None:
         """Tell the gateway where the request goes, with the headers to set and the body."""
@@ -164,6 +167,10 @@ class GatewayOpener:
 
     def failed(self, endpoint: EndpointState) -> None:
         self.on_failure(endpoint)
+
+    @property
+    def refusal(self) -> RouterError | None:
+        return self.gateway.refusal
 
 
 @dataclass

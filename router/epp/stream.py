@@ -38,7 +38,9 @@ from tiergate.router.epp import protocol
 from tiergate.router.epp.deadline import PICK_WITHIN_S
 from tiergate.router.epp.pick import NEVER_FORWARDED, GatewayOpener, ReplyHead
 from tiergate.router.handler import Router
+from tiergate.router.request.ids import new_request_id
 from tiergate.router.upstream.disconnect import Timer
+from tiergate.router.upstream.proxy import REQUEST_ID_HEADER
 
 __all__ = ["GatewayStream", "ProtocolViolation", "End"]
 
@@ -87,6 +89,9 @@ class GatewayStream:
             self, fallbacks=fallbacks, on_failure=on_failure, max_reply_bytes=max_reply_bytes
         )
         self.task: asyncio.Task[None] | None = None
+        #: The request's id: the request path's, and on the picker's own refusals too.
+        self.request_id = new_request_id()
+        self.refusal: RouterError | None = None  # a pick not made in time (`_pick_overdue`)
         self.pick_within_s = pick_within_s
         self._call_later = call_later
         self._pick_deadline: Timer | None = None
@@ -231,8 +236,11 @@ class GatewayStream:
         self._pick_deadline = None
         if self._picked or self._finished or self._gone:
             return
-        log.warning("event=epp_pick_overdue within_s=%g", self.pick_within_s)
-        self._refuse(_pick_timeout(self.pick_within_s))
+        log.warning(
+            "event=epp_pick_overdue request_id=%s within_s=%g", self.request_id, self.pick_within_s
+        )
+        self.refusal = _pick_timeout(self.pick_within_s)
+        self._refuse(self.refusal)
 
     def half_closed(self) -> None:
         """Envoy will send nothing more: the stream ends once the answers owed went out
@@ -259,8 +267,9 @@ class GatewayStream:
     async def _serve(self, scope: dict[str, Any], chat: bool) -> None:
         try:
             await self.router.completion(
-                scope, self.receive, self.send, chat=chat, upstream=self.opener
-            )
+                scope, self.receive, self.send, chat=chat, upstream=self.opener,
+                request_id=self.request_id,
+            )  # fmt: skip
         except Exception:
             self._internal_error()
             log.exception("event=internal_error path=%s via=epp", scope["path"])
@@ -350,7 +359,11 @@ class GatewayStream:
             self.outbox.put_nowait(response)
 
     def _refuse(self, error: RouterError) -> None:
-        headers = {"content-type": "application/json", **error.headers}
+        headers = {
+            "content-type": "application/json",
+            REQUEST_ID_HEADER: self.request_id,
+            **error.headers,
+        }
         self._immediate_parts(error.status, headers, dumps(error.envelope()), error.code)
 
     def _immediate(self, start: Message, body: bytes) -> None:

@@ -233,6 +233,7 @@ class Upstream:
         self._urls: dict[str, URL] = {}
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self.retries = 0  # total extra attempts made (a metric)
+        self.refusal: RouterError | None = None  # the router's own port answers for itself
 
     def _client(self) -> aiohttp.ClientSession:
         """The shared session, made on first use (aiohttp needs the running event loop)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
+from tiergate.router.base.errors import RouterError
 from tiergate.router.endpoints.hosted import HostedApi
 from tiergate.router.endpoints.state import EndpointState
 
@@ -74,4 +75,11 @@ class Opener(Protocol):
 
     def failed(self, endpoint: EndpointState) -> None:
         """`endpoint`'s reply failed after it started: its failure, for outlier detection."""
+        ...
+
+    @property
+    def refusal(self) -> RouterError | None:
+        """What this way answered the client in the request path's stead, if it did (behind
+        a gateway: a pick not made in time), so that the request is recorded as refused, not
+        as a client that left."""
         ...

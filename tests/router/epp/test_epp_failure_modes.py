@@ -7,13 +7,16 @@ import asyncio
 import json
 import socket
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from envoy_gateway import GatewayConfig, start_envoy
 from epp_system import StandIn, System, address, chat, epp_system, node, picker_alone, post
+from polling_helpers import until
 
 #: Real processes and servers: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -90,6 +93,51 @@ async def test_fail_open_a_pick_not_made_in_time_is_refused_not_sent_on_unpicked
     assert r.status_code == 503, r.text
     assert json.loads(r.content)["error"]["code"] == "pick_timeout"
     assert r.headers["retry-after"] == "1"
+
+
+def test_a_pick_not_made_in_time_is_recorded_as_refused_under_its_request_id(
+    served: Callable[[Any], AbstractContextManager[str]], tmp_path: Path
+) -> None:
+    """The premium tier's 16 slots are taken by long replies; a FailOpen gateway's request
+    waits for one past the picker's bound. Its refusal carries the request id the router's
+    records use, and the router counts it as shed, not as a client that left."""
+    slow = {  # premium on an H100: seconds a reply
+        "coder-batched": [node(["coder"])],
+        "coder-premium": [node(["coder"], accelerator="h100-sxm")],
+        "spark": [node(["coder-spark"])],
+    }
+    with epp_system(served, tmp_path, nodes=slow) as system:
+        system.epp.pick_within_s = 0.5
+        premium = {"x-tiergate-tier": "premium"}
+        fallback = address(system.nodes["coder-premium"][0])
+        envoy = system.envoy(fail_open=True, fallback=fallback)
+        with ThreadPoolExecutor(16) as holders:
+            held = [
+                holders.submit(post, system.url, chat(max_tokens=600), premium) for _ in range(16)
+            ]
+            until(lambda: slots_taken(system) == 16, "the premium slots were not all taken", 30)
+            r = post(envoy.url, chat(max_tokens=2), premium)
+            assert r.status_code == 503, r.text
+            assert json.loads(r.content)["error"]["code"] == "pick_timeout"
+            request_id = r.headers["x-tiergate-request-id"]
+            assert len(request_id) == 32
+            until(lambda: outcomes(system).get("shed", 0) == 1, "the refusal was not counted", 30)
+            assert outcomes(system).get("client_disconnect", 0) == 0
+            assert all(holder.result().status_code == 200 for holder in held)
+
+
+def slots_taken(system: System) -> int:
+    return sum(q.active for q in system.app.router.admission.queues.values())
+
+
+def outcomes(system: System) -> dict[str, float]:
+    """tiergate_requests_total by outcome."""
+    found: dict[str, float] = {}
+    for line in httpx.get(system.metrics + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("tiergate_requests_total{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            found[outcome] = found.get(outcome, 0.0) + float(line.split()[-1])
+    return found
 
 
 @pytest.mark.parametrize("fallbacks", [1, 0])

@@ -80,10 +80,13 @@ class RequestPath:
         self.body_read = asyncio.Event()
         self.done = asyncio.Event()
         self.seen: list[object] = []
+        self.request_ids: list[str | None] = []
 
     async def completion(
-        self, scope: Any, receive: Receive, send: Send, *, chat: bool, upstream: Opener
-    ) -> None:
+        self, scope: Any, receive: Receive, send: Send, *, chat: bool, upstream: Opener,
+        request_id: str | None = None,
+    ) -> None:  # fmt: skip
+        self.request_ids.append(request_id)
         try:
             self.bodies.append(await read_body(receive, {}, 1 << 20))
             self.body_read.set()
@@ -242,9 +245,15 @@ async def test_a_buffered_body_not_picked_in_time_is_refused_by_the_picker() -> 
     assert json.loads(refusal.body)["error"]["code"] == "pick_timeout"
     retry = {h.header.key.lower(): h.header.raw_value for h in refusal.headers.set_headers}
     assert retry["retry-after"] == b"1"
+    # The request path's id, which its records use: the refusal names it.
+    assert path.request_ids == [stream.request_id]
+    assert retry["x-tiergate-request-id"] == stream.request_id.encode()
     stream.ended()  # as the servicer does once the stream is over
     await asyncio.wait_for(path.done.wait(), HANG_S)
     assert path.seen == ["disconnect"]  # the request stops waiting for its slot
+    # The request path learns it was refused, not left by its client.
+    refused = stream.opener.refusal
+    assert refused is not None and refused.code == "pick_timeout"
 
 
 async def test_a_pick_in_time_stops_the_deadline_and_a_streamed_body_has_none() -> None:
