@@ -69,8 +69,9 @@ BACKOFF_S = (0.0, 0.02, 0.1)
 #: Connecting is short (a dead endpoint must be retried elsewhere quickly), and so is waiting
 #: for a pooled connection (`connect` covers both).
 CONNECT_TIMEOUT_S, SOCK_CONNECT_TIMEOUT_S = 5.0, 2.0
-#: A node whose scrapes have failed `UNRESPONSIVE_SCRAPES` times in a row, its last good one
-#: this long ago, is taken for hung by a whole reply waiting on it.
+#: A node whose scrapes have failed `UNRESPONSIVE_SCRAPES` times in a row, and that has answered
+#: none (not even with an error status) for this long, is taken for hung by a whole reply
+#: waiting on it.
 UNRESPONSIVE_AFTER_S = 10.0
 UNRESPONSIVE_SCRAPES = 3
 #: How often a whole reply's wait looks at its node's scrapes.
@@ -214,8 +215,8 @@ class Upstream:
         read_timeout_s: until a stream's head, and between two parts of any reply.
         whole_reply_timeout_s: until a whole reply's head, from a node still answering.
         unresponsive_after_s: a node holding a whole reply whose scrapes have failed
-            `UNRESPONSIVE_SCRAPES` times in a row, the last good one this long ago (by `clock`,
-            the scraper's), is taken for hung.
+            `UNRESPONSIVE_SCRAPES` times in a row, and which has answered none for this long
+            (by `clock`, the scraper's), is taken for hung.
         """
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
