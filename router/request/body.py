@@ -383,10 +383,8 @@ def _media_parts(body: dict[str, Any]) -> tuple[tuple[str, str, str | None], ...
             if not isinstance(part, dict):
                 continue
             kind = part.get("type")
-            field = next((f for f in _URL_FIELDS if f in part), None)
             media = _MEDIA.get(kind.removeprefix("input_") if isinstance(kind, str) else "")
-            if media is None and field is not None:
-                media = _MEDIA[field]
+            media = media or next((_MEDIA[f] for f in _URL_FIELDS if f in part), None)
             if media is not None:
                 parts.append((media, f"messages[{i}].content[{j}]", _fetched_url(part)))
     return tuple(parts)

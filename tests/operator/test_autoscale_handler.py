@@ -120,6 +120,16 @@ def status(cluster: FakeCluster) -> dict[str, Any]:
     return dict(cluster.pools[(NS, NAME)]["status"])
 
 
+def replicas_over(ticks: int, cluster: FakeCluster, memo: OperatorMemo, clock: Clock) -> list[int]:
+    """The pool's replicas after each of `ticks` more ticks, a tick interval apart."""
+    seen = []
+    for _ in range(ticks):
+        clock.now += TICK
+        tick(cluster, memo)
+        seen.append(replicas(cluster))
+    return seen
+
+
 def test_scales_up_at_once_writing_the_status_first() -> None:
     cluster, fleet, clock, events = setup()
     memo = memo_of(cluster, fleet, clock, events)
@@ -140,11 +150,7 @@ def test_scales_down_to_min_once_the_window_is_observed_whole() -> None:
     fleet.set((4, 6))
     tick(cluster, memo)
     fleet.set((0, 0), (0, 0), (0, 0), (0, 0))
-    seen = []
-    for _ in range(6):
-        clock.now += TICK
-        tick(cluster, memo)
-        seen.append(replicas(cluster))
+    seen = replicas_over(6, cluster, memo, clock)
     assert seen == [4, 4, 4, 1, 1, 1]  # 60 s after observing began: back to min
     assert [reason for _, reason, _ in events] == ["ScaledUp", "ScaledDown"]
 
@@ -236,21 +242,14 @@ def test_a_pool_whose_pods_did_not_all_answer_scales_up_on_what_is_known_but_nev
     assert replicas(cluster) == 4
     fleet.set((0, 0), (0, 0), (0, 0), (4, 6))  # the busy one stops answering
     fleet.down.add("10.0.0.4")
-    for _ in range(6):  # far past the 60 s window
-        clock.now += TICK
-        tick(cluster, memo)
-        assert replicas(cluster) == 4
+    assert replicas_over(6, cluster, memo, clock) == [4] * 6  # far past the 60 s window
     autoscaling = status(cluster)["autoscaling"]
     assert autoscaling["observedPods"] == 3
     message = conditions(status(cluster))["Autoscaling"]["message"]
     assert "1 of 4 ready pods did not report their load: not scaling down" in message
     fleet.down.clear()  # it answers again, idle
     fleet.set((0, 0), (0, 0), (0, 0), (0, 0))
-    seen = []
-    for _ in range(6):
-        clock.now += TICK
-        tick(cluster, memo)
-        seen.append(replicas(cluster))
+    seen = replicas_over(6, cluster, memo, clock)
     assert seen[-1] == 1 and [reason for _, reason, _ in events] == ["ScaledUp", "ScaledDown"]
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +84,37 @@ def failed() -> list[str]:
     return []
 
 
-async def scraping(endpoints: list[EndpointState]) -> tuple[Scraper, MetricsFetcher]:
-    fetcher = MetricsFetcher()
-    scraper = Scraper(lambda: endpoints, fetcher, clock=time.monotonic, interval_s=0.1)
-    scraper.start()
-    return scraper, fetcher
+@asynccontextmanager
+async def scraped(served: Served, *nodes: Node) -> AsyncIterator[list[EndpointState]]:
+    """`nodes` served, and scraped every 0.1 s by a real `Scraper`, for the block: their
+    endpoints."""
+    with ExitStack() as stack:
+        endpoints = [endpoint(stack.enter_context(served(node))) for node in nodes]
+        fetcher = MetricsFetcher()
+        scraper = Scraper(lambda: endpoints, fetcher, clock=time.monotonic, interval_s=0.1)
+        scraper.start()
+        try:
+            yield endpoints
+        finally:
+            await scraper.stop()
+            await fetcher.aclose()
+
+
+@asynccontextmanager
+async def upstream_of(failed: list[str], **settings: Any) -> AsyncIterator[Upstream]:
+    """An `Upstream` with `settings` that puts the URLs it counts a failure for in `failed`;
+    closed at the block's end (inside `scraped`'s, while the nodes still answer)."""
+    upstream = Upstream(on_failure=lambda e: failed.append(e.url), **settings)
+    try:
+        yield upstream
+    finally:
+        await upstream.aclose()
+
+
+async def each_scraped(endpoints: list[EndpointState]) -> None:
+    """Until every endpoint has answered a scrape with its metrics."""
+    while any(e.scraped_at_s is None for e in endpoints):
+        await asyncio.sleep(0.02)
 
 
 async def test_a_whole_reply_longer_than_the_read_timeout_is_waited_for(
@@ -148,25 +174,14 @@ async def test_a_whole_reply_past_its_limit_is_a_504_tried_nowhere_else(
 async def test_a_node_that_stops_answering_its_scrapes_fails_the_wait_and_another_serves(
     served: Served, failed: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    upstream = Upstream(
-        whole_reply_timeout_s=60, unresponsive_after_s=0.5,
-        on_failure=lambda e: failed.append(e.url),
-    )  # fmt: skip
-    with ExitStack() as stack:
-        nodes = [Node(reply_s=60.0, hangs=True), Node(reply_s=0.2)]
-        eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
-        scraper, fetcher = await scraping(eps)
-        try:
-            while any(e.scraped_at_s is None for e in eps):  # both answered a scrape
-                await asyncio.sleep(0.02)
-            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
-            assert (opened.status, opened.attempts, opened.endpoint) == (200, 2, eps[1])
-            await opened.close()
-            assert failed == [eps[0].url] and eps[0].scrape_failures >= 3
-        finally:
-            await scraper.stop()
-            await fetcher.aclose()
-            await upstream.aclose()
+    nodes = (Node(reply_s=60.0, hangs=True), Node(reply_s=0.2))
+    settings = {"whole_reply_timeout_s": 60, "unresponsive_after_s": 0.5}
+    async with scraped(served, *nodes) as eps, upstream_of(failed, **settings) as upstream:
+        await each_scraped(eps)
+        opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+        assert (opened.status, opened.attempts, opened.endpoint) == (200, 2, eps[1])
+        await opened.close()
+        assert failed == [eps[0].url] and eps[0].scrape_failures >= 3
     assert all(e.inflight == 0 for e in eps)
     assert any("event=node_unresponsive" in r.getMessage() for r in caplog.records)
 
@@ -174,25 +189,16 @@ async def test_a_node_that_stops_answering_its_scrapes_fails_the_wait_and_anothe
 async def test_a_node_without_metrics_is_not_taken_for_hung(
     served: Served, failed: list[str]
 ) -> None:
-    """An engine never scraped well (no /metrics) says nothing by its scrapes: only the limit
-    bounds its whole replies."""
-    upstream = Upstream(
-        whole_reply_timeout_s=60, unresponsive_after_s=0.1,
-        on_failure=lambda e: failed.append(e.url),
-    )  # fmt: skip
-    with served(Node(reply_s=1.0, metrics=False)) as url:
-        eps = [endpoint(url)]
-        scraper, fetcher = await scraping(eps)
-        try:
-            while eps[0].scrape_failures < 3:
-                await asyncio.sleep(0.02)
-            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
-            assert (opened.status, opened.attempts) == (200, 1) and failed == []
-            await opened.close()
-        finally:
-            await scraper.stop()
-            await fetcher.aclose()
-            await upstream.aclose()
+    """An engine with no /metrics fails every scrape, but answers it (404): it is up, and only
+    the limit bounds its whole replies."""
+    settings = {"whole_reply_timeout_s": 60, "unresponsive_after_s": 0.1}
+    node = Node(reply_s=1.0, metrics=False)
+    async with scraped(served, node) as eps, upstream_of(failed, **settings) as upstream:
+        while eps[0].scrape_failures < 3:
+            await asyncio.sleep(0.02)
+        opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+        assert (opened.status, opened.attempts) == (200, 1) and failed == []
+        await opened.close()
 
 
 async def test_a_client_that_leaves_cancels_the_node_s_whole_reply(served: Served) -> None:
@@ -245,25 +251,14 @@ async def test_a_node_that_answers_its_scrapes_with_errors_is_not_taken_for_hung
 ) -> None:
     """Metrics that break (500s) while the node generates say it is up: only a node that
     answers nothing is taken for hung."""
-    upstream = Upstream(
-        whole_reply_timeout_s=60, unresponsive_after_s=0.3,
-        on_failure=lambda e: failed.append(e.url),
-    )  # fmt: skip
-    with ExitStack() as stack:
-        nodes = [Node(reply_s=2.0, breaks_metrics=True), Node(reply_s=0.1)]
-        eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
-        scraper, fetcher = await scraping(eps)
-        try:
-            while any(e.scraped_at_s is None for e in eps):
-                await asyncio.sleep(0.02)
-            opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
-            assert (opened.status, opened.attempts, opened.endpoint) == (200, 1, eps[0])
-            await opened.close()
-            assert failed == [] and eps[0].scrape_failures >= 3
-        finally:
-            await scraper.stop()
-            await fetcher.aclose()
-            await upstream.aclose()
+    nodes = (Node(reply_s=2.0, breaks_metrics=True), Node(reply_s=0.1))
+    settings = {"whole_reply_timeout_s": 60, "unresponsive_after_s": 0.3}
+    async with scraped(served, *nodes) as eps, upstream_of(failed, **settings) as upstream:
+        await each_scraped(eps)
+        opened = await upstream.open(eps, PATH, b"{}", {}, whole=True)
+        assert (opened.status, opened.attempts, opened.endpoint) == (200, 1, eps[0])
+        await opened.close()
+        assert failed == [] and eps[0].scrape_failures >= 3
 
 
 async def test_the_limit_bounds_the_whole_request_not_each_endpoint(
@@ -271,22 +266,11 @@ async def test_the_limit_bounds_the_whole_request_not_each_endpoint(
 ) -> None:
     """The first node hangs and is given up on; the second gets what is left of the limit,
     less than it takes: a 504 on the second attempt, not a fresh limit per endpoint."""
-    upstream = Upstream(
-        whole_reply_timeout_s=3.0, unresponsive_after_s=0.5,
-        on_failure=lambda e: failed.append(e.url),
-    )  # fmt: skip
-    with ExitStack() as stack:
-        nodes = [Node(reply_s=60.0, hangs=True), Node(reply_s=2.9)]
-        eps = [endpoint(stack.enter_context(served(node))) for node in nodes]
-        scraper, fetcher = await scraping(eps)
-        try:
-            while any(e.scraped_at_s is None for e in eps):
-                await asyncio.sleep(0.02)
-            with pytest.raises(WholeReplyTimeout) as caught:
-                await upstream.open(eps, PATH, b"{}", {}, whole=True)
-            assert caught.value.attempts == 2 and failed == [eps[0].url]
-            assert nodes[1].requests == 1
-        finally:
-            await scraper.stop()
-            await fetcher.aclose()
-            await upstream.aclose()
+    nodes = (Node(reply_s=60.0, hangs=True), Node(reply_s=2.9))
+    settings = {"whole_reply_timeout_s": 3.0, "unresponsive_after_s": 0.5}
+    async with scraped(served, *nodes) as eps, upstream_of(failed, **settings) as upstream:
+        await each_scraped(eps)
+        with pytest.raises(WholeReplyTimeout) as caught:
+            await upstream.open(eps, PATH, b"{}", {}, whole=True)
+        assert caught.value.attempts == 2 and failed == [eps[0].url]
+        assert nodes[1].requests == 1
