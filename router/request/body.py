@@ -80,6 +80,8 @@ class CompletionRequest:
     raw: bytes | None = None  # the client's bytes, forwarded as they are while `body` is unchanged
     #: Sequences generated: `n` (or `best_of`) for each prompt of a batch.
     sequences: int = 1
+    #: The choices each prompt gets (`n`): a stream's choice `i` is of prompt `i // n`.
+    choices_per_prompt: int = 1
     #: The most prompt tokens the node may count: a token is at least one byte of the body.
     prompt_tokens_most: int = 0
     #: The client asked for the usage on every chunk too (`continuous_usage_stats`, which
@@ -157,6 +159,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
             raise _bad(f"`stream_options.{key}` must be a boolean", param="stream_options")
     max_tokens, capped = _output_cap(body, chat)
     text, tokens, prompts = _prompt(body, chat)
+    choices, generated = _per_prompt(body)
     parts = _media_parts(body) if chat else ()
     media = tuple(kind for kind, _, _ in parts)
     return CompletionRequest(
@@ -169,7 +172,8 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         prompt_tokens_estimate=max(1, tokens + MEDIA_TOKENS * len(media)),
         prefix_text=text[:PREFIX_CHARS],
         raw=raw if capped is None else None,
-        sequences=_sequences(body, prompts),
+        sequences=generated * prompts,
+        choices_per_prompt=choices,
         prompt_tokens_most=(
             len(raw) + TEMPLATE_TOKENS + MEDIA_TOKENS_MOST * len(media)
             if "video" not in media
@@ -289,18 +293,18 @@ def _token_count(body: dict[str, Any], key: str) -> int:
     return value
 
 
-def _sequences(body: dict[str, Any], prompts: int) -> int:
-    """Sequences the node generates: `n` (or `best_of`, which vLLM generates and then picks
-    from) for each of the request's prompts."""
-    per_prompt = 1
-    for key in ("n", "best_of"):
+def _per_prompt(body: dict[str, Any]) -> tuple[int, int]:
+    """For each of the request's prompts: the choices it gets (`n`) and the sequences the node
+    generates (`n`, or `best_of` when larger: vLLM generates that many and picks from them)."""
+    asked = {"n": 1, "best_of": 1}
+    for key in asked:
         if body.get(key) is None:
             continue
         value = _whole(body[key])
         if value is None or not 1 <= value <= MAX_SEQUENCES:
             raise _bad(f"`{key}` must be an integer from 1 to {MAX_SEQUENCES}", param=key)
-        per_prompt = max(per_prompt, value)
-    return per_prompt * prompts
+        asked[key] = value
+    return asked["n"], max(asked.values())
 
 
 def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:

@@ -6,10 +6,12 @@ the JSON: a busy router relays thousands of chunks a second.
 
 The router asks the node for the usage on every chunk (vLLM's `continuous_usage_stats`): the
 prompt as the node counted it and the tokens sent so far, so a stream cut short is billed what
-it relayed, however many tokens a chunk carried. Only that small object of a content chunk is
-parsed; it is cut out again unless the client asked for it too. The last usage chunk (no
-choices) goes to the client, with `cost_usd` added, only if it asked for usage. Upstream error
-events pass through and are remembered.
+it relayed, however many tokens a chunk carried. With several choices (`n`, or a completions
+batch) a chunk's usage is its own choice's (vLLM's, for the choice and its prompt): the
+request's is the sum over its choices, each prompt counted once. Only that small object of a
+content chunk is parsed; it is cut out again unless the client asked for it too. The last usage
+chunk (no choices) goes to the client, with `cost_usd` added, only if it asked for usage.
+Upstream error events pass through and are remembered.
 
 Events are read as the SSE spec writes them (CRLF, CR or LF line ends; `data:` with or without
 its space; several data lines) and relayed in the one form the router writes, `data: ...\n\n`.
@@ -76,6 +78,8 @@ _NO_CHOICES, _NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 #: several times more (CPython first tries the needle as an int, and clears the TypeError).
 _CR, _LF = ord("\r"), ord("\n")
 _TIER_KEY = b'"service_tier"'
+#: A chunk's choice index where engines write it: the first key of its first choice.
+_CHOICE_INDEX = re.compile(rb'"choices":\s*\[\s*\{\s*"index":\s*(\d{1,9})\s*[,}]')
 
 
 class StreamRewriter:
@@ -93,9 +97,12 @@ class StreamRewriter:
         cost_of: Callable[[int, int], float],
         continuous_usage: bool = False,
         model: str | None = None,
+        choices_per_prompt: int | None = None,
     ) -> None:
         """`model`: the model name every chunk is to say (a hosted API's chunks name the
-        provider's model; the client is told the name it asked for). None: as they come."""
+        provider's model; the client is told the name it asked for). None: as they come.
+        `choices_per_prompt`: the request's `n`, when it asked for more than one sequence: each
+        chunk's usage is then its choice's, and `counts` their sum."""
         self._service_tier = service_tier
         self._model = model
         self._model_field = None if model is None else b'"model":' + orjson.dumps(model)
@@ -104,6 +111,10 @@ class StreamRewriter:
         self._include_usage = include_usage
         self._continuous_usage = continuous_usage
         self._cost_of = cost_of
+        self._per_prompt = choices_per_prompt
+        self._choices: dict[int, int] = {}  # choice index: its completion tokens so far
+        self._prompts: dict[int, int] = {}  # prompt index: its tokens
+        self._summed = (0, 0)  # over both
         self._pending = b""  # the start of an event, its line ends LF (but a CR last)
         self.usage: dict[str, Any] | None = None
         self.counts: tuple[int, int] | None = None
@@ -221,6 +232,8 @@ class StreamRewriter:
                 usage, end = _DECODER.raw_decode(event[start:].decode("latin-1"))
                 end += start
             counts = usage_tokens(usage)
+            if self._per_prompt is not None:
+                counts = self._sum(_choice_index(event), counts)
         except (ValueError, RecursionError):
             return event, False  # not a usage the router can read: passed on as it is
         self.usage, self.counts = usage, counts
@@ -234,6 +247,19 @@ class StreamRewriter:
         elif (head := event[:at].rstrip()).endswith(b","):
             at = len(head) - 1  # json.dumps' separators: `, "usage": {...}`
         return event[:at] + event[end:], True
+
+    def _sum(self, index: int, counts: tuple[int, int]) -> tuple[int, int]:
+        """The request's (prompt, completion) tokens so far, with choice `index`'s usage now
+        `counts`."""
+        assert self._per_prompt is not None
+        prompt, completion = counts
+        at = index // self._per_prompt
+        summed_prompt, summed_completion = self._summed
+        summed_prompt += prompt - self._prompts.get(at, 0)
+        summed_completion += completion - self._choices.get(index, 0)
+        self._prompts[at], self._choices[index] = prompt, completion
+        self._summed = (summed_prompt, summed_completion)
+        return self._summed
 
     def _usage(self, event: bytes) -> bytes:
         try:
@@ -259,3 +285,17 @@ class StreamRewriter:
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
         except RecursionError:  # read, but too deep to write back
             return event + b"\n\n"
+
+
+def _choice_index(event: bytes) -> int:
+    """The index of a `data: {...}` chunk's (first) choice. ValueError if it has none."""
+    found = _CHOICE_INDEX.search(event)
+    if found is not None:
+        return int(found[1])
+    try:  # written some other way: read the whole chunk (several choices are rare)
+        index = orjson.loads(event[6:])["choices"][0].get("index", 0)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        raise ValueError("a chunk with usage but no choice") from None
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 2**31:
+        raise ValueError(f"not a choice index: {index!r}")
+    return index

@@ -24,10 +24,12 @@ KEYS = {
     "alice": "alice-key-0123456789",
     "carol": "carol-key-0123456789",
     "dave": "dave-key-01234567890",
+    "erin": "erin-key-01234567890",
 }
 TENANTS = f"""tenants:
   - {{name: alice, apiKeys: [{KEYS["alice"]}], budgetUsd: 100, budgetPeriod: day}}
   - {{name: carol, apiKeys: [{KEYS["carol"]}], budgetUsd: 100, budgetPeriod: day}}
+  - {{name: erin, apiKeys: [{KEYS["erin"]}], budgetUsd: 100, budgetPeriod: day}}
   # A tenth of a cent: one short request spends it all.
   - {{name: dave, apiKeys: [{KEYS["dave"]}], budgetUsd: 0.001, budgetPeriod: day}}
 """

@@ -4,6 +4,7 @@ engine's own token counts (its replies' usage and its /metrics counters)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from engine_router import (
     pool_yaml,
     start_engine_router,
 )
+from polling_helpers import until
 from process_helpers import Running
 
 from tiergate.router.discovery.scraper import parse_vllm_metrics
@@ -127,6 +129,57 @@ def test_billing_uses_the_engine_s_token_counts_at_the_pool_s_price(
     assert usage["totals"]["prompt_tokens"] == prompt
     assert usage["totals"]["completion_tokens"] == completion
     assert usage["totals"]["cost_usd"] == pytest.approx(cost_usd(prompt, completion))
+
+
+def test_a_stream_of_several_choices_left_early_is_billed_every_choice_s_tokens(
+    router: Running, engine: EngineProcess
+) -> None:
+    """`n: 3`: vLLM's chunks each say their own choice's usage. Erin leaves after 30 chunks
+    of text; she is billed at least the tokens she got, over all three choices, and no more
+    than the engine generated."""
+    generated_before = engine_counter(engine.url, "vllm:generation_tokens_total")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count from one to a hundred in words."}],
+        "max_tokens": 60,
+        "n": 3,
+        "ignore_eos": True,  # vLLM's: every choice runs to its cap unless the client leaves
+        "stream": True,
+    }
+    received, choices = 0, set()
+    with httpx.stream(
+        "POST",
+        router.url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {KEYS['erin']}"},
+        timeout=60,
+    ) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            if choice["delta"].get("content"):
+                received += 1
+                choices.add(choice["index"])
+            if received == 30:
+                break  # leaves: the connection closes with the stream
+    assert choices == {0, 1, 2}
+    # Written while it streamed (outcome `incomplete`), then amended once it ended.
+    (row,) = ledger_rows(folder(router), 1, "tenant = 'erin' and outcome != 'incomplete'")
+    assert row["outcome"] == "client_disconnect"
+    assert 30 <= row["completion_tokens"] < 3 * 60
+    until(
+        lambda: (
+            engine_counter(engine.url, "vllm:generation_tokens_total") - generated_before
+            >= row["completion_tokens"]
+        ),
+        f"the engine generated fewer tokens than the {row['completion_tokens']} billed",
+        10.0,
+    )
+    assert row["cost_usd"] == pytest.approx(
+        cost_usd(row["prompt_tokens"], row["completion_tokens"])
+    )
 
 
 def test_a_tenant_past_its_budget_is_refused_after_its_last_request_is_billed(

@@ -128,3 +128,68 @@ def test_a_chunk_s_usage_the_router_cannot_read_passes_and_counts_a_token() -> N
     event = b'data: {"choices":[{"text":"x"}],"usage":{"completion_tokens":-3}}\n\n'
     assert json.loads(r.feed(event)[6:])["usage"] == {"completion_tokens": -3}
     assert r.counts is None and r.chunks_since_usage == 1
+
+
+def choice_chunk(index: int, prompt_tokens: int, completion_tokens: int, **extra: Any) -> bytes:
+    """A chunk of choice `index` as vLLM streams several: its usage is that choice's, over the
+    prompt it answers (vLLM's serving_chat.py and serving_completion.py)."""
+    data = {
+        "id": "cmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": index, "delta": {"content": "x"}, "finish_reason": None}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        },
+        **extra,
+    }
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def several(choices_per_prompt: int) -> StreamRewriter:
+    return StreamRewriter(
+        "default",
+        include_usage=False,
+        cost_of=lambda p, c: 0.0,
+        choices_per_prompt=choices_per_prompt,
+    )
+
+
+def test_a_stream_of_several_choices_is_counted_over_all_of_them() -> None:
+    """n=3 on one prompt: three choices, each chunk saying its own tokens so far. A stream cut
+    here is billed the prompt once and every choice's tokens."""
+    r = several(3)
+    for step in range(1, 5):
+        for index in range(3):
+            r.feed(choice_chunk(index, 12, step * (index + 1)))
+    assert r.counts == (12, 4 + 8 + 12)
+    r.feed(choice_chunk(1, 12, 9))  # choice 1 goes on; the others stay where they were
+    assert r.counts == (12, 4 + 9 + 12)
+
+
+def test_a_batch_of_prompts_counts_each_prompt_once() -> None:
+    """Two prompts (5 and 7 tokens), n=2: choices 0-1 answer the first, 2-3 the second."""
+    r = several(2)
+    r.feed(b"".join(choice_chunk(i, (5, 5, 7, 7)[i], 10 + i) for i in range(4)))
+    assert r.counts == (5 + 7, 10 + 11 + 12 + 13)
+    # The last usage chunk says the request's totals: it is what is billed.
+    r.feed(b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":50}}\n\n')
+    assert r.counts == (12, 50)
+
+
+def test_a_choice_written_in_another_order_is_still_found() -> None:
+    r = several(2)
+    r.feed(b'data: {"choices":[{"delta":{"content":"x"},"index":1}],'
+           b'"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n')  # fmt: skip
+    r.feed(choice_chunk(0, 3, 2))
+    assert r.counts == (3, 6)
+
+
+def test_a_chunk_of_several_whose_choice_cannot_be_told_counts_a_token() -> None:
+    r = several(2)
+    r.feed(choice_chunk(0, 3, 2))
+    r.feed(b'data: {"choices":[{"delta":{"content":"x"},"index":"one"}],'
+           b'"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n')  # fmt: skip
+    assert r.counts == (3, 2) and r.chunks_since_usage == 1
