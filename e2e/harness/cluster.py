@@ -49,6 +49,13 @@ options:
   # The pod runner makes a Logs and a PortForward object for each pod it runs, so that
   # `kubectl logs` and `kubectl port-forward` reach the pod's process through kwok.
   enableCRDs: [Logs, PortForward]
+componentsPatches:
+- name: kube-apiserver
+  extraArgs:
+  # Beside the default plugins, OpenShift's: setting blockOwnerDeletion on an owner reference
+  # needs `update` on the owner's finalizers, so the chart's RBAC is held to it here.
+  - key: enable-admission-plugins
+    value: OwnerReferencesPermissionEnforcement
 ---
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration

@@ -15,6 +15,8 @@ WRITE_CHILDREN = {"get", "list", "watch", "create", "patch", "update", "delete"}
 OPERATOR_NAMESPACED = {
     ("tiergate.dev", "inferencepools"): {"get", "list", "watch", "patch", "update"},
     ("tiergate.dev", "inferencepools/status"): {"get", "patch", "update"},
+    # its children's owner references block the pool's deletion (OpenShift checks this verb)
+    ("tiergate.dev", "inferencepools/finalizers"): {"update"},
     # the autoscaler: scale, scrape the pods, stand down for an HPA
     ("tiergate.dev", "inferencepools/scale"): {"patch"},
     ("", "pods"): {"list"},

@@ -6,6 +6,12 @@
 - apiGroups: [tiergate.dev]
   resources: [inferencepools/status]
   verbs: [get, patch, update]
+# A pool's Deployment and Service name it as their owner with blockOwnerDeletion, which clusters
+# that enforce owner references (OpenShift's OwnerReferencesPermissionEnforcement) allow only
+# to who may update the pool's finalizers.
+- apiGroups: [tiergate.dev]
+  resources: [inferencepools/finalizers]
+  verbs: [update]
 # The autoscaler: it scales through the scale subresource (as kubectl scale and HPAs do),
 # reads the pool's pods to scrape them, and stands down for an HPA that targets the pool.
 - apiGroups: [tiergate.dev]
