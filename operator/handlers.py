@@ -36,7 +36,7 @@ from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster, KubeCluster
 from .metrics import Handler, OperatorMetrics, result_of
 from .reconcile import Outcome, reconcile
-from .render import DEFAULT_RUN_AS, FIELD_MANAGER, RunAs
+from .render import FIELD_MANAGER, PodSettings
 
 __all__ = ["OperatorMemo", "configure", "register_autoscaler"]
 
@@ -87,10 +87,8 @@ class OperatorMemo:
     #: Where the routers run, whose queues count in the pools' demand (None: not read).
     routers: Routers | None = None
     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
-    #: The PersistentVolumeClaim real engines cache weights on (None: an emptyDir per pod).
-    model_cache_claim: str | None = None
-    #: The user and group the pools' pods run as (the chart's runAsUser / runAsGroup).
-    run_as: RunAs = DEFAULT_RUN_AS
+    #: What every pool's pods get: their user, the weights' cache, the pull secrets.
+    pods: PodSettings = field(default_factory=PodSettings)
     #: The GIE InferencePool to keep beside the routers' pools (None: none).
     gateway: GatewayPool | None = None
     #: Why the GIE pool could not be kept, last time (logged when it changes, not each resync).
@@ -196,8 +194,7 @@ def _reconcile(pool: dict[str, Any], memo: OperatorMemo, handler: Handler) -> Ou
             memo.catalog,
             memo.images,
             _now,
-            model_cache_claim=memo.model_cache_claim,
-            run_as=memo.run_as,
+            pods=memo.pods,
         )
     except Exception:
         memo.metrics.count(handler, "error")

@@ -39,7 +39,7 @@ from tiergate.sim_nodes.catalogs import Catalog
 
 from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster
-from .render import DEFAULT_RUN_AS, GENERATION_ANNOTATION, RunAs, pool_manifests
+from .render import DEFAULT_POD_SETTINGS, GENERATION_ANNOTATION, PodSettings, pool_manifests
 from .status import (
     Assessment,
     ConditionValue,
@@ -144,12 +144,10 @@ def reconcile(
     images: ImagePolicy,
     now: Callable[[], str],
     *,
-    model_cache_claim: str | None = None,
-    run_as: RunAs = DEFAULT_RUN_AS,
+    pods: PodSettings = DEFAULT_POD_SETTINGS,
 ) -> Outcome:
     """Apply the pool's Deployment and Service (when it can run) and compute its status.
-    `model_cache_claim`: the PersistentVolumeClaim real engines cache weights on (None: an
-    emptyDir per pod); `run_as`: the user and group its pods run as."""
+    `pods`: the operator's settings for every pool's pods."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     try:
@@ -184,8 +182,7 @@ def reconcile(
         images.engine_image(spec),
         assessment.layout,
         meta.get("generation"),
-        model_cache_claim=model_cache_claim,
-        run_as=run_as,
+        settings=pods,
     )
     for manifest in manifests:  # all checked before any is applied
         taken = _someone_elses(manifest, cluster, meta.get("uid"))

@@ -38,12 +38,14 @@ from .gpu_pods import engine_pod_parts
 
 __all__ = [
     "CONTAINER_PORT",
+    "DEFAULT_POD_SETTINGS",
     "DEFAULT_RUN_AS",
     "FIELD_MANAGER",
     "GENERATION_ANNOTATION",
     "NODE_NAME_ENV",
     "POOL_JSON_ENV",
     "SIM_COMMAND",
+    "PodSettings",
     "RunAs",
     "container_command",
     "deployment_manifest",
@@ -79,6 +81,22 @@ class RunAs:
 
 #: The image's own USER (Dockerfile), and the chart's default.
 DEFAULT_RUN_AS = RunAs(user=10001, group=10001)
+
+
+@dataclass(frozen=True, slots=True)
+class PodSettings:
+    """What every pool's pods get from the operator's own settings (the chart's values)."""
+
+    #: The non-root user and group they run as.
+    run_as: RunAs = DEFAULT_RUN_AS
+    #: The PersistentVolumeClaim real engines cache weights on (None: an emptyDir per pod).
+    model_cache_claim: str | None = None
+    #: Secrets to pull their images with (each pool's spec.template.imagePullSecrets follow).
+    pull_secrets: tuple[str, ...] = ()
+
+
+#: The chart's defaults: the image's own user, an emptyDir for weights, no pull secrets.
+DEFAULT_POD_SETTINGS = PodSettings()
 
 
 def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
@@ -163,13 +181,10 @@ def _container_security(run_as: RunAs) -> Manifest:
 
 
 def _pod_spec(
-    spec: InferencePoolSpec,
-    image: str,
-    layout: Layout,
-    model_cache_claim: str | None,
-    run_as: RunAs,
+    spec: InferencePoolSpec, image: str, layout: Layout, settings: PodSettings
 ) -> Manifest:
     """The pod's spec: the engine's container, locked down, and what the engine needs."""
+    run_as = settings.run_as
     command, args = container_command(spec, layout)
     env: list[Manifest] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -192,7 +207,7 @@ def _pod_spec(
         container["resources"] = _resources(spec)
         pod.update(_scheduling(spec))
     else:
-        parts = engine_pod_parts(spec, layout, model_cache_claim)
+        parts = engine_pod_parts(spec, layout, settings.model_cache_claim)
         env += parts.env
         container.update(parts.probes)
         container["resources"] = parts.resources
@@ -203,6 +218,7 @@ def _pod_spec(
         pod["terminationGracePeriodSeconds"] = parts.termination_grace_s
     container["securityContext"] = _container_security(run_as)
     container["volumeMounts"] = mounts
+    pod["imagePullSecrets"] = [{"name": name} for name in _pull_secrets(spec, settings)]
     return {
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -217,6 +233,12 @@ def _pod_spec(
     }
 
 
+def _pull_secrets(spec: InferencePoolSpec, settings: PodSettings) -> list[str]:
+    """The operator's pull secrets, then the pool's own, each once."""
+    own = [ref.name for ref in spec.template.image_pull_secrets] if spec.template else []
+    return list(dict.fromkeys([*settings.pull_secrets, *own]))
+
+
 def deployment_manifest(
     pool: str,
     namespace: str,
@@ -225,13 +247,11 @@ def deployment_manifest(
     layout: Layout,
     generation: int | None = None,
     *,
-    model_cache_claim: str | None = None,
-    run_as: RunAs = DEFAULT_RUN_AS,
+    settings: PodSettings = DEFAULT_POD_SETTINGS,
 ) -> Manifest:
     """The pool's Deployment (owner reference added by the caller); `image`: the engine's
     (a pool's spec.template.image wins); `generation`: the pool's metadata.generation,
-    recorded in `GENERATION_ANNOTATION`; `model_cache_claim`: the PersistentVolumeClaim
-    real engines cache weights on (None: an emptyDir); `run_as`: the pods' user and group."""
+    recorded in `GENERATION_ANNOTATION`; `settings`: the operator's for every pool's pods."""
     labels = pod_labels(pool, spec)
     metadata: Manifest = {"name": pool, "namespace": namespace, "labels": labels}
     if generation is not None:
@@ -251,7 +271,7 @@ def deployment_manifest(
                     "labels": labels,
                     "annotations": {SERVES_ANNOTATION: serves_annotation(names)},
                 },
-                "spec": _pod_spec(spec, image, layout, model_cache_claim, run_as),
+                "spec": _pod_spec(spec, image, layout, settings),
             },
         },
     }
@@ -265,8 +285,7 @@ def pool_manifests(
     layout: Layout,
     generation: int | None = None,
     *,
-    model_cache_claim: str | None = None,
-    run_as: RunAs = DEFAULT_RUN_AS,
+    settings: PodSettings = DEFAULT_POD_SETTINGS,
 ) -> tuple[Manifest, Manifest]:
     """The pool's Deployment and Service, as the operator applies them (before it adds its
     owner reference) and `tiergate render` prints them."""
@@ -277,8 +296,7 @@ def pool_manifests(
         image,
         layout,
         generation,
-        model_cache_claim=model_cache_claim,
-        run_as=run_as,
+        settings=settings,
     )
     return deployment, service_manifest(pool, namespace, spec)
 

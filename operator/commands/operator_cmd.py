@@ -25,6 +25,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +33,11 @@ import yaml
 
 from tiergate.common.cli import CliError, configure_logging, int_between, port_number
 from tiergate.common.validation import yaml_position
+from tiergate.pools import SECRET_NAME
 from tiergate.sim_nodes.catalogs import CatalogError, default_catalog
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
-from ..render import DEFAULT_RUN_AS, RunAs
+from ..render import DEFAULT_RUN_AS, PodSettings, RunAs
 
 if TYPE_CHECKING:
     from ..autoscale import Routers
@@ -86,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("TIERGATE_RUN_AS_GROUP") or str(DEFAULT_RUN_AS.group),
                    help="their group, and the owner of their volumes (default: "
                         f"$TIERGATE_RUN_AS_GROUP, else {DEFAULT_RUN_AS.group})")  # fmt: skip
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
+                   type=pull_secret,
+                   help="a Secret every pool's pods pull their images with, in the pool's "
+                        "namespace (repeatable; a pool's spec.template.imagePullSecrets "
+                        "follow)")  # fmt: skip
     p.add_argument("--allowed-image", action="append", default=[], metavar="IMAGE",
                    help="another image a pool's spec.template.image may name (repeatable; "
                         "whole references; default: only --image)")  # fmt: skip
@@ -159,9 +166,24 @@ def image_policy(args: argparse.Namespace) -> ImagePolicy:
     )
 
 
-def run_as(args: argparse.Namespace) -> RunAs:
-    """The user and group of the pools' pods, from --run-as-user / --run-as-group."""
-    return RunAs(user=args.run_as_user, group=args.run_as_group)
+def pod_settings(args: argparse.Namespace) -> PodSettings:
+    """What every pool's pods get: --run-as-user / --run-as-group, --model-cache-claim and
+    --image-pull-secret."""
+    return PodSettings(
+        run_as=RunAs(user=args.run_as_user, group=args.run_as_group),
+        model_cache_claim=args.model_cache_claim,
+        pull_secrets=tuple(args.image_pull_secret),
+    )
+
+
+def pull_secret(value: str) -> str:
+    """--image-pull-secret: a Secret's name, as Kubernetes checks it."""
+    if len(value) > 253 or re.fullmatch(SECRET_NAME, value) is None:
+        raise argparse.ArgumentTypeError(
+            f"{value[:80]!r} is not a Secret's name (at most 253 lowercase letters, digits, "
+            "'-' and '.', a letter or digit first and last)"
+        )
+    return value
 
 
 def routers(args: argparse.Namespace, own_namespace: Callable[[], str]) -> Routers | None:
@@ -239,8 +261,7 @@ def run(args: argparse.Namespace) -> int:
         catalog=catalog,
         images=image_policy(args),
         namespaced=not options["clusterwide"],
-        model_cache_claim=args.model_cache_claim,
-        run_as=run_as(args),
+        pods=pod_settings(args),
         routers=routers(args, lambda: current_namespace(args.kubeconfig)),
         gateway=gateway_pool(args, lambda: current_namespace(args.kubeconfig)),
     )

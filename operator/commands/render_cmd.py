@@ -27,8 +27,9 @@ from tiergate.pools import DNS_LABEL, NAME_MAX, InferencePool, pool_name_problem
 from tiergate.sim_nodes.catalogs import default_catalog
 
 from ..images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
-from ..render import pool_manifests
+from ..render import DEFAULT_POD_SETTINGS, PodSettings, pool_manifests
 from ..status import assess
+from .operator_cmd import pull_secret
 
 __all__ = ["add_arguments", "render_pool", "run"]
 
@@ -51,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="as the operator's --allowed-image (repeatable)")  # fmt: skip
     p.add_argument("--model-cache-claim", metavar="PVC", default=None,
                    help="as the operator's --model-cache-claim (default: an emptyDir)")  # fmt: skip
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
+                   type=pull_secret,
+                   help="as the operator's --image-pull-secret (repeatable)")  # fmt: skip
 
 
 class _Dumper(yaml.SafeDumper):
@@ -81,7 +85,7 @@ def render_pool(
     images: ImagePolicy,
     *,
     namespace: str | None = None,
-    model_cache_claim: str | None = None,
+    pods: PodSettings = DEFAULT_POD_SETTINGS,
 ) -> list[dict[str, Any]]:
     """The pool's Deployment and Service as the operator would apply them (CliError, one line,
     for a pool it would not run)."""
@@ -116,7 +120,7 @@ def render_pool(
         pool.spec,
         images.engine_image(pool.spec),
         assessment.layout,
-        model_cache_claim=model_cache_claim,
+        settings=pods,
     )
     return [deployment, service]
 
@@ -132,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
         _load(args.pool),
         images,
         namespace=args.namespace,
-        model_cache_claim=args.model_cache_claim,
+        pods=PodSettings(
+            model_cache_claim=args.model_cache_claim, pull_secrets=tuple(args.image_pull_secret)
+        ),
     )
     sys.stdout.write(yaml.dump_all(manifests, Dumper=_Dumper, sort_keys=False, width=100))
     return 0

@@ -26,6 +26,7 @@ from chart_helpers import (
 )
 
 from tiergate.common.connection_limits import IDLE_TIMEOUT_S
+from tiergate.pools import SECRET_NAME
 from tiergate.router.config import MEDIA_DOMAIN, READ_TIMEOUT_S, WHOLE_REPLY_TIMEOUT_S, RouterConfig
 from tiergate.router.tenants.registry import TenantRegistry, parse_tenants
 
@@ -120,6 +121,28 @@ def test_the_operator_gets_the_engines_images_and_model_cache_from_the_values(
     assert (parsed.vllm_image, parsed.model_cache_claim) == ("mirror/vllm:1", "weights")
 
 
+def test_the_pools_pods_pull_with_the_chart_s_pull_secrets(helm: Helm) -> None:
+    from tiergate.cli import build_parser
+    from tiergate.operator.commands.operator_cmd import pod_settings
+
+    manifests = helm.template(
+        sets=["imagePullSecrets[0].name=regcred", "imagePullSecrets[1].name=mirror.pull"]
+    )
+    operator = container(manifests, "Deployment", OPERATOR)
+    parsed = build_parser("operator").parse_args(operator["args"])
+    assert pod_settings(parsed).pull_secrets == ("regcred", "mirror.pull")
+    # the operator's own pod pulls with them too; the schema takes every Secret name the
+    # operator does
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["imagePullSecrets"]["items"]["properties"]["name"]["pattern"] == (
+        SECRET_NAME
+    )
+    pods = dict(pod_specs(manifests))
+    assert pods[f"Deployment/{OPERATOR}"]["imagePullSecrets"] == [
+        {"name": "regcred"}, {"name": "mirror.pull"}
+    ]  # fmt: skip
+
+
 def test_operator_gets_one_namespace_flag_per_watched_namespace(
     variant_manifests: list[Manifest],
 ) -> None:
@@ -127,7 +150,7 @@ def test_operator_gets_one_namespace_flag_per_watched_namespace(
     assert operator["args"] == [
         "operator", "--health-port", "8081", "--metrics-port", "8082",
         "--autoscale-interval", "15", "--namespace", "team-a", "--namespace", "team-b",
-        *router_flags("pools"),
+        "--image-pull-secret", "regcred", *router_flags("pools"),
     ]  # fmt: skip
     # Sim nodes run the very image the operator runs, digest and all.
     assert operator["image"] == env_of(operator)["TIERGATE_IMAGE"] == VARIANT_IMAGE
@@ -176,7 +199,7 @@ def test_the_pools_pods_run_as_the_chart_s_user_and_group(
     environment its flags default to; ids as large as the ranges OpenShift assigns, read from
     a values file (where YAML numbers reach the templates as floats), stay whole numbers."""
     from tiergate.cli import build_parser
-    from tiergate.operator.commands.operator_cmd import run_as
+    from tiergate.operator.commands.operator_cmd import pod_settings
     from tiergate.operator.render import DEFAULT_RUN_AS, RunAs
 
     def operator_run_as(manifests: list[Manifest]) -> RunAs:
@@ -185,7 +208,7 @@ def test_the_pools_pods_run_as_the_chart_s_user_and_group(
             for name, value in env_of(operator).items():
                 if isinstance(value, str):
                     patch.setenv(name, value)
-            return run_as(build_parser("operator").parse_args(operator["args"]))
+            return pod_settings(build_parser("operator").parse_args(operator["args"])).run_as
 
     assert operator_run_as(default_manifests) == DEFAULT_RUN_AS
     values = tmp_path / "ids.yaml"

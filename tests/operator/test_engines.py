@@ -12,7 +12,7 @@ import pytest
 
 from tiergate.operator.engine_args import SGLANG_VERSION, VLLM_VERSION, sglang_args, vllm_args
 from tiergate.operator.images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
-from tiergate.operator.render import deployment_manifest
+from tiergate.operator.render import PodSettings, deployment_manifest
 from tiergate.operator.status import assess
 from tiergate.pools import InferencePoolSpec, Layout, served_names
 from tiergate.sim_nodes.catalogs import default_catalog
@@ -141,7 +141,7 @@ def test_a_gpu_pod_has_shared_memory_a_model_cache_and_its_token() -> None:
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert env["HF_HOME"]["value"].startswith("/model-cache/")
     assert env["HOME"]["value"] == "/tmp"  # the engines' caches; the root filesystem is read-only
-    claimed = pod_of(spec, model_cache_claim="weights")
+    claimed = pod_of(spec, settings=PodSettings(model_cache_claim="weights"))
     volumes = {v["name"]: v for v in claimed["spec"]["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
 

@@ -15,8 +15,8 @@ from operator_helpers import CATALOG, IMAGE, FakeCluster, pool
 
 from tiergate.cli import build_parser
 from tiergate.operator import handlers
-from tiergate.operator.commands.operator_cmd import run_as
-from tiergate.operator.render import DEFAULT_RUN_AS, RunAs
+from tiergate.operator.commands.operator_cmd import pod_settings
+from tiergate.operator.render import DEFAULT_RUN_AS, PodSettings, RunAs
 
 #: An id from the range OpenShift assigns a namespace (openshift.io/sa.scc.uid-range).
 ASSIGNED = RunAs(user=1000680000, group=1000680001)
@@ -54,7 +54,9 @@ def test_the_default_is_the_image_s_own_user() -> None:
 )
 def test_the_operator_s_identity_reaches_every_pool_s_pods(spec: dict[str, Any]) -> None:
     cluster = FakeCluster()
-    memo = handlers.OperatorMemo(catalog=CATALOG, images=IMAGE, cluster=cluster, run_as=ASSIGNED)
+    memo = handlers.OperatorMemo(
+        catalog=CATALOG, images=IMAGE, cluster=cluster, pods=PodSettings(run_as=ASSIGNED)
+    )
     deployment = applied_deployment(memo, cluster, **spec)
     assert identity(deployment) == (1000680000, 1000680001, 1000680000, 1000680001)
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -64,12 +66,12 @@ def test_the_flags_default_to_the_environment_the_chart_sets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     parser = build_parser("operator")
-    assert run_as(parser.parse_args(["operator"])) == DEFAULT_RUN_AS
+    assert pod_settings(parser.parse_args(["operator"])).run_as == DEFAULT_RUN_AS
     flags = ["operator", "--run-as-user", "1000680000", "--run-as-group", "1000680001"]
-    assert run_as(parser.parse_args(flags)) == ASSIGNED
+    assert pod_settings(parser.parse_args(flags)).run_as == ASSIGNED
     monkeypatch.setenv("TIERGATE_RUN_AS_USER", "1000680000")
     monkeypatch.setenv("TIERGATE_RUN_AS_GROUP", "1000680001")
-    assert run_as(build_parser("operator").parse_args(["operator"])) == ASSIGNED
+    assert pod_settings(build_parser("operator").parse_args(["operator"])).run_as == ASSIGNED
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "root", "2147483648"])
@@ -93,3 +95,17 @@ def test_render_prints_the_default_whatever_the_environment(
     assert status == 0
     deployment = next(yaml.safe_load_all(out))
     assert identity(deployment) == (10001, 10001, 10001, 10001)
+
+
+@pytest.mark.parametrize("command", ["operator", "render"])
+@pytest.mark.parametrize("name", ["Regcred", "reg_cred", "x-", "a" * 254])
+def test_a_pull_secret_kubernetes_would_refuse_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, name: str
+) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool()), encoding="utf-8")
+    where = ["--image", "t:1"] if command == "operator" else [str(path)]
+    status, out, err = run_cli(capsys, command, *where, "--image-pull-secret", name)
+    assert status == 2 and not out
+    assert "--image-pull-secret" in err and "is not a Secret's name" in err
+    assert "Traceback" not in err

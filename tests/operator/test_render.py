@@ -18,9 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from tiergate.cli import build_parser
-from tiergate.operator.render import deployment_manifest, service_manifest
+from tiergate.common.validation import first_problem
+from tiergate.operator.render import PodSettings, deployment_manifest, service_manifest
 from tiergate.operator.status import assess
 from tiergate.pools import (
     InferencePool,
@@ -215,6 +217,31 @@ def test_template_overrides_apply_but_never_replace_tiergate_labels() -> None:
     assert pod["containers"][0]["resources"] == {"requests": {"cpu": "2"}}
     labels = d["spec"]["template"]["metadata"]["labels"]
     assert labels["team"] == "a" and labels["tiergate.dev/tier"] == "batched"
+
+
+def test_pods_pull_with_the_operator_s_secrets_then_the_pool_s_each_once() -> None:
+    base = example("batched").model_dump(by_alias=True, exclude_none=True)
+    plain = InferencePoolSpec.model_validate(base)
+    pod = deployment_manifest("p", "ns", plain, "tiergate:0.1.0", layout(plain))
+    assert "imagePullSecrets" not in pod["spec"]["template"]["spec"]
+    own = [{"name": "mirror"}, {"name": "regcred"}]
+    spec = InferencePoolSpec.model_validate({**base, "template": {"imagePullSecrets": own}})
+    settings = PodSettings(pull_secrets=("regcred", "corp.registry"))
+    d = deployment_manifest("p", "ns", spec, "tiergate:0.1.0", layout(spec), settings=settings)
+    assert d["spec"]["template"]["spec"]["imagePullSecrets"] == [
+        {"name": "regcred"}, {"name": "corp.registry"}, {"name": "mirror"}
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["Regcred", "reg_cred", "-regcred", "a" * 254, ""])
+def test_a_pull_secret_that_is_no_secret_s_name_is_refused_in_words(name: str) -> None:
+    base = example("batched").model_dump(by_alias=True, exclude_none=True)
+    with pytest.raises(ValidationError) as refused:
+        InferencePoolSpec.model_validate(
+            {**base, "template": {"imagePullSecrets": [{"name": name}]}}
+        )
+    assert "is not a Secret's name" in first_problem(refused.value)
+    assert first_problem(refused.value).startswith("template.imagePullSecrets.0.name: ")
 
 
 def test_service_is_named_after_the_pool_with_an_http_port() -> None:

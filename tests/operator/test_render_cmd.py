@@ -13,7 +13,7 @@ from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, pool
 
 from tiergate.cli import main
 from tiergate.operator.reconcile import reconcile
-from tiergate.operator.render import GENERATION_ANNOTATION
+from tiergate.operator.render import GENERATION_ANNOTATION, PodSettings
 
 
 def rendered(tmp_path: Path, obj: dict[str, Any], capsys: pytest.CaptureFixture[str],
@@ -62,17 +62,21 @@ def test_render_takes_the_operator_s_settings(
 ) -> None:
     obj = pool("batched", engine="vllm", model="llama-3.1-8b", accelerator="h100-sxm")
     printed = rendered(tmp_path, obj, capsys, "--vllm-image", "mirror/vllm:1",
-                       "--model-cache-claim", "weights", "--namespace", "other")  # fmt: skip
+                       "--model-cache-claim", "weights", "--namespace", "other",
+                       "--image-pull-secret", "mirror-pull")  # fmt: skip
     deployment = printed[0]
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["metadata"]["namespace"] == "other"
     assert pod["containers"][0]["image"] == "mirror/vllm:1"
     cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
     assert cache["persistentVolumeClaim"] == {"claimName": "weights"}
+    assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}]
     cluster = FakeCluster()
-    reconcile(copy.deepcopy(obj), cluster, CATALOG, IMAGE, clock(), model_cache_claim="weights")
+    settings = PodSettings(model_cache_claim="weights", pull_secrets=("mirror-pull",))
+    reconcile(copy.deepcopy(obj), cluster, CATALOG, IMAGE, clock(), pods=settings)
     applied = cluster.applied[0]["spec"]["template"]["spec"]
     assert next(v for v in applied["volumes"] if v["name"] == "model-cache") == cache
+    assert applied["imagePullSecrets"] == pod["imagePullSecrets"]
 
 
 def named(name: str, **metadata: str) -> dict[str, Any]:

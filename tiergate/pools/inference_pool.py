@@ -154,6 +154,25 @@ Quantity = Annotated[
 ]
 
 
+#: A Secret's name, as Kubernetes checks it (a DNS subdomain).
+SECRET_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SecretName = Annotated[
+    str,
+    *_checked(
+        SECRET_NAME,
+        253,
+        "a Secret's name (at most 253 lowercase letters, digits, '-' and '.', a letter or "
+        "digit first and last)",
+    ),
+]
+
+
+class PullSecret(Api):
+    """A Secret in the pool's namespace, by name (core/v1 LocalObjectReference)."""
+
+    name: SecretName = Field(description="The Secret's name.")
+
+
 class Resources(Api):
     """Container resources (core/v1 ResourceRequirements); quantities as strings."""
 
@@ -178,6 +197,12 @@ class TemplateSpec(Api):
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
     labels: dict[str, LabelValue] = Field(
         default_factory=dict, description="Extra pod labels (tiergate's own labels win)."
+    )
+    image_pull_secrets: list[PullSecret] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets in the pool's namespace to pull its image with (a private "
+        "registry or mirror), after those every pool's pods get (the chart's imagePullSecrets).",
     )
 
 
