@@ -14,6 +14,7 @@ one writer's changes onto the list as another writer has left it since.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -87,9 +88,11 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
         where = f"{model} on {d.chips} x {accelerator} ({spec.weight_dtype} weights)"
         return Assessment(None, misfit=f"{where}: {result.reason}")
     envelope = performance.envelope()
-    background = _background_problem(spec, performance.deployment)
-    if background is not None:
-        return Assessment(envelope, performance.layout(), problem=background)
+    problem = _spans_nodes(spec, performance.deployment) or _background_problem(
+        spec, performance.deployment
+    )
+    if problem is not None:
+        return Assessment(envelope, performance.layout(), problem=problem)
     misses: list[str] = []
     if spec.slo is not None:
         ttft_ms = 1e3 * round(result.ttft_s, 4)  # as the envelope says it
@@ -100,6 +103,23 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
             if tpot_ms > spec.slo.tpot_ms:
                 misses.append(f"TPOT {tpot_ms:.1f} ms > target {spec.slo.tpot_ms:g} ms")
     return Assessment(envelope, performance.layout(), slo_misses=tuple(misses))
+
+
+def _spans_nodes(spec: InferencePoolSpec, deployment: Deployment) -> str | None:
+    """Why a real engine's replica cannot be scheduled: it needs more chips than one node
+    has (the model lays it out over several systems, as pipeline stages), and a replica runs
+    in one pod. None if it fits on a node, or is a sim node's (which needs no GPU)."""
+    per_node = deployment.accelerator.chips_per_system
+    if spec.engine == "sim" or deployment.chips <= per_node:
+        return None
+    return (
+        f"a replica of {deployment.chips} x {spec.accelerator} spans "
+        f"{math.ceil(deployment.chips / per_node)} nodes of {per_node}, and a {spec.engine} "
+        "replica runs in one pod on one node (multi-node replicas are not supported): its pods "
+        f"would stay Pending. Set chips to {per_node} or fewer where the weights and the "
+        "workload's KV cache fit them, or use smaller weights (weightDtype), a smaller model or "
+        "an accelerator with more memory"
+    )
 
 
 def _background_problem(spec: InferencePoolSpec, deployment: Deployment) -> str | None:

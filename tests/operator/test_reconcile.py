@@ -102,6 +102,11 @@ def test_a_pool_that_does_not_fit_bills_nothing_in_status() -> None:
     assert outcome.status["billed"] is None  # null: a merge patch deletes an earlier price
 
 
+#: The premium example with Llama 3.1 405B on H100s, sized by the model (fp8 weights: 8 chips).
+REAL_405B = {"model": "llama-3.1-405b", "accelerator": "h100-sxm", "chips": "auto",
+             "tensorParallel": None, "background": None}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
@@ -118,6 +123,10 @@ def test_a_pool_that_does_not_fit_bills_nothing_in_status() -> None:
          "background: a background turn (50 tokens) cannot exceed the background context"),
         ({"background": {"sequences": 2, "contextTokens": 100, "turnInputTokens": 50}},
          "background turns need turn_output_tokens of at least 1"),
+        # a real engine's replica over more GPUs than a node has: one pod could never schedule
+        ({**REAL_405B, "engine": "vllm", "weightDtype": "bf16"},
+         "a replica of 16 x h100-sxm spans 2 nodes of 8, and a vllm replica runs in one pod"),
+        ({**REAL_405B, "engine": "sglang", "chips": 16}, "spans 2 nodes of 8"),
     ],
 )  # fmt: skip
 def test_spec_errors_the_schema_cannot_catch_are_permanent(
@@ -129,6 +138,14 @@ def test_spec_errors_the_schema_cannot_catch_are_permanent(
     ready = conditions(outcome.status)["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert outcome.permanent_error is not None and words in outcome.permanent_error
+
+
+def test_a_sim_pool_over_several_systems_rolls_out_and_a_real_engine_within_a_node_too() -> None:
+    """A sim node needs no GPU: it simulates a replica over several systems in one pod."""
+    for changes in ({**REAL_405B, "weightDtype": "bf16"}, {**REAL_405B, "engine": "vllm"}):
+        cluster = FakeCluster()
+        outcome = reconcile(pool(**changes), cluster, CATALOG, IMAGE, clock())
+        assert outcome.permanent_error is None and len(cluster.applied) == 2
 
 
 def test_slo_the_envelope_misses_is_flagged_on_ready() -> None:
