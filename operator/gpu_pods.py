@@ -22,6 +22,7 @@ from tiergate.sim_nodes.perf.spec import layered_catalog
 __all__ = [
     "CPU_PER_CHIP",
     "ENGINE_TERMINATION_GRACE_S",
+    "PROGRESS_DEADLINE_S",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
     "GPU_TOLERATION",
@@ -48,6 +49,10 @@ ENGINE_TERMINATION_GRACE_S = 180
 #: declared failed to start.
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 180
+#: How long a GPU pool's Deployment waits for a new pod to become ready before it calls the
+#: rollout stuck: the startup window above, and 15 minutes to pull an engine image (some GB)
+#: before it. The Deployment's default, 10 minutes, would call a cold start stuck.
+PROGRESS_DEADLINE_S = STARTUP_PERIOD_S * STARTUP_FAILURES + 15 * 60
 #: Requested for each chip of a replica unless the pool's template names its own: what vLLM's
 #: Kubernetes guide (vllm-project/vllm, docs/deployment/k8s.md) asks for its one-GPU pod, 2
 #: CPUs and 6G of memory, times the chips, since the engine runs a worker process for each GPU.

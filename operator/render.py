@@ -34,7 +34,7 @@ from .engine_args import (
     sglang_args,
     vllm_args,
 )
-from .gpu_pods import engine_pod_parts
+from .gpu_pods import PROGRESS_DEADLINE_S, engine_pod_parts
 
 __all__ = [
     "CONTAINER_PORT",
@@ -265,6 +265,7 @@ def deployment_manifest(
         "metadata": metadata,
         "spec": {
             "replicas": spec.replicas,
+            **({} if spec.engine == "sim" else {"progressDeadlineSeconds": PROGRESS_DEADLINE_S}),
             "selector": {"matchLabels": pool_selector_labels(pool)},
             "template": {
                 "metadata": {

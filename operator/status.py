@@ -153,6 +153,11 @@ class Rollout:
     #: ProgressDeadlineExceeded): the current template's pods do not become ready. None: it
     #: did not.
     stuck: str | None = None
+    #: The Deployment's controller is still waiting, within its progress deadline, for the
+    #: current template's pods to become available (Progressing=True, any reason but
+    #: NewReplicaSetAvailable): its pods are starting (a real engine loads weights for
+    #: minutes), not failing yet.
+    starting: bool = False
 
 
 def rollout(deployment: Mapping[str, Any] | None) -> Rollout:
@@ -163,22 +168,22 @@ def rollout(deployment: Mapping[str, Any] | None) -> Rollout:
     generation = _count(deployment.get("generation"))
     observed = _count(deployment.get("observedGeneration"))
     unobserved = deployment.get("generation") is not None and observed < generation
-    stuck = None
+    stuck, starting = None, False
     if not unobserved:  # a stale condition may speak of the template before
         for condition in deployment.get("conditions") or []:
-            if (
-                isinstance(condition, Mapping)
-                and condition.get("type") == "Progressing"
-                and condition.get("status") == "False"
-                and condition.get("reason") == "ProgressDeadlineExceeded"
-            ):
+            if not isinstance(condition, Mapping) or condition.get("type") != "Progressing":
+                continue
+            status, reason = condition.get("status"), condition.get("reason")
+            if status == "False" and reason == "ProgressDeadlineExceeded":
                 stuck = str(condition.get("message") or "ProgressDeadlineExceeded")
+            starting = status == "True" and reason != "NewReplicaSetAvailable"
     return Rollout(
         ready=_count(deployment.get("readyReplicas")),
         updated=_count(deployment.get("updatedReplicas")),
         total=_count(deployment.get("replicas")),
         unobserved=unobserved,
         stuck=stuck,
+        starting=starting,
     )
 
 
@@ -234,8 +239,13 @@ def replica_conditions(
         progressing = ConditionValue("False", "Settled", counts)
     else:
         progressing = ConditionValue("True", "RollingOut", counts)
-    if desired > 0 and d.ready == 0 and d.updated >= desired:
-        # Rolled out, yet nothing serves: the pods start but never become ready.
+    if desired > 0 and d.ready == 0 and d.updated >= desired and d.starting:
+        degraded = ConditionValue(
+            "False", "Starting", f"0/{desired} replicas ready: the pods are starting; a rollout "
+            "that makes no progress is stuck at the Deployment's progress deadline",
+        )  # fmt: skip
+    elif desired > 0 and d.ready == 0 and d.updated >= desired:
+        # Rolled out, yet nothing serves: the pods lost their readiness, or never had it.
         degraded = ConditionValue("True", "NoReplicaReady", f"{d.ready}/{desired} replicas ready")
     elif d.stuck is not None:
         degraded = ConditionValue(

@@ -194,6 +194,24 @@ def test_a_gpu_pod_is_probed_on_the_engine_s_health_path_and_drains() -> None:
     assert not sc["allowPrivilegeEscalation"]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_gpu_rollout_is_called_stuck_only_past_the_pull_and_the_startup_window(
+    engine: str,
+) -> None:
+    """The Deployment's default progress deadline (600 s) is shorter than a cold start."""
+    spec = spec_of(engine=engine)
+    images = ImagePolicy("tiergate:0.1.0")
+    deployment = deployment_manifest("p", "ns", spec, images.engine_image(spec), layout(spec))
+    startup = container_of(deployment["spec"]["template"])["startupProbe"]
+    window_s = startup["periodSeconds"] * startup["failureThreshold"]
+    assert deployment["spec"]["progressDeadlineSeconds"] >= window_s + 10 * 60
+    sim = spec_of(engine="sim")
+    assert (
+        "progressDeadlineSeconds"
+        not in deployment_manifest("p", "ns", sim, "tiergate:0.1.0", layout(sim))["spec"]
+    )  # seconds to start: the default suits it
+
+
 # -- SGLang ----------------------------------------------------------------------------------
 
 

@@ -499,6 +499,28 @@ def test_a_rollout_stuck_past_its_deadline_is_degraded_while_the_previous_spec_s
     assert conditions(done)["Ready"]["observedGeneration"] == 4
 
 
+def test_pods_starting_within_the_progress_deadline_are_not_degraded() -> None:
+    """A cold start (a real engine loads weights for minutes): the Deployment's controller
+    still counts it as progressing. Once it served, losing every ready pod is degraded at
+    once: the controller keeps NewReplicaSetAvailable."""
+    cluster = FakeCluster()
+    reconcile(pool(), cluster, CATALOG, IMAGE, clock())
+    progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
+    cluster.deployments[DEPLOYMENT] = {
+        "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1, "conditions": [progressing],
+    }  # fmt: skip
+    status = reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status
+    assert _states(status) == {
+        "Ready": ("False", "ReplicasNotReady"),
+        "Progressing": ("True", "RollingOut"),
+        "Degraded": ("False", "Starting"),
+    }
+    served = {**progressing, "reason": "NewReplicaSetAvailable"}
+    cluster.deployments[DEPLOYMENT]["conditions"] = [served]
+    status = reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status
+    assert _states(status)["Degraded"] == ("True", "NoReplicaReady")
+
+
 def test_a_stuck_rollout_with_no_pod_ready_says_nothing_serves() -> None:
     cluster = FakeCluster()
     reconcile(pool(), cluster, CATALOG, IMAGE, clock())
