@@ -28,7 +28,7 @@ from tiergate.router.base.asgi import (
 )
 from tiergate.router.base.errors import RouterError
 from tiergate.router.base.metrics import RequestMetrics
-from tiergate.router.base.tiers import Tier, TierChoice, openai_service_tier
+from tiergate.router.base.tiers import Priority, Tier, TierChoice, openai_service_tier
 from tiergate.router.config import RouterSettings
 from tiergate.router.discovery.view import PoolView, RoutedPool
 from tiergate.router.endpoints.hosted import HostedApi
@@ -292,11 +292,13 @@ class Router:
         if self.settings.forward_fault_header and FAULT_HEADER in ex.headers:
             extra[FAULT_HEADER] = ex.headers[FAULT_HEADER]
         start_s = self.clock()
-        service_tier = openai_service_tier(tier, choice.priority)
         with guard.cancellable():
             opened, pool, first = await self._open_stream(
-                ex, view, pipeline, tier, extra, service_tier
+                ex, view, pipeline, tier, extra, choice.priority
             )
+        # The tier that served: a gateway's own retry may have gone past the pick (router/epp).
+        tier = pool.spec.tier
+        service_tier = openai_service_tier(tier, choice.priority)
         reply_headers = {
             "x-tiergate-tier": tier,
             "x-tiergate-tier-requested": choice.tier,
@@ -338,7 +340,7 @@ class Router:
         pipeline: Pipeline,
         tier: Tier,
         extra: dict[str, str],
-        service_tier: str,
+        priority: Priority,
     ) -> tuple[Reply, RoutedPool, FirstToken | None]:
         """`open`, and for a stream, read up to its first token: a node that fails before it
         (killed while the request waited or prefilled) is the endpoint's failure, and the
@@ -362,6 +364,7 @@ class Router:
             try:
                 if not opened.content_type.startswith("text/event-stream"):
                     raise bad_reply("the serving node answered a stream request without a stream")
+                service_tier = openai_service_tier(pool.spec.tier, priority)
                 first = await first_token(
                     opened, pool, request, service_tier=service_tier, clock=self.clock
                 )
@@ -443,7 +446,7 @@ class Router:
         self.metrics.retries.inc(opened.attempts - 1)
         pipeline.observe(ctx, opened.endpoint)
         pool = view.pools[opened.endpoint.pool]
-        done.tier_served, done.pool, done.endpoint = tier, pool, opened.endpoint.url
+        done.tier_served, done.pool, done.endpoint = pool.spec.tier, pool, opened.endpoint.url
         return opened, pool
 
     def opener(self, ex: Exchange) -> Opener:

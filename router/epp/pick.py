@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,6 +29,8 @@ from tiergate.router.endpoints.state import CandidateSet, EndpointState
 from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamUnavailable
 
 __all__ = ["Gateway", "GatewayOpener", "GatewayReply", "ReplyHead", "address_of"]
+
+log = logging.getLogger("tiergate.router")
 
 #: Statuses the gateway answers with itself when the endpoint cannot be reached or failed.
 ENDPOINT_FAILED = frozenset({502, 503, 504})
@@ -108,6 +111,8 @@ class GatewayOpener:
     on_failure: Callable[[EndpointState], object] = lambda e: None
     max_reply_bytes: int = MAX_REPLY_BYTES
     attempts: int = 1  # the gateway sends the request once
+    #: Every endpoint the router knows now, of any pool: where the gateway's own retry may go.
+    everywhere: Callable[[], Sequence[EndpointState]] = lambda: ()
 
     def usable(self, endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
         """The candidates the gateway can reach and allows."""
@@ -147,7 +152,14 @@ class GatewayOpener:
         served, attempts = picked, 1
         if head.served is not None and head.served != addresses[0]:
             other = next((e for e in endpoints if address_of(e) == head.served), None)
-            if other is not None:  # a fallback, or the gateway's own retry elsewhere
+            if other is None:  # the gateway's own retry, past the pick: to any pod of its pool
+                other = next((e for e in self.everywhere() if address_of(e) == head.served), None)
+            if other is None:
+                log.warning(
+                    "event=served_by_unknown_endpoint served=%s picked=%s", head.served,
+                    addresses[0],
+                )  # fmt: skip
+            else:  # a fallback, or the gateway's own retry elsewhere
                 at = addresses.index(head.served) if head.served in addresses else len(chosen)
                 served, attempts = other, at + 1
                 for failed in chosen[:at]:  # the gateway went past them: they failed it

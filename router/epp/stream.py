@@ -86,7 +86,11 @@ class GatewayStream:
         self.outbox: asyncio.Queue[protocol.ProcessingResponse | End] = asyncio.Queue()
         self.subset: frozenset[str] | None = None
         self.opener = GatewayOpener(
-            self, fallbacks=fallbacks, on_failure=on_failure, max_reply_bytes=max_reply_bytes
+            self,
+            fallbacks=fallbacks,
+            on_failure=on_failure,
+            max_reply_bytes=max_reply_bytes,
+            everywhere=lambda: router.view().endpoints(),
         )
         self.task: asyncio.Task[None] | None = None
         #: The request's id: the request path's, and on the picker's own refusals too.

@@ -173,3 +173,45 @@ def test_fallbacks_the_gateway_walks_the_list_and_the_served_endpoint_is_billed(
         first = next(e for e in system.app.router.view().endpoints() if e.url == failing)
         # Picked first at least once: the gateway went past it, which counts as its failure.
         assert first.consecutive_failures > 0 or first.ejections > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_gateway_retry_to_another_tier_s_pod_is_billed_at_the_tier_that_served(
+    served: Callable[[Any], AbstractContextManager[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    stream: bool,
+) -> None:
+    """The GIE pool the operator keeps selects every pool's pods, so a gateway's own retry
+    past the pick (no fallbacks) may reach a pod of another tier. The reply is billed, and
+    its headers say, the tier and pool that served it, not those picked."""
+    nodes = {
+        "coder-batched": [node(["coder"], failure_rate=1.0)],
+        "coder-premium": [node(["coder"])],
+        "spark": [node(["coder-spark"])],
+    }
+    folder = tmp_path_factory.mktemp("epp-other-tier")
+    with epp_system(served, folder, nodes=nodes) as system:
+        (failing,), (premium,) = system.nodes["coder-batched"], system.nodes["coder-premium"]
+        envoy = system.envoy(override_host=[address(failing), address(premium)], retries=2)
+        r = post(envoy.url, chat(max_tokens=3, stream=stream))
+        assert r.status_code == 200, r.text
+        replies = [
+            json.loads(line[6:])
+            for line in r.text.splitlines()
+            if line.startswith("data: {")
+        ] if stream else [r.json()]  # fmt: skip
+        assert replies and {reply["service_tier"] for reply in replies} == {"priority"}
+        assert r.headers["x-tiergate-tier"] == "premium"
+        assert r.headers["x-tiergate-pool"] == "coder-premium"
+        (row,) = system.rows([r.headers["x-tiergate-request-id"]])
+        assert (row["pool"], row["tier_served"], row["endpoint"]) == (
+            "coder-premium",
+            "premium",
+            premium,
+        )
+        pool = system.app.router.view().pools["coder-premium"]
+        assert row["cost_usd"] == pytest.approx(
+            pool.cost_usd(row["prompt_tokens"], row["completion_tokens"])
+        )
+        picked = next(e for e in system.app.router.view().endpoints() if e.url == failing)
+        assert picked.consecutive_failures > 0 or picked.ejections > 0
