@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -271,7 +272,7 @@ async def _first_reply(
         finally:
             await opened.close()
         if one.status != 200:
-            if not _the_request_s_fault(one.status, body):
+            if not the_request_s_fault(one.status, body):
                 return None, "no reply", None
             hosted = opened.endpoint.hosted
             if hosted is not None:
@@ -296,18 +297,25 @@ async def _first_reply(
         stages.admission.release(grant, one.prompt_tokens + one.completion_tokens)
 
 
-def _the_request_s_fault(status: int, body: bytes) -> bool:
+def the_request_s_fault(status: int, body: bytes) -> bool:
     """Whether a cascade's first tier refused the request for what it asks (a bad field), which
     the second tier would refuse too, rather than for what it is (its context, its load)."""
     if not 400 <= status < 500 or status in (404, 408, 429):
         return False
-    code: object
     try:
-        code = json.loads(body)["error"]["code"]
-    except (ValueError, TypeError, KeyError):
-        code = None
-    # The distilled model's context may be shorter than the full model's.
-    return code != "context_length_exceeded"
+        error = json.loads(body)["error"]
+        code, message = error.get("code"), error.get("message")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return True
+    # The distilled model's context may be shorter than the full model's. OpenAI and the sim
+    # node say so by code; vLLM's code is the status (400) and SGLang's too: their messages
+    # say it ("This model's maximum context length is ...", "... the model's context length").
+    return code != "context_length_exceeded" and not (
+        isinstance(message, str) and _CONTEXT_LENGTH.search(message) is not None
+    )
+
+
+_CONTEXT_LENGTH = re.compile(r"context length", re.IGNORECASE)
 
 
 async def _send_reply(

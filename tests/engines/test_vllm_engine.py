@@ -25,6 +25,7 @@ from polling_helpers import until
 from process_helpers import Running
 
 from tiergate.router.discovery.scraper import parse_vllm_metrics
+from tiergate.router.request.cascade import the_request_s_fault
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
@@ -216,7 +217,7 @@ def test_a_model_the_engine_does_not_serve_is_an_openai_error_envelope(router: R
 
 
 def test_the_engine_s_own_4xx_passes_through_as_its_envelope_and_ejects_nothing(
-    router: Running,
+    router: Running, engine: EngineProcess
 ) -> None:
     """A prompt longer than the engine's context: vLLM's 400 reaches the client as vLLM wrote
     it, however often, and the engine keeps serving."""
@@ -232,6 +233,15 @@ def test_the_engine_s_own_4xx_passes_through_as_its_envelope_and_ejects_nothing(
         assert "context length" in refused.value.message or "maximum" in refused.value.message
     metrics = httpx.get(router.metrics_url, timeout=10).text
     assert 'tiergate_pool_endpoints{pool="engine",state="ejected",tier="batched"} 0.0' in metrics
+    # A cascade whose first tier is this engine escalates such a refusal (the second tier's
+    # context may be longer): the router reads vLLM's own body as a context refusal.
+    refusal = httpx.post(
+        engine.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": too_long, "max_tokens": 4},
+        timeout=60,
+    )
+    assert refusal.status_code == 400
+    assert the_request_s_fault(400, refusal.content) is False
     reply = alice.chat.completions.create(
         model=MODEL,
         messages=MESSAGES,

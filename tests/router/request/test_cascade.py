@@ -26,10 +26,10 @@ from tiergate.router.ledger.sqlite import LedgerError, UsageRecord
 from tiergate.router.request.body import parse_completion
 from tiergate.router.request.cascade import (
     CASCADE_HEADER,
-    _the_request_s_fault,
     as_event_stream,
     cascade_plan,
     parse_cascade,
+    the_request_s_fault,
 )
 from tiergate.router.request.tool_calls import tool_call_problem
 from tiergate.router.tenants.registry import ANONYMOUS
@@ -312,12 +312,29 @@ def test_which_refusals_of_the_first_tier_escalate(
     status: int, code: str | None, escalates: bool
 ) -> None:
     body = json.dumps({"error": {"message": "m", "type": "t", "code": code, "param": None}})
-    assert _the_request_s_fault(status, body.encode()) is not escalates
+    assert the_request_s_fault(status, body.encode()) is not escalates
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # vLLM's (its code is the status, 400)
+        "This model's maximum context length is 8192 tokens. However, your request has 9000 "
+        "input tokens. Please reduce the length of the input messages.",
+        # SGLang's
+        "The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+    ],
+)
+def test_an_engine_s_context_refusal_escalates_whatever_its_code(message: str) -> None:
+    body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+    assert the_request_s_fault(400, json.dumps(body).encode()) is False
+    other = {"error": {**body["error"], "message": "temperature must be at most 2"}}
+    assert the_request_s_fault(400, json.dumps(other).encode()) is True
 
 
 def test_a_refusal_without_an_envelope_is_taken_as_the_request_s_fault() -> None:
-    assert _the_request_s_fault(400, b"<html>") is True
-    assert _the_request_s_fault(502, b"<html>") is False
+    assert the_request_s_fault(400, b"<html>") is True
+    assert the_request_s_fault(502, b"<html>") is False
 
 
 def test_without_tools_the_cascade_header_changes_nothing(router: dict[str, Any]) -> None:
