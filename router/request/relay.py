@@ -299,7 +299,8 @@ async def relay_stream(
             raise UpstreamError("the stream ended without data: [DONE]")
         done.outcome = "error" if rewriter.error else "ok"
     except asyncio.CancelledError:
-        if not client.left():
+        if not client.left():  # the router stops (past its grace period): billed as it stands
+            tally(done, rewriter, pool, request, final=True)
             raise
         done.outcome, done.status = "client_disconnect", 499
     except (UpstreamError, OSError) as exc:

@@ -15,10 +15,11 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -241,9 +242,49 @@ def test_a_second_sigterm_stops_the_workers_without_waiting(
     assert "Traceback" not in router.log_text()
 
 
-def held_stream(gate: threading.Event) -> Callable[..., Any]:
-    """A node that streams one chunk, then the rest only once `gate` is set."""
+def test_a_stream_cut_at_the_end_of_the_grace_period_is_billed_every_token_relayed(
+    tmp_path: Path, served: Served
+) -> None:
+    """SIGTERM while a node holds a stream: past the grace period the router cuts it. Its
+    row was last amended at the first token (1 token); the client has had 5 since, and the
+    router bills those 5."""
+    gate = threading.Event()
+    ledger = tmp_path / "ledger.sqlite"
+    with served(held_stream(gate, usage=[1, 5])) as upstream:
+        config = tmp_path / "router.yaml"
+        config.write_text(
+            CONFIG.replace("':memory:'", f"'{ledger}'").format(ledger="", node=upstream)
+        )
+        router = start_router(config, tmp_path / "router.log")
+        try:
+            parts = urlsplit(router.url)
+            client = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+            body = json.dumps({**CHAT, "max_tokens": 50, "stream": True})
+            client.request("POST", COMPLETIONS, body, {"content-type": "application/json"})
+            reply = client.getresponse()
+            assert reply.status == 200
+            got = [reply.readline() for _ in range(4)]  # two events, each a line and a blank
+            assert b'"content":"hi"' in got[2], got
+            router.process.send_signal(signal.SIGTERM)  # the node holds the stream for ever
+            assert router.process.wait(WITHIN_S) in (0, -signal.SIGTERM), router.log_text()
+            client.close()
+        finally:
+            gate.set()
+            router.stop()
+    with sqlite3.connect(ledger) as db:
+        rows = db.execute("SELECT prompt_tokens, completion_tokens FROM usage").fetchall()
+    assert rows == [(7, 5)]
+    assert "timeout graceful shutdown exceeded" in router.log_text()  # uvicorn says why
+
+
+def held_stream(gate: threading.Event, usage: Sequence[int] = ()) -> Callable[..., Any]:
+    """A node that streams one chunk, then the rest only once `gate` is set. With `usage`:
+    a chunk for each count, saying it (prompt 7 tokens), before it holds."""
     chunk = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'  # noqa: E501
+    with_usage = [
+        chunk[:-3] + b',"usage":{"prompt_tokens":7,"completion_tokens":%d}}\n\n' % count
+        for count in usage
+    ]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -256,7 +297,9 @@ def held_stream(gate: threading.Event) -> Callable[..., Any]:
         await receive()
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        for event in with_usage or [chunk]:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            await asyncio.sleep(0.1)  # each its own read, within the bill interval
         await asyncio.get_running_loop().run_in_executor(None, gate.wait, WITHIN_S)
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
