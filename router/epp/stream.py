@@ -39,6 +39,7 @@ from tiergate.router.epp.deadline import PICK_WITHIN_S
 from tiergate.router.epp.pick import NEVER_FORWARDED, GatewayOpener, ReplyHead
 from tiergate.router.handler import Router
 from tiergate.router.request.ids import new_request_id
+from tiergate.router.request.models import models_reply
 from tiergate.router.upstream.disconnect import Timer
 from tiergate.router.upstream.proxy import REQUEST_ID_HEADER
 
@@ -53,6 +54,8 @@ BUFFERED = "BUFFERED"
 ABANDON_AFTER_S = 60.0
 #: Paths served, and whether each is the chat endpoint.
 COMPLETION_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
+#: Answered by the picker itself, as the router's port answers it: the names the pools serve.
+MODELS_PATH = "/v1/models"
 
 
 class ProtocolViolation(Exception):
@@ -194,6 +197,10 @@ class GatewayStream:
         if self._buffered:
             self._emit(protocol.ack("request_headers"))  # the body comes only after this
         method, path = headers.get(":method", ""), headers.get(":path", "").partition("?")[0]
+        if path == MODELS_PATH and method in ("GET", "HEAD"):  # as the router's port answers it
+            body = b"" if method == "HEAD" else dumps(models_reply(self.router.view()))
+            self._immediate_parts(200, {"content-type": "application/json"}, body, "models")
+            return
         chat = COMPLETION_PATHS.get(path)
         if chat is None:
             self._refuse(RouterError(404, f"no route {path}", code="not_found"))

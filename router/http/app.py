@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from tiergate.common.connection_limits import ConnectionGate, ConnectionLimits
 from tiergate.router.base.asgi import (
@@ -32,6 +32,7 @@ from tiergate.router.http.metrics_app import MetricsApp
 from tiergate.router.http.openapi import openapi_document
 from tiergate.router.http.usage import usage_response
 from tiergate.router.ledger.records import LedgerError
+from tiergate.router.request.models import models_reply
 
 log = logging.getLogger("tiergate.router")
 
@@ -181,11 +182,7 @@ class RouterApp:
         await self.router.completion(scope, receive, send, chat=False)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        data: list[dict[str, Any]] = [
-            {"id": name, "object": "model", "owned_by": "tiergate", "tiers": list(tiers)}
-            for name, tiers in sorted(self.router.view().served_models.items())
-        ]
-        await send_json(send, 200, {"object": "list", "data": data})
+        await send_json(send, 200, models_reply(self.router.view()))
 
     async def _usage(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

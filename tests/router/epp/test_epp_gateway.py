@@ -139,6 +139,18 @@ def test_a_body_that_is_not_json_gets_the_400_envelope(envoy: Envoy) -> None:
     assert "not valid JSON" in r.json()["error"]["message"]
 
 
+def test_the_openai_sdk_lists_the_models_through_the_gateway(system: System, envoy: Envoy) -> None:
+    """As the router's port lists them: a client that lists models first works behind the
+    gateway too. No endpoint is picked for it, and nothing is billed."""
+    rows_before = len(system.rows())
+    client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="alice-key-0123456789")
+    listed = {m.id: (m.model_extra or {})["tiers"] for m in client.models.list()}
+    own = httpx.get(system.url + "/v1/models", timeout=10).json()["data"]
+    assert listed == {m["id"]: m["tiers"] for m in own}
+    assert listed["coder"] == ["batched", "premium"] and listed["coder-spark"] == ["wafer-scale"]
+    assert len(system.rows()) == rows_before
+
+
 def test_an_unknown_path_gets_the_404_envelope(envoy: Envoy) -> None:
     r = post(envoy.url, chat(), path="/v1/embeddings")
     assert r.status_code == 404
