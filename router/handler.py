@@ -445,7 +445,8 @@ class Router:
             raise
         self.metrics.retries.inc(opened.attempts - 1)
         pipeline.observe(ctx, opened.endpoint)
-        pool = view.pools[opened.endpoint.pool]
+        # The gateway's own retry may have reached a pool newer than `view` (router/epp).
+        pool = view.pools.get(opened.endpoint.pool) or self.view().pools[opened.endpoint.pool]
         done.tier_served, done.pool, done.endpoint = pool.spec.tier, pool, opened.endpoint.url
         return opened, pool
 

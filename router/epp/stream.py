@@ -197,7 +197,12 @@ class GatewayStream:
         if self._buffered:
             self._emit(protocol.ack("request_headers"))  # the body comes only after this
         method, path = headers.get(":method", ""), headers.get(":path", "").partition("?")[0]
-        if path == MODELS_PATH and method in ("GET", "HEAD"):  # as the router's port answers it
+        if path == MODELS_PATH:  # as the router's port answers it
+            if method not in ("GET", "HEAD"):
+                allow = {"allow": "GET, HEAD"}
+                message = f"method not allowed: {path} takes GET, HEAD"
+                self._refuse(RouterError(405, message, code="method_not_allowed", headers=allow))
+                return
             body = b"" if method == "HEAD" else dumps(models_reply(self.router.view()))
             self._immediate_parts(200, {"content-type": "application/json"}, body, "models")
             return

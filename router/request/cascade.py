@@ -302,8 +302,8 @@ def the_request_s_fault(status: int, body: bytes) -> bool:
     the second tier would refuse too, rather than for what it is (its context, its load)."""
     if not 400 <= status < 500 or status in (404, 408, 429):
         return False
-    try:
-        error = json.loads(body)["error"]
+    try:  # SGLang's fields at the top level are read as the envelope they mean
+        error = json.loads(node_refusal(body, status))["error"]
         code, message = error.get("code"), error.get("message")
     except (ValueError, TypeError, KeyError, AttributeError):
         return True

@@ -293,9 +293,9 @@ def _choice_index(event: bytes) -> int:
     if found is not None:
         return int(found[1])
     try:  # written some other way: read the whole chunk (several choices are rare)
-        index = orjson.loads(event[6:])["choices"][0].get("index", 0)
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        raise ValueError("a chunk with usage but no choice") from None
+        index = orjson.loads(event[6:])["choices"][0]["index"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        raise ValueError("a chunk with usage but no choice index") from None
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 2**31:
         raise ValueError(f"not a choice index: {index!r}")
     return index

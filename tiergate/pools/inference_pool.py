@@ -200,7 +200,6 @@ class TemplateSpec(Api):
     )
     image_pull_secrets: list[PullSecret] = Field(
         default_factory=list,
-        max_length=16,
         description="Secrets in the pool's namespace to pull its image with (a private "
         "registry or mirror), after those every pool's pods get (the chart's imagePullSecrets).",
     )

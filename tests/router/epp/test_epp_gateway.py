@@ -149,6 +149,9 @@ def test_the_openai_sdk_lists_the_models_through_the_gateway(system: System, env
     assert listed == {m["id"]: m["tiers"] for m in own}
     assert listed["coder"] == ["batched", "premium"] and listed["coder-spark"] == ["wafer-scale"]
     assert len(system.rows()) == rows_before
+    refused = post(envoy.url, chat(), path="/v1/models")  # as the router's port refuses it
+    assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
+    assert refused.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_an_unknown_path_gets_the_404_envelope(envoy: Envoy) -> None:

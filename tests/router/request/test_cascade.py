@@ -315,20 +315,31 @@ def test_which_refusals_of_the_first_tier_escalate(
     assert the_request_s_fault(status, body.encode()) is not escalates
 
 
+def vllm_error(message: str) -> dict[str, Any]:
+    """vLLM's error body: an envelope whose code is the status."""
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+
+
+def sglang_error(message: str) -> dict[str, Any]:
+    """SGLang's: the error's fields at the top level."""
+    return {"object": "error", "message": message, "type": "BadRequestError", "param": None,
+            "code": 400}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "message",
+    ("shape", "message"),
     [
-        # vLLM's (its code is the status, 400)
-        "This model's maximum context length is 8192 tokens. However, your request has 9000 "
-        "input tokens. Please reduce the length of the input messages.",
-        # SGLang's
-        "The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+        (vllm_error, "This model's maximum context length is 8192 tokens. However, your "
+                     "request has 9000 input tokens. Please reduce the length of the input."),
+        (sglang_error, "The input (9000 tokens) is longer than the model's context length "
+                       "(8192 tokens)."),
     ],
-)
-def test_an_engine_s_context_refusal_escalates_whatever_its_code(message: str) -> None:
-    body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
-    assert the_request_s_fault(400, json.dumps(body).encode()) is False
-    other = {"error": {**body["error"], "message": "temperature must be at most 2"}}
+)  # fmt: skip
+def test_an_engine_s_context_refusal_escalates_whatever_its_code(
+    shape: Callable[[str], dict[str, Any]], message: str
+) -> None:
+    assert the_request_s_fault(400, json.dumps(shape(message)).encode()) is False
+    other = shape("temperature must be at most 2")
     assert the_request_s_fault(400, json.dumps(other).encode()) is True
 
 

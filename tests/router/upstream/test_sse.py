@@ -187,9 +187,11 @@ def test_a_choice_written_in_another_order_is_still_found() -> None:
     assert r.counts == (3, 6)
 
 
-def test_a_chunk_of_several_whose_choice_cannot_be_told_counts_a_token() -> None:
+@pytest.mark.parametrize("choice", [b'{"delta":{"content":"x"},"index":"one"}',
+                                    b'{"delta":{"content":"x"}}'])  # fmt: skip
+def test_a_chunk_of_several_whose_choice_cannot_be_told_counts_a_token(choice: bytes) -> None:
     r = several(2)
     r.feed(choice_chunk(0, 3, 2))
-    r.feed(b'data: {"choices":[{"delta":{"content":"x"},"index":"one"}],'
+    r.feed(b'data: {"choices":[' + choice + b'],'
            b'"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n')  # fmt: skip
     assert r.counts == (3, 2) and r.chunks_since_usage == 1
