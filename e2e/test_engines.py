@@ -7,6 +7,7 @@ refused by `kubectl apply` with the reason."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -122,6 +123,19 @@ def test_a_vllm_pool_runs_vllm_serve_on_a_gpu_node(release: Release, gpu_node: s
         return pods == [gpu_node]
 
     release.wait(scheduled_on_the_gpu_node, f"the vLLM pod scheduled on {gpu_node}", 90)
+
+
+def test_a_gpu_pool_no_node_can_take_says_why_in_its_status(release: Release) -> None:
+    """No node has the pool's GPUs (this test adds none): the scheduler's word for its pod
+    reaches the pool's Degraded condition, rather than "starting" for 45 minutes."""
+    release.kubectl("apply", "-f", "-", input=VLLM_POOL.replace("llama-vllm", "llama-nowhere"))
+
+    def degraded() -> dict[str, Any]:
+        return release.condition("llama-nowhere", "Degraded") or {}
+
+    release.wait(lambda: degraded().get("reason") == "PodsCannotStart", "PodsCannotStart", 90)
+    assert degraded()["status"] == "True"
+    assert "cannot start: Unschedulable: 0/" in degraded()["message"], degraded()
 
 
 def test_a_wafer_scale_vllm_pool_is_refused_with_the_reason(release: Release) -> None:

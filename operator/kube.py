@@ -63,11 +63,23 @@ class ApplyRejected(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PodAddress:
-    """One of a pool's pods, as the autoscaler scrapes it."""
+    """One of a pool's pods, as the autoscaler scrapes it and the status tells of it."""
 
     name: str
     ip: str | None
     ready: bool
+    #: Why the pod cannot start, when it cannot: the scheduler's word (Unschedulable) or a
+    #: container's (ImagePullBackOff, CrashLoopBackOff, ...), with its message. None: it
+    #: runs, or is on its way.
+    problem: str | None = None
+
+
+#: A container waiting for one of these is not on its way: it needs someone to act.
+CANNOT_START = frozenset({
+    "CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull",
+    "ErrImagePull", "ImageInspectError", "ImagePullBackOff", "InvalidImageName",
+    "RunContainerError",
+})  # fmt: skip
 
 
 class Cluster(GatewayApi, Protocol):
@@ -139,6 +151,21 @@ def _message(exc: ApiException) -> str:
         return str(reason)
     message = body.get("message") if isinstance(body, dict) else None
     return str(message or reason)
+
+
+def _problem(status: Any) -> str | None:
+    """Why a pod (its `status`, a V1PodStatus) cannot start; None: it can."""
+    if status is None:
+        return None
+    for condition in status.conditions or []:
+        if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+            return f"Unschedulable: {condition.message or 'no node fits it'}"
+    containers = [*(status.init_container_statuses or []), *(status.container_statuses or [])]
+    for container in containers:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason in CANNOT_START:
+            return f"{waiting.reason}: {waiting.message or container.name}"
+    return None
 
 
 def _temporary(action: str, exc: ApiException) -> kopf.TemporaryError:
@@ -352,7 +379,7 @@ class KubeCluster:
                 for c in (status.conditions if status else None) or []
             )
             ip = status.pod_ip if status else None
-            found.append(PodAddress(str(meta.name), ip, ready))
+            found.append(PodAddress(str(meta.name), ip, ready, _problem(status)))
         return found
 
     def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:

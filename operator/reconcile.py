@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import kopf
 from pydantic import ValidationError
 
 from tiergate.common.validation import first_problem
@@ -47,6 +48,7 @@ from .status import (
     conditions,
     fits_message,
     not_rolled_out_conditions,
+    pods_not_starting,
     previous_spec_conditions,
     replica_conditions,
     rollout,
@@ -339,9 +341,12 @@ def observe(
     deployment = rollout(cluster.deployment_status(meta["namespace"], meta["name"]))
     envelope = assessment.envelope
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
+    failing = None
+    if deployment.ready < max(spec.replicas, deployment.total):  # why are the others not?
+        failing = pods_not_starting(_problems(cluster, meta["namespace"], meta["name"]))
     values: dict[Any, ConditionValue] = {
         "Fits": ConditionValue("True", "ModelFits", fits),
-        **replica_conditions(assessment, spec.replicas, deployment),
+        **replica_conditions(assessment, spec.replicas, deployment, failing),
     }
     generations: dict[Any, int | None] = {}
     if values["Ready"].reason == "ServingPreviousSpec":
@@ -362,6 +367,17 @@ def observe(
         envelope=envelope.model_dump(by_alias=True) if envelope else None,
         selector=selector,
     )
+
+
+def _problems(cluster: Cluster, namespace: str, pool: str) -> dict[str, str]:
+    """The pool's pods that cannot start, and why (none when they cannot be listed now: the
+    status says what the Deployment says, and the next resync looks again)."""
+    try:
+        pods = cluster.pool_pods(namespace, pool)
+    except kopf.TemporaryError as exc:
+        log.info("event=pods_unlisted pool=%s/%s error=%s", namespace, pool, exc)
+        return {}
+    return {pod.name: pod.problem for pod in pods if pod.problem is not None and not pod.ready}
 
 
 def _hosted(body: Manifest, spec: InferencePoolSpec, cluster: Cluster, now: str) -> Outcome:

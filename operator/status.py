@@ -32,6 +32,7 @@ __all__ = [
     "conditions",
     "fits_message",
     "not_rolled_out_conditions",
+    "pods_not_starting",
     "previous_spec_conditions",
     "rebase_conditions",
     "replica_conditions",
@@ -192,7 +193,7 @@ def _count(value: Any) -> int:
 
 
 def replica_conditions(
-    assessment: Assessment, desired: int, deployment: Rollout
+    assessment: Assessment, desired: int, deployment: Rollout, failing: str | None = None
 ) -> dict[ConditionType, ConditionValue]:
     """Ready / Progressing / Degraded of a runnable pool from its Deployment's rollout.
 
@@ -201,7 +202,8 @@ def replica_conditions(
     left: while an old pod serves beside a new one that never becomes ready, `ready` alone
     would call it done. Until then, ready pods include the previous spec's, so Ready says
     ServingPreviousSpec (about the generation they run: the caller sets it). Past the
-    Deployment's progress deadline the rollout is stuck: not progressing, and degraded."""
+    Deployment's progress deadline the rollout is stuck: not progressing, and degraded.
+    `failing`: why pods cannot start (`pods_not_starting`), said by Degraded first."""
     d = deployment
     old = d.total - d.updated
     counts = f"{d.updated}/{desired} replicas updated, {d.ready} ready" + (
@@ -239,7 +241,11 @@ def replica_conditions(
         progressing = ConditionValue("False", "Settled", counts)
     else:
         progressing = ConditionValue("True", "RollingOut", counts)
-    if desired > 0 and d.ready == 0 and d.updated >= desired and d.starting:
+    if failing is not None:
+        degraded = ConditionValue(
+            "True", "PodsCannotStart", f"{d.ready}/{desired} replicas ready; {failing}"
+        )
+    elif desired > 0 and d.ready == 0 and d.updated >= desired and d.starting:
         degraded = ConditionValue(
             "False", "Starting", f"0/{desired} replicas ready: the pods are starting; a rollout "
             "that makes no progress is stuck at the Deployment's progress deadline",
@@ -254,6 +260,23 @@ def replica_conditions(
     else:
         degraded = ConditionValue("False", "AsExpected", f"{d.ready}/{desired} replicas ready")
     return {"Ready": ready_value, "Progressing": progressing, "Degraded": degraded}
+
+
+#: How much of a pod's problem a condition quotes (an image pull's message can be long).
+PROBLEM_CHARS = 300
+
+
+def pods_not_starting(problems: Mapping[str, str]) -> str | None:
+    """What Degraded says of pods that cannot start (`problems`: pod name -> why); None when
+    none is stuck."""
+    if not problems:
+        return None
+    name = min(problems)
+    told = f"pod {name} cannot start: {problems[name]}"
+    if len(told) > PROBLEM_CHARS:
+        told = told[: PROBLEM_CHARS - 3] + "..."
+    others = len(problems) - 1
+    return told + (f" (and {others} more pod{'s' if others > 1 else ''})" if others else "")
 
 
 def previous_spec_conditions(

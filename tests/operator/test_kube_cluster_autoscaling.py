@@ -39,6 +39,30 @@ def pod(name: str, ip: str | None, ready: str, deleting: bool = False) -> dict[s
             "status": status}  # fmt: skip
 
 
+def test_a_pod_that_cannot_start_says_why(api: ApiServer) -> None:
+    """The scheduler's word for a pod no node takes, a container's for one that will not
+    start; a container on its way (ContainerCreating) is no problem."""
+    unschedulable = pod("a", None, "False")
+    unschedulable["status"] = {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    }]}  # fmt: skip
+    pulling, creating = pod("b", "10.0.0.2", "False"), pod("c", "10.0.0.3", "False")
+    for one, reason in ((pulling, "ImagePullBackOff"), (creating, "ContainerCreating")):
+        one["status"]["containerStatuses"] = [{
+            "name": "vllm", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": "Back-off pulling image x"}},
+        }]  # fmt: skip
+    api.answers[("GET", PODS)] = (200, {"kind": "PodList", "apiVersion": "v1", "items": [
+        unschedulable, pulling, creating]})  # fmt: skip
+    problems = {p.name: p.problem for p in cluster_of(api).pool_pods(NS, "frontier-premium")}
+    assert problems == {
+        "a": "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        "b": "ImagePullBackOff: Back-off pulling image x",
+        "c": None,
+    }
+
+
 def hpa(name: str, kind: str, target: str, api_version: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": NS},

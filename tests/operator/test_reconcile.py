@@ -13,6 +13,7 @@ import pytest
 from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, edit, pool, served
 
 from tiergate.operator import handlers
+from tiergate.operator.kube import PodAddress
 from tiergate.operator.reconcile import reconcile
 
 
@@ -519,6 +520,36 @@ def test_pods_starting_within_the_progress_deadline_are_not_degraded() -> None:
     cluster.deployments[DEPLOYMENT]["conditions"] = [served]
     status = reconcile(pool(), cluster, CATALOG, IMAGE, clock()).status
     assert _states(status)["Degraded"] == ("True", "NoReplicaReady")
+
+
+def test_pods_that_cannot_start_are_degraded_and_say_why() -> None:
+    """Whatever the Deployment's controller thinks of its rollout: a pod no node takes (a GPU
+    pool on a full fleet) or one whose image will not pull waits for someone to act."""
+    cluster = FakeCluster()
+    reconcile(pool(replicas=3), cluster, CATALOG, IMAGE, clock())
+    progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
+    cluster.deployments[DEPLOYMENT] = {
+        "replicas": 3, "readyReplicas": 1, "updatedReplicas": 3, "conditions": [progressing],
+    }  # fmt: skip
+    cluster.pods[DEPLOYMENT] = [
+        PodAddress("p-0", "10.0.0.1", True),
+        PodAddress("p-2", None, False, "Unschedulable: 0/3 nodes are available: 3 Insufficient "
+                   "nvidia.com/gpu."),
+        PodAddress("p-1", "10.0.0.2", False, "ImagePullBackOff: " + "x" * 400),
+        PodAddress("p-3", "10.0.0.3", False),  # on its way
+    ]  # fmt: skip
+    degraded = conditions(reconcile(pool(replicas=3), cluster, CATALOG, IMAGE, clock()).status)[
+        "Degraded"
+    ]
+    assert (degraded["status"], degraded["reason"]) == ("True", "PodsCannotStart")
+    message = degraded["message"]
+    assert message.startswith("1/3 replicas ready; pod p-1 cannot start: ImagePullBackOff: xxx")
+    assert message.endswith("... (and 1 more pod)") and len(message) < 400
+    cluster.pods[DEPLOYMENT] = [PodAddress("p-0", "10.0.0.1", True)]
+    degraded = conditions(reconcile(pool(replicas=3), cluster, CATALOG, IMAGE, clock()).status)[
+        "Degraded"
+    ]
+    assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected")
 
 
 def test_a_stuck_rollout_with_no_pod_ready_says_nothing_serves() -> None:
