@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -225,7 +225,12 @@ def inferencepool_reconcile(
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
 def inferencepool_resync(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo, **_: Any) -> None:
-    _run(body, memo, report=False)
+    """Reconcile the pool as it is now. kopf hands a timer the body it last saw, and the timer
+    runs beside the handler of an edit: applied from that body, the pool's Deployment could go
+    back to the spec before the edit for a moment, stopping pods of the new one."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    stored = memo.api().pool(namespace, name) if namespace and name else None
+    _run(body if stored is None else kopf.Body(cast(kopf.RawBody, stored)), memo, report=False)
 
 
 def _status_of(pool: kopf.Body | dict[str, Any]) -> dict[str, Any]:

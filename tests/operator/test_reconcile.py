@@ -15,6 +15,7 @@ from operator_helpers import CATALOG, IMAGE, FakeCluster, clock, conditions, edi
 from tiergate.operator import handlers
 from tiergate.operator.kube import PodAddress
 from tiergate.operator.reconcile import reconcile
+from tiergate.operator.render import GENERATION_ANNOTATION
 
 
 def test_a_fitting_pool_gets_its_objects_and_envelope() -> None:
@@ -596,6 +597,20 @@ def test_a_deployment_whose_new_spec_is_not_observed_yet_is_still_rolling_out() 
     done = reconcile(body, cluster, CATALOG, IMAGE, clock()).status
     assert _states(done)["Progressing"] == ("False", "Settled")
     assert conditions(done)["Ready"]["observedGeneration"] == 4
+
+
+def test_the_resync_applies_the_pool_as_stored_not_the_body_kopf_had() -> None:
+    """The timer's body may predate an edit whose handler runs beside it: what it applies
+    is the stored pool's spec, never the older one."""
+    cluster = FakeCluster()
+    memo = handlers.OperatorMemo(catalog=CATALOG, images=IMAGE, cluster=cluster)
+    old = pool()
+    cluster.pools[DEPLOYMENT] = edit(pool(), {"batching": {"maxNumSeqs": 8}})
+    handlers.inferencepool_resync(body=kopf.Body(old), patch=kopf.Patch(), memo=memo)
+    (deployment,) = [m for m in cluster.applied if m["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "8"
+    assert deployment["metadata"]["annotations"][GENERATION_ANNOTATION] == "4"
 
 
 def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
