@@ -190,9 +190,10 @@ async def test_a_node_without_metrics_is_not_taken_for_hung(
     served: Served, failed: list[str]
 ) -> None:
     """An engine with no /metrics fails every scrape, but answers it (404): it is up, and only
-    the limit bounds its whole replies."""
-    settings = {"whole_reply_timeout_s": 60, "unresponsive_after_s": 0.1}
-    node = Node(reply_s=1.0, metrics=False)
+    the limit bounds its whole replies. It answers every 0.1 s; silence for 1 s would take it
+    for hung (ten scrapes: a loaded machine delays some), and its reply takes longer."""
+    settings = {"whole_reply_timeout_s": 60, "unresponsive_after_s": 1.0}
+    node = Node(reply_s=2.5, metrics=False)
     async with scraped(served, node) as eps, upstream_of(failed, **settings) as upstream:
         while eps[0].scrape_failures < 3:
             await asyncio.sleep(0.02)
