@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import yaml
 from cluster import REPO
+from prometheus_client.parser import text_string_to_metric_families
 from release import Release
 
 EXAMPLES = REPO / "examples"
@@ -173,10 +174,33 @@ def test_scale_to_three_replicas_spreads_load(release: Release) -> None:
     assert sum(gained.values()) == sent, gained
 
 
+def exported_conditions(release: Release, pool: str) -> dict[str, tuple[str, str]]:
+    """type -> (status, reason) of the pool's conditions on the operator's /metrics (one
+    operator pod: the release's default)."""
+    ((name, ip),) = release.operator_pods(ready=True).items()
+    found = {}
+    for family in text_string_to_metric_families(release.pod_metrics(name, ip, 8082)):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "tiergate_operator_pool_condition" and labels["pool"] == pool:
+                assert labels["pool_namespace"] == release.namespace, labels
+                found[labels["type"]] = (labels["status"], labels["reason"])
+    return found
+
+
 def test_deleting_a_pool_removes_its_objects_and_its_routes(release: Release) -> None:
     release.kubectl("apply", "-f", str(EXAMPLES / "premium.yaml"))
     release.wait(lambda: served_by(release, "premium"), "the router to serve premium")
+    release.wait(
+        lambda: exported_conditions(release, "frontier-premium").get("Ready", ("",))[0] == "True",
+        "the operator's metrics to say frontier-premium serves",
+    )
     release.kubectl("delete", "inferencepool.tiergate.dev", "frontier-premium")
+    release.wait(
+        lambda: exported_conditions(release, "frontier-premium") == {},
+        "the operator's metrics to forget frontier-premium",
+        30,  # well within the 90 s a pool's conditions are kept without a reconciliation
+    )
     release.wait(
         lambda: (
             not release.exists("deployment", "frontier-premium")

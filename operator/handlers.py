@@ -3,6 +3,7 @@
 - `inferencepool_reconcile`: on create, on spec change and on operator start (resume).
 - `inferencepool_resync`: a timer that reconciles every `RESYNC_S`: repairs drift (a deleted
   or edited Deployment is re-applied) and refreshes readiness in the status.
+- `inferencepool_deleted`: a pool was deleted: its conditions leave the operator's metrics.
 - `deployment_changed`: a Deployment the operator owns changed (pods became ready, someone
   deleted it): reconcile its pool at once rather than at the next timer.
 - With `OperatorMemo.gateway`, each reconciliation of a pool of the routers' namespace also
@@ -82,7 +83,7 @@ class OperatorMemo:
     warn: Callable[..., None] = kopf.warn  # posts a Warning event on the pool (tests: a list)
     inform: Callable[..., None] = kopf.info  # posts a Normal event on the pool
     namespaced: bool = False  # watching named namespaces only (no cluster-wide permissions)
-    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    metrics: OperatorMetrics = field(default_factory=lambda: OperatorMetrics(3 * RESYNC_S))
     scrape: Scrape = field(default_factory=MetricsScraper)  # a pod's /metrics text
     #: Where the routers run, whose queues count in the pools' demand (None: not read).
     routers: Routers | None = None
@@ -145,6 +146,7 @@ def _run(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> None:
     namespace, name = body.metadata.namespace, body.metadata.name
     if namespace is not None and name is not None:
         memo.api().patch_pool_status(namespace, name, outcome.status, base=_status_of(body))
+        _export_conditions(body, outcome, memo)
     _alert(body, outcome, memo)
     _keep_gateway_pool(body, memo, report=report)
     if not report:
@@ -203,6 +205,17 @@ def _reconcile(pool: dict[str, Any], memo: OperatorMemo, handler: Handler) -> Ou
     return outcome
 
 
+def _export_conditions(
+    pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMemo
+) -> None:
+    """The conditions just written, in the operator's metrics (`PoolConditions`)."""
+    meta, spec = pool.get("metadata") or {}, pool.get("spec") or {}
+    memo.metrics.pool_conditions.record(
+        str(meta.get("namespace")), str(meta.get("name")), str(spec.get("tier") or ""),
+        outcome.status.get("conditions") or [],
+    )  # fmt: skip
+
+
 def _alert(pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMemo) -> None:
     """Post (and log, naming the pool) what the pool's status did not say before."""
     meta = pool.get("metadata") or {}
@@ -233,6 +246,14 @@ def inferencepool_resync(body: kopf.Body, patch: kopf.Patch, memo: OperatorMemo,
     _run(body if stored is None else kopf.Body(cast(kopf.RawBody, stored)), memo, report=False)
 
 
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def inferencepool_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    """Stop exporting the pool's conditions (a deletion not seen: they age out)."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    if namespace is not None and name is not None:
+        memo.metrics.pool_conditions.forget(namespace, name)
+
+
 def _status_of(pool: kopf.Body | dict[str, Any]) -> dict[str, Any]:
     """The status a handler computed its own from (what its write is rebased from)."""
     status = pool.get("status")
@@ -259,6 +280,7 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
         return  # the pool is gone: garbage collection removes its objects
     outcome = _reconcile(obj, memo, "deployment_changed")
     cluster.patch_pool_status(namespace, pool, outcome.status, base=_status_of(obj))
+    _export_conditions(obj, outcome, memo)
     _alert(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))
 

@@ -2,6 +2,10 @@
 decisions by reason, served on their own port (`tiergate operator --metrics-port`); kopf
 exports none.
 
+Each pool's conditions, as the operator last reconciled them, are a gauge too
+(`tiergate_operator_pool_condition`): the alert on a pool without a ready endpoint leaves out a
+pool that is starting or scaled to zero on purpose.
+
 Results: `ok`; `invalid_spec` (the pool's spec cannot work: its status and a Warning event
 say why; the user's to fix); `not_applied` (its objects could not be applied, e.g. a name
 taken); `error` (the reconciliation raised, e.g. the API server refused a call; kopf retries).
@@ -10,15 +14,20 @@ The last two are the operator's problems, which an alert watches.
 
 from __future__ import annotations
 
-from typing import Literal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from .autoscaling import REASONS
 from .reconcile import Outcome
 
-__all__ = ["HANDLERS", "RESULTS", "OperatorMetrics", "result_of"]
+__all__ = ["HANDLERS", "RESULTS", "OperatorMetrics", "PoolConditions", "result_of"]
 
 Handler = Literal["reconcile", "resync", "deployment_changed"]
 Result = Literal["ok", "invalid_spec", "not_applied", "error"]
@@ -35,12 +44,64 @@ def result_of(outcome: Outcome) -> Result:
     return "ok"
 
 
+class PoolConditions(Collector):
+    """`tiergate_operator_pool_condition`: one series of value 1 per pool and condition type,
+    labelled with the condition's status and reason as the operator last reconciled them.
+
+    A pool not reconciled for `fresh_s` is left out: the resync timer reconciles every pool
+    every period, so what is older belongs to a pool deleted unseen, or to a replica that lost
+    its peering and stands by (what it last saw would otherwise hold an alert back for ever).
+    """
+
+    def __init__(self, fresh_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fresh_s = fresh_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        # (namespace, pool) -> (when, tier, ((type, status, reason), ...))
+        self._pools: dict[tuple[str, str], tuple[float, str, tuple[tuple[str, str, str], ...]]] = {}
+
+    def record(
+        self, namespace: str, pool: str, tier: str, conditions: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """The conditions a reconciliation of the pool wrote (its status' list)."""
+        kept = tuple(
+            (str(c.get("type")), str(c.get("status")), str(c.get("reason") or ""))
+            for c in conditions
+            if isinstance(c, Mapping) and c.get("type")
+        )
+        with self._lock:
+            self._pools[(namespace, pool)] = (self.clock(), tier, kept)
+
+    def forget(self, namespace: str, pool: str) -> None:
+        with self._lock:
+            self._pools.pop((namespace, pool), None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tiergate_operator_pool_condition",
+            "InferencePools' conditions as the operator last reconciled them: 1 per pool and "
+            "condition type, labelled with its status and reason.",
+            labels=["pool_namespace", "pool", "tier", "type", "status", "reason"],
+        )
+        now = self.clock()
+        with self._lock:
+            for (namespace, pool), (when, tier, conditions) in sorted(self._pools.items()):
+                if now - when > self.fresh_s:
+                    continue
+                for kind, status, reason in conditions:
+                    family.add_metric([namespace, pool, tier, kind, status, reason], 1)
+        yield family
+
+
 class OperatorMetrics:
     """A registry of its own (tests build many), every series present from the start at
-    zero, so `increase()` sees the first failure."""
+    zero, so `increase()` sees the first failure. `fresh_s`: how long a pool's conditions are
+    exported after its last reconciliation (`PoolConditions`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fresh_s: float = 90.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.pool_conditions = PoolConditions(fresh_s, clock)
+        self.registry.register(self.pool_conditions)
         self.reconciles = Counter(
             "tiergate_operator_reconciles",
             "Reconciliations of InferencePools by handler and result (ok, invalid_spec, "

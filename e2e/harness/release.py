@@ -98,17 +98,25 @@ class Release:
                 out[meta["name"]] = status["podIP"]
         return out
 
-    def served_requests(self, pod: str, ip: str) -> float:
-        """vllm:request_success_total of one sim node, summed over labels, read from the node.
+    def operator_pods(self, *, ready: bool = False) -> dict[str, str]:
+        """name -> IP of the release's operator pods, as `pool_pods`."""
+        selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=operator"
+        return self._pods(selector, ready=ready)
+
+    def pod_metrics(self, pod: str, ip: str, port: int) -> str:
+        """A pod's /metrics text on `port`.
 
         Local backend: the pod IP is on this machine. kind: pod IPs are inside the cluster,
         so through the API server's pod proxy (which refuses loopback IPs, hence not local).
         """
         if BACKEND == "local":
-            text = httpx.get(f"http://{ip}:8000/metrics", timeout=5.0).text
-        else:
-            path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}:8000/proxy/metrics"
-            text = self.cluster.kubectl("get", "--raw", path)
+            return httpx.get(f"http://{ip}:{port}/metrics", timeout=5.0).text
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}:{port}/proxy/metrics"
+        return self.cluster.kubectl("get", "--raw", path)
+
+    def served_requests(self, pod: str, ip: str) -> float:
+        """vllm:request_success_total of one sim node, summed over labels, read from the node."""
+        text = self.pod_metrics(pod, ip, 8000)
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()

@@ -5,7 +5,8 @@ metrics endpoint (served here without a cluster), and loads the chart's rendered
 PrometheusRule; a short mixed load goes through the router. Then every dashboard query returns
 data, every alert's expression passes `promtool check rules` and evaluates, the alerts the
 load should not trigger are quiet, and three fire on purpose: a tenant's budget spent, a
-failed reconciliation, and a pool whose only node was stopped.
+failed reconciliation, and a pool whose only node was stopped (held while the operator says
+the pool is starting).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ tenants:
   - {name: bob, apiKeys: [bob-key-0123456789], allowedTiers: [batched]}
   - {name: carol, apiKeys: [carol-key-0123456789], budgetUsd: 0.000001, budgetPeriod: day}
 """
+#: The namespace of the router and its pools, as a cluster's scrapes would label them.
+NAMESPACE = "tiergate"
 #: Alerts the load is meant to trigger: carol spends more than her budget with one request.
 EXPECTED = {("TiergateBudgetNearExhaustion", "carol")}
 
@@ -180,8 +183,8 @@ def prometheus(
 ) -> Iterator[PrometheusServer]:
     scrape_configs = [
         {"job_name": "tiergate-operator", "static_configs": [{"targets": [operator.target]}]},
-        {"job_name": "tiergate-router",
-         "static_configs": [{"targets": [system.metrics]}]},
+        {"job_name": "tiergate-router",  # `namespace`: as the chart's ServiceMonitor labels it
+         "static_configs": [{"targets": [system.metrics], "labels": {"namespace": NAMESPACE}}]},
         {"job_name": "tiergate-sim-nodes",
          "static_configs": [{"targets": [f"127.0.0.1:{n.port}"],
                              "labels": {"pool": n.pool, "tier": n.tier}} for n in system.nodes]},
@@ -364,14 +367,36 @@ def test_an_autoscaler_that_cannot_act_fires_its_alert(
 
 
 def test_a_stopped_node_fires_no_ready_endpoint_for_its_pool(
-    system: System, prometheus: PrometheusServer, load: Load
+    system: System, operator: Operator, prometheus: PrometheusServer, rules_file: Path, load: Load
 ) -> None:
     """The wafer-scale pool has one node: stopped (SIGTERM, so `tiergate up` does not restart
-    it), the router's scrapes of it fail and its pool has no ready endpoint."""
+    it), the router's scrapes of it fail and its pool has no ready endpoint. While the operator
+    reports the pool's pods starting (a cold start) the alert holds; once it reports them
+    rolled out and not ready, it fires."""
     (node,) = [n for n in system.nodes if n.tier == "wafer-scale"]
+    conditions = operator.metrics.pool_conditions
+    starting = {"type": "Degraded", "status": "False", "reason": "Starting"}
+    conditions.record(NAMESPACE, node.pool, node.tier, [starting])
     pids = [pid for pid in children(system.up.pid) if f"--port\0{node.port}\0" in cmdline(pid)]
     assert len(pids) == 1, f"no single sim node process on port {node.port}: {pids}"
     os.kill(pids[0], signal.SIGTERM)
+
+    no_ready = f'tiergate_pool_endpoints{{state="ready", pool="{node.pool}"}} == 0'
+    until(lambda: bool(prometheus.query(no_ready)), f"{node.pool} still has a ready endpoint",
+          within_s=60)  # fmt: skip
+    until(lambda: bool(prometheus.query(
+        f'tiergate_operator_pool_condition{{pool="{node.pool}", reason="Starting"}}')),
+        "the operator's conditions not scraped")  # fmt: skip
+    (rule,) = [r for r in alert_rules(rules_file) if r["alert"] == "TiergatePoolNoReadyEndpoint"]
+    assert prometheus.query(rule["expr"]) == [], "the alert's expression holds a starting pool"
+    assert prometheus.query(rule["expr"].replace('reason="Starting"', 'reason="Nothing"')), (
+        "without the operator's word the expression should hold the pool: the test proves nothing"
+    )
+
+    not_ready = {"type": "Degraded", "status": "True", "reason": "NoReplicaReady"}
+    conditions.record(NAMESPACE, node.pool, node.tier, [not_ready])
+    # A pool of the same name starting in another namespace holds nothing back here.
+    conditions.record("elsewhere", node.pool, node.tier, [starting])
 
     def pool_alert() -> bool:
         return any(

@@ -80,3 +80,73 @@ def test_metrics_are_served_with_every_series_from_the_start() -> None:
         if s.name == "tiergate_operator_reconciles_total"
     }
     assert series == {(h, r) for h in HANDLERS for r in RESULTS}
+
+
+def pool_conditions(metrics: OperatorMetrics) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(namespace, pool, type) -> (status, reason), as /metrics would list them."""
+    found = {}
+    for family in metrics.registry.collect():
+        for s in family.samples:
+            if s.name == "tiergate_operator_pool_condition":
+                assert s.value == 1
+                key = (s.labels["pool_namespace"], s.labels["pool"], s.labels["type"])
+                found[key] = (s.labels["status"], s.labels["reason"])
+    return found
+
+
+def test_a_pool_s_conditions_are_exported_as_each_reconciliation_writes_them() -> None:
+    cluster = FakeCluster()
+    ran = memo(cluster)
+    body = pool()
+    cluster.pools[("team-a", "frontier-premium")] = body
+    handlers.inferencepool_reconcile(body=kopf.Body(body), patch=kopf.Patch(), memo=ran)
+    exported = pool_conditions(ran.metrics)
+    assert exported[("team-a", "frontier-premium", "Ready")] == ("False", "ReplicasNotReady")
+    assert exported[("team-a", "frontier-premium", "Fits")][0] == "True"
+    tiers = {s.labels["tier"] for f in ran.metrics.registry.collect() for s in f.samples
+             if s.name == "tiergate_operator_pool_condition"}  # fmt: skip
+    assert tiers == {"premium"}
+
+    # The Deployment's controller starts the pods: the Deployment's event says so at once.
+    progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "updatedReplicas": 1, "conditions": [progressing]}  # fmt: skip
+    owner = {
+        "kind": "InferencePool",
+        "name": "frontier-premium",
+        "apiVersion": "tiergate.dev/v1alpha1",
+    }
+    deployment = {"metadata": {"name": "frontier-premium", "namespace": "team-a",
+                               "ownerReferences": [owner]}}  # fmt: skip
+    handlers.deployment_changed(
+        event={"type": "MODIFIED"}, body=kopf.Body(deployment), memo=ran
+    )  # fmt: skip
+    assert pool_conditions(ran.metrics)[("team-a", "frontier-premium", "Degraded")] == (
+        "False", "Starting")  # fmt: skip
+
+    # The pods serve: the resync (or the next Deployment event) says so.
+    cluster.deployments[("team-a", "frontier-premium")] = {
+        "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}  # fmt: skip
+    handlers.inferencepool_resync(body=kopf.Body(body), patch=kopf.Patch(), memo=ran)
+    exported = pool_conditions(ran.metrics)
+    assert exported[("team-a", "frontier-premium", "Ready")] == ("True", "Serving")
+    assert exported[("team-a", "frontier-premium", "Degraded")] == ("False", "AsExpected")
+
+    handlers.inferencepool_deleted(body=kopf.Body(body), memo=ran)
+    assert pool_conditions(ran.metrics) == {}
+
+
+def test_conditions_no_reconciliation_refreshed_are_left_out() -> None:
+    """A replica that lost its peering stands by and reconciles nothing: what it last saw must
+    not hold an alert back for ever. A deletion it did not see ages out the same way."""
+    now = [1000.0]
+    metrics = OperatorMetrics(90.0, clock=lambda: now[0])
+    starting = [{"type": "Degraded", "status": "False", "reason": "Starting"}]
+    metrics.pool_conditions.record("team-a", "spark-wafer", "wafer-scale", starting)
+    metrics.pool_conditions.record("team-b", "spark-wafer", "wafer-scale", starting)
+    now[0] += 60.0
+    metrics.pool_conditions.record("team-b", "spark-wafer", "wafer-scale", starting)
+    now[0] += 60.0  # team-a's: 120 s old; team-b's: 60 s
+    assert pool_conditions(metrics) == {
+        ("team-b", "spark-wafer", "Degraded"): ("False", "Starting")
+    }
