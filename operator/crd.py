@@ -40,6 +40,7 @@ from tiergate.pools.engines import (
     memory_kind_problem,
     models_with_weights,
     option_like_problem,
+    weight_dtype_problem,
     weights_problem,
 )
 from tiergate.pools.hosted import (
@@ -266,6 +267,16 @@ def engine_rules(catalog: Catalog) -> list[Schema]:
                     f"self.speculativeDecoding.draftModel in [{listed}]))",
                     "message": weights_problem(engine.name, catalog),
                     "fieldPath": ".model",
+                }
+            )
+        if engine.weight_dtypes is not None:
+            listed = ", ".join(f"'{d}'" for d in engine.weight_dtypes)
+            rules.append(
+                {
+                    "rule": unless + "has(self.modelSource) || !has(self.weightDtype) || "
+                    f"self.weightDtype in [{listed}]",
+                    "message": weight_dtype_problem(engine.name),
+                    "fieldPath": ".weightDtype",
                 }
             )
         if engine.kv_dtypes is not None:

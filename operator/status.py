@@ -14,12 +14,12 @@ one writer's changes onto the list as another writer has left it since.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiergate.pools import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
+from tiergate.pools.engines import spans_nodes_problem
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.engine import Background, Engine, EngineCapacityError
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, profile_label
@@ -107,19 +107,12 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
 
 
 def _spans_nodes(spec: InferencePoolSpec, deployment: Deployment) -> str | None:
-    """Why a real engine's replica cannot be scheduled: it needs more chips than one node
-    has (the model lays it out over several systems, as pipeline stages), and a replica runs
-    in one pod. None if it fits on a node, or is a sim node's (which needs no GPU)."""
-    per_node = deployment.accelerator.chips_per_system
-    if spec.engine == "sim" or deployment.chips <= per_node:
-        return None
-    return (
-        f"a replica of {deployment.chips} x {spec.accelerator} spans "
-        f"{math.ceil(deployment.chips / per_node)} nodes of {per_node}, and a {spec.engine} "
-        "replica runs in one pod on one node (multi-node replicas are not supported): its pods "
-        f"would stay Pending. Set chips to {per_node} or fewer where the weights and the "
-        "workload's KV cache fit them, or use smaller weights (weightDtype), a smaller model or "
-        "an accelerator with more memory"
+    """Why a real engine's replica cannot be scheduled on one node, or None."""
+    return spans_nodes_problem(
+        spec.engine,
+        spec.accelerator or "",
+        deployment.chips,
+        deployment.accelerator.chips_per_system,
     )
 
 

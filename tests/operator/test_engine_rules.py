@@ -1,5 +1,6 @@
 """The engine rules: a real engine runs on GPUs only (never on wafer-scale or LPU chips), loads
-real weights and keeps its KV cache in a dtype it has. Pool files (pydantic) and `kubectl apply`
+real weights (in a dtype it makes of them, or from a checkpoint stored so) and keeps its KV
+cache in a dtype it has. Pool files (pydantic) and `kubectl apply`
 (the CRD's CEL rules, generated from the same table) refuse the same pools with the same
 sentence."""
 
@@ -12,7 +13,12 @@ from crd_helpers import generated_crd, problems, pydantic_says, schema_of
 
 from tiergate.operator.crd import engine_rules
 from tiergate.pools import ENGINES
-from tiergate.pools.engines import kv_dtype_problem, memory_kind_problem, weights_problem
+from tiergate.pools.engines import (
+    kv_dtype_problem,
+    memory_kind_problem,
+    weight_dtype_problem,
+    weights_problem,
+)
 from tiergate.sim_nodes.catalogs import default_catalog
 
 CATALOG = default_catalog()
@@ -83,6 +89,14 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("int8 kv cache", pool(engine="vllm", kvDtype="int8"), kv_dtype_problem("vllm")),
     ("fp8 kv cache", pool(engine="sglang", kvDtype="fp8"), None),
     ("int8 kv cache on the sim", pool(engine="sim", kvDtype="int8"), None),
+    ("int8 weights from the bf16 checkpoint", pool(engine="vllm", weightDtype="int8"),
+     weight_dtype_problem("vllm")),
+    ("fp4 weights from the bf16 checkpoint", pool(engine="sglang", weightDtype="fp4"),
+     weight_dtype_problem("sglang")),
+    ("int8 weights from an int8 checkpoint",
+     pool(engine="vllm", weightDtype="int8", modelSource="/model-cache/llama-8b-w8a8"), None),
+    ("fp8 weights quantized as they load", pool(engine="vllm", weightDtype="fp8"), None),
+    ("fp4 weights on the sim", pool(engine="sim", weightDtype="fp4"), None),
 ]  # fmt: skip
 
 
@@ -114,11 +128,13 @@ def test_every_engine_rule_of_the_table_is_in_the_crd(crd: dict[str, Any]) -> No
         for problem in (
             memory_kind_problem(engine.name, CATALOG),
             weights_problem(engine.name, CATALOG),
+            weight_dtype_problem(engine.name),
             kv_dtype_problem(engine.name),
         ):
             assert problem is None or problem in stated, problem
     assert spec["properties"]["engine"]["enum"] == list(ENGINES)
-    assert len(engine_rules(CATALOG)) == 6  # vllm and sglang: memory, weights, KV dtype
+    # vllm and sglang: memory, weights, weight dtype, KV dtype
+    assert len(engine_rules(CATALOG)) == 8
 
 
 def test_an_unknown_engine_is_refused(crd: dict[str, Any]) -> None:

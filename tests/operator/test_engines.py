@@ -292,7 +292,13 @@ SWITCHES = {"--no-enable-chunked-prefill", "--enable-metrics"}
 SPECS = [
     {},
     EVERYTHING,
-    {"model": "qwen3-235b-a22b", "accelerator": "b200", "weightDtype": "fp4"},
+    # fp4 weights are a checkpoint stored so: the engine reads the quantization from it.
+    {
+        "model": "qwen3-235b-a22b",
+        "accelerator": "b200",
+        "weightDtype": "fp4",
+        "modelSource": "nvidia/Qwen3-235B-A22B-FP4",
+    },  # fmt: skip
     {"model": "gpt-oss-120b", "accelerator": "h200", "kvDtype": "fp8", "chips": 2},
 ]
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from tiergate.pools import API_VERSION, KIND, InferencePool
+from tiergate.pools.engines import DEFAULT_ENGINE
 
 from .errors import PlanError
 from .report import PlanReport, TierPlan
@@ -30,6 +31,7 @@ def pool_manifest(plan_name: str, tier: TierPlan, autoscale: bool = False) -> di
     batching = {"maxNumSeqs": c.max_num_seqs, "maxBatchedTokens": c.max_batched_tokens}
     spec: dict[str, Any] = {
         "tier": tier.tier,
+        **({} if tier.engine == DEFAULT_ENGINE else {"engine": tier.engine}),
         "model": c.model,
         "accelerator": c.accelerator,
         "chips": c.chips,

@@ -99,6 +99,7 @@ class TierPlan(_Out):
 
     tier: str
     model: str
+    engine: str = Field(description="What runs the tier's pools: sim, vllm or sglang.")
     rate_per_s: float
     mean_prompt_tokens: int
     mean_cached_prompt_tokens: int
@@ -142,10 +143,11 @@ def render(report: PlanReport) -> str:
 
 def _tier(t: TierPlan) -> str:
     cached = f" ({t.mean_cached_prompt_tokens} cached)" if t.mean_cached_prompt_tokens else ""
+    engine = "" if t.engine == "sim" else f" on {t.engine}"
     head = (
-        f"tier {t.tier}: {t.model} at {t.rate_per_s:.3g} req/s, prompt {t.mean_prompt_tokens}"
-        f"{cached}, output {t.mean_output_tokens} tokens (means); SLO p{t.slo_percentile:g} "
-        f"TTFT <= {t.slo_ttft_ms:g} ms and TPOT <= {t.slo_tpot_ms:g} ms"
+        f"tier {t.tier}: {t.model}{engine} at {t.rate_per_s:.3g} req/s, prompt "
+        f"{t.mean_prompt_tokens}{cached}, output {t.mean_output_tokens} tokens (means); "
+        f"SLO p{t.slo_percentile:g} TTFT <= {t.slo_ttft_ms:g} ms and TPOT <= {t.slo_tpot_ms:g} ms"
     )
     rows = []
     if t.plan is not None:

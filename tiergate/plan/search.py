@@ -112,6 +112,7 @@ def plan_tier(
     common: dict[str, Any] = {
         "tier": tier,
         "model": demand.model,
+        "engine": demand.engine,
         "rate_per_s": traffic.rate_per_s,
         "mean_prompt_tokens": shape.input_tokens,
         "mean_cached_prompt_tokens": shape.cached_input_tokens,

@@ -5,6 +5,8 @@ weight and KV dtypes, batch cap, and speculative decoding where the catalog hold
 model distilled from the tier's). GPUs are tried from the fewest chips that hold one request
 up to `max_chip_multiple` times that, in every layout that divides the heads within a system;
 SRAM chips hold the KV cache too, so each batch cap gets the fewest chips that hold its batch.
+A tier planned for a real engine (vLLM, SGLang) keeps to what the engine runs: GPUs, a replica
+within one system, its weight and KV-cache dtypes, a model (and draft) with published weights.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from tiergate.common.tiers import DEFINITIONS, Tier, batch_cap_problem
+from tiergate.pools.engines import ENGINES, Engine, models_with_weights, spans_nodes_problem
 from tiergate.sim_nodes.catalogs import Accelerator, Catalog, Dtype, ModelProfile
 from tiergate.sim_nodes.perf import (
     BatchingSpec,
@@ -22,7 +25,7 @@ from tiergate.sim_nodes.perf import (
     chips_to_hold,
     default_tensor_parallel,
 )
-from tiergate.sim_nodes.tier_rules import tier_problem
+from tiergate.sim_nodes.tier_rules import accelerators_with, tier_problem
 
 from .errors import PlanError
 from .report import Configuration
@@ -110,11 +113,31 @@ def candidates(
     batch); `longest_request`: the longest, which every replica must hold."""
     model = catalog.model(demand.model)
     names = search.accelerators if search.accelerators is not None else sorted(catalog.accelerators)
-    accelerators = [catalog.accelerator(name) for name in names]
+    accelerators = _engine_runs(
+        tier, demand.engine, model, [catalog.accelerator(name) for name in names], catalog
+    )
+    engine = ENGINES[demand.engine]
+    weight_dtypes = _engine_dtypes(
+        tier, search.weight_dtypes, engine.weight_dtypes,
+        f"engine {engine.name} loads the published weights as "
+        f"{' or '.join(engine.weight_dtypes or ())}: search.weightDtypes names neither (a pool "
+        "of a checkpoint stored in another dtype names it in spec.modelSource, which a plan "
+        "does not write)",
+    )  # fmt: skip
+    kv_dtypes = _engine_dtypes(
+        tier, search.kv_dtypes, engine.kv_dtypes,
+        f"engine {engine.name} keeps the KV cache in {' or '.join(engine.kv_dtypes or ())}: "
+        "search.kvDtypes names neither",
+    )  # fmt: skip
     speculative: list[tuple[ModelProfile, int] | None] = [None]
     if demand.speculative is not None:
         drafts = sorted(
-            (m for m in catalog.models.values() if m.distilled_from == model.name),
+            (
+                m
+                for m in catalog.models.values()
+                if m.distilled_from == model.name
+                and (m.hugging_face_id or not engine.loads_weights)
+            ),
             key=lambda m: m.name,
         )
         speculative += [(d, k) for d in drafts for k in demand.speculative.tokens]
@@ -123,8 +146,8 @@ def candidates(
     if limit is not None and caps[0] > limit:
         raise PlanError(f"tiers.{tier}: {batch_cap_problem(tier)} (search.batchCaps: {caps})")
     for accelerator in accelerators:
-        for weight_dtype in search.weight_dtypes:
-            for kv_dtype in search.kv_dtypes:
+        for weight_dtype in weight_dtypes:
+            for kv_dtype in kv_dtypes:
                 for spec in speculative:
                     for cap in caps:
                         if tier_problem(tier, cap, accelerator.name, None, catalog) is not None:
@@ -139,6 +162,10 @@ def candidates(
                             longest_request=longest_request,
                             multiple=search.max_chip_multiple,
                         ):
+                            if spans_nodes_problem(
+                                demand.engine, accelerator.name, chips, accelerator.chips_per_system
+                            ):
+                                continue
                             yield Candidate(
                                 model=model.name,
                                 accelerator=accelerator.name,
@@ -156,6 +183,53 @@ def candidates(
                                     else None
                                 ),
                             )
+
+
+def _engine_runs(
+    tier: Tier,
+    engine: Engine,
+    model: ModelProfile,
+    accelerators: list[Accelerator],
+    catalog: Catalog,
+) -> list[Accelerator]:
+    """The accelerators `engine` runs `model` on; PlanError when the engine cannot serve the
+    tier at all (its model has no weights to load, or it runs on none of them)."""
+    definition = ENGINES[engine]
+    if definition.loads_weights and not model.hugging_face_id:
+        with_weights = ", ".join(models_with_weights(catalog))
+        raise PlanError(
+            f"tiers.{tier}: engine {engine} loads real weights, and the catalog has none for "
+            f"{model.name} (no Hugging Face id): plan one of {with_weights}"
+        )
+    kind = definition.memory_kind
+    if kind is None:
+        return accelerators
+    tier_kind = DEFINITIONS[tier].memory_kind
+    if tier_kind is not None and tier_kind != kind:
+        raise PlanError(
+            f"tiers.{tier}: {tier} pools run on {tier_kind.upper()} accelerators and engine "
+            f"{engine} on {kind.upper()} ones (GPUs): plan this tier with engine sim"
+        )
+    runs = [a for a in accelerators if a.memory_kind == kind]
+    if not runs:
+        raise PlanError(
+            f"tiers.{tier}: engine {engine} runs on GPUs "
+            f"({', '.join(accelerators_with(catalog, kind))}): search.accelerators names none"
+        )
+    return runs
+
+
+def _engine_dtypes(
+    tier: Tier, wanted: list[Dtype], runs: tuple[Dtype, ...] | None, why: str
+) -> list[Dtype]:
+    """The dtypes of the search an engine runs (`runs`; None: all); PlanError, saying `why`,
+    when it runs none of them."""
+    if runs is None:
+        return wanted
+    kept = [d for d in wanted if d in runs]
+    if not kept:
+        raise PlanError(f"tiers.{tier}: {why}")
+    return kept
 
 
 def _layouts(

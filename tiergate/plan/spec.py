@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from tiergate.common.tiers import Tier
 from tiergate.common.validation import first_problem
+from tiergate.pools.engines import DEFAULT_ENGINE, Engine
 from tiergate.sim_nodes.catalogs import Dtype
 from tiergate.sim_nodes.engine.workload import (
     MAX_RATE_PER_S,
@@ -121,6 +122,12 @@ class TierDemand(_Model):
         default=0.0, ge=0, lt=1, description="Share of each prompt found in the prefix cache."
     )
     slo: SloTarget = Field(description="The latency targets.")
+    engine: Engine = Field(
+        default=DEFAULT_ENGINE,
+        description="What runs the tier's pools: sim, vllm or sglang. A real engine narrows "
+        "the search to what it runs: GPUs, a replica on one node, its KV-cache dtypes, models "
+        "with published weights.",
+    )
     speculative: SpeculativeSearch | None = Field(
         default=None, description="Speculative decoding to try, if the catalog has a draft."
     )

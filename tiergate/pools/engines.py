@@ -14,6 +14,7 @@ as an option, and every pod of the pool would exit at start (`COMMAND_LINE_FIELD
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,6 +34,8 @@ __all__ = [
     "memory_kind_problem",
     "models_with_weights",
     "option_like_problem",
+    "spans_nodes_problem",
+    "weight_dtype_problem",
     "weights_problem",
 ]
 
@@ -62,16 +65,27 @@ class EngineDefinition:
     loads_weights: bool = False
     #: The KV-cache dtypes it can run (None: every dtype of the catalog).
     kv_dtypes: tuple[Dtype, ...] | None = None
+    #: The weight dtypes it makes of a model's published weights: bf16 as published, fp8
+    #: quantized as they load. Others need a checkpoint stored so, named in spec.modelSource.
+    #: None: every dtype (the sim node loads nothing).
+    weight_dtypes: tuple[Dtype, ...] | None = None
+    #: A replica runs in one pod on one node: no more chips than one system of the
+    #: accelerator has (the sim node simulates any layout, and needs no GPU).
+    one_node: bool = False
+
+
+def _gpu_engine(name: Engine, summary: str) -> EngineDefinition:
+    """A real engine: GPUs, real weights in bf16 or fp8, a replica in one pod."""
+    bf16_fp8: tuple[Dtype, ...] = ("bf16", "fp8")
+    return EngineDefinition(
+        name, summary, "hbm", True, kv_dtypes=bf16_fp8, weight_dtypes=bf16_fp8, one_node=True
+    )
 
 
 ENGINES: dict[Engine, EngineDefinition] = {
     "sim": EngineDefinition("sim", "the simulated node (any accelerator; the default)"),
-    "vllm": EngineDefinition(
-        "vllm", "vLLM on GPUs", memory_kind="hbm", loads_weights=True, kv_dtypes=("bf16", "fp8")
-    ),
-    "sglang": EngineDefinition(
-        "sglang", "SGLang on GPUs", memory_kind="hbm", loads_weights=True, kv_dtypes=("bf16", "fp8")
-    ),
+    "vllm": _gpu_engine("vllm", "vLLM on GPUs"),
+    "sglang": _gpu_engine("sglang", "SGLang on GPUs"),
 }
 DEFAULT_ENGINE: Engine = "sim"
 
@@ -117,6 +131,37 @@ def kv_dtype_problem(engine: Engine) -> str | None:
     return f"engine {engine} keeps the KV cache in {' or '.join(dtypes)}: set spec.kvDtype to one"
 
 
+def spans_nodes_problem(
+    engine: Engine, accelerator: str, chips: int, chips_per_system: int
+) -> str | None:
+    """Why a replica of `chips` x `accelerator` cannot be scheduled with `engine`: it needs
+    more chips than one node has (the performance model lays it out over several systems, as
+    pipeline stages), and the engine runs a replica in one pod. None if it can."""
+    if not ENGINES[engine].one_node or chips <= chips_per_system:
+        return None
+    return (
+        f"a replica of {chips} x {accelerator} spans {math.ceil(chips / chips_per_system)} "
+        f"nodes of {chips_per_system}, and a {engine} replica runs in one pod on one node "
+        "(multi-node replicas are not supported): its pods would stay Pending. Set chips to "
+        f"{chips_per_system} or fewer where the weights and the workload's KV cache fit them, "
+        "or use smaller weights (weightDtype), a smaller model or an accelerator with more "
+        "memory"
+    )
+
+
+def weight_dtype_problem(engine: Engine) -> str | None:
+    """What is wrong with a pool of `engine` whose weight dtype it cannot make of the
+    published weights, with no checkpoint stored so named, or None."""
+    dtypes = ENGINES[engine].weight_dtypes
+    if dtypes is None:
+        return None
+    return (
+        f"engine {engine} makes {' or '.join(dtypes)} weights of the published ones: for another "
+        "spec.weightDtype name a checkpoint stored so in spec.modelSource (the engine reads its "
+        "quantization from it)"
+    )
+
+
 def option_like_problem(field: str, prefix: str = SPEC) -> str:
     """What is wrong with a value of `field` (one of COMMAND_LINE_FIELDS) that starts with
     '-'."""
@@ -136,6 +181,7 @@ def engine_problem(
     has_inline_model: bool,
     model_source: str | None,
     draft_model: str | None,
+    weight_dtype: Dtype,
     kv_dtype: Dtype,
     catalog: Catalog,
 ) -> str | None:
@@ -156,6 +202,9 @@ def engine_problem(
         draft_ok = draft_model is None or draft_model in with_weights
         if not (model_ok or model_source) or not draft_ok:
             return weights_problem(engine, catalog)
+    weights = definition.weight_dtypes
+    if weights is not None and weight_dtype not in weights and not model_source:
+        return weight_dtype_problem(engine)
     if definition.kv_dtypes is not None and kv_dtype not in definition.kv_dtypes:
         return kv_dtype_problem(engine)
     return None

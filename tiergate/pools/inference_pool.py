@@ -356,6 +356,7 @@ class InferencePoolSpec(ReplicaSpec):
             has_inline_model=model is not None,
             model_source=self.model_source,
             draft_model=speculative.draft_model if speculative is not None else None,
+            weight_dtype=self.weight_dtype,
             kv_dtype=self.kv_dtype,
             catalog=default_catalog(),
         )
