@@ -212,7 +212,7 @@ def _export_conditions(
     meta, spec = pool.get("metadata") or {}, pool.get("spec") or {}
     memo.metrics.pool_conditions.record(
         str(meta.get("namespace")), str(meta.get("name")), str(spec.get("tier") or ""),
-        outcome.status.get("conditions") or [],
+        outcome.status.get("conditions") or [], uid=meta.get("uid"),
     )  # fmt: skip
 
 
@@ -251,7 +251,7 @@ def inferencepool_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None
     """Stop exporting the pool's conditions (a deletion not seen: they age out)."""
     namespace, name = body.metadata.namespace, body.metadata.name
     if namespace is not None and name is not None:
-        memo.metrics.pool_conditions.forget(namespace, name)
+        memo.metrics.pool_conditions.forget(namespace, name, body.metadata.uid)
 
 
 def _status_of(pool: kopf.Body | dict[str, Any]) -> dict[str, Any]:

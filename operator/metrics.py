@@ -51,6 +51,8 @@ class PoolConditions(Collector):
     A pool not reconciled for `fresh_s` is left out: the resync timer reconciles every pool
     every period, so what is older belongs to a pool deleted unseen, or to a replica that lost
     its peering and stands by (what it last saw would otherwise hold an alert back for ever).
+    A deleted pool's uid is remembered as long: a reconciliation still running when the pool
+    went does not bring it back.
     """
 
     def __init__(self, fresh_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -59,22 +61,35 @@ class PoolConditions(Collector):
         self._lock = threading.Lock()
         # (namespace, pool) -> (when, tier, ((type, status, reason), ...))
         self._pools: dict[tuple[str, str], tuple[float, str, tuple[tuple[str, str, str], ...]]] = {}
+        self._deleted: dict[str, float] = {}  # uid -> when
 
     def record(
-        self, namespace: str, pool: str, tier: str, conditions: Iterable[Mapping[str, Any]]
+        self,
+        namespace: str,
+        pool: str,
+        tier: str,
+        conditions: Iterable[Mapping[str, Any]],
+        uid: str | None = None,
     ) -> None:
-        """The conditions a reconciliation of the pool wrote (its status' list)."""
+        """The conditions a reconciliation of the pool (`uid`) wrote (its status' list)."""
         kept = tuple(
             (str(c.get("type")), str(c.get("status")), str(c.get("reason") or ""))
             for c in conditions
             if isinstance(c, Mapping) and c.get("type")
         )
         with self._lock:
+            if uid is not None and uid in self._deleted:
+                return
             self._pools[(namespace, pool)] = (self.clock(), tier, kept)
 
-    def forget(self, namespace: str, pool: str) -> None:
+    def forget(self, namespace: str, pool: str, uid: str | None = None) -> None:
+        """The pool (`uid`) was deleted."""
+        now = self.clock()
         with self._lock:
             self._pools.pop((namespace, pool), None)
+            self._deleted = {u: t for u, t in self._deleted.items() if now - t <= self.fresh_s}
+            if uid is not None:
+                self._deleted[uid] = now
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(

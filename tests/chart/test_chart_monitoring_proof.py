@@ -50,8 +50,8 @@ tenants:
   - {name: bob, apiKeys: [bob-key-0123456789], allowedTiers: [batched]}
   - {name: carol, apiKeys: [carol-key-0123456789], budgetUsd: 0.000001, budgetPeriod: day}
 """
-#: The namespace of the router and its pools, as a cluster's scrapes would label them.
-NAMESPACE = "tiergate"
+#: The namespace of the pools the router serves (its discovery namespace).
+NAMESPACE = "team-pools"
 #: Alerts the load is meant to trigger: carol spends more than her budget with one request.
 EXPECTED = {("TiergateBudgetNearExhaustion", "carol")}
 
@@ -177,14 +177,27 @@ def operator() -> Iterator[Operator]:
         server.server_close()
 
 
+def router_relabelings(helm: Helm) -> list[dict[str, Any]]:
+    """The router ServiceMonitor's relabelings, as the Prometheus Operator writes them into
+    the scrape config (with `router.discoveryNamespace`: the router serves that namespace's
+    pools)."""
+    sets = ["router.serviceMonitor.enabled=true", f"router.discoveryNamespace={NAMESPACE}"]
+    (monitor,) = find(helm.template(sets=sets), "ServiceMonitor")
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return [
+        {keys.get(key, key): value for key, value in relabeling.items()}
+        for relabeling in monitor["spec"]["endpoints"][0]["relabelings"]
+    ]
+
+
 @pytest.fixture(scope="module")
 def prometheus(
-    system: System, operator: Operator, rules_file: Path, tmp_path_factory: Any
+    helm: Helm, system: System, operator: Operator, rules_file: Path, tmp_path_factory: Any
 ) -> Iterator[PrometheusServer]:
     scrape_configs = [
         {"job_name": "tiergate-operator", "static_configs": [{"targets": [operator.target]}]},
-        {"job_name": "tiergate-router",  # `namespace`: as the chart's ServiceMonitor labels it
-         "static_configs": [{"targets": [system.metrics], "labels": {"namespace": NAMESPACE}}]},
+        {"job_name": "tiergate-router", "static_configs": [{"targets": [system.metrics]}],
+         "relabel_configs": router_relabelings(helm)},
         {"job_name": "tiergate-sim-nodes",
          "static_configs": [{"targets": [f"127.0.0.1:{n.port}"],
                              "labels": {"pool": n.pool, "tier": n.tier}} for n in system.nodes]},

@@ -134,6 +134,14 @@ def test_a_pool_s_conditions_are_exported_as_each_reconciliation_writes_them() -
 
     handlers.inferencepool_deleted(body=kopf.Body(body), memo=ran)
     assert pool_conditions(ran.metrics) == {}
+    # A resync that read the pool before it went, and ends after: it stays gone.
+    handlers.inferencepool_resync(body=kopf.Body(body), patch=kopf.Patch(), memo=ran)
+    assert pool_conditions(ran.metrics) == {}
+    # A new pool of the same name (another uid) is exported.
+    again = {**body, "metadata": {**body["metadata"], "uid": "uid-2"}}
+    cluster.pools[("team-a", "frontier-premium")] = again
+    handlers.inferencepool_resync(body=kopf.Body(again), patch=kopf.Patch(), memo=ran)
+    assert pool_conditions(ran.metrics)[("team-a", "frontier-premium", "Ready")][0] == "True"
 
 
 def test_conditions_no_reconciliation_refreshed_are_left_out() -> None:
