@@ -116,6 +116,12 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
         "engine sglang loads the published weights as bf16 or fp8: search.weightDtypes names "
         "neither",
     ),
+    "a replica larger than one system": (
+        tiny_plan(model="llama-3.1-405b", engine="vllm"),
+        "tiers.batched: no configuration in the search: engine vllm runs a replica on one "
+        "system of its accelerator, and no accelerator and weightDtype of the search holds "
+        "llama-3.1-405b",
+    ),
     "no such engine": (
         tiny_plan(engine="hosted"),
         "tiers.batched.engine: Input should be 'sim', 'vllm' or 'sglang'",

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tiergate.common.tiers import Tier
+from tiergate.pools.engines import ENGINES
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.tier_rules import memory_problem
 
@@ -213,7 +214,21 @@ def _space(
             f"{model.max_context_tokens}-token context of {model.name}"
         )
     if not space:
-        raise PlanError(
-            f"tiers.{tier}: no configuration in the search: {memory_problem(tier, catalog)}"
-        )
+        why = _why_none(tier, demand, catalog, traffic.longest_tokens)
+        raise PlanError(f"tiers.{tier}: no configuration in the search: {why}")
     return space
+
+
+def _why_none(tier: Tier, demand: TierDemand, catalog: Catalog, longest_tokens: int) -> str:
+    """Why a tier's search space is empty, in words."""
+    problem = memory_problem(tier, catalog)
+    if problem is not None:
+        return problem
+    held = f"{demand.model} with a request of {longest_tokens} tokens"
+    if ENGINES[demand.engine].one_node:
+        return (
+            f"engine {demand.engine} runs a replica on one system of its accelerator, and no "
+            f"accelerator and weightDtype of the search holds {held} on one system: search "
+            "accelerators with more memory or smaller weights, or plan it with engine sim"
+        )
+    return f"no accelerator and weightDtype of the search holds {held}"
