@@ -12,6 +12,8 @@ from cluster import REPO
 from prometheus_client.parser import text_string_to_metric_families
 from release import Release
 
+from tiergate.pools.rollout import ROLLOUT_STANDS_STILL, ROLLOUT_VALUE
+
 EXAMPLES = REPO / "examples"
 POOLS = {"batched": "frontier-batched", "premium": "frontier-premium", "wafer-scale": "spark-wafer"}
 MODEL = {"batched": "frontier", "premium": "frontier", "wafer-scale": "frontier-spark"}
@@ -242,3 +244,39 @@ def test_operator_restarted_while_a_pool_is_edited_converges(release: Release) -
         "the restarted operator to scale the pool to 2",
         120,
     )
+
+
+def test_a_pool_s_rollout_reaches_its_deployment_and_restarts_no_pod(release: Release) -> None:
+    pool = yaml.safe_load((EXAMPLES / "batched.yaml").read_text())
+    pool["metadata"]["name"] = "rolled"
+    pool["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
+    done = release.apply(yaml.safe_dump(pool))
+    assert done.returncode == 0, done.stderr
+    release.wait(lambda: release.ready_replicas("rolled") == 1, "pool rolled ready")
+    strategy = release.get("deployment", "rolled")["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }, strategy
+    pods = set(release.pool_pods("rolled", ready=True))
+
+    # Said no more: Kubernetes' defaults again (the operator's apply no longer owns the
+    # field), and the pods keep running: the rollout changes no pod.
+    del pool["spec"]["rollout"]
+    assert release.apply(yaml.safe_dump(pool)).returncode == 0
+    release.wait(
+        lambda: (
+            release.get("deployment", "rolled")["spec"]["strategy"]["rollingUpdate"]
+            == {"maxSurge": "25%", "maxUnavailable": "25%"}
+        ),
+        "the Deployment back to Kubernetes' rolling update",
+    )
+    assert set(release.pool_pods("rolled", ready=True)) == pods
+
+    pool["spec"]["rollout"] = {"maxSurge": "0%", "maxUnavailable": 0}
+    done = release.apply(yaml.safe_dump(pool))
+    assert done.returncode != 0 and ROLLOUT_STANDS_STILL in done.stderr, done.stderr
+    pool["spec"]["rollout"] = {"maxSurge": "150%"}
+    done = release.apply(yaml.safe_dump(pool))
+    assert done.returncode != 0 and ROLLOUT_VALUE in done.stderr, done.stderr
+    release.kubectl("delete", "inferencepool.tiergate.dev", "rolled")

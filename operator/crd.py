@@ -53,6 +53,7 @@ from tiergate.pools.hosted import (
     needs_secret_problem,
     pod_field_problem,
 )
+from tiergate.pools.rollout import MOST_PODS, PERCENT, ROLLOUT_STANDS_STILL, ROLLOUT_VALUE
 from tiergate.sim_nodes.catalogs import Catalog
 from tiergate.sim_nodes.tier_rules import accelerators_with, memory_problem
 
@@ -322,6 +323,24 @@ AUTOSCALING_RULES: list[Schema] = [
     },
 ]
 
+#: spec.rollout's fields (int-or-string: the schema says no more) and the pair.
+_ROLLOUT_FIELD_RULE = {
+    "rule": f"type(self) == int ? int(self) >= 0 && int(self) <= {MOST_PODS} : "
+    f"string(self).matches('{PERCENT}')",
+    "message": ROLLOUT_VALUE,
+}
+_ROLLOUT_RULES: list[Schema] = [
+    {
+        "rule": "!(has(self.maxSurge) && has(self.maxUnavailable) && "
+        + " && ".join(
+            f"(type(self.{f}) == int ? int(self.{f}) == 0 : string(self.{f}) == '0%')"
+            for f in ("maxSurge", "maxUnavailable")
+        )
+        + ")",
+        "message": ROLLOUT_STANDS_STILL,
+    }
+]
+
 _CHIPS_RULE = {
     "rule": "type(self) == int ? int(self) >= 1 : self == 'auto'",
     "message": 'chips must be a positive integer or "auto"',
@@ -353,6 +372,10 @@ def _spec_schema(catalog: Catalog, schema: Schema) -> Schema:
     props["acceleratorProfile"]["x-kubernetes-validations"] = ACCELERATOR_PROFILE_RULES
     props["autoscaling"]["x-kubernetes-validations"] = AUTOSCALING_RULES
     props["endpoint"]["x-kubernetes-validations"] = ENDPOINT_RULES
+    rollout = props["rollout"]
+    rollout["x-kubernetes-validations"] = _ROLLOUT_RULES
+    for field in ("maxSurge", "maxUnavailable"):
+        rollout["properties"][field]["x-kubernetes-validations"] = [_ROLLOUT_FIELD_RULE]
     _command_line_rules(props)
     spec["x-kubernetes-validations"] = spec_rules(catalog)
     # The one default the schema states: the scale subresource (kubectl scale, an HPA) reads

@@ -266,6 +266,7 @@ def deployment_manifest(
         "spec": {
             "replicas": spec.replicas,
             **({} if spec.engine == "sim" else {"progressDeadlineSeconds": PROGRESS_DEADLINE_S}),
+            **({} if spec.rollout is None else {"strategy": spec.rollout.strategy()}),
             "selector": {"matchLabels": pool_selector_labels(pool)},
             "template": {
                 "metadata": {

@@ -79,3 +79,14 @@ def pydantic_says(obj: dict[str, Any]) -> str | None:
     except ValidationError as exc:
         return first_problem(exc)
     return None
+
+
+def assert_refused_alike(said: str | None, found: list[str], expected: str | None) -> None:
+    """What a pool file (`said`: pydantic's first problem) and `kubectl apply` (`found`: the
+    CRD's) say of one pool: both nothing, or both the `expected` sentence."""
+    if expected is None:
+        assert said is None, said
+        assert found == [], found
+    else:
+        assert said is not None and said.endswith(expected), said
+        assert expected in found, found

@@ -54,6 +54,7 @@ POD_FIELDS = (
     "modelSource",
     "huggingFaceTokenSecretRef",
     "template",
+    "rollout",
     "autoscaling",
     "slo",
     "workload",

@@ -48,6 +48,7 @@ from .hosted import (
     needs_secret_problem,
     pod_field_problem,
 )
+from .rollout import RolloutSpec
 
 GROUP = "tiergate.dev"
 VERSION = "v1alpha1"
@@ -248,6 +249,11 @@ class InferencePoolSpec(ReplicaSpec):
     )
     slo: SloSpec | None = Field(default=None, description="Latency targets.")
     template: TemplateSpec | None = Field(default=None, description="Pod overrides.")
+    rollout: RolloutSpec | None = Field(
+        default=None,
+        description="How the pods are replaced when what they run changes (the Deployment's "
+        "rolling update; default: Kubernetes', 25% surge and 25% unavailable).",
+    )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
         description=(
