@@ -90,6 +90,7 @@ POOL_ONLY_FIELDS = frozenset(
         "huggingFaceTokenSecretRef",
         "modelSource",
         "replicas",
+        "rollout",
         "slo",
         "template",
         "tier",
