@@ -4,9 +4,9 @@ seed tiers, a real Prometheus scrapes the router (on its metrics port), every si
 metrics endpoint (served here without a cluster), and loads the chart's rendered
 PrometheusRule; a short mixed load goes through the router. Then every dashboard query returns
 data, every alert's expression passes `promtool check rules` and evaluates, the alerts the
-load should not trigger are quiet, and three fire on purpose: a tenant's budget spent, a
-failed reconciliation, and a pool whose only node was stopped (held while the operator says
-the pool is starting).
+load should not trigger are quiet, and four fire on purpose: a tenant's budget spent, a
+failed reconciliation, a pool the operator reports degraded, and a pool whose only node was
+stopped (held while the operator says the pool is starting).
 """
 
 from __future__ import annotations
@@ -329,7 +329,8 @@ def test_alerts_the_load_should_not_trigger_are_quiet(
 ) -> None:
     rules = alert_rules(rules_file)
     assert {r["alert"] for r in rules} == {
-        "TiergateTierSLOBurn", "TiergatePoolNoReadyEndpoint", "TiergateEndpointsEjected",
+        "TiergateTierSLOBurn", "TiergatePoolNoReadyEndpoint", "TiergatePoolDegraded",
+        "TiergateEndpointsEjected",
         "TiergateLedgerBacklogGrowing", "TiergateLedgerRecordsDropped",
         "TiergateBudgetNearExhaustion", "TiergateOperatorReconcileErrors",
         "TiergateAutoscalerCannotAct", "TiergateDiscoveryFailing",
@@ -377,6 +378,41 @@ def test_an_autoscaler_that_cannot_act_fires_its_alert(
     alert = fired()
     assert alert is not None
     assert alert["annotations"]["runbook_url"].endswith("#tiergateautoscalercannotact")
+
+
+def test_a_pool_the_operator_reports_degraded_fires_its_alert(
+    operator: Operator, prometheus: PrometheusServer, load: Load
+) -> None:
+    """Pods that cannot start fire it; a cold start and a settled rollout do not."""
+    conditions = operator.metrics.pool_conditions
+
+    def degraded() -> set[str]:
+        return {
+            a["labels"]["pool"]
+            for a in prometheus.firing()
+            if a["labels"]["alertname"] == "TiergatePoolDegraded"
+        }
+
+    settled = {"type": "Progressing", "status": "False", "reason": "Settled"}
+    starting = {"type": "Degraded", "status": "False", "reason": "Starting"}
+    conditions.record(
+        "gpu-pools",
+        "cold",
+        "batched",
+        [starting, {**settled, "status": "True", "reason": "RollingOut"}],
+    )
+    conditions.record("gpu-pools", "fine", "batched", [settled])
+    conditions.record("gpu-pools", "stuck", "premium", [
+        {"type": "Degraded", "status": "True", "reason": "PodsCannotStart"},
+        {"type": "Progressing", "status": "True", "reason": "RollingOut"},
+    ])  # fmt: skip
+    conditions.record("gpu-pools", "refused", "premium", [
+        {"type": "Degraded", "status": "False", "reason": "AsExpected"},
+        {"type": "Progressing", "status": "False", "reason": "ApplyRejected"},
+    ])  # fmt: skip
+    until(lambda: degraded() == {"stuck", "refused"}, f"TiergatePoolDegraded: {degraded()}")
+    for name in ("cold", "fine", "stuck", "refused"):
+        conditions.forget("gpu-pools", name)
 
 
 def test_a_stopped_node_fires_no_ready_endpoint_for_its_pool(
