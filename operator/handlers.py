@@ -141,9 +141,13 @@ def _run(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> None:
     PermanentError for a spec that cannot work (the timer re-checks silently: one event per
     change, not one per resync)."""
     outcome = _reconcile(dict(body), memo, "reconcile" if report else "resync")
+    namespace, name = body.metadata.namespace, body.metadata.name
+    if outcome.superseded:
+        log.info("event=reconcile_superseded pool=%s/%s generation=%s",
+                 namespace, name, body.metadata.get("generation"))  # fmt: skip
+        return
     # Written here rather than in kopf's patch (which replaces the conditions whole): rebased
     # on what the autoscaler's timer wrote since `body` was read.
-    namespace, name = body.metadata.namespace, body.metadata.name
     if namespace is not None and name is not None:
         memo.api().patch_pool_status(namespace, name, outcome.status, base=_status_of(body))
         _export_conditions(body, outcome, memo)
@@ -279,6 +283,8 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
         return  # the pool is gone: garbage collection removes its objects
     outcome = _reconcile(obj, memo, "deployment_changed")
+    if outcome.superseded:
+        return  # a newer generation's handler applied and writes the status
     cluster.patch_pool_status(namespace, pool, outcome.status, base=_status_of(obj))
     _export_conditions(obj, outcome, memo)
     _alert(obj, outcome, memo)

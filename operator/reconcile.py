@@ -74,6 +74,9 @@ class Outcome:
     #: objects could not be applied): posted from any reconciliation, resyncs included.
     alerts: list[tuple[str, str]] = field(default_factory=list)
     permanent_error: str | None = None  # retrying the same spec cannot help
+    #: A reconciliation of a newer generation of the pool applied its Deployment since this
+    #: one's body was read: nothing was applied, and `status` (empty) is not to be written.
+    superseded: bool = False
 
 
 def owner_reference(body: Manifest) -> Manifest:
@@ -190,6 +193,8 @@ def reconcile(
         taken = _someone_elses(manifest, cluster, meta.get("uid"))
         if taken is not None:
             return _blocked(body, spec, assessment, "NameTaken", taken, now())
+    if _superseded(cluster, meta):
+        return Outcome({}, superseded=True)
     owner = owner_reference(body)
     applied: list[str] = []
     try:
@@ -234,6 +239,22 @@ def _someone_elses(manifest: Manifest, cluster: Cluster, uid: str | None) -> str
         f"{kind} {meta['namespace']}/{pool} already exists and is not this pool's ({whose}): "
         f"delete or rename it, or give the pool another name"
     )
+
+
+def _superseded(cluster: Cluster, meta: Manifest) -> bool:
+    """Whether this pool's Deployment was applied from a newer generation of it than `meta`'s:
+    a resync that read the pool just before an edit, running beside the edit's handler, must
+    not put the pods back to the spec before it. (The same name's Deployment of a deleted
+    pool is another uid's: not newer, whatever its number.)"""
+    existing = cluster.metadata("Deployment", meta["namespace"], meta["name"])
+    if existing is None:
+        return False
+    controllers = [r for r in existing.get("ownerReferences") or [] if r.get("controller")]
+    if not controllers or controllers[0].get("uid") != meta.get("uid"):
+        return False
+    recorded = str((existing.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
+    generation = meta.get("generation")
+    return recorded.isdigit() and isinstance(generation, int) and int(recorded) > generation
 
 
 def _whose(existing: Manifest, pool: str, uid: str | None) -> str | None:

@@ -613,6 +613,32 @@ def test_the_resync_applies_the_pool_as_stored_not_the_body_kopf_had() -> None:
     assert deployment["metadata"]["annotations"][GENERATION_ANNOTATION] == "4"
 
 
+def test_a_resync_that_read_the_pool_before_an_edit_applies_nothing_and_writes_nothing() -> None:
+    """The resync reads the stored pool, and an edit's handler may apply the next generation
+    before the resync applies: the Deployment keeps the newer spec, and the older status is not
+    written over the newer one."""
+    cluster = FakeCluster()
+    memo = handlers.OperatorMemo(catalog=CATALOG, images=IMAGE, cluster=cluster)
+    newer = edit(pool(), {"batching": {"maxNumSeqs": 8}})
+    handlers.inferencepool_reconcile(body=kopf.Body(newer), patch=kopf.Patch(), memo=memo)
+    applied, patches = len(cluster.applied), len(cluster.status_patches)
+    cluster.pools[DEPLOYMENT] = pool()  # what the resync read, generation 3: before the edit
+    handlers.inferencepool_resync(body=kopf.Body(pool()), patch=kopf.Patch(), memo=memo)
+    assert len(cluster.applied) == applied and len(cluster.status_patches) == patches
+    live = cluster.existing[("Deployment", *DEPLOYMENT)]
+    assert live["annotations"][GENERATION_ANNOTATION] == "4"
+    # Not a newer generation: a pool deleted and created again (another uid) starts at 1,
+    # and its Deployment, taken back from the old pool, is applied.
+    again = pool()
+    again["metadata"].update(uid="uid-2", generation=1)
+    cluster.pools[DEPLOYMENT] = again
+    handlers.inferencepool_resync(body=kopf.Body(again), patch=kopf.Patch(), memo=memo)
+    assert len(cluster.applied) > applied
+    assert (
+        cluster.existing[("Deployment", *DEPLOYMENT)]["annotations"][GENERATION_ANNOTATION] == "1"
+    )
+
+
 def test_a_bad_spec_is_permanent_on_change_and_silent_on_resync() -> None:
     events: list[str] = []
     cluster = FakeCluster()
