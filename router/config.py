@@ -413,11 +413,12 @@ class RouterSettings(_Model):
         gt=0,
         le=86400,
         description=(
-            "Seconds to wait for a node's whole (not streamed) reply, which it sends only once "
-            "it has generated it; past it, 504 `upstream_timeout`, tried on no other endpoint and "
-            "not counted against the node. A node that stops answering its metrics scrapes "
-            "meanwhile counts a failure and the request goes to another endpoint. A hosted "
-            "pool's own `timeoutS` bounds its replies instead."
+            "Seconds to wait for a whole (not streamed) reply, which a node or a provider sends "
+            "only once it has generated it; past it, 504 `upstream_timeout`, tried on no other "
+            "endpoint (the work may be done, and a provider's paid for) and not counted against "
+            "it. A node that stops answering its metrics scrapes meanwhile counts a failure and "
+            "the request goes to another endpoint. A hosted pool's `timeoutS` bounds its "
+            "streams."
         ),
     )
     allowed_media_domains: tuple[str, ...] = Field(

@@ -131,8 +131,9 @@ _ERRORS = {
     "502": "The serving node's reply was malformed or cut short (bad_upstream_reply).",
     "503": "No endpoint could serve the request (no_capacity, upstream_unavailable), or the "
     "SLO headers cannot be met on any candidate (slo_unattainable); see Retry-After.",
-    "504": "A whole (not streamed) reply the serving node did not finish within the router's "
-    "wholeReplyTimeoutS (upstream_timeout); ask for a stream to receive a long reply.",
+    "504": "A whole (not streamed) reply the serving node or provider did not finish within "
+    "the router's wholeReplyTimeoutS (upstream_timeout); ask for a stream to receive a long "
+    "reply.",
 }
 #: Errors that carry Retry-After (seconds; a spent budget of period `total` has none).
 _RETRY_AFTER = ("429", "503")

@@ -105,13 +105,13 @@ class UpstreamUnavailable(RouterError):
 
 
 class WholeReplyTimeout(RouterError):
-    """A whole reply not begun within `whole_reply_timeout_s` on a node still answering: the
-    client's 504, tried nowhere else."""
+    """A whole reply not begun within `whole_reply_timeout_s` on a node still answering, or
+    a provider: the client's 504, tried nowhere else (the work may be done, and paid for)."""
 
     def __init__(self, tier: str, timeout_s: float, attempts: int) -> None:
         super().__init__(
             504,
-            f"the {tier} tier's node did not finish the reply within {timeout_s:g} s; "
+            f"the {tier} tier's endpoint did not finish the reply within {timeout_s:g} s; "
             'ask for a stream ("stream": true) to receive a long reply as it is generated',
             type="server_error",
             code="upstream_timeout",
@@ -286,7 +286,10 @@ class Upstream:
                 self.retries += 1
                 await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
             hosted = endpoint.hosted
-            watched = whole and hosted is None  # a node's whole reply: `_whole_head` waits
+            # A whole reply begins once it is generated, from a node or a provider alike:
+            # `_whole_head` waits for it up to the deadline (a provider is never scraped, so
+            # only a node is ever judged unresponsive).
+            watched = whole
             url, data, sent = endpoint.url + path, body, headers
             timeout = self._whole_timeout if watched else self.timeout
             if hosted is not None:
@@ -298,7 +301,9 @@ class Upstream:
                     self._on_failure(endpoint)
                     failures.append((endpoint, "the provider's API key is unavailable"))
                     continue
-                url, timeout = hosted.url(path), self._hosted_timeout(hosted.timeout_s)
+                url = hosted.url(path)
+                if not watched:  # a stream: its first part and every next within timeoutS
+                    timeout = self._hosted_timeout(hosted.timeout_s)
                 data = hosted_body(hosted) if hosted_body is not None else body
             endpoint.inflight += 1
             try:

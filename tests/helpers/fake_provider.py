@@ -37,7 +37,8 @@ class Provider:
     url: str = ""
     received: list[Received] = field(default_factory=list)
     #: None: answer well; an HTTP status: answer that (an error envelope); "hang": say nothing
-    #: for `hang_s` seconds.
+    #: for `hang_s` seconds, then 504; "slow": say nothing for `hang_s` seconds, then answer
+    #: well (a long generation).
     fail: int | str | None = None
     hang_s: float = 5.0
     #: With `fail` a status: the error envelope's message and param (`{model}`: the provider's
@@ -99,9 +100,10 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                 provider.received.append(Received(self.path, _lower(self.headers.items()), body))
             if self.headers.get("authorization") != f"Bearer {provider.key}":
                 return _error(self, 401, "Incorrect API key provided")
-            if provider.fail == "hang":
+            if provider.fail in ("hang", "slow"):
                 time.sleep(provider.hang_s)
-                return _error(self, 504, "too late")
+                if provider.fail == "hang":
+                    return _error(self, 504, "too late")
             if isinstance(provider.fail, int):
                 model = provider.model
                 param = provider.fail_param.format(model=model) if provider.fail_param else None

@@ -110,9 +110,11 @@ class HostedEndpoint(Api):
         default=60.0,
         gt=0,
         le=3600,
-        description="Seconds the router waits for the provider's reply to begin, and between "
-        "two parts of a streamed reply; past it the provider counts a failure and a reply "
-        "not begun goes to another endpoint of the tier.",
+        description="Seconds the router waits for a streamed reply's first part, and between "
+        "two parts; past it the provider counts a failure and a stream not begun goes to "
+        "another endpoint of the tier. A whole (not streamed) reply, which the provider sends "
+        "once generated, is awaited up to the router's wholeReplyTimeoutS (600 s) and never "
+        "sent again elsewhere.",
     )
     max_concurrent_requests: int = Field(
         default=DEFAULT_MAX_CONCURRENT_REQUESTS,

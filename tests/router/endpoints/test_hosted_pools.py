@@ -79,7 +79,7 @@ def hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosted]:
         config = tmp / "router.yaml"
         config.write_text(
             f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}, tenantsFile: {tmp / 'tenants.yaml'},"
-            " scrapeIntervalS: 0.1}\npools:\n" + pools
+            " scrapeIntervalS: 0.1, wholeReplyTimeoutS: 2}\npools:\n" + pools
         )
         router = start_router(config, tmp / "router.log", "--log-level", "debug")
         try:
@@ -202,7 +202,7 @@ def test_a_provider_is_never_scraped(hosted: Hosted) -> None:
         assert provider.paths() <= {"/v1/chat/completions"}, provider.paths()
 
 
-def test_a_provider_that_hangs_past_its_timeout_fails_over(hosted: Hosted) -> None:
+def test_a_stream_that_does_not_begin_within_the_timeout_fails_over(hosted: Hosted) -> None:
     a = hosted.providers["a"]
     a.fail, a.hang_s = "hang", 3.0  # its timeout is 0.5 s
     try:
@@ -210,13 +210,58 @@ def test_a_provider_that_hangs_past_its_timeout_fails_over(hosted: Hosted) -> No
 
         def a_was_tried() -> bool:
             started = time.monotonic()
-            reply = hosted.chat(max_tokens=5)
+            reply = hosted.chat(max_tokens=5, stream=True)
             assert reply.status_code == 200, reply.text
             assert reply.headers["x-tiergate-pool"] == "hosted-b"
             assert time.monotonic() - started < 2.5  # a's timeout, not its late reply
             return len(a.requests()) > before
 
         until(a_was_tried, "provider a was never tried", 60)
+    finally:
+        a.fail = None
+
+
+def test_a_whole_reply_longer_than_the_timeout_is_awaited_and_sent_nowhere_else(
+    hosted: Hosted,
+) -> None:
+    """A whole reply begins once generated: a provider generating for longer than its
+    timeoutS is not failing, and another would generate (and charge) it again."""
+    a, b = hosted.providers["a"], hosted.providers["b"]
+    a.fail, a.hang_s = "slow", 1.0  # past its 0.5 s timeoutS, within wholeReplyTimeoutS 2
+    try:
+
+        def served_by_a() -> bool:
+            asked_b = len(b.requests())
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200, reply.text
+            if reply.headers["x-tiergate-pool"] != "hosted-a":
+                return False
+            assert len(b.requests()) == asked_b, "sent to b as well"
+            return True
+
+        until(served_by_a, "provider a never served a whole reply", 60)
+    finally:
+        a.fail = None
+
+
+def test_a_whole_reply_past_the_whole_reply_timeout_is_a_504_sent_nowhere_else(
+    hosted: Hosted,
+) -> None:
+    a, b = hosted.providers["a"], hosted.providers["b"]
+    a.fail, a.hang_s = "hang", 3.0  # past wholeReplyTimeoutS 2
+    try:
+
+        def timed_out_at_a() -> bool:
+            asked_b = len(b.requests())
+            reply = hosted.chat(max_tokens=5)
+            if reply.status_code == 200:
+                return False  # b was picked
+            assert reply.status_code == 504, reply.text
+            assert reply.json()["error"]["code"] == "upstream_timeout", reply.text
+            assert len(b.requests()) == asked_b, "sent to b as well"
+            return True
+
+        until(timed_out_at_a, "no whole reply timed out at provider a", 60)
     finally:
         a.fail = None
 
