@@ -150,6 +150,11 @@ async def relay_whole(
         # The node refused the request itself (4xx): its envelope goes back as it is, a hosted
         # API's told in the pool's names.
         hosted = opened.endpoint.hosted
+        if hosted is not None and opened.status == 404:
+            # The client names neither the provider's path nor its model: the pool's endpoint
+            # (url, model) is likely wrong, which only the operator can mend.
+            log.warning("event=provider_not_found pool=%s status=404 (check the pool's "
+                        "endpoint url and model)", pool.spec.name)  # fmt: skip
         if hosted is not None and model is not None:
             body = hosted_refusal(body, opened.status, hosted.model, model)
         else:

@@ -333,7 +333,11 @@ class Upstream:
             # wants a key it is not given, a provider that refuses the pool's), not the request.
             refused_key = response.status in (401, 403)
             redirected = 300 <= response.status < 400
-            if response.status in RETRYABLE_STATUSES or refused_key or redirected:
+            # A provider's every 5xx is its own failure (a CDN in front of it answers 520-524).
+            unwell = response.status in RETRYABLE_STATUSES or (
+                hosted is not None and response.status >= 500
+            )
+            if unwell or refused_key or redirected:
                 endpoint.inflight -= 1
                 response.close()
                 if refused_key:

@@ -221,6 +221,39 @@ def test_a_stream_that_does_not_begin_within_the_timeout_fails_over(hosted: Host
         a.fail = None
 
 
+def test_a_cdn_s_5xx_in_front_of_a_provider_fails_over(hosted: Hosted) -> None:
+    """Cloudflare answers 520-524 for the provider behind it: the provider's failure."""
+    a = hosted.providers["a"]
+    a.fail = 522
+    try:
+        before = len(a.requests())
+
+        def a_was_tried() -> bool:
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200, reply.text  # the other provider served it
+            assert reply.headers["x-tiergate-pool"] == "hosted-b"
+            return len(a.requests()) > before
+
+        until(a_was_tried, "provider a was never tried", 60)
+    finally:
+        a.fail = None
+
+
+def test_a_provider_s_404_is_logged_for_the_operator(hosted: Hosted) -> None:
+    """The client names neither the provider's path nor its model: a 404 says the pool's
+    endpoint is wrong, which the log tells whoever runs the router (the key never)."""
+    with refusing(hosted, 404, message="The model `{model}` does not exist"):
+        reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == 404, reply.text
+    pool = reply.headers["x-tiergate-pool"]
+
+    def logged() -> bool:
+        return f"event=provider_not_found pool={pool} status=404" in hosted.router.log.read_text()
+
+    until(logged, "the provider's 404 was not logged")
+    assert not any(key in hosted.router.log.read_text() for key in KEYS.values())
+
+
 def test_a_whole_reply_longer_than_the_timeout_is_awaited_and_sent_nowhere_else(
     hosted: Hosted,
 ) -> None:
