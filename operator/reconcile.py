@@ -189,11 +189,14 @@ def reconcile(
         meta.get("generation"),
         settings=pods,
     )
+    existing: dict[str, Manifest | None] = {}
     for manifest in manifests:  # all checked before any is applied
-        taken = _someone_elses(manifest, cluster, meta.get("uid"))
+        kind, where = manifest["kind"], manifest["metadata"]
+        existing[kind] = cluster.metadata(kind, where["namespace"], where["name"])
+        taken = _someone_elses(manifest, existing[kind], meta.get("uid"))
         if taken is not None:
             return _blocked(body, spec, assessment, "NameTaken", taken, now())
-    if _superseded(cluster, meta):
+    if _superseded(existing["Deployment"], meta):
         return Outcome({}, superseded=True)
     owner = owner_reference(body)
     applied: list[str] = []
@@ -218,8 +221,9 @@ def reconcile(
     return Outcome(observe(body, spec, assessment, cluster, now()))
 
 
-def _someone_elses(manifest: Manifest, cluster: Cluster, uid: str | None) -> str | None:
-    """Why `manifest`'s object, if it exists, is not the pool's to apply; None when it is.
+def _someone_elses(manifest: Manifest, existing: Manifest | None, uid: str | None) -> str | None:
+    """Why `manifest`'s object, if it exists (`existing`: its metadata), is not the pool's to
+    apply; None when it is.
 
     The pool's own: controlled by an InferencePool of the pool's name (this one, or a deleted
     one of the same name whose objects garbage collection has not removed yet), or with no
@@ -228,7 +232,6 @@ def _someone_elses(manifest: Manifest, cluster: Cluster, uid: str | None) -> str
     the pool would then garbage-collect it.
     """
     kind, meta = manifest["kind"], manifest["metadata"]
-    existing = cluster.metadata(kind, meta["namespace"], meta["name"])
     if existing is None:
         return None
     pool = meta["name"]
@@ -241,20 +244,24 @@ def _someone_elses(manifest: Manifest, cluster: Cluster, uid: str | None) -> str
     )
 
 
-def _superseded(cluster: Cluster, meta: Manifest) -> bool:
-    """Whether this pool's Deployment was applied from a newer generation of it than `meta`'s:
-    a resync that read the pool just before an edit, running beside the edit's handler, must
-    not put the pods back to the spec before it. (The same name's Deployment of a deleted
-    pool is another uid's: not newer, whatever its number.)"""
-    existing = cluster.metadata("Deployment", meta["namespace"], meta["name"])
-    if existing is None:
+def _superseded(deployment: Manifest | None, meta: Manifest) -> bool:
+    """Whether this pool's Deployment (`deployment`: its metadata) was applied from a newer
+    generation of it than `meta`'s: a resync that read the pool just before an edit, running
+    beside the edit's handler, must not put the pods back to the spec before it. (The same
+    name's Deployment of a deleted pool is another uid's: not newer, whatever its number.)"""
+    if deployment is None:
         return False
-    controllers = [r for r in existing.get("ownerReferences") or [] if r.get("controller")]
+    controllers = [r for r in deployment.get("ownerReferences") or [] if r.get("controller")]
     if not controllers or controllers[0].get("uid") != meta.get("uid"):
         return False
-    recorded = str((existing.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
-    generation = meta.get("generation")
-    return recorded.isdigit() and isinstance(generation, int) and int(recorded) > generation
+    applied, generation = _applied_generation(deployment), meta.get("generation")
+    return applied is not None and isinstance(generation, int) and applied > generation
+
+
+def _applied_generation(deployment: Manifest) -> int | None:
+    """The pool's generation its Deployment was last applied from (None: not recorded)."""
+    recorded = str((deployment.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
+    return int(recorded) if recorded.isdigit() else None
 
 
 def _whose(existing: Manifest, pool: str, uid: str | None) -> str | None:
@@ -334,9 +341,7 @@ def _serving_deployment(cluster: Cluster, meta: Manifest) -> tuple[int, int, int
     deployment = rollout(cluster.deployment_status(namespace, name))
     if deployment.ready == 0:
         return None
-    recorded = str((existing.get("annotations") or {}).get(GENERATION_ANNOTATION, ""))
-    generation = int(recorded) if recorded.isdigit() else None
-    return deployment.ready, max(deployment.ready, deployment.total), generation
+    return deployment.ready, max(deployment.ready, deployment.total), _applied_generation(existing)
 
 
 def _alerting(body: Manifest, status: Manifest, reason: str, message: str) -> Outcome:
