@@ -298,20 +298,29 @@ class KubeSource:
             for name in sorted({name for name, _ in wanted}):
                 try:
                     data = await asyncio.to_thread(read, name)
-                    problem = None
+                    problem, gone = None, True  # read: a key not in it is no more
                 except KubeApiError as exc:
                     data, problem = {}, _secret_problem(name, exc)
+                    gone = exc.status in _SECRET_GONE
                 for secret, key in wanted:
                     if secret != name:
                         continue
                     value = data.get(key)
-                    why = problem or (None if value else f"Secret {name} has no key {key}")
-                    if why is None and value is not None:
+                    if problem is None and value:
                         self.keys.put(name, key, value)
-                    elif self.keys.problem(name, key) != why:
-                        self.keys.fail(name, key, why or "")
-                        log.warning("event=provider_key_unreadable namespace=%s problem=%r",
-                                    self.namespace, why)  # fmt: skip
+                        continue
+                    why = problem or (
+                        f"key {key} of Secret {name} is empty" if key in data
+                        else f"Secret {name} has no key {key}"
+                    )  # fmt: skip
+                    dropped = gone and self.keys.get(name, key) is not None
+                    told = self.keys.problem(name, key) == why
+                    self.keys.fail(name, key, why, gone=gone)
+                    if dropped or not told:
+                        log.warning("event=provider_key_unreadable namespace=%s problem=%r%s",
+                                    self.namespace, why,
+                                    " (the key read before is no longer used)" * dropped,
+                                    )  # fmt: skip
             self.keys.forget(wanted)
             try:
                 await asyncio.wait_for(wake.wait(), self.secret_refresh_s)
@@ -330,6 +339,11 @@ class KubeSource:
             if name in self.state.pools:
                 log.info("event=pool_accepted namespace=%s pool=%s", self.namespace, name)
         self.problems = problems
+
+
+#: The API server's answers that say a Secret's key is no more for the router: deleted (404),
+#: or the router no longer allowed to read it (403). The key read before is dropped then.
+_SECRET_GONE = frozenset({403, 404})
 
 
 def _secret_problem(name: str, exc: KubeApiError) -> str:

@@ -87,6 +87,7 @@ class PoolView:
     def __init__(self, pools: Iterable[RoutedPool]) -> None:
         self.pools: dict[str, RoutedPool] = {p.spec.name: p for p in pools}
         members: dict[tuple[str, Tier], list[EndpointState]] = {}
+        providers: dict[tuple[str, Tier], list[EndpointState]] = {}  # hosted pools' members
         tiers: dict[str, set[Tier]] = {}
         #: (model, tier) -> the dearest input and output prices and the longest context.
         self._ceilings: dict[tuple[str, Tier], tuple[float, float, int]] = {}
@@ -102,10 +103,13 @@ class PoolView:
                 for name in endpoint.served_names:
                     key = (name, pool.spec.tier)
                     members.setdefault(key, []).append(endpoint)
+                    if pool.spec.endpoint is not None:
+                        providers.setdefault(key, []).append(endpoint)
                     tiers.setdefault(name, set()).add(pool.spec.tier)
                     self._raise_ceiling(key, pool)  # a name only previous pods may answer to
         self._candidates = {
-            (model, tier): CandidateSet(eps, model, tier) for (model, tier), eps in members.items()
+            (model, tier): CandidateSet(eps, model, tier, providers.get((model, tier), ()))
+            for (model, tier), eps in members.items()
         }
         self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
         #: What latency prediction reads (`PoolShapes`), computed once per view.
@@ -261,7 +265,9 @@ def _hosted_pool(
         raise ConfigError(f"pool {spec.name}: a hosted pool needs its billing and context")
     endpoints: tuple[EndpointState, ...] = ()
     if spec.replicas > 0:
-        api = HostedApi(hosted.url, hosted.model, key, hosted.timeout_s)
+        api = HostedApi(
+            hosted.url, hosted.model, key, hosted.timeout_s, hosted.max_concurrent_requests
+        )
         endpoints = (_endpoint(old, spec, hosted.url, spec.names, api, carried),)
     return RoutedPool(
         spec,

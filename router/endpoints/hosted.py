@@ -14,9 +14,19 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["ApiKey", "FileKey", "HostedApi", "KeyUnavailable", "SecretKey", "SecretKeys"]
+from tiergate.pools.hosted import DEFAULT_MAX_CONCURRENT_REQUESTS
+
+__all__ = [
+    "ApiKey",
+    "FileKey",
+    "HostedApi",
+    "KeyUnavailable",
+    "SecretKey",
+    "SecretKeys",
+    "in_pool_names",
+]
 
 
 class KeyUnavailable(Exception):
@@ -81,10 +91,15 @@ class SecretKeys:
         self._keys[name, key] = value
         self._problems.pop((name, key), None)
 
-    def fail(self, name: str, key: str, problem: str) -> None:
-        """Reading the Secret failed: the last value read stays in use (a rotation that
-        cannot be read yet must not stop a working pool), and the problem is remembered."""
+    def fail(self, name: str, key: str, problem: str, *, gone: bool) -> None:
+        """Reading the Secret failed, and the problem is remembered. `gone`: the API server
+        said the key is no more (the Secret deleted, the key removed from it, the router's
+        grant to read it withdrawn), so the last value read is dropped and the provider is
+        called no more; otherwise (the API server down, a timeout) that value stays in use,
+        so an outage of Kubernetes' control plane does not stop a working pool."""
         self._problems[name, key] = problem
+        if gone:
+            self._keys.pop((name, key), None)
 
     def forget(self, keep: set[tuple[str, str]]) -> None:
         for ref in set(self._keys) - keep:
@@ -133,6 +148,12 @@ class HostedApi:
     model: str  # the provider's name for the pool's model
     key: ApiKey
     timeout_s: float = 60.0  # for the reply to begin, and between two parts of it
+    #: Requests the router may have open to it at once (the pool's maxConcurrentRequests).
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+
+    def full(self, inflight: int) -> bool:
+        """Whether `inflight` open requests are as many as the provider may be sent."""
+        return inflight >= self.max_concurrent
 
     def url(self, path: str) -> str:
         """The provider's URL of a router path (`/v1/chat/completions`: the base URL already
@@ -143,3 +164,14 @@ class HostedApi:
         """The headers a request to the provider carries: its key, and nothing of the client's
         (KeyUnavailable when the key cannot be read)."""
         return {"content-type": "application/json", "authorization": f"Bearer {self.key.value()}"}
+
+
+def in_pool_names(error: dict[str, Any], provider_model: str, client_model: str) -> None:
+    """Say the name the client asked for wherever a provider's error object (its refusal, or
+    an error event of its stream) names the provider's model, in every string field of it:
+    the client asked for one of the pool's names and is not to learn the provider's."""
+    if not provider_model:
+        return
+    for field, value in error.items():
+        if isinstance(value, str):
+            error[field] = value.replace(provider_model, client_model)

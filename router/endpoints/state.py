@@ -59,15 +59,39 @@ class CandidateSet(tuple[EndpointState, ...]):
     tier: Tier
     #: URL -> member (the first, should two pools list the same URL).
     by_url: Mapping[str, EndpointState]
+    #: The members that are a provider's API (hosted pools): each takes only so many requests.
+    providers: tuple[EndpointState, ...]
 
-    def __new__(cls, endpoints: Iterable[EndpointState], model: str, tier: Tier) -> CandidateSet:
+    def __new__(
+        cls,
+        endpoints: Iterable[EndpointState],
+        model: str,
+        tier: Tier,
+        providers: Iterable[EndpointState] = (),
+    ) -> CandidateSet:
         members = super().__new__(cls, endpoints)
         members.model, members.tier = model, tier
+        members.providers = tuple(providers)
         by_url: dict[str, EndpointState] = {}
         for ep in members:
             by_url.setdefault(ep.url, ep)
         members.by_url = by_url
         return members
+
+    def without_full_providers(self) -> CandidateSet:
+        """The members but the providers that have as many requests open as their pool allows
+        (`self` when none has: the usual case costs a look at the providers alone)."""
+        full = {
+            id(ep) for ep in self.providers if ep.hosted is not None and ep.hosted.full(ep.inflight)
+        }
+        if not full:
+            return self
+        return CandidateSet(
+            (ep for ep in self if id(ep) not in full),
+            self.model,
+            self.tier,
+            (ep for ep in self.providers if id(ep) not in full),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tiergate.router.endpoints.hosted import in_pool_names
+
 __all__ = ["hosted_refusal", "node_refusal"]
 
 
@@ -44,9 +46,7 @@ def hosted_refusal(body: bytes, status: int, provider_model: str, client_model: 
     if found is None:
         return _envelope(status, "the hosted API")
     data, error = found
-    for field, value in error.items():
-        if isinstance(value, str) and provider_model:
-            error[field] = value.replace(provider_model, client_model)
+    in_pool_names(error, provider_model, client_model)
     return json.dumps(data).encode()
 
 

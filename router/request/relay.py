@@ -238,6 +238,7 @@ async def first_token(
             *capped(pool, request, prompt, completion, say=False)
         ),
         model=request.model if pool.spec.endpoint is not None else None,
+        provider_model=hosted.model if (hosted := opened.endpoint.hosted) is not None else None,
         choices_per_prompt=request.choices_per_prompt if request.sequences > 1 else None,
     )
     chunks = opened.chunks()

@@ -54,7 +54,7 @@ from yarl import URL
 from tiergate.router.base.errors import RouterError
 from tiergate.router.config import MAX_REPLY_BYTES, READ_TIMEOUT_S, WHOLE_REPLY_TIMEOUT_S
 from tiergate.router.endpoints.hosted import HostedApi, KeyUnavailable
-from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.endpoints.state import CandidateSet, EndpointState
 
 log = logging.getLogger("tiergate.router")
 
@@ -251,7 +251,12 @@ class Upstream:
         return self._session
 
     def usable(self, endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
-        """Every candidate: the proxy reaches them all (hosted APIs too)."""
+        """The candidates, all of which the proxy reaches (hosted APIs too), but a provider
+        that has as many requests open as its pool's `maxConcurrentRequests`: the tier's other
+        endpoints serve meanwhile (an engine queues past its batch cap; a provider answers
+        429 and is ejected)."""
+        if isinstance(endpoints, CandidateSet):
+            return endpoints.without_full_providers()
         return endpoints
 
     async def open(
@@ -286,6 +291,11 @@ class Upstream:
                 self.retries += 1
                 await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
             hosted = endpoint.hosted
+            if hosted is not None and hosted.full(endpoint.inflight):
+                # Filled by other requests since the pick: its turn passes, held against nothing.
+                failures.append((endpoint, "the provider has as many requests open as its "
+                                 "pool's maxConcurrentRequests"))  # fmt: skip
+                continue
             # A whole reply begins once it is generated, from a node or a provider alike:
             # `_whole_head` waits for it up to the deadline (a provider is never scraped, so
             # only a node is ever judged unresponsive).

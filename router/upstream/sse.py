@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from tiergate.router.endpoints.hosted import in_pool_names
 from tiergate.router.upstream.proxy import UpstreamError
 
 DONE = b"data: [DONE]\n\n"
@@ -97,14 +98,18 @@ class StreamRewriter:
         cost_of: Callable[[int, int], float],
         continuous_usage: bool = False,
         model: str | None = None,
+        provider_model: str | None = None,
         choices_per_prompt: int | None = None,
     ) -> None:
         """`model`: the model name every chunk is to say (a hosted API's chunks name the
         provider's model; the client is told the name it asked for). None: as they come.
+        `provider_model`: with `model`, the provider's name, which an error event of the
+        stream may also name in its message: it is told in `model` there too.
         `choices_per_prompt`: the request's `n`, when it asked for more than one sequence: each
         chunk's usage is then its choice's, and `counts` their sum."""
         self._service_tier = service_tier
         self._model = model
+        self._provider_model = provider_model if model is not None else None
         self._model_field = None if model is None else b'"model":' + orjson.dumps(model)
         self._tier_value = b'"service_tier":' + orjson.dumps(service_tier)
         self._tier_field = self._tier_value + b","
@@ -175,11 +180,7 @@ class StreamRewriter:
                 return self._usage(event)
             event, counted = self._chunk_usage(event, at, len(key))
         elif event.startswith(b'data: {"error"'):
-            try:
-                self.error = json.loads(event[6:]).get("error")
-            except (ValueError, RecursionError):
-                self.error = {"message": "malformed error event"}
-            return event + b"\n\n"
+            return self._error_event(event)
         self.content_chunks += 1
         self.chunks_since_usage = 0 if counted else self.chunks_since_usage + 1
         if self._model_field is not None:
@@ -191,6 +192,24 @@ class StreamRewriter:
             if replaced:
                 return event + b"\n\n"
         return b"data: {" + self._tier_field + event[7:] + b"\n\n"
+
+    def _error_event(self, event: bytes) -> bytes:
+        """An error event (a node's or a provider's, mid-stream): remembered, and relayed as
+        it came, but that a provider's model name in its error object is told in the pool's."""
+        try:
+            data = json.loads(event[6:])
+        except (ValueError, RecursionError):
+            self.error = {"message": "malformed error event"}
+            return event + b"\n\n"
+        error = data.get("error")
+        if self._provider_model and self._model is not None:
+            if isinstance(error, dict):
+                in_pool_names(error, self._provider_model, self._model)
+            elif isinstance(error, str):
+                data["error"] = error = error.replace(self._provider_model, self._model)
+            event = b"data: " + json.dumps(data).encode()
+        self.error = error if error is None or isinstance(error, dict) else {"message": error}
+        return event + b"\n\n"
 
     def _spec_event(self, event: bytes) -> bytes:
         """An event in any other form the SSE spec allows. Its data lines are one payload

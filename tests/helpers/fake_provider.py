@@ -2,7 +2,8 @@
 a real HTTP server on a loopback port that wants its own Bearer key and its own model name,
 refuses `stream_options` fields OpenAI's API does not define (vLLM's
 `continuous_usage_stats`), and says the usage of every reply (a stream's in a last chunk
-with no choices, as OpenAI does). It records what it was sent, and can be told to fail.
+with no choices, as OpenAI does). It records what it was sent and how many requests were open
+at once, and can be told to fail.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class Provider:
     fail_message: str = "the provider is unwell"
     fail_param: str | None = None
     fail_body: bytes | None = None
+    #: Requests open now, and the most ever open at once.
+    open_now: int = 0
+    most_open: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def requests(self, path: str = "/v1/chat/completions") -> list[Received]:
@@ -90,6 +94,16 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             _error(self, 404, "no such path")
 
         def do_POST(self) -> None:
+            with provider.lock:
+                provider.open_now += 1
+                provider.most_open = max(provider.most_open, provider.open_now)
+            try:
+                self._post()
+            finally:
+                with provider.lock:
+                    provider.open_now -= 1
+
+        def _post(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length)
             try:

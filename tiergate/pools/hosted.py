@@ -119,8 +119,9 @@ class HostedEndpoint(Api):
     max_concurrent_requests: int = Field(
         default=DEFAULT_MAX_CONCURRENT_REQUESTS,
         ge=1,
-        description="Requests the router has open to the provider at once; more wait in "
-        "the tier's queue.",
+        description="Requests the router has open to the provider at once; while that many "
+        "are open the tier's other pools serve its requests, and with none more wait in the "
+        "tier's queue (each router process counts its own).",
     )
 
     @field_validator("url")

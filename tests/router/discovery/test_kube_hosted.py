@@ -1,6 +1,7 @@
 """Kubernetes discovery of hosted pools: the provider's URL is the pool's one endpoint (its
 pods, if any, are not), the key comes from the Secret the pool names, read by name and again
-when it rotates, and a Secret the router may not read says how to let it."""
+when it rotates; a Secret the router may not read says how to let it, and one deleted stops
+the provider being called."""
 
 from __future__ import annotations
 
@@ -39,12 +40,16 @@ class Secrets:
     def __init__(self) -> None:
         self.data: dict[str, dict[str, str]] = {"provider": {"api-key": SECRET_VALUE}}
         self.forbidden: set[str] = set()
+        self.failing = False  # the API server failing every read, with `outage` (a status)
+        self.outage: int | None = None
         self.reads: list[str] = []
         self.lock = threading.Lock()
 
     def read(self, name: str) -> Mapping[str, str]:
         with self.lock:
             self.reads.append(name)
+            if self.failing:
+                raise KubeApiError(f"Secret {name}: HTTP {self.outage}", self.outage)
             if name in self.forbidden:
                 raise KubeApiError(f"Secret {name}: HTTP 403 Forbidden", 403)
             if name not in self.data:
@@ -130,3 +135,53 @@ async def test_a_secret_the_router_may_not_read_says_how_to_allow_it(
         assert caplog.text.count("event=provider_key_unreadable") == 1  # once, not per read
     finally:
         await kube.stop()
+
+
+def key_problem(source: KubeSource) -> str | None:
+    try:
+        hosted_key(source)
+    except KeyUnavailable as exc:
+        return str(exc)
+    return None
+
+
+async def test_a_secret_deleted_or_withdrawn_after_a_first_read_stops_the_provider_being_called(
+    source: tuple[ReplayApi, KubeSource], secrets: Secrets, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, kube = source
+    caplog.set_level(logging.WARNING, "tiergate.router.kube")
+    await eventually(lambda: key_read(kube))
+    with secrets.lock:
+        del secrets.data["provider"]
+    await eventually(lambda: "Secret provider does not exist" in (key_problem(kube) or ""))
+    assert "the key read before is no longer used" in caplog.text
+    assert SECRET_VALUE not in caplog.text
+    with secrets.lock:
+        secrets.data["provider"] = {"other": "x"}  # made again, without the key
+    await eventually(lambda: "Secret provider has no key api-key" in (key_problem(kube) or ""))
+    with secrets.lock:
+        secrets.data["provider"] = {"api-key": SECRET_VALUE}
+    await eventually(lambda: key_read(kube))
+    with secrets.lock:
+        secrets.data["provider"]["api-key"] = ""
+    await eventually(lambda: "key api-key of Secret provider is empty" in (key_problem(kube) or ""))
+    with secrets.lock:
+        secrets.data["provider"]["api-key"] = SECRET_VALUE
+    await eventually(lambda: key_read(kube))
+    with secrets.lock:
+        secrets.forbidden.add("provider")  # the chart's providerKeySecrets no longer names it
+    await eventually(lambda: "router.providerKeySecrets" in (key_problem(kube) or ""))
+
+
+@pytest.mark.parametrize("status", [500, 503, None])  # None: the connection failed
+async def test_an_api_server_that_fails_for_a_while_leaves_the_key_in_use(
+    source: tuple[ReplayApi, KubeSource], secrets: Secrets, status: int | None
+) -> None:
+    _, kube = source
+    await eventually(lambda: key_read(kube))
+    with secrets.lock:
+        secrets.failing, secrets.outage = True, status
+        seen = len(secrets.reads)
+    await eventually(lambda: len(secrets.reads) >= seen + 3)  # three refreshes failed
+    assert hosted_key(kube) == SECRET_VALUE
+    assert "reading Secret provider failed" in (kube.keys.problem("provider", "api-key") or "")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tiergate.router.base.errors import RouterError
-from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.endpoints.hosted import HostedApi
+from tiergate.router.endpoints.state import CandidateSet, EndpointState
 from tiergate.router.upstream.proxy import REQUEST_ID_HEADER as REQUEST_ID
 from tiergate.router.upstream.proxy import Upstream
 
@@ -187,3 +188,37 @@ async def test_an_endpoint_url_that_cannot_be_used_counts_as_its_failure(
         assert failed == [bad] and broken.inflight == 0
     finally:
         await upstream.aclose()
+
+
+async def test_a_provider_with_its_limit_open_is_passed_over_and_held_against_nothing(
+    served: Callable[[Any], AbstractContextManager[str]],
+) -> None:
+    """Picked, then filled by other requests before its turn: the next endpoint serves, and
+    the provider is not called (it would answer 429) nor counted a failure."""
+    failed: list[str] = []
+    upstream = Upstream(on_failure=lambda e: failed.append(e.url))
+    try:
+        with served(cookie_setter) as url:
+            provider = endpoint(refused_url())  # never reached: nothing listens there
+            provider.hosted = HostedApi(provider.url, "prov", FixedKey(), max_concurrent=2)
+            provider.inflight = 2
+            node = endpoint(url)
+            candidates = CandidateSet([provider, node], "m", "batched", [provider])
+            assert list(upstream.usable(candidates)) == [node]
+            provider.inflight = 1
+            assert upstream.usable(candidates) is candidates  # room: every candidate, as it was
+            provider.inflight = 2
+            opened = await upstream.open([provider, node], "/v1/chat/completions", b"{}", {})
+            assert (opened.endpoint, opened.status) == (node, 200)
+            await opened.close()
+        assert failed == [] and provider.inflight == 2
+    finally:
+        await upstream.aclose()
+
+
+class FixedKey:
+    def value(self) -> str:
+        return "sk-fixed"
+
+    def describe(self) -> str:
+        return "a fixed key"

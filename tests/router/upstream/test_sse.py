@@ -195,3 +195,22 @@ def test_a_chunk_of_several_whose_choice_cannot_be_told_counts_a_token(choice: b
     r.feed(b'data: {"choices":[' + choice + b'],'
            b'"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n')  # fmt: skip
     assert r.counts == (3, 2) and r.chunks_since_usage == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        {"message": "The model prov-x-2026 is overloaded", "type": "server_error",
+         "param": None, "code": "prov-x-2026_overloaded"},
+        "prov-x-2026 is overloaded",
+    ],
+)  # fmt: skip
+def test_a_provider_s_error_event_is_told_in_the_name_the_client_asked_for(error: Any) -> None:
+    event = b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+    hosted = StreamRewriter("default", include_usage=False, cost_of=lambda p, c: 0.0,
+                            model="chat", provider_model="prov-x-2026")  # fmt: skip
+    out = hosted.feed(event)
+    assert b"prov-x" not in out and b"chat is overloaded" in out
+    assert "prov-x" not in json.dumps(hosted.error) and hosted.error
+    node = rewriter(include_usage=False)  # a node's stream: its error event as it came
+    assert node.feed(event) == event and node.error

@@ -1,0 +1,142 @@
+"""A hosted pool's `maxConcurrentRequests` holds in a tier it shares with pods: a real router
+process, a real sim node and a fake provider on loopback ports. While the provider has as many
+requests open as its pool allows, the tier's pods serve the rest; before, a policy that
+favoured the provider sent it the whole tier's load, and a provider past its limit answers
+429, which ejects it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from fake_provider import Provider, running_provider
+from polling_helpers import until
+from process_helpers import Running, start_router, start_sim_node
+
+#: Real processes and servers: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
+TENANT_KEY = "tenant-key-0123456789abcdef"
+PROVIDER_KEY = "sk-provider-secret-0123456789"
+TENANT = {"authorization": f"Bearer {TENANT_KEY}"}
+#: At once: the provider's limit, and the requests sent together.
+LIMIT, TOGETHER = 1, 3
+
+# Prefix affinity alone decides: a prompt favours the endpoint that served it before.
+CONFIG = """\
+router:
+  ledgerPath: {ledger}
+  tenantsFile: {tenants}
+  scrapeIntervalS: 0.1
+  policy:
+    filters: [{{type: model-filter}}, {{type: tier-filter}}]
+    scorers: [{{type: prefix-affinity-scorer}}]
+pools:
+  - {{name: hosted, tier: batched, model: llama-3.1-8b, servedModelName: chat,
+      billing: {{inputPerMillionUsd: 1, outputPerMillionUsd: 2}},
+      endpoint: {{url: {url}, model: {model}, apiKeyFile: {key_file},
+                  maxConcurrentRequests: {limit}}}}}
+  - {{name: pods, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, servedModelName: chat,
+      batching: {{maxNumSeqs: 8}}, endpoints: [{node}]}}
+"""
+
+
+@dataclass
+class Mixed:
+    url: str
+    router: Running
+    provider: Provider
+
+    def chat(self, prompt: str) -> httpx.Response:
+        body = {"model": "chat", "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 5}  # fmt: skip
+        return httpx.post(self.url + "/v1/chat/completions", json=body, headers=TENANT,
+                          timeout=30)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixed]:
+    tmp = tmp_path_factory.mktemp("mixed")
+    node = start_sim_node(
+        tmp / "node.log", "--model", "llama-3.1-8b", "--accelerator", "h100-sxm",
+        "--served-model-name", "chat", "--max-num-seqs", "8",
+    )  # fmt: skip
+    try:
+        with running_provider(PROVIDER_KEY, "prov-model") as provider:
+            (tmp / "tenants.yaml").write_text(
+                f"tenants:\n  - {{name: acme, apiKeys: [{TENANT_KEY}]}}\n"
+            )
+            key_file = tmp / "provider.key"
+            key_file.write_text(PROVIDER_KEY + "\n")
+            config = tmp / "router.yaml"
+            config.write_text(
+                CONFIG.format(
+                    ledger=tmp / "ledger.sqlite",
+                    tenants=tmp / "tenants.yaml",
+                    url=json.dumps(provider.url),
+                    model=provider.model,
+                    key_file=json.dumps(str(key_file)),
+                    limit=LIMIT,
+                    node=node.url,
+                )  # fmt: skip
+            )
+            router = start_router(config, tmp / "router.log")
+            try:
+                until(lambda: _ready(router.url), "the router is not ready", 60)
+                yield Mixed(router.url, router, provider)
+            finally:
+                router.stop()
+    finally:
+        node.stop()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def prompt_the_provider_served(mixed: Mixed) -> str:
+    """A prompt (two 256-character blocks and more) the provider served, so prefix affinity
+    sends every request with it to the provider first."""
+    found: list[str] = []
+
+    def served_by_the_provider() -> bool:
+        prompt = f"prompt {len(found)} " + "x" * 600
+        reply = mixed.chat(prompt)
+        assert reply.status_code == 200, reply.text
+        if reply.headers["x-tiergate-pool"] == "hosted":
+            found.append(prompt)
+            return True
+        found.append("")
+        return False
+
+    until(served_by_the_provider, "the provider never served a prompt", 60)
+    return found[-1]
+
+
+def test_a_provider_at_its_limit_leaves_the_tier_s_other_requests_to_the_pods(
+    mixed: Mixed,
+) -> None:
+    prompt = prompt_the_provider_served(mixed)
+    provider = mixed.provider
+    with provider.lock:
+        provider.most_open = 0
+        before = len(provider.received)
+    provider.fail, provider.hang_s = "slow", 2.0  # each reply takes 2 s: they overlap
+    try:
+        with ThreadPoolExecutor(TOGETHER) as pool:
+            replies = list(pool.map(lambda _: mixed.chat(prompt), range(TOGETHER)))
+    finally:
+        provider.fail = None
+    assert [r.status_code for r in replies] == [200] * TOGETHER, [r.text for r in replies]
+    pools = sorted(r.headers["x-tiergate-pool"] for r in replies)
+    assert provider.most_open == LIMIT, pools
+    assert pools == ["hosted"] * LIMIT + ["pods"] * (TOGETHER - LIMIT)
+    with provider.lock:
+        assert len(provider.received) - before == LIMIT
