@@ -404,10 +404,13 @@ async def _let_the_answers_out() -> None:
 
 
 def _pick_timeout(within_s: float) -> RouterError:
+    """A request shed: its tier's queue is too long for its pick to be made in time. A 429,
+    as the router's own port sheds (`tier_saturated`) and as Gateway API Inference Extension
+    pickers shed; a 5xx would count against the gateway's availability."""
     return RouterError(
-        503,
+        429,
         f"no endpoint was picked within {within_s:g} s (the tier's queue is long); retry later",
-        type="server_error",
+        type="rate_limit_error",
         code="pick_timeout",
         headers={"Retry-After": "1"},
     )

@@ -90,7 +90,7 @@ async def test_fail_open_a_pick_not_made_in_time_is_refused_not_sent_on_unpicked
             r = await asyncio.to_thread(post, envoy.url, chat(max_tokens=2))
         finally:
             envoy.stop()
-    assert r.status_code == 503, r.text
+    assert r.status_code == 429, r.text
     assert json.loads(r.content)["error"]["code"] == "pick_timeout"
     assert r.headers["retry-after"] == "1"
 
@@ -117,7 +117,7 @@ def test_a_pick_not_made_in_time_is_recorded_as_refused_under_its_request_id(
             ]
             until(lambda: slots_taken(system) == 16, "the premium slots were not all taken", 30)
             r = post(envoy.url, chat(max_tokens=2), premium)
-            assert r.status_code == 503, r.text
+            assert r.status_code == 429, r.text
             assert json.loads(r.content)["error"]["code"] == "pick_timeout"
             request_id = r.headers["x-tiergate-request-id"]
             assert len(request_id) == 32

@@ -241,8 +241,9 @@ async def test_a_buffered_body_not_picked_in_time_is_refused_by_the_picker() -> 
     answers = drain(stream)
     assert kinds(answers) == ["request_headers", "immediate_response", "end"]
     refusal = answers[1].immediate_response
-    assert refusal.status.code == 503
-    assert json.loads(refusal.body)["error"]["code"] == "pick_timeout"
+    assert refusal.status.code == 429
+    error = json.loads(refusal.body)["error"]
+    assert (error["code"], error["type"]) == ("pick_timeout", "rate_limit_error")
     retry = {h.header.key.lower(): h.header.raw_value for h in refusal.headers.set_headers}
     assert retry["retry-after"] == b"1"
     # The request path's id, which its records use: the refusal names it.
