@@ -32,7 +32,7 @@ from tiergate.router.base.tiers import Priority, Tier, TierChoice, openai_servic
 from tiergate.router.config import RouterSettings
 from tiergate.router.discovery.view import PoolView, RoutedPool
 from tiergate.router.endpoints.hosted import HostedApi
-from tiergate.router.endpoints.state import RequestContext
+from tiergate.router.endpoints.state import CandidateSet, RequestContext
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from tiergate.router.policy.latency import LatencyPredictor
@@ -191,7 +191,7 @@ class Router:
         except RouterError as error:
             done = ex.done
             done.status = error.status
-            if error.code in ("tier_saturated", "slo_unattainable"):
+            if error.code in ("tier_saturated", "slo_unattainable", "provider_at_limit"):
                 done.outcome = "shed"  # refused by admission: served late or not at all
             elif error.status >= 502:
                 done.outcome = "upstream_error"
@@ -408,10 +408,13 @@ class Router:
             tpot_slo,
         )
         opener = self.opener(ex)
-        candidates = opener.usable(view.candidates(request.model, tier))
+        offered = view.candidates(request.model, tier)
+        candidates = opener.usable(offered)
         try:
             order = pipeline.pick(ctx, candidates, self.clock())
         except NoEndpointFits as refusal:
+            if _providers_full(offered):  # one of them might have served it: later
+                raise _at_providers_limit(tier) from None
             raise RouterError(
                 503,
                 refusal.message,
@@ -422,6 +425,8 @@ class Router:
         if skip:
             order = [endpoint for endpoint in order if endpoint.url not in skip]
         if not order:
+            if not skip and _providers_full(offered):
+                raise _at_providers_limit(tier)
             raise RouterError(
                 503,
                 f"no endpoint of the {tier} tier is available for {request.model!r}",
@@ -459,6 +464,28 @@ class Router:
             await send_error(send, error, {"x-tiergate-request-id": request_id})
         except (OSError, RuntimeError):
             pass  # the response had started, or the client is gone: nothing more to say
+
+
+def _providers_full(offered: CandidateSet) -> bool:
+    """Whether a provider of `offered` was left out of the pick for having as many requests
+    open as its pool allows."""
+    return any(p.hosted is not None and p.hosted.full(p.inflight) for p in offered.providers)
+
+
+def _at_providers_limit(tier: Tier) -> RouterError:
+    """No endpoint of `tier` but a provider that has its pool's `maxConcurrentRequests` open
+    could serve the request: shed, to be retried shortly (a tier's admission normally keeps
+    its requests within those limits; this is the rest, e.g. a tier's queue shared with pools
+    of other names)."""
+    return RouterError(
+        429,
+        f"the {tier} tier's hosted pools have as many requests open as they allow "
+        "(maxConcurrentRequests) and nothing else in the tier can serve the request; retry "
+        "shortly",
+        type="rate_limit_error",
+        code="provider_at_limit",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _hosted_bodies(request: CompletionRequest) -> Callable[[HostedApi], bytes]:

@@ -292,6 +292,7 @@ class KubeSource:
         wake = self._secrets_wake
         assert wake is not None and self.read_secret is not None
         read = self.read_secret
+        refused: set[str] = set()  # Secrets whose last read was refused (403)
         while True:
             wake.clear()
             wanted = set(self._wanted_secrets)
@@ -299,9 +300,16 @@ class KubeSource:
                 try:
                     data = await asyncio.to_thread(read, name)
                     problem, gone = None, True  # read: a key not in it is no more
+                    refused.discard(name)
                 except KubeApiError as exc:
                     data, problem = {}, _secret_problem(name, exc)
-                    gone = exc.status in _SECRET_GONE
+                    # Deleted; or refused twice in a row (the grant withdrawn: one refusal
+                    # may be an authorizer's outage, and a working key stays meanwhile).
+                    gone = exc.status == 404 or (exc.status == 403 and name in refused)
+                    if exc.status == 403:
+                        refused.add(name)
+                    else:
+                        refused.discard(name)
                 for secret, key in wanted:
                     if secret != name:
                         continue
@@ -339,11 +347,6 @@ class KubeSource:
             if name in self.state.pools:
                 log.info("event=pool_accepted namespace=%s pool=%s", self.namespace, name)
         self.problems = problems
-
-
-#: The API server's answers that say a Secret's key is no more for the router: deleted (404),
-#: or the router no longer allowed to read it (403). The key read before is dropped then.
-_SECRET_GONE = frozenset({403, 404})
 
 
 def _secret_problem(name: str, exc: KubeApiError) -> str:

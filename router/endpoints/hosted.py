@@ -168,10 +168,19 @@ class HostedApi:
 
 def in_pool_names(error: dict[str, Any], provider_model: str, client_model: str) -> None:
     """Say the name the client asked for wherever a provider's error object (its refusal, or
-    an error event of its stream) names the provider's model, in every string field of it:
-    the client asked for one of the pool's names and is not to learn the provider's."""
-    if not provider_model:
-        return
-    for field, value in error.items():
-        if isinstance(value, str):
-            error[field] = value.replace(provider_model, client_model)
+    an error event of its stream) names the provider's model, in every string in it, however
+    deep: the client asked for one of the pool's names and is not to learn the provider's."""
+    if provider_model:
+        _renamed(error, provider_model, client_model)
+
+
+def _renamed(value: Any, old: str, new: str) -> Any:
+    """`value` with `old` replaced by `new` in its strings (dicts and lists changed in place)."""
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _renamed(item, old, new)
+    elif isinstance(value, list):
+        value[:] = [_renamed(item, old, new) for item in value]
+    return value

@@ -284,18 +284,22 @@ class Upstream:
         session = self._client()
         failures: list[tuple[EndpointState, str]] = []
         answered_500: list[EndpointState] = []  # not held against them unless another serves
+        passed_over = 0  # providers filled by other requests since the pick: not attempts
         # One bound for a whole reply, whichever endpoints it goes to.
         deadline = asyncio.get_running_loop().time() + self.whole_reply_timeout_s
-        for endpoint in endpoints[: self.attempts]:
+        for endpoint in endpoints:
+            if len(failures) >= self.attempts:
+                break
+            hosted = endpoint.hosted
+            if hosted is not None and hosted.full(endpoint.inflight):
+                passed_over += 1  # held against nothing: the next endpoint's turn
+                continue
             if failures:
                 self.retries += 1
                 await asyncio.sleep(BACKOFF_S[min(len(failures), len(BACKOFF_S) - 1)])
-            hosted = endpoint.hosted
-            if hosted is not None and hosted.full(endpoint.inflight):
-                # Filled by other requests since the pick: its turn passes, held against nothing.
-                failures.append((endpoint, "the provider has as many requests open as its "
-                                 "pool's maxConcurrentRequests"))  # fmt: skip
-                continue
+                if hosted is not None and hosted.full(endpoint.inflight):  # filled meanwhile
+                    passed_over += 1
+                    continue
             # A whole reply begins once it is generated, from a node or a provider alike:
             # `_whole_head` waits for it up to the deadline (a provider is never scraped, so
             # only a node is ever judged unresponsive).
@@ -376,7 +380,7 @@ class Upstream:
             self._on_success(endpoint)
             read_s = self.read_timeout_s if watched else None
             return Opened(endpoint, response, len(failures) + 1, self.max_reply_bytes, read_s)
-        raise self._unavailable(endpoints, failures, headers)
+        raise self._unavailable(endpoints, failures, headers, passed_over)
 
     async def _whole_head(
         self,
@@ -438,11 +442,17 @@ class Upstream:
         endpoints: Sequence[EndpointState],
         failures: list[tuple[EndpointState, str]],
         headers: dict[str, str],
+        passed_over: int = 0,
     ) -> UpstreamUnavailable:
         """The client's 503 (tier, attempts, the last failure: never an endpoint's address)
         and the operator's log line (every endpoint tried, and how it failed)."""
         tier = endpoints[0].tier if endpoints else "requested"
-        last = failures[-1][1] if failures else "no endpoint to try"
+        last = (
+            failures[-1][1] if failures
+            else "every provider picked had as many requests open as its pool allows "
+            "(maxConcurrentRequests)" if passed_over
+            else "no endpoint to try"
+        )  # fmt: skip
         log.warning(
             'event=upstream_unavailable request_id=%s tier=%s attempts=%d endpoints=%s errors="%s"',
             headers.get(REQUEST_ID_HEADER, "-"),

@@ -39,9 +39,11 @@ class Provider:
     received: list[Received] = field(default_factory=list)
     #: None: answer well; an HTTP status: answer that (an error envelope); "hang": say nothing
     #: for `hang_s` seconds, then 504; "slow": say nothing for `hang_s` seconds, then answer
-    #: well (a long generation).
+    #: well (a long generation); "held": say nothing until `release` is set (at most
+    #: `hang_s`), then answer well.
     fail: int | str | None = None
     hang_s: float = 5.0
+    release: threading.Event = field(default_factory=threading.Event)
     #: With `fail` a status: the error envelope's message and param (`{model}`: the provider's
     #: model name, as providers' own errors name it), or a raw body in place of the envelope.
     fail_message: str = "the provider is unwell"
@@ -114,7 +116,9 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                 provider.received.append(Received(self.path, _lower(self.headers.items()), body))
             if self.headers.get("authorization") != f"Bearer {provider.key}":
                 return _error(self, 401, "Incorrect API key provided")
-            if provider.fail in ("hang", "slow"):
+            if provider.fail == "held":
+                provider.release.wait(provider.hang_s)
+            elif provider.fail in ("hang", "slow"):
                 time.sleep(provider.hang_s)
                 if provider.fail == "hang":
                     return _error(self, 504, "too late")

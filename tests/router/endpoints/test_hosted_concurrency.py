@@ -2,7 +2,8 @@
 process, a real sim node and a fake provider on loopback ports. While the provider has as many
 requests open as its pool allows, the tier's pods serve the rest; before, a policy that
 favoured the provider sent it the whole tier's load, and a provider past its limit answers
-429, which ejects it."""
+429, which ejects it. A request only the provider could serve, admitted by a queue it shares
+with the pods, is shed with 429 `provider_at_limit`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ PROVIDER_KEY = "sk-provider-secret-0123456789"
 TENANT = {"authorization": f"Bearer {TENANT_KEY}"}
 #: At once: the provider's limit, and the requests sent together.
 LIMIT, TOGETHER = 1, 3
+#: A name only the hosted pool answers to: its requests share the tier's queue with the pods'.
+ONLY_HOSTED = "chat-hosted"
 
 # Prefix affinity alone decides: a prompt favours the endpoint that served it before.
 CONFIG = """\
@@ -37,6 +40,7 @@ router:
     scorers: [{{type: prefix-affinity-scorer}}]
 pools:
   - {{name: hosted, tier: batched, model: llama-3.1-8b, servedModelName: chat,
+      aliases: [{only_hosted}],
       billing: {{inputPerMillionUsd: 1, outputPerMillionUsd: 2}},
       endpoint: {{url: {url}, model: {model}, apiKeyFile: {key_file},
                   maxConcurrentRequests: {limit}}}}}
@@ -51,8 +55,8 @@ class Mixed:
     router: Running
     provider: Provider
 
-    def chat(self, prompt: str) -> httpx.Response:
-        body = {"model": "chat", "messages": [{"role": "user", "content": prompt}],
+    def chat(self, prompt: str, model: str = "chat") -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": 5}  # fmt: skip
         return httpx.post(self.url + "/v1/chat/completions", json=body, headers=TENANT,
                           timeout=30)  # fmt: skip
@@ -81,6 +85,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixed]:
                     model=provider.model,
                     key_file=json.dumps(str(key_file)),
                     limit=LIMIT,
+                    only_hosted=ONLY_HOSTED,
                     node=node.url,
                 )  # fmt: skip
             )
@@ -128,15 +133,50 @@ def test_a_provider_at_its_limit_leaves_the_tier_s_other_requests_to_the_pods(
     with provider.lock:
         provider.most_open = 0
         before = len(provider.received)
-    provider.fail, provider.hang_s = "slow", 2.0  # each reply takes 2 s: they overlap
+    provider.release.clear()
+    provider.fail, provider.hang_s = "held", 60.0  # replies only once released
     try:
         with ThreadPoolExecutor(TOGETHER) as pool:
-            replies = list(pool.map(lambda _: mixed.chat(prompt), range(TOGETHER)))
+            sent = [pool.submit(mixed.chat, prompt) for _ in range(TOGETHER)]
+            # The provider holds what it was sent: the rest are back, or it holds them all.
+            until(
+                lambda: (
+                    sum(f.done() for f in sent) >= TOGETHER - LIMIT or provider.open_now > LIMIT
+                ),
+                "the requests were neither served nor sent to the provider",
+                60,
+            )
+            most_open = provider.most_open
+            provider.release.set()
+            replies = [f.result() for f in sent]
     finally:
-        provider.fail = None
+        provider.fail, provider.hang_s = None, 5.0
+        provider.release.set()
     assert [r.status_code for r in replies] == [200] * TOGETHER, [r.text for r in replies]
     pools = sorted(r.headers["x-tiergate-pool"] for r in replies)
-    assert provider.most_open == LIMIT, pools
+    assert most_open == LIMIT, pools
     assert pools == ["hosted"] * LIMIT + ["pods"] * (TOGETHER - LIMIT)
     with provider.lock:
         assert len(provider.received) - before == LIMIT
+
+
+def test_a_request_only_a_provider_at_its_limit_could_serve_is_shed_with_429(
+    mixed: Mixed,
+) -> None:
+    provider = mixed.provider
+    provider.release.clear()
+    provider.fail, provider.hang_s = "held", 60.0
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(mixed.chat, "first", ONLY_HOSTED)
+            until(lambda: provider.open_now == LIMIT, "the provider was not sent the first", 60)
+            second = mixed.chat("second", ONLY_HOSTED)
+            provider.release.set()
+            assert first.result().status_code == 200, first.result().text
+    finally:
+        provider.fail, provider.hang_s = None, 5.0
+        provider.release.set()
+    assert second.status_code == 429, second.text
+    error = second.json()["error"]
+    assert (error["code"], error["type"]) == ("provider_at_limit", "rate_limit_error")
+    assert second.headers["retry-after"] == "1"

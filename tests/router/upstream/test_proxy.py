@@ -209,9 +209,18 @@ async def test_a_provider_with_its_limit_open_is_passed_over_and_held_against_no
             assert upstream.usable(candidates) is candidates  # room: every candidate, as it was
             provider.inflight = 2
             opened = await upstream.open([provider, node], "/v1/chat/completions", b"{}", {})
-            assert (opened.endpoint, opened.status) == (node, 200)
+            assert (opened.endpoint, opened.status, opened.attempts) == (node, 200, 1)
             await opened.close()
-        assert failed == [] and provider.inflight == 2
+            # Nor is it an attempt: two are allowed, a dead endpoint takes one, the node the other.
+            two = Upstream(attempts=2, on_failure=lambda e: failed.append(e.url))
+            try:
+                dead = endpoint(refused_url())
+                opened = await two.open([provider, dead, node], "/v1/chat/completions", b"{}", {})
+                assert (opened.endpoint, opened.attempts) == (node, 2)
+                await opened.close()
+            finally:
+                await two.aclose()
+        assert failed == [dead.url] and provider.inflight == 2
     finally:
         await upstream.aclose()
 

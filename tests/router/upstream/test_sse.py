@@ -201,7 +201,8 @@ def test_a_chunk_of_several_whose_choice_cannot_be_told_counts_a_token(choice: b
     "error",
     [
         {"message": "The model prov-x-2026 is overloaded", "type": "server_error",
-         "param": None, "code": "prov-x-2026_overloaded"},
+         "param": None, "code": "prov-x-2026_overloaded",
+         "metadata": {"raw": ["upstream prov-x-2026 said no"]}},
         "prov-x-2026 is overloaded",
     ],
 )  # fmt: skip
