@@ -489,13 +489,15 @@ def _at_providers_limit(tier: Tier) -> RouterError:
 
 
 def _hosted_bodies(request: CompletionRequest) -> Callable[[HostedApi], bytes]:
-    """The request's body for a hosted API (its model name), made once per provider model."""
-    made: dict[str, bytes] = {}
+    """The request's body for a hosted API (its model name and cap field), made once per
+    provider model and field."""
+    made: dict[tuple[str, str], bytes] = {}
 
     def body(api: HostedApi) -> bytes:
-        if api.model not in made:
-            made[api.model] = hosted_body(request, api.model)
-        return made[api.model]
+        key = (api.model, api.cap_field)
+        if key not in made:
+            made[key] = hosted_body(request, api.model, api.cap_field)
+        return made[key]
 
     return body
 

@@ -266,7 +266,12 @@ def _hosted_pool(
     endpoints: tuple[EndpointState, ...] = ()
     if spec.replicas > 0:
         api = HostedApi(
-            hosted.url, hosted.model, key, hosted.timeout_s, hosted.max_concurrent_requests
+            hosted.url,
+            hosted.model,
+            key,
+            hosted.timeout_s,
+            hosted.max_concurrent_requests,
+            hosted.output_cap_field,
         )
         endpoints = (_endpoint(old, spec, hosted.url, spec.names, api, carried),)
     return RoutedPool(

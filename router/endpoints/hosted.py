@@ -150,6 +150,8 @@ class HostedApi:
     timeout_s: float = 60.0  # for the reply to begin, and between two parts of it
     #: Requests the router may have open to it at once (the pool's maxConcurrentRequests).
     max_concurrent: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    #: The one field a chat request's output cap is sent in (the pool's outputCapField).
+    cap_field: str = "max_completion_tokens"
 
     def full(self, inflight: int) -> bool:
         """Whether `inflight` open requests are as many as the provider may be sent."""

@@ -229,12 +229,20 @@ HOSTED_STREAM_OPTIONS: Final = MappingProxyType({"include_usage": True})
 HOSTED_WITHHELD: Final = frozenset({"service_tier", "store", "metadata"})
 
 
-def hosted_body(request: CompletionRequest, model: str) -> bytes:
+def hosted_body(
+    request: CompletionRequest, model: str, cap_field: str = "max_completion_tokens"
+) -> bytes:
     """The body sent to a hosted API: the client's but for `HOSTED_WITHHELD`, naming the
-    provider's `model`, and for a stream asking for its usage (`HOSTED_STREAM_OPTIONS`,
-    nothing else)."""
+    provider's `model`, a chat request's output cap in `cap_field` alone (a node reads both
+    spellings; OpenAI's reasoning models refuse `max_tokens`, some providers read only it),
+    and for a stream asking for its usage (`HOSTED_STREAM_OPTIONS`, nothing else)."""
     body = {k: v for k, v in request.body.items() if k not in HOSTED_WITHHELD}
     body["model"] = model
+    if request.chat:
+        for field in CAP_FIELDS:
+            body.pop(field, None)
+        if request.max_tokens is not None:
+            body[cap_field] = request.max_tokens
     if request.stream:
         body["stream_options"] = dict(HOSTED_STREAM_OPTIONS)
     try:

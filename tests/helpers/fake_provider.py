@@ -1,9 +1,9 @@
 """A stand-in for someone else's OpenAI-compatible API, strict the way hosted providers are:
 a real HTTP server on a loopback port that wants its own Bearer key and its own model name,
 refuses `stream_options` fields OpenAI's API does not define (vLLM's
-`continuous_usage_stats`), and says the usage of every reply (a stream's in a last chunk
-with no choices, as OpenAI does). It records what it was sent and how many requests were open
-at once, and can be told to fail.
+`continuous_usage_stats`) and an output cap in a spelling it does not take, and says the usage
+of every reply (a stream's in a last chunk with no choices, as OpenAI does). It records what
+it was sent and how many requests were open at once, and can be told to fail.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class Provider:
     key: str
     model: str
     url: str = ""
+    #: The one spelling of a chat request's output cap it takes; the other is refused as
+    #: OpenAI's reasoning models refuse `max_tokens`.
+    cap_field: str = "max_completion_tokens"
     received: list[Received] = field(default_factory=list)
     #: None: answer well; an HTTP status: answer that (an error envelope); "hang": say nothing
     #: for `hang_s` seconds, then 504; "slow": say nothing for `hang_s` seconds, then answer
@@ -131,6 +134,11 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                 return _error(self, 404, "no such path")
             if body.get("model") != provider.model:
                 return _error(self, 404, f"The model {body.get('model')!r} does not exist")
+            other = "max_tokens" if provider.cap_field != "max_tokens" else "max_completion_tokens"
+            if other in body:
+                return _error(self, 400, f"Unsupported parameter: '{other}' is not supported "
+                              f"with this model. Use '{provider.cap_field}' instead.",
+                              other)  # fmt: skip
             options = body.get("stream_options")
             if options is not None and set(options) - {"include_usage"}:
                 return _error(self, 400, f"Unrecognized stream_options: {sorted(options)}")
@@ -186,9 +194,11 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def running_provider(key: str, model: str) -> Iterator[Provider]:
+def running_provider(
+    key: str, model: str, cap_field: str = "max_completion_tokens"
+) -> Iterator[Provider]:
     """A provider on a free loopback port (`Provider.url`: its base URL, `.../v1`)."""
-    provider = Provider(key, model)
+    provider = Provider(key, model, cap_field=cap_field)
     server = _Server(("127.0.0.1", 0), _handler(provider))
     provider.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     thread = threading.Thread(target=server.serve_forever, daemon=True)

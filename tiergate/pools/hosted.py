@@ -9,6 +9,7 @@ sentence, the same from a pool file and from `kubectl apply` (operator/crd.py `h
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -115,6 +116,12 @@ class HostedEndpoint(Api):
         "another endpoint of the tier. A whole (not streamed) reply, which the provider sends "
         "once generated, is awaited up to the router's wholeReplyTimeoutS (600 s) and never "
         "sent again elsewhere.",
+    )
+    output_cap_field: Literal["max_completion_tokens", "max_tokens"] = Field(
+        default="max_completion_tokens",
+        description="The field a chat request's output cap goes to the provider in, alone: "
+        "max_completion_tokens (OpenAI's, the only one its reasoning models take) or "
+        "max_tokens (for a provider that reads only that one). Whichever the client wrote.",
     )
     max_concurrent_requests: int = Field(
         default=DEFAULT_MAX_CONCURRENT_REQUESTS,

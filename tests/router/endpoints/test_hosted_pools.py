@@ -31,6 +31,8 @@ KEYS = {"a": "sk-provider-a-secret-0123456789", "b": "sk-provider-b-secret-98765
 INPUT_USD, OUTPUT_USD = 2.0, 10.0  # per million tokens
 COST_USD = (PROMPT_TOKENS * INPUT_USD + COMPLETION_TOKENS * OUTPUT_USD) / 1e6
 TENANT = {"authorization": f"Bearer {TENANT_KEY}"}
+#: A tenant whose budget caps a request that sets no cap of its own.
+THRIFTY_KEY = "thrifty-key-0123456789abcdef"
 
 
 @dataclass
@@ -52,7 +54,8 @@ class Hosted:
 def pool_yaml(name: str, provider: Provider, key_file: Path, timeout_s: float) -> str:
     endpoint = (
         f"{{url: {json.dumps(provider.url)}, model: {provider.model}, "
-        f"apiKeyFile: {json.dumps(str(key_file))}, timeoutS: {timeout_s}}}"
+        f"apiKeyFile: {json.dumps(str(key_file))}, timeoutS: {timeout_s}, "
+        f"outputCapField: {provider.cap_field}}}"
     )
     return (
         f"  - {{name: hosted-{name}, tier: batched, model: llama-3.1-8b, servedModelName: chat, "
@@ -66,10 +69,11 @@ def hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosted]:
     tmp = tmp_path_factory.mktemp("hosted")
     with (
         running_provider(KEYS["a"], "prov-model-a") as a,
-        running_provider(KEYS["b"], "prov-model-b") as b,
+        running_provider(KEYS["b"], "prov-model-b", cap_field="max_tokens") as b,
     ):
         (tmp / "tenants.yaml").write_text(
             f"tenants:\n  - {{name: acme, apiKeys: [{TENANT_KEY}]}}\n"
+            f"  - {{name: thrifty, apiKeys: [{THRIFTY_KEY}], budgetUsd: 0.5}}\n"
         )
         pools = ""
         for name, provider in (("a", a), ("b", b)):
@@ -122,6 +126,30 @@ def test_the_provider_gets_its_key_and_model_and_never_the_tenants_key(hosted: H
     assert not any(TENANT_KEY in value for value in sent.headers.values()), sent.headers
     assert not any(k.lower().startswith("x-tiergate") for k in sent.headers), sent.headers
     assert reply.json()["model"] == "chat"  # the name the client asked for, not the provider's
+
+
+@pytest.mark.parametrize("cap", ["max_tokens", "max_completion_tokens", "both", "budget"])
+def test_the_output_cap_reaches_each_provider_in_the_one_spelling_it_takes(
+    hosted: Hosted, cap: str
+) -> None:
+    """Provider a takes max_completion_tokens alone (as OpenAI's reasoning models do), b
+    max_tokens alone; either refuses the other. Whichever the client wrote, or the cap a
+    tenant's budget sets, each gets the cap in its own."""
+    fields: dict[str, int] = {"max_tokens": 7, "max_completion_tokens": 7}
+    given = {"both": fields, "budget": {}}.get(cap, {cap: 7})
+    key = THRIFTY_KEY if cap == "budget" else TENANT_KEY
+    served: set[str] = set()
+    for _ in range(40):  # until both providers have served it
+        reply = hosted.chat({"authorization": f"Bearer {key}"}, **given)
+        assert reply.status_code == 200, reply.text
+        provider = hosted.provider_of(reply)
+        sent = provider.requests()[-1].body
+        assert sent is not None and set(fields) & set(sent) == {provider.cap_field}, sent
+        assert sent[provider.cap_field] == 7 or cap == "budget", sent
+        served.add(provider.model)
+        if len(served) == 2:
+            return
+    pytest.fail(f"only {served} served it")
 
 
 def test_the_provider_is_never_asked_for_its_priority_price_or_to_keep_the_prompt(

@@ -9,6 +9,8 @@ from tiergate.router.base.errors import RouterError
 from tiergate.router.request.body import (
     MEDIA_TOKENS,
     MEDIA_TOKENS_MOST,
+    cap_output,
+    hosted_body,
     parse_completion,
     upstream_body,
 )
@@ -313,3 +315,20 @@ def test_the_prompt_bound_counts_each_image_at_its_most_and_a_video_as_the_conte
     video = {"type": "video_url", "video_url": {"url": "https://example.com/cat.mp4"}}
     raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": [video]}]}).encode()
     assert parse_completion(raw, chat=True).prompt_tokens_most >= 2**31 - 1
+
+
+@pytest.mark.parametrize("field", ["max_completion_tokens", "max_tokens"])
+def test_a_hosted_body_says_a_chat_cap_in_the_pool_s_field_alone(field: str) -> None:
+    both = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":9,'
+    request = parse_completion(both + b'"max_completion_tokens":5}', chat=True)
+    sent = json.loads(hosted_body(request, "prov", field))
+    assert (sent["model"], sent[field]) == ("prov", 5)  # max_completion_tokens wins, as in OpenAI
+    assert len({"max_tokens", "max_completion_tokens"} & set(sent)) == 1
+    uncapped = parse_completion(b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+                                chat=True)  # fmt: skip
+    caps = {"max_tokens", "max_completion_tokens"}
+    assert not caps & set(json.loads(hosted_body(uncapped, "p", field)))
+    cap_output(uncapped, 3)  # a budget's cap
+    assert json.loads(hosted_body(uncapped, "p", field))[field] == 3
+    completion = parse_completion(b'{"model":"m","prompt":"hi","max_tokens":4}', chat=False)
+    assert json.loads(hosted_body(completion, "p", field))["max_tokens"] == 4  # its only field
