@@ -410,10 +410,12 @@ class Router:
         opener = self.opener(ex)
         offered = view.candidates(request.model, tier)
         candidates = opener.usable(offered)
+        # Providers at their limit were left out (a gateway reaches none of them anyway).
+        at_limit = ex.upstream is None and _providers_full(offered)
         try:
             order = pipeline.pick(ctx, candidates, self.clock())
         except NoEndpointFits as refusal:
-            if _providers_full(offered):  # one of them might have served it: later
+            if at_limit:  # one of them might have served it: later
                 raise _at_providers_limit(tier) from None
             raise RouterError(
                 503,
@@ -425,7 +427,7 @@ class Router:
         if skip:
             order = [endpoint for endpoint in order if endpoint.url not in skip]
         if not order:
-            if not skip and _providers_full(offered):
+            if at_limit and not skip:
                 raise _at_providers_limit(tier)
             raise RouterError(
                 503,
