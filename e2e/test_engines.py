@@ -6,6 +6,7 @@ refused by `kubectl apply` with the reason."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,17 +18,19 @@ pytestmark = pytest.mark.skipif(
     BACKEND != "local", reason="a kwok node stands for the GPU node (kind's nodes have no GPUs)"
 )
 
-GPU_NODE_NAME = "kwok-gpu-h100-0"
-GPU_NODE = f"""\
+#: Each test's GPU node gets a name of its own: a node deleted and made again at once under
+#: the same name (the next test's) is one kwok may never mark Ready.
+GPU_NODE_PREFIX = "kwok-gpu-h100-"
+GPU_NODE = """\
 apiVersion: v1
 kind: Node
 metadata:
-  name: {GPU_NODE_NAME}
+  name: {name}
   annotations:
     node.alpha.kubernetes.io/ttl: "0"
     kwok.x-k8s.io/node: fake
   labels:
-    kubernetes.io/hostname: {GPU_NODE_NAME}
+    kubernetes.io/hostname: {name}
     kubernetes.io/os: linux
     kubernetes.io/arch: amd64
     type: kwok
@@ -76,7 +79,18 @@ def gpu_node(release: Release) -> Iterator[str]:
     """A node with 8 H100s (as NVIDIA's device plugin and feature discovery advertise them)
     and the usual GPU taint; removed after the test."""
     cluster = release.cluster
-    cluster.kubectl("apply", "-f", "-", input=GPU_NODE)
+    name = GPU_NODE_PREFIX + uuid.uuid4().hex[:8]
+    cluster.kubectl("apply", "-f", "-", input=GPU_NODE.format(name=name))
+    try:
+        ready(release, name)
+        yield name
+    finally:
+        cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)
+
+
+def ready(release: Release, name: str) -> None:
+    """Wait for kwok to mark node `name` Ready; a failure shows the cluster's nodes."""
+    cluster = release.cluster
     try:
         release.wait(
             lambda: (
@@ -84,18 +98,18 @@ def gpu_node(release: Release) -> Iterator[str]:
                 in cluster.kubectl(
                     "get",
                     "node",
-                    GPU_NODE_NAME,
+                    name,
                     "-o",
                     "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
                     check=False,
                 )
             ),  # fmt: skip
-            f"node {GPU_NODE_NAME} Ready",
+            f"node {name} Ready",
             60,
         )
-        yield GPU_NODE_NAME
-    finally:
-        cluster.kubectl("delete", "node", GPU_NODE_NAME, "--ignore-not-found", check=False)
+    except pytest.fail.Exception as exc:
+        nodes = cluster.kubectl("describe", "node", check=False)
+        raise pytest.fail.Exception(f"{exc}\n$ kubectl describe node\n{nodes}") from None
 
 
 def test_a_vllm_pool_runs_vllm_serve_on_a_gpu_node(release: Release, gpu_node: str) -> None:
