@@ -32,7 +32,7 @@ from tiergate.router.base.tiers import Priority, Tier, TierChoice, openai_servic
 from tiergate.router.config import RouterSettings
 from tiergate.router.discovery.view import PoolView, RoutedPool
 from tiergate.router.endpoints.hosted import HostedApi
-from tiergate.router.endpoints.state import CandidateSet, RequestContext
+from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from tiergate.router.policy.latency import LatencyPredictor
@@ -372,7 +372,7 @@ class Router:
             except UpstreamError as exc:
                 await opened.close()
                 upstream.failed(opened.endpoint)
-                failed.add(opened.endpoint.url)
+                failed.add(_attempted(opened.endpoint))
                 log.warning(
                     "event=stream_failed_before_first_token request_id=%s pool=%s endpoint=%s "
                     "error=%s", ex.request_id, pool.spec.name, opened.endpoint.url, exc,
@@ -395,8 +395,8 @@ class Router:
         extra_headers: dict[str, str] | None = None,
         skip: Collection[str] = (),
     ) -> tuple[Reply, RoutedPool]:
-        """Pick endpoints of `tier` (but those whose URLs are in `skip`) and open the upstream
-        request on the first that answers."""
+        """Pick endpoints of `tier` (but those `skip` rules out: `_attempted`) and open the
+        upstream request on the first that answers."""
         ttft_slo, tpot_slo = request.slo or (None, None)
         ctx = RequestContext(
             request.model,
@@ -425,7 +425,7 @@ class Router:
                 headers={"Retry-After": "1"},
             ) from None
         if skip:
-            order = [endpoint for endpoint in order if endpoint.url not in skip]
+            order = [endpoint for endpoint in order if _attempted(endpoint) not in skip]
         if not order:
             if at_limit and not skip:
                 raise _at_providers_limit(tier)
@@ -466,6 +466,13 @@ class Router:
             await send_error(send, error, {"x-tiergate-request-id": request_id})
         except (OSError, RuntimeError):
             pass  # the response had started, or the client is gone: nothing more to say
+
+
+def _attempted(endpoint: EndpointState) -> str:
+    """What a stream that failed on `endpoint` rules out for the request's next attempts: the
+    server at its URL (a node, whichever pools list it), or a provider's pool (another pool
+    at the same base URL is another model, or another account)."""
+    return endpoint.url if endpoint.hosted is None else f"{endpoint.url} {endpoint.pool}"
 
 
 def _providers_full(offered: CandidateSet) -> bool:

@@ -40,11 +40,15 @@ class Provider:
     #: OpenAI's reasoning models refuse `max_tokens`.
     cap_field: str = "max_completion_tokens"
     received: list[Received] = field(default_factory=list)
+    #: Other model names it serves besides `model`.
+    also_models: tuple[str, ...] = ()
     #: None: answer well; an HTTP status: answer that (an error envelope); "hang": say nothing
     #: for `hang_s` seconds, then 504; "slow": say nothing for `hang_s` seconds, then answer
     #: well (a long generation); "held": say nothing until `release` is set (at most
-    #: `hang_s`), then answer well.
+    #: `hang_s`), then answer well; "cut": begin a stream, then close it before any event.
     fail: int | str | None = None
+    #: With it set, `fail` applies only to requests for that model.
+    failing_model: str | None = None
     hang_s: float = 5.0
     release: threading.Event = field(default_factory=threading.Event)
     #: With `fail` a status: the error envelope's message and param (`{model}`: the provider's
@@ -119,21 +123,32 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                 provider.received.append(Received(self.path, _lower(self.headers.items()), body))
             if self.headers.get("authorization") != f"Bearer {provider.key}":
                 return _error(self, 401, "Incorrect API key provided")
-            if provider.fail == "held":
+            asked = body.get("model") if isinstance(body, dict) else None
+            fail = provider.fail
+            if provider.failing_model is not None and asked != provider.failing_model:
+                fail = None
+            if fail == "held":
                 provider.release.wait(provider.hang_s)
-            elif provider.fail in ("hang", "slow"):
+            elif fail in ("hang", "slow"):
                 time.sleep(provider.hang_s)
-                if provider.fail == "hang":
+                if fail == "hang":
                     return _error(self, 504, "too late")
-            if isinstance(provider.fail, int):
+            elif fail == "cut":
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                return None
+            if isinstance(fail, int):
                 model = provider.model
                 param = provider.fail_param.format(model=model) if provider.fail_param else None
-                return _error(self, provider.fail, provider.fail_message.format(model=model),
+                return _error(self, fail, provider.fail_message.format(model=model),
                               param, provider.fail_body)  # fmt: skip
             if self.path != "/v1/chat/completions" or not isinstance(body, dict):
                 return _error(self, 404, "no such path")
-            if body.get("model") != provider.model:
-                return _error(self, 404, f"The model {body.get('model')!r} does not exist")
+            if asked != provider.model and asked not in provider.also_models:
+                return _error(self, 404, f"The model {asked!r} does not exist")
             other = "max_tokens" if provider.cap_field != "max_tokens" else "max_completion_tokens"
             if other in body:
                 return _error(self, 400, f"Unsupported parameter: '{other}' is not supported "
@@ -143,12 +158,12 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             if options is not None and set(options) - {"include_usage"}:
                 return _error(self, 400, f"Unrecognized stream_options: {sorted(options)}")
             if body.get("stream"):
-                return self._stream(bool(options and options.get("include_usage")))
+                return self._stream(str(asked), bool(options and options.get("include_usage")))
             reply = {
                 "id": "chatcmpl-1",
                 "object": "chat.completion",
                 "created": 1,
-                "model": provider.model + REPLY_MODEL_SUFFIX,
+                "model": str(asked) + REPLY_MODEL_SUFFIX,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
@@ -161,13 +176,13 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _stream(self, include_usage: bool) -> None:
+        def _stream(self, model: str, include_usage: bool) -> None:
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("connection", "close")
             self.end_headers()
             head = {"id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 1,
-                    "model": provider.model + REPLY_MODEL_SUFFIX}  # fmt: skip
+                    "model": model + REPLY_MODEL_SUFFIX}  # fmt: skip
             usage_field = {"usage": None} if include_usage else {}
             for word in ("hel", "lo"):
                 chunk = {**head, "choices": [{"index": 0, "delta": {"content": word}}],
