@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 from polling_helpers import until
 
 #: The longest a process may take to listen (the machine may be busy with other work).
@@ -100,6 +101,25 @@ def start_router(
     """`tiergate router --config CONFIG --port 0 --metrics-port 0 FLAGS...`, listening."""
     command = ["router", "--config", str(config), "--port", "0", "--metrics-port", "0", *flags]
     return wait_listening(launch(command, log, preexec_fn), ROUTER_LISTENING)
+
+
+def start_ready_router(config: Path, log: Path, *flags: str) -> Running:
+    """`start_router`, then wait until its `/readyz` says 200 (stopped if it never does)."""
+    router = start_router(config, log, *flags)
+    try:
+        until(lambda: readyz(router.url), "the router is not ready", 60)
+    except BaseException:
+        router.stop()
+        raise
+    return router
+
+
+def readyz(url: str) -> bool:
+    """Whether the router at `url` answers its `/readyz` with 200."""
+    try:
+        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def start_sim_nodes(logs_and_flags: list[tuple[Path, list[str]]]) -> list[Running]:

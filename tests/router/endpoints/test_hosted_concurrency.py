@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fake_provider import Provider, running_provider
 from polling_helpers import until
-from process_helpers import Running, start_router, start_sim_node
+from process_helpers import Running, start_ready_router, start_sim_node
 
 #: Real processes and servers: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -89,21 +89,13 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixed]:
                     node=node.url,
                 )  # fmt: skip
             )
-            router = start_router(config, tmp / "router.log")
+            router = start_ready_router(config, tmp / "router.log")
             try:
-                until(lambda: _ready(router.url), "the router is not ready", 60)
                 yield Mixed(router.url, router, provider)
             finally:
                 router.stop()
     finally:
         node.stop()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def prompt_the_provider_served(mixed: Mixed) -> str:

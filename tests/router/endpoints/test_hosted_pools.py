@@ -21,7 +21,7 @@ import httpx
 import pytest
 from fake_provider import COMPLETION_TOKENS, PROMPT_TOKENS, Provider, running_provider
 from polling_helpers import until
-from process_helpers import Running, start_router
+from process_helpers import Running, start_ready_router
 
 #: Real processes and servers, or seconds of work: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -85,19 +85,11 @@ def hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosted]:
             f"router: {{ledgerPath: {tmp / 'ledger.sqlite'}, tenantsFile: {tmp / 'tenants.yaml'},"
             " scrapeIntervalS: 0.1, wholeReplyTimeoutS: 2}\npools:\n" + pools
         )
-        router = start_router(config, tmp / "router.log", "--log-level", "debug")
+        router = start_ready_router(config, tmp / "router.log", "--log-level", "debug")
         try:
-            until(lambda: _ready(router.url), "the router is not ready", 60)
             yield Hosted(router.url, router, {"a": a, "b": b}, tmp / "ledger.sqlite")
         finally:
             router.stop()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def billed(hosted: Hosted, request_id: str) -> tuple[int, int, float]:

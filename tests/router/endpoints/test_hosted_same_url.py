@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fake_provider import Provider, running_provider
 from polling_helpers import until
-from process_helpers import Running, start_router
+from process_helpers import Running, start_ready_router
 
 #: Real processes and servers: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -64,19 +64,11 @@ def same_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SameUrl]:
         config.write_text(
             CONFIG.format(ledger=tmp / "ledger.sqlite", tenants=tmp / "tenants.yaml", pools=pools)
         )
-        router = start_router(config, tmp / "router.log")
+        router = start_ready_router(config, tmp / "router.log")
         try:
-            until(lambda: _ready(router.url), "the router is not ready", 60)
             yield SameUrl(router.url, router, provider)
         finally:
             router.stop()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def tried(provider: Provider, model: str) -> int:
