@@ -32,7 +32,7 @@ from tiergate.router.base.tiers import Priority, Tier, TierChoice, openai_servic
 from tiergate.router.config import RouterSettings
 from tiergate.router.discovery.view import PoolView, RoutedPool
 from tiergate.router.endpoints.hosted import HostedApi
-from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
+from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.router.ledger.store import LedgerStore
 from tiergate.router.policy import NoEndpointFits, Pipeline, PolicyConfig, prefix_hashes
 from tiergate.router.policy.latency import LatencyPredictor
@@ -410,8 +410,9 @@ class Router:
         opener = self.opener(ex)
         offered = view.candidates(request.model, tier)
         candidates = opener.usable(offered)
-        # Providers at their limit were left out (a gateway reaches none of them anyway).
-        at_limit = ex.upstream is None and _providers_full(offered)
+        # The router's own way leaves out only providers at their limit, and returns the set
+        # itself when none is (a gateway's leaves out every provider, and more).
+        at_limit = ex.upstream is None and candidates is not offered
         try:
             order = pipeline.pick(ctx, candidates, self.clock())
         except NoEndpointFits as refusal:
@@ -473,12 +474,6 @@ def _attempted(endpoint: EndpointState) -> str:
     server at its URL (a node, whichever pools list it), or a provider's pool (another pool
     at the same base URL is another model, or another account)."""
     return endpoint.url if endpoint.hosted is None else f"{endpoint.url} {endpoint.pool}"
-
-
-def _providers_full(offered: CandidateSet) -> bool:
-    """Whether a provider of `offered` was left out of the pick for having as many requests
-    open as its pool allows."""
-    return any(p.hosted is not None and p.hosted.full(p.inflight) for p in offered.providers)
 
 
 def _at_providers_limit(tier: Tier) -> RouterError:

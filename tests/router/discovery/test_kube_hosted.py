@@ -91,11 +91,17 @@ def hosted_key(source: KubeSource) -> str:
     return endpoint.hosted.key.value()
 
 
-def key_read(source: KubeSource) -> bool:
+def key_problem(source: KubeSource) -> str | None:
+    """Why the hosted pool's key cannot be had now (None: it can)."""
     try:
-        return bool(hosted_key(source))
-    except KeyUnavailable:
-        return False
+        hosted_key(source)
+    except KeyUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def key_read(source: KubeSource) -> bool:
+    return key_problem(source) is None
 
 
 async def test_a_hosted_pool_is_its_providers_url_with_the_secrets_key(
@@ -135,14 +141,6 @@ async def test_a_secret_the_router_may_not_read_says_how_to_allow_it(
         assert caplog.text.count("event=provider_key_unreadable") == 1  # once, not per read
     finally:
         await kube.stop()
-
-
-def key_problem(source: KubeSource) -> str | None:
-    try:
-        hosted_key(source)
-    except KeyUnavailable as exc:
-        return str(exc)
-    return None
 
 
 async def test_a_secret_deleted_or_withdrawn_after_a_first_read_stops_the_provider_being_called(
