@@ -197,8 +197,16 @@ def ensure_engine(root: Path | None = None) -> Path:
     return root
 
 
-def engine_command(root: Path, port: int, max_num_seqs: int = 8) -> list[str]:
-    """The command line that serves the model on 127.0.0.1:`port` (OpenAI API, /metrics)."""
+def engine_command(
+    root: Path, port: int, max_num_seqs: int = 8, *, worker_in_core: bool = False
+) -> list[str]:
+    """The command line that serves the model on 127.0.0.1:`port` (OpenAI API, /metrics).
+
+    `worker_in_core` runs the model in the engine-core process instead of a worker process of
+    its own (with `engine_environment(worker_in_core=True)`): a start then imports torch and
+    vLLM twice, not three times (~20 s less CPU each), but vLLM's OpenMP thread binding is not
+    applied, so a benchmark of the engine's speed leaves it off."""
+    executor = ["--distributed-executor-backend", "uni"] if worker_in_core else []
     return [
         str(venv_python(root)),
         "-P",
@@ -220,12 +228,18 @@ def engine_command(root: Path, port: int, max_num_seqs: int = 8) -> list[str]:
         str(max_num_seqs),
         # Without it every start compiles graphs for minutes.
         "--enforce-eager",
+        *executor,
     ]
 
 
-def engine_environment(cpu_threads: str = "0-1") -> dict[str, str]:
-    """The engine's environment: offline, a 1 GiB KV cache, OpenMP bound to `cpu_threads`."""
+def engine_environment(cpu_threads: str = "0-1", *, worker_in_core: bool = False) -> dict[str, str]:
+    """The engine's environment: offline, a 1 GiB KV cache, OpenMP bound to `cpu_threads`.
+    `worker_in_core`: see `engine_command` (vLLM's CPU platform keeps a worker process of its
+    own unless its multiprocessing switch is off; the API server's engine core stays a process
+    of its own either way)."""
     env = dict(os.environ)
+    if worker_in_core:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from connection_helpers import read_until_closed
+from loopback_ports import refused_url
 from polling_helpers import until
 from process_helpers import Running, start_router, start_sim_nodes
 
@@ -106,10 +107,8 @@ def running_system(
 
 
 def nothing_listens() -> str:
-    """The URL of a loopback port nothing listens on (bound, then let go)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    """The URL of a loopback port nothing listens on."""
+    return refused_url()
 
 
 def node_flags(pool: Pool) -> list[str]:

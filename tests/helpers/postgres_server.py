@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loopback_ports import free_port
 from polling_helpers import until
 
 PASSWORD = "tiergate-test"
@@ -64,12 +65,6 @@ def _newest_bin() -> Path | None:
     bins = [Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin") if Path(p, "postgres").exists()]
     bins.sort(key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     return bins[-1] if bins else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

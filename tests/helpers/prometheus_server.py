@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 import yaml
+from loopback_ports import free_port
 from polling_helpers import until
 
 #: The longest Prometheus may take to start or stop on a busy machine.
@@ -57,12 +57,6 @@ def binaries() -> tuple[Path, Path]:
 def _which() -> tuple[Path, Path] | None:
     server, tool = shutil.which("prometheus"), shutil.which("promtool")
     return (Path(server), Path(tool)) if server and tool else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_rules(promtool: Path, rules: Path) -> str:

@@ -3,12 +3,12 @@ HTTP on its own port (kopf exports none)."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import httpx
 import kopf
 import pytest
+from loopback_ports import free_port
 from operator_helpers import CATALOG, IMAGE, FakeCluster, pool
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -63,9 +63,7 @@ def test_each_reconciliation_is_counted_by_handler_and_result() -> None:
 
 
 def test_metrics_are_served_with_every_series_from_the_start() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     metrics = OperatorMetrics()
     server = metrics.serve(port, host="127.0.0.1")
     try:

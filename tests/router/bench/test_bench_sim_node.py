@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from cli_status import run_cli
+from loopback_ports import refused_url
 
 from tiergate.sim_nodes.catalogs import default_catalog
 from tiergate.sim_nodes.perf import BatchingSpec, ServingSpec
@@ -227,9 +228,7 @@ def test_an_explicit_unknown_model_is_a_404_per_request(
 def test_a_refused_connection_is_one_line_naming_the_url(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = refused_url()
     code, out, err = bench(capsys, "--router", url, "--requests", "3")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loopback_ports import free_port
 
 #: Real processes and servers, or seconds of work: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -26,12 +27,6 @@ pools:
   - {{name: tiny, tier: batched, model: llama-3.1-8b, accelerator: wse-3,
       batching: {{maxNumSeqs: 4}}, replicas: 1}}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:

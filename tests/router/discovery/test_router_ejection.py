@@ -11,7 +11,6 @@ port nothing listens on.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -20,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from loopback_ports import refused_url
 
 from tiergate.router.build import build_app
 from tiergate.router.config import parse_config
@@ -54,12 +54,6 @@ def failing_every_request(app: Any) -> Any:
         await app(scope, receive, send)
 
     return wrapped
-
-
-def refused_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @contextmanager

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
+from loopback_ports import refused_url
 from policy_helpers import endpoint
 
 from tiergate.router.admission import saturated
@@ -333,9 +333,7 @@ async def test_fetcher_reads_a_page_and_refuses_bad_replies(metrics_server: str)
         ]:
             with pytest.raises(ScrapeError, match=error):
                 await fetch(metrics_server + path, 0.3, 1 << 20)
-        with socket.socket() as sock:  # a port nothing listens on
-            sock.bind(("127.0.0.1", 0))
-            refused = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
+        refused = refused_url() + "/metrics"
         with pytest.raises(ScrapeError, match="ClientConnectorError"):
             await fetch(refused, 1.0, 1 << 20)
         # and after all that, the same session still scrapes

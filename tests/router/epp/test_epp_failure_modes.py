@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from envoy_gateway import GatewayConfig, start_envoy
 from epp_system import StandIn, System, address, chat, epp_system, node, picker_alone, post
+from loopback_ports import free_port
 from polling_helpers import until
 
 #: Real processes and servers: left out of `make test-fast`.
@@ -30,16 +30,8 @@ def system(
         yield running
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_fail_closed_the_gateway_refuses_while_the_picker_is_away(system: System) -> None:
-    envoy = system.envoy(epp_port=closed_port())
+    envoy = system.envoy(epp_port=free_port())
     r = post(envoy.url, chat(max_tokens=2))
     assert r.status_code == 503, r.text
 
@@ -48,7 +40,7 @@ def test_fail_open_the_gateway_serves_from_its_fallback_while_the_picker_is_away
     system: System,
 ) -> None:
     fallback = address(system.nodes["coder-batched"][0])
-    envoy = system.envoy(epp_port=closed_port(), fail_open=True, fallback=fallback)
+    envoy = system.envoy(epp_port=free_port(), fail_open=True, fallback=fallback)
     r = post(envoy.url, chat(max_tokens=2))
     assert r.status_code == 200, r.text
     assert "x-tiergate-tier" not in r.headers  # nobody picked: the node answered as it is
@@ -83,7 +75,7 @@ async def test_fail_open_a_pick_not_made_in_time_is_refused_not_sent_on_unpicked
     """The gateway, as documented, waits for a buffered body's pick longer than the picker
     lets it take: the client gets the picker's refusal, not the fallback unpicked."""
     async with picker_alone(router=_NeverPicks(), pick_within_s=0.5) as picker:
-        gateway = GatewayConfig(picker.port, fail_open=True, fallback=f"127.0.0.1:{closed_port()}",
+        gateway = GatewayConfig(picker.port, fail_open=True, fallback=f"127.0.0.1:{free_port()}",
                                 epp_tls=False)  # fmt: skip
         envoy = start_envoy(gateway, tmp_path)
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from loopback_ports import free_port
 from postgres_server import PostgresServer
 from private_ledger import private_ledger
 
@@ -168,7 +169,7 @@ async def test_a_wrong_password_is_one_line_without_the_password(
 
 
 async def test_an_unreachable_server_is_one_line(postgres: PostgresServer) -> None:
-    dsn = f"postgresql://postgres:secret@127.0.0.1:{_closed_port()}/x"
+    dsn = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/x"
     with pytest.raises(LedgerError) as caught:
         await open_check(dsn)
     assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
@@ -180,7 +181,7 @@ async def test_a_password_that_splits_the_url_is_one_line_without_any_of_it(
 ) -> None:
     """An unencoded / # or ? ends the URL's authority early: the parser's own error would
     quote the piece of the password it took for a port."""
-    dsn = f"postgresql://ledger:{password}@127.0.0.1:{_closed_port()}/tiergate"
+    dsn = f"postgresql://ledger:{password}@127.0.0.1:{free_port()}/tiergate"
     with pytest.raises(LedgerError) as caught:
         await open_check(dsn)
     message = str(caught.value)
@@ -201,14 +202,6 @@ async def test_a_password_that_splits_the_url_is_one_line_without_any_of_it(
 )
 def test_messages_name_the_server_never_the_password(dsn: str, shown: str) -> None:
     assert where(dsn) == shown
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_a_write_that_committed_unseen_is_counted_once_when_written_again(

@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 from fleet_clients import Load, Reply, answered, burst, usage, whole
 from fleet_helpers import Fleet, fleet, hold_usd, tenant_yaml
+from loopback_ports import free_port
 from polling_helpers import until
-from postgres_server import PASSWORD, PostgresServer, free_port, started_server
+from postgres_server import PASSWORD, PostgresServer, started_server
 
 from tiergate.router.ledger.postgres import open_check
 

@@ -4,12 +4,12 @@ retries before the first byte."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import pytest
+from loopback_ports import refused_url
 
 from tiergate.router.base.errors import RouterError
 from tiergate.router.endpoints.hosted import HostedApi
@@ -37,13 +37,6 @@ async def cookie_setter(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"set-cookie", b"session=tenant-a; Path=/")]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
-
-
-def refused_url() -> str:
-    """A localhost URL nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def test_no_cookie_from_one_reply_reaches_the_next_request(
