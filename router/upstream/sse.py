@@ -11,7 +11,9 @@ batch) a chunk's usage is its own choice's (vLLM's, for the choice and its promp
 request's is the sum over its choices, each prompt counted once. Only that small object of a
 content chunk is parsed; it is cut out again unless the client asked for it too. The last usage
 chunk (no choices) goes to the client, with `cost_usd` added, only if it asked for usage.
-Upstream error events pass through and are remembered.
+Upstream error events pass through and are remembered: `data: {"error": ...}` as OpenAI and
+vLLM send it, or a chunk with a top-level `error` beside its choices (`finish_reason: "error"`),
+as OpenRouter sends it, which is no token.
 
 Events are read as the SSE spec writes them (CRLF, CR or LF line ends; `data:` with or without
 its space; several data lines) and relayed in the one form the router writes, `data: ...\n\n`.
@@ -79,6 +81,8 @@ _NO_CHOICES, _NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 #: several times more (CPython first tries the needle as an int, and clears the TypeError).
 _CR, _LF = ord("\r"), ord("\n")
 _TIER_KEY = b'"service_tier"'
+#: A key named `error` (in a string its quotes are escaped): the chunk may be an error.
+_ERROR_KEY = b'"error"'
 #: A chunk's choice index where engines write it: the first key of its first choice.
 _CHOICE_INDEX = re.compile(rb'"choices":\s*\[\s*\{\s*"index":\s*(\d{1,9})\s*[,}]')
 
@@ -181,6 +185,8 @@ class StreamRewriter:
             event, counted = self._chunk_usage(event, at, len(key))
         elif event.startswith(b'data: {"error"'):
             return self._error_event(event)
+        elif _ERROR_KEY in event and (chunk := _error_chunk(event)) is not None:
+            return self._error_event(event, chunk)
         self.content_chunks += 1
         self.chunks_since_usage = 0 if counted else self.chunks_since_usage + 1
         if self._model_field is not None:
@@ -193,20 +199,32 @@ class StreamRewriter:
                 return event + b"\n\n"
         return b"data: {" + self._tier_field + event[7:] + b"\n\n"
 
-    def _error_event(self, event: bytes) -> bytes:
+    def _error_event(self, event: bytes, chunk: dict[str, Any] | None = None) -> bytes:
         """An error event (a node's or a provider's, mid-stream): remembered, and relayed as
-        it came, but that a provider's model name in its error object is told in the pool's."""
-        try:
-            data = json.loads(event[6:])
-        except (ValueError, RecursionError):
-            self.error = {"message": "malformed error event"}
-            return event + b"\n\n"
+        it came, but that a provider's model name in its error object is told in the pool's.
+        `chunk`: the event read, when it is a chunk with an error beside its choices; it says
+        the model the client asked for and the tier that served it, as every chunk does."""
+        if chunk is not None:
+            data = chunk
+        else:
+            try:
+                data = json.loads(event[6:])
+            except (ValueError, RecursionError):
+                self.error = {"message": "malformed error event"}
+                return event + b"\n\n"
         error = data.get("error")
+        rewrite = chunk is not None
         if self._provider_model and self._model is not None:
             if isinstance(error, dict):
                 in_pool_names(error, self._provider_model, self._model)
             elif isinstance(error, str):
                 data["error"] = error = error.replace(self._provider_model, self._model)
+            rewrite = True
+        if chunk is not None:
+            if self._model is not None and "model" in data:
+                data["model"] = self._model
+            data["service_tier"] = self._service_tier
+        if rewrite:
             event = b"data: " + json.dumps(data).encode()
         self.error = error if error is None or isinstance(error, dict) else {"message": error}
         return event + b"\n\n"
@@ -304,6 +322,19 @@ class StreamRewriter:
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
         except RecursionError:  # read, but too deep to write back
             return event + b"\n\n"
+
+
+def _error_chunk(event: bytes) -> dict[str, Any] | None:
+    """A `data: {...}` chunk read, if it has an `error` of its own (not one of a choice's
+    fields); None for any other chunk, or one that is not JSON (relayed as it is)."""
+    try:
+        data = json.loads(event[6:])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    return data if isinstance(error, (dict, str)) and error else None
 
 
 def _choice_index(event: bytes) -> int:

@@ -45,7 +45,9 @@ class Provider:
     #: None: answer well; an HTTP status: answer that (an error envelope); "hang": say nothing
     #: for `hang_s` seconds, then 504; "slow": say nothing for `hang_s` seconds, then answer
     #: well (a long generation); "held": say nothing until `release` is set (at most
-    #: `hang_s`), then answer well; "cut": begin a stream, then close it before any event.
+    #: `hang_s`), then answer well; "cut": begin a stream, then close it before any event;
+    #: "error-chunk": a stream's first token, then an error as OpenRouter sends one mid-stream
+    #: (a chunk with `error` beside its choices, `finish_reason: "error"`), and no [DONE].
     fail: int | str | None = None
     #: With it set, `fail` applies only to requests for that model.
     failing_model: str | None = None
@@ -158,7 +160,8 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             if options is not None and set(options) - {"include_usage"}:
                 return _error(self, 400, f"Unrecognized stream_options: {sorted(options)}")
             if body.get("stream"):
-                return self._stream(str(asked), bool(options and options.get("include_usage")))
+                usage = bool(options and options.get("include_usage"))
+                return self._stream(str(asked), usage, error=fail == "error-chunk")
             reply = {
                 "id": "chatcmpl-1",
                 "object": "chat.completion",
@@ -176,7 +179,7 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _stream(self, model: str, include_usage: bool) -> None:
+        def _stream(self, model: str, include_usage: bool, *, error: bool = False) -> None:
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("connection", "close")
@@ -184,11 +187,19 @@ def _handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             head = {"id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 1,
                     "model": model + REPLY_MODEL_SUFFIX}  # fmt: skip
             usage_field = {"usage": None} if include_usage else {}
-            for word in ("hel", "lo"):
+            for word in ("hel",) if error else ("hel", "lo"):
                 chunk = {**head, "choices": [{"index": 0, "delta": {"content": word}}],
                          **usage_field}  # fmt: skip
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
+            if error:
+                failed = {**head, "error": {"code": 502, "message": f"{model} disconnected"},
+                          "choices": [{"index": 0, "delta": {"content": ""},
+                                       "finish_reason": "error"}]}  # fmt: skip
+                self.wfile.write(b"data: " + json.dumps(failed).encode() + b"\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+                return
             if include_usage:
                 usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
                          "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}  # fmt: skip

@@ -213,6 +213,43 @@ def test_a_stream_that_did_not_ask_for_usage_gets_none_and_is_billed_all_the_sam
     assert billed(hosted, request_id)[2] == pytest.approx(COST_USD)
 
 
+def test_a_provider_s_error_chunk_ends_the_stream_in_the_client_s_model_name(
+    hosted: Hosted,
+) -> None:
+    """OpenRouter's mid-stream error: a chunk with `error` beside its choices, then the end
+    of the stream. The client gets it as the stream's end, naming the model it asked for; the
+    router adds no error of its own and bills what was relayed as a stream that failed."""
+    for provider in hosted.providers.values():
+        provider.fail = "error-chunk"
+    try:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                "stream": True}  # fmt: skip
+        with httpx.stream(
+            "POST", hosted.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
+        ) as reply:
+            assert reply.status_code == 200, reply.read()
+            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+            request_id = reply.headers["x-tiergate-request-id"]
+    finally:
+        for provider in hosted.providers.values():
+            provider.fail = None
+    first, last = (json.loads(e) for e in events)  # the token, then the error: nothing else
+    assert first["choices"][0]["delta"]["content"] == "hel"
+    assert last["error"] == {"code": 502, "message": "chat disconnected"}, last
+    assert last["model"] == "chat" and last["service_tier"] == "default"
+    assert last["choices"][0]["finish_reason"] == "error"
+    query = "SELECT outcome, completion_tokens FROM usage WHERE request_id = ?"
+    rows: list[tuple[str, int]] = []
+
+    def written() -> bool:
+        with contextlib.closing(sqlite3.connect(hosted.ledger)) as db:
+            rows[:] = db.execute(query, (request_id,)).fetchall()
+        return bool(rows) and rows[-1][0] != "incomplete"
+
+    until(written, "the stream was never billed", 30)
+    assert rows[-1] == ("error", 1), rows  # its one token, at the pool's price
+
+
 def test_a_provider_is_never_scraped(hosted: Hosted) -> None:
     reply = hosted.chat(max_tokens=5)
     assert reply.status_code == 200, reply.text

@@ -215,3 +215,39 @@ def test_a_provider_s_error_event_is_told_in_the_name_the_client_asked_for(error
     assert "prov-x" not in json.dumps(hosted.error) and hosted.error
     node = rewriter(include_usage=False)  # a node's stream: its error event as it came
     assert node.feed(event) == event and node.error
+
+
+def test_a_chunk_with_an_error_beside_its_choices_is_an_error_not_a_token() -> None:
+    """OpenRouter's mid-stream error: a chunk with its own `error`, `finish_reason: "error"`."""
+    chunk = {"id": "gen-1", "object": "chat.completion.chunk", "model": "prov-x-2026",
+             "error": {"code": 502, "message": "prov-x-2026 disconnected"},
+             "choices": [{"index": 0, "delta": {"content": ""},
+                          "finish_reason": "error"}]}  # fmt: skip
+    event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    hosted = StreamRewriter("default", include_usage=False, cost_of=lambda p, c: 0.0,
+                            model="chat", provider_model="prov-x-2026")  # fmt: skip
+    out = json.loads(hosted.feed(event)[6:])
+    assert hosted.error == {"code": 502, "message": "chat disconnected"}
+    assert hosted.content_chunks == 0  # no token: time to first token does not start here
+    assert out["model"] == "chat" and out["service_tier"] == "default"
+    assert out["error"] == hosted.error and out["choices"] == chunk["choices"]
+    node = rewriter(include_usage=False)  # a node's: its names as they came, the tier added
+    out = json.loads(node.feed(event)[6:])
+    assert node.error == chunk["error"] and node.content_chunks == 0
+    assert out == {**chunk, "service_tier": "default"}
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'data: {"choices":[{"index":0,"delta":{"content":"\\"error\\": 1"}}],"error":null}',
+        b'data: {"choices":[{"index":0,"delta":{"content":"x"},"error":{"code":1}}]}',
+        b'data: {"choices":[{"index":0,"delta":{"content":"x"}}],"error":""}',
+        b'data: {"id":"1","error" "not json"}',
+    ],
+)
+def test_a_chunk_that_only_mentions_an_error_is_a_token(event: bytes) -> None:
+    r = rewriter(include_usage=False)
+    out = r.feed(event + b"\n\n")
+    assert r.error is None and r.content_chunks == 1
+    assert out.startswith(b'data: {"service_tier":"default",')
