@@ -204,8 +204,9 @@ def engine_command(
 
     `worker_in_core` runs the model in the engine-core process instead of a worker process of
     its own (with `engine_environment(worker_in_core=True)`): a start then imports torch and
-    vLLM twice, not three times (~20 s less CPU each), but vLLM's OpenMP thread binding is not
-    applied, so a benchmark of the engine's speed leaves it off."""
+    vLLM twice, not three times (~20 s less CPU each), but vLLM's CPU backend sets up its OpenMP
+    threads only for a worker process of its own, so a benchmark of the engine's speed leaves it
+    off."""
     executor = ["--distributed-executor-backend", "uni"] if worker_in_core else []
     return [
         str(venv_python(root)),

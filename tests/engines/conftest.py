@@ -6,7 +6,7 @@ importing torch and vLLM in one process and then another, one core each (on the 
 machine two side by side took 47 s, about what one takes alone).
 
 A failed install fails these tests with the installer's one-line message, never skips them:
-an engine that is never started is not tested. An engine holds ~4.7 GB of RAM and both cores'
+an engine that is never started is not tested. An engine holds ~3.7 GB of RAM and both cores'
 OpenMP threads while it generates, so both are stopped as soon as the run leaves this folder,
 not at its end.
 """
@@ -44,7 +44,7 @@ def engine_root() -> Path:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here needs the engine's venv (slow). A running engine holds both cores and
-    ~4.7 GB: the tests that start one run alone (`make unit`'s serial phase), in one process,
+    ~3.7 GB: the tests that start one run alone (`make unit`'s serial phase), in one process,
     so that each engine starts once for them all."""
     here = Path(__file__).parent
     for item in items:
