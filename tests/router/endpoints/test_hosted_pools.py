@@ -47,8 +47,21 @@ class Hosted:
         return httpx.post(self.url + "/v1/chat/completions", json=body,
                           headers={**TENANT, **(headers or {})}, timeout=30)  # fmt: skip
 
-    def provider_of(self, reply: httpx.Response) -> Provider:
-        return self.providers[reply.headers["x-tiergate-pool"].removeprefix("hosted-")]
+    def provider_of(self, reply: httpx.Response | httpx.Headers) -> Provider:
+        """The provider that served a reply (its response, or its headers)."""
+        headers = reply if isinstance(reply, httpx.Headers) else reply.headers
+        return self.providers[headers["x-tiergate-pool"].removeprefix("hosted-")]
+
+    def stream(self, **fields: Any) -> tuple[list[str], httpx.Headers]:
+        """A streamed chat request's `data:` payloads, and the reply's headers."""
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                "stream": True, **fields}  # fmt: skip
+        with httpx.stream(
+            "POST", self.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
+        ) as reply:
+            assert reply.status_code == 200, reply.read()
+            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        return events, reply.headers
 
 
 def pool_yaml(name: str, provider: Provider, key_file: Path, timeout_s: float) -> str:
@@ -179,15 +192,10 @@ def test_a_whole_reply_is_billed_at_the_stated_price_from_the_providers_usage(
 def test_a_stream_asks_for_usage_as_openai_does_and_is_billed_from_its_last_chunk(
     hosted: Hosted,
 ) -> None:
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
-    with httpx.stream(
-        "POST", hosted.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
-    ) as reply:
-        assert reply.status_code == 200, reply.read()
-        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
-        request_id = reply.headers["x-tiergate-request-id"]
-        provider = hosted.provider_of(reply)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    events, headers = hosted.stream(stream_options=options)
+    request_id = headers["x-tiergate-request-id"]
+    provider = hosted.provider_of(headers)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "hello"
@@ -202,13 +210,8 @@ def test_a_stream_asks_for_usage_as_openai_does_and_is_billed_from_its_last_chun
 def test_a_stream_that_did_not_ask_for_usage_gets_none_and_is_billed_all_the_same(
     hosted: Hosted,
 ) -> None:
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    with httpx.stream(
-        "POST", hosted.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
-    ) as reply:
-        assert reply.status_code == 200, reply.read()
-        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
-        request_id = reply.headers["x-tiergate-request-id"]
+    events, headers = hosted.stream()
+    request_id = headers["x-tiergate-request-id"]
     assert all("usage" not in json.loads(e) or not json.loads(e)["usage"] for e in events[:-1])
     assert billed(hosted, request_id)[2] == pytest.approx(COST_USD)
 
@@ -222,14 +225,8 @@ def test_a_provider_s_error_chunk_ends_the_stream_in_the_client_s_model_name(
     for provider in hosted.providers.values():
         provider.fail = "error-chunk"
     try:
-        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
-                "stream": True}  # fmt: skip
-        with httpx.stream(
-            "POST", hosted.url + "/v1/chat/completions", json=body, headers=TENANT, timeout=30
-        ) as reply:
-            assert reply.status_code == 200, reply.read()
-            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
-            request_id = reply.headers["x-tiergate-request-id"]
+        events, headers = hosted.stream()
+        request_id = headers["x-tiergate-request-id"]
     finally:
         for provider in hosted.providers.values():
             provider.fail = None
