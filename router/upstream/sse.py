@@ -225,7 +225,10 @@ class StreamRewriter:
                 data["model"] = self._model
             data["service_tier"] = self._service_tier
         if rewrite:
-            event = b"data: " + json.dumps(data).encode()
+            try:
+                event = b"data: " + json.dumps(data).encode()
+            except RecursionError:  # read, but too deep to write back: relayed as it came
+                pass
         self.error = error if error is None or isinstance(error, dict) else {"message": error}
         return event + b"\n\n"
 
