@@ -1,4 +1,5 @@
-"""Fixtures of the e2e suite: one cluster per run, one namespace and release per test.
+"""Fixtures of the e2e suite: one cluster per run, one namespace and release per test (or per
+module, where its tests only make pools of their own and remove them after: `pools_removed`).
 
 Backends (TIERGATE_E2E_BACKEND):
 - `local` (default): kwokctl's binary runtime on the binaries e2e/tools/install.sh builds, plus
@@ -108,6 +109,14 @@ def cluster() -> Iterator[LocalCluster]:
     yield c
     settle()
     delete(c)
+
+
+@pytest.fixture
+def pools_removed(release: Release) -> Iterator[None]:
+    """For a module whose tests share one release (a module-scoped `release` of its own):
+    the pools a test made are removed after it."""
+    yield
+    release.remove_pools()
 
 
 @pytest.fixture

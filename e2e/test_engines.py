@@ -12,11 +12,23 @@ from typing import Any
 
 import httpx
 import pytest
-from release import BACKEND, Release
+from cluster import LocalCluster
+from release import BACKEND, Release, installed, namespace_for
 
-pytestmark = pytest.mark.skipif(
-    BACKEND != "local", reason="a kwok node stands for the GPU node (kind's nodes have no GPUs)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        BACKEND != "local", reason="a kwok node stands for the GPU node (kind's nodes have no GPUs)"
+    ),
+    pytest.mark.usefixtures("pools_removed"),
+]
+
+
+@pytest.fixture(scope="module")
+def release(cluster: LocalCluster) -> Iterator[Release]:
+    """One release for the module: each test's pools are removed after it."""
+    with installed(cluster, namespace_for("engines")) as r:
+        yield r
+
 
 #: Each test's GPU node gets a name of its own: a node deleted and made again at once under
 #: the same name (the next test's) is one kwok may never mark Ready.
@@ -77,7 +89,8 @@ spec:
 @pytest.fixture
 def gpu_node(release: Release) -> Iterator[str]:
     """A node with 8 H100s (as NVIDIA's device plugin and feature discovery advertise them)
-    and the usual GPU taint; removed after the test."""
+    and the usual GPU taint; removed after the test, once the pools whose pods it ran are
+    (a pod bound to a node that is gone waits for the pod garbage collector)."""
     cluster = release.cluster
     name = GPU_NODE_PREFIX + uuid.uuid4().hex[:8]
     cluster.kubectl("apply", "-f", "-", input=GPU_NODE.format(name=name))
@@ -85,7 +98,10 @@ def gpu_node(release: Release) -> Iterator[str]:
         ready(release, name)
         yield name
     finally:
-        cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)
+        try:
+            release.remove_pools()
+        finally:
+            cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)
 
 
 def ready(release: Release, name: str) -> None:

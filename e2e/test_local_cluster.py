@@ -8,16 +8,28 @@ import ipaddress
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from cluster import REPO, LocalCluster
-from release import BACKEND, Release
+from release import BACKEND, Release, installed, namespace_for
 
-pytestmark = pytest.mark.skipif(
-    BACKEND != "local", reason="the local backend's own processes (kind runs in containers)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        BACKEND != "local", reason="the local backend's own processes (kind runs in containers)"
+    ),
+    pytest.mark.usefixtures("pools_removed"),
+]
+
+
+@pytest.fixture(scope="module")
+def release(cluster: LocalCluster) -> Iterator[Release]:
+    """One release for the module: its tests read it, and one adds a pool."""
+    with installed(cluster, namespace_for("local-cluster")) as r:
+        yield r
+
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 

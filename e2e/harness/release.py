@@ -130,6 +130,16 @@ class Release:
                 return dict(cond)
         return None
 
+    def remove_pools(self) -> None:
+        """Delete every InferencePool in the namespace and wait until what each one made is
+        gone too (foreground deletion: its Deployment, Service and pods first), so that the
+        next test of a module sharing this release finds no pool of this one's and may use
+        its names again."""
+        self.kubectl(
+            "delete", "inferencepools.tiergate.dev", "--all", "--cascade=foreground",
+            "--wait=true", "--timeout=120s",
+        )  # fmt: skip
+
     def wait(self, check: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
