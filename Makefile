@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed-stamp
 # mypy and import-linter cannot follow setuptools' editable-install finder, so they read a symlink view of the
 # package layout (tiergate.sim_nodes <- sim_nodes/, ...), rebuilt on every run.
 TYPEVIEW := $(VENV)/typecheck-view
+# mypy's cache lives outside the view (which every run makes anew): a run after a small change
+# checks only what it touches, ~2 s instead of ~32 s.
+MYPY_CACHE := $(VENV)/mypy-cache
 # Python keeps compiled modules (__pycache__, ignored by git) even where the environment says
 # not to: without them every process the tests start compiles tiergate again, and pytest
 # rewrites every test module's asserts again in each of its workers.
@@ -63,7 +66,8 @@ lint: install view
 	cd $(TYPEVIEW) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml
 
 typecheck: install view
-	cd $(TYPEVIEW) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tiergate
+	cd $(TYPEVIEW) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
+		--cache-dir $(CURDIR)/$(MYPY_CACHE) -p tiergate
 
 # The docs site into build/site: the generated CRD, chart schema and reference pages must be
 # current, and a broken link, a missing page or a page left out of the nav fails the build
