@@ -111,6 +111,16 @@ def cluster() -> Iterator[LocalCluster]:
     delete(c)
 
 
+@pytest.fixture(scope="module")
+def module_release(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Release]:
+    """The chart installed once for a module, in a namespace named after it. A module takes it
+    in a module-scoped `release` fixture of its own (which is how `make e2e` knows to run the
+    module whole in one process) and removes its tests' pools after each (`pools_removed`)."""
+    name = request.module.__name__.removeprefix("test_").replace("_", "-")
+    with installed(cluster, namespace_for(name)) as r:
+        yield r
+
+
 @pytest.fixture
 def pools_removed(release: Release) -> Iterator[None]:
     """For a module whose tests share one release (a module-scoped `release` of its own):

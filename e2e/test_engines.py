@@ -12,8 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cluster import LocalCluster
-from release import BACKEND, Release, installed, namespace_for
+from release import BACKEND, Release
 
 pytestmark = [
     pytest.mark.skipif(
@@ -24,10 +23,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def release(cluster: LocalCluster) -> Iterator[Release]:
+def release(module_release: Release) -> Release:
     """One release for the module: each test's pools are removed after it."""
-    with installed(cluster, namespace_for("engines")) as r:
-        yield r
+    return module_release
 
 
 #: Each test's GPU node gets a name of its own: a node deleted and made again at once under

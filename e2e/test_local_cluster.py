@@ -8,13 +8,12 @@ import ipaddress
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from cluster import REPO, LocalCluster
-from release import BACKEND, Release, installed, namespace_for
+from release import BACKEND, Release
 
 pytestmark = [
     pytest.mark.skipif(
@@ -25,10 +24,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def release(cluster: LocalCluster) -> Iterator[Release]:
+def release(module_release: Release) -> Release:
     """One release for the module: its tests read it, and one adds a pool."""
-    with installed(cluster, namespace_for("local-cluster")) as r:
-        yield r
+    return module_release
 
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column

@@ -3,21 +3,17 @@ pool's conditions and events; nothing of another app's taken, nothing half rolle
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from cluster import LocalCluster
-from release import Release, installed, namespace_for
+from release import Release
 from test_pools import EXAMPLES, POOLS, chat, served_by
 
 pytestmark = pytest.mark.usefixtures("pools_removed")
 
 
 @pytest.fixture(scope="module")
-def release(cluster: LocalCluster) -> Iterator[Release]:
+def release(module_release: Release) -> Release:
     """One release for the module: each test makes pools of its own names."""
-    with installed(cluster, namespace_for("pool-refusals")) as r:
-        yield r
+    return module_release
 
 
 INVALID_PREMIUM = """
