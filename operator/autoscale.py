@@ -27,6 +27,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import ValidationError
 
+from tiergate.common.addresses import url_host
 from tiergate.pools import AutoscalingStatus, Condition, InferencePoolSpec
 from tiergate.sim_nodes.catalogs import Catalog
 
@@ -80,8 +81,12 @@ class MetricsScraper:
         self.port = port
 
     def __call__(self, pod: PodAddress) -> str:
-        """The metrics text; raises httpx.HTTPError when the pod cannot be read."""
-        reply = self._client.get(f"http://{pod.ip}:{self.port}/metrics")
+        """The metrics text; raises httpx.HTTPError when the pod cannot be read, and
+        httpx.InvalidURL when its IP is not an IP address."""
+        host = url_host(pod.ip)
+        if host is None:
+            raise httpx.InvalidURL(f"pod IP {pod.ip!r} is not an IP address")
+        reply = self._client.get(f"http://{host}:{self.port}/metrics")
         reply.raise_for_status()
         return reply.text
 
@@ -198,7 +203,7 @@ def _scrape_all(
     def read(pod: PodAddress) -> T | None:
         try:
             return parse(scrape(pod))
-        except (httpx.HTTPError, MetricsError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, MetricsError) as exc:
             log.info("event=scrape_failed %s pod=%s error=%s", where, pod.name, exc)
             return None
 

@@ -20,7 +20,6 @@ which during a rollout may not be the pool's spec).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tiergate.common.addresses import url_host
 from tiergate.common.validation import first_problem
 from tiergate.pools import HTTP_PORT_NAME, POOL_LABEL, SIM_NODE_SELECTOR, served_names
 from tiergate.router.config import ConfigError, PoolSpec
@@ -123,7 +123,7 @@ def pod_endpoint(obj: Object) -> PodEndpoint | None:
         return None
     if status.get("phase") != "Running" or not _ready(status):
         return None
-    host, port = _host(status.get("podIP")), _http_port(obj.get("spec") or {})
+    host, port = url_host(status.get("podIP")), _http_port(obj.get("spec") or {})
     if host is None or port is None:
         return None
     uid = metadata.get("uid")
@@ -140,17 +140,6 @@ def _ready(status: Object) -> bool:
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or ()
     )
-
-
-def _host(pod_ip: object) -> str | None:
-    """The pod IP as a URL host (IPv6 in brackets); None if absent or not an IP."""
-    if not isinstance(pod_ip, str):
-        return None
-    try:
-        address = ipaddress.ip_address(pod_ip)
-    except ValueError:
-        return None
-    return f"[{address}]" if address.version == 6 else str(address)
 
 
 def _http_port(spec: Object) -> int | None:

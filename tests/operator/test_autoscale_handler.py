@@ -49,8 +49,10 @@ class Fleet:
         self.running_reads: dict[str, str] = {}  # host -> its running gauge's text, e.g. NaN
         self.together: threading.Barrier | None = None  # scrapes that must be in flight at once
 
-    def set(self, *loads: tuple[int, int], ready: bool = True) -> None:
-        self.load = {f"10.0.0.{i + 1}": load for i, load in enumerate(loads)}
+    def set(self, *loads: tuple[int, int], ready: bool = True, network: str = "10.0.0.") -> None:
+        """Pods with these (running, waiting) loads, at `network` + 1, 2, ... (an IPv6
+        network: "fd00::")."""
+        self.load = {f"{network}{i + 1}": load for i, load in enumerate(loads)}
         pods = [PodAddress(f"p{i}", ip, ready) for i, ip in enumerate(self.load)]
         self.cluster.pods[(NS, NAME)] = pods
 
@@ -230,6 +232,31 @@ def test_pods_that_do_not_answer_or_are_not_ready_are_left_out() -> None:
     assert (condition["status"], condition["reason"]) == ("False", "NoMetrics")
     assert replicas(cluster) == 1
     assert events == []  # NoMetrics is said by the condition alone
+
+
+def test_pods_on_an_ipv6_network_are_scraped_at_their_bracketed_address() -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((1, 0), (3, 6), network="fd00:10:244::")
+    tick(cluster, memo)
+    assert status(cluster)["autoscaling"]["observedPods"] == 2
+    assert replicas(cluster) == 4
+    assert [(kind, reason) for kind, reason, _ in events] == [("Normal", "ScaledUp")]
+
+
+def test_a_pod_whose_ip_is_not_an_address_is_left_out_not_the_tick() -> None:
+    cluster, fleet, clock, events = setup()
+    memo = memo_of(cluster, fleet, clock, events)
+    fleet.set((4, 6))
+    cluster.pods[(NS, NAME)].append(PodAddress("odd", "not-an-ip", True))
+    tick(cluster, memo)
+    autoscaling = status(cluster)["autoscaling"]
+    assert autoscaling["observedPods"] == 1
+    assert (
+        "1 of 2 ready pods did not report their load"
+        in (conditions(status(cluster))["Autoscaling"]["message"])
+    )
+    assert replicas(cluster) == 4
 
 
 def test_a_pool_whose_pods_did_not_all_answer_scales_up_on_what_is_known_but_never_down() -> None:
