@@ -168,3 +168,55 @@ def test_a_value_that_is_not_finite_refuses_the_pods_reading(text: str, says: st
 
 def test_a_value_not_read_may_be_anything() -> None:
     assert parse_pod_metrics(GOOD + "some_quantile NaN\n") == PodMetrics(4, 2, finished=10.0)
+
+
+#: An SGLang server's page (`--enable-metrics`) as it reads: its scheduler's gauges, its
+#: tokenizer's counters (families without `_total`, samples with), and figures not read.
+SGLANG_PAGE = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",engine_type="unified"} 7.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified"} 3.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",engine_type="unified"} 0.41
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens counter
+sglang:prompt_tokens_total{model_name="qwen"} 51200.0
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens counter
+sglang:generation_tokens_total{model_name="qwen"} 6400.0
+# HELP sglang:num_requests_total Number of requests processed.
+# TYPE sglang:num_requests counter
+sglang:num_requests_total{model_name="qwen"} 32.0
+# HELP sglang:e2e_request_latency_seconds Histogram of End-to-end request latency in seconds
+# TYPE sglang:e2e_request_latency_seconds histogram
+sglang:e2e_request_latency_seconds_bucket{le="1.0",model_name="qwen"} 20.0
+sglang:e2e_request_latency_seconds_bucket{le="+Inf",model_name="qwen"} 32.0
+sglang:e2e_request_latency_seconds_count{model_name="qwen"} 32.0
+sglang:e2e_request_latency_seconds_sum{model_name="qwen"} 24.5
+"""
+
+
+def test_an_sglang_pods_load_and_shape_are_read_from_its_own_names() -> None:
+    metrics = parse_pod_metrics(SGLANG_PAGE)
+    assert metrics == PodMetrics(7, 3, prompt_tokens=51200.0, generation_tokens=6400.0,
+                                 finished=32.0)  # fmt: skip
+    shape = observed_shape([metrics])
+    assert shape is not None and (shape.input_tokens, shape.output_tokens) == (1600, 200)
+
+
+def test_an_sglang_value_that_is_not_finite_refuses_the_pods_reading() -> None:
+    text = SGLANG_PAGE.replace('"unified"} 3.0', '"unified"} NaN')
+    with pytest.raises(MetricsError, match="sglang:num_queue_reqs is nan"):
+        parse_pod_metrics(text)
+
+
+def test_a_page_without_either_engines_gauges_names_both() -> None:
+    text = "sglang:num_running_reqs 1\nsglang:token_usage 0.5\n"
+    with pytest.raises(MetricsError) as refused:
+        parse_pod_metrics(text)
+    assert "no vllm:num_requests_running, vllm:num_requests_waiting" in str(refused.value)
+    assert "nor sglang:num_running_reqs and sglang:num_queue_reqs" in str(refused.value)
