@@ -107,9 +107,18 @@ def _resources(spec: InferencePoolSpec, chips: int) -> Manifest:
     return {"requests": requests, "limits": limits}
 
 
+#: $USER in an engine's pod. The pod runs as a uid the engine's image has no /etc/passwd entry
+#: for (the chart's runAsUser, or the random one OpenShift gives), and Python's
+#: getpass.getuser(), which torch's compile cache names its folder by when vLLM compiles the
+#: model's graphs, reads $LOGNAME or $USER first and otherwise fails looking the uid up
+#: (KeyError: 'getpwuid(): uid not found'): the engine would exit at start, over and over.
+ENGINE_USER = "tiergate"
+
+
 def _env(spec: InferencePoolSpec) -> list[Manifest]:
     env: list[Manifest] = [
         {"name": "HOME", "value": "/tmp"},
+        {"name": "USER", "value": ENGINE_USER},
         {"name": "HF_HOME", "value": f"{MODEL_CACHE_PATH}/huggingface"},
     ]
     token = spec.hugging_face_token_secret_ref

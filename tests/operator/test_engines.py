@@ -5,12 +5,15 @@ the flags the pinned engine releases document."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import pwd
 from typing import Any
 
 import pytest
 
 from tiergate.operator.engine_args import SGLANG_VERSION, VLLM_VERSION, sglang_args, vllm_args
+from tiergate.operator.gpu_pods import ENGINE_USER
 from tiergate.operator.images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 from tiergate.operator.render import PodSettings, deployment_manifest
 from tiergate.operator.status import assess
@@ -141,9 +144,30 @@ def test_a_gpu_pod_has_shared_memory_a_model_cache_and_its_token() -> None:
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert env["HF_HOME"]["value"].startswith("/model-cache/")
     assert env["HOME"]["value"] == "/tmp"  # the engines' caches; the root filesystem is read-only
+    assert env["USER"]["value"] == ENGINE_USER
     claimed = pod_of(spec, settings=PodSettings(model_cache_claim="weights"))
     volumes = {v["name"]: v for v in claimed["spec"]["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_engine_finds_a_user_name_though_its_uid_has_no_passwd_entry(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """getpass.getuser(), which torch's compile cache names its folder by, in the pod's
+    environment, as the pod's uid (which the engine's image does not know)."""
+    container = container_of(pod_of(spec_of(engine=engine)))
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    for variable in container["env"]:
+        if "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
+
+    def unknown(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    assert getpass.getuser() == ENGINE_USER
 
 
 @pytest.mark.parametrize(("chips", "cpu", "memory", "shm"), [
