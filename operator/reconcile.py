@@ -49,6 +49,7 @@ from .status import (
     fits_message,
     not_rolled_out_conditions,
     pods_not_starting,
+    pods_refused,
     previous_spec_conditions,
     replica_conditions,
     rollout,
@@ -369,7 +370,8 @@ def observe(
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
     failing = None
     if deployment.ready < max(spec.replicas, deployment.total):  # why are the others not?
-        failing = pods_not_starting(_problems(cluster, meta["namespace"], meta["name"]))
+        problems = _problems(cluster, meta["namespace"], meta["name"])
+        failing = pods_not_starting(problems) or pods_refused(deployment)
     values: dict[Any, ConditionValue] = {
         "Fits": ConditionValue("True", "ModelFits", fits),
         **replica_conditions(assessment, spec.replicas, deployment, failing),

@@ -33,6 +33,7 @@ __all__ = [
     "fits_message",
     "not_rolled_out_conditions",
     "pods_not_starting",
+    "pods_refused",
     "previous_spec_conditions",
     "rebase_conditions",
     "replica_conditions",
@@ -152,6 +153,10 @@ class Rollout:
     #: NewReplicaSetAvailable): its pods are starting (a real engine loads weights for
     #: minutes), not failing yet.
     starting: bool = False
+    #: Why the Deployment's controller cannot create the pods it wants (its ReplicaFailure
+    #: condition's message: a ResourceQuota exceeded, a LimitRange or an admission webhook
+    #: refusing them). None: it can. Such pods never exist, so no pod says why.
+    refused: str | None = None
 
 
 def rollout(deployment: Mapping[str, Any] | None) -> Rollout:
@@ -162,11 +167,14 @@ def rollout(deployment: Mapping[str, Any] | None) -> Rollout:
     generation = _count(deployment.get("generation"))
     observed = _count(deployment.get("observedGeneration"))
     unobserved = deployment.get("generation") is not None and observed < generation
-    stuck, starting = None, False
-    if not unobserved:  # a stale condition may speak of the template before
-        for condition in deployment.get("conditions") or []:
-            if not isinstance(condition, Mapping) or condition.get("type") != "Progressing":
-                continue
+    stuck, starting, refused = None, False, None
+    for condition in deployment.get("conditions") or []:
+        if not isinstance(condition, Mapping):
+            continue
+        if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            refused = str(condition.get("message") or condition.get("reason") or "FailedCreate")
+        # A stale Progressing condition may speak of the template before.
+        if condition.get("type") == "Progressing" and not unobserved:
             status, reason = condition.get("status"), condition.get("reason")
             if status == "False" and reason == "ProgressDeadlineExceeded":
                 stuck = str(condition.get("message") or "ProgressDeadlineExceeded")
@@ -178,6 +186,7 @@ def rollout(deployment: Mapping[str, Any] | None) -> Rollout:
         unobserved=unobserved,
         stuck=stuck,
         starting=starting,
+        refused=refused,
     )
 
 
@@ -270,6 +279,15 @@ def pods_not_starting(problems: Mapping[str, str]) -> str | None:
         told = told[: PROBLEM_CHARS - 3] + "..."
     others = len(problems) - 1
     return told + (f" (and {others} more pod{'s' if others > 1 else ''})" if others else "")
+
+
+def pods_refused(deployment: Rollout) -> str | None:
+    """What Degraded says of pods the Deployment cannot create (`Rollout.refused`); None when
+    it can."""
+    if deployment.refused is None:
+        return None
+    told = f"the Deployment cannot create its pods: {deployment.refused}"
+    return told if len(told) <= PROBLEM_CHARS else told[: PROBLEM_CHARS - 3] + "..."
 
 
 def previous_spec_conditions(

@@ -553,6 +553,42 @@ def test_pods_that_cannot_start_are_degraded_and_say_why() -> None:
     assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected")
 
 
+def test_pods_the_deployment_cannot_create_are_degraded_and_say_why() -> None:
+    """A ResourceQuota (or a LimitRange, an admission webhook) refuses the pods: none exists to
+    say why, and the Deployment's controller still calls a scale-up progressing. Its
+    ReplicaFailure condition says why."""
+    cluster = FakeCluster()
+    reconcile(pool(replicas=3), cluster, CATALOG, IMAGE, clock())
+    quota = (
+        'pods "frontier-premium-7d9-x2k4p" is forbidden: exceeded quota: gpus, requested: '
+        "requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=16, limited: "
+        "requests.nvidia.com/gpu=16"
+    )
+    cluster.deployments[DEPLOYMENT] = {
+        "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
+        "conditions": [
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+             "message": quota},
+        ],
+    }  # fmt: skip
+    cluster.pods[DEPLOYMENT] = [
+        PodAddress("p-0", "10.0.0.1", True),
+        PodAddress("p-1", "10.0.0.2", True),
+    ]
+    c = conditions(reconcile(pool(replicas=3), cluster, CATALOG, IMAGE, clock()).status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "PodsCannotStart")
+    assert c["Degraded"]["message"] == (
+        f"2/3 replicas ready; the Deployment cannot create its pods: {quota}"
+    )
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasNotReady")
+    # The quota raised: the third pod is created and serves; the condition is gone.
+    cluster.deployments[DEPLOYMENT] = {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3}
+    cluster.pods[DEPLOYMENT].append(PodAddress("p-2", "10.0.0.3", True))
+    c = conditions(reconcile(pool(replicas=3), cluster, CATALOG, IMAGE, clock()).status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("False", "AsExpected")
+
+
 def test_a_stuck_rollout_with_no_pod_ready_says_nothing_serves() -> None:
     cluster = FakeCluster()
     reconcile(pool(), cluster, CATALOG, IMAGE, clock())
