@@ -155,14 +155,17 @@ class PoolView:
         prompt_tokens_most: int,
         max_tokens: int | None,
         sequences: int = 1,
+        prompts: int = 1,
     ) -> float:
         """The most a request may cost on the dearest pool of `tier` serving `model` (0 when
-        none does): a prompt of at most `prompt_tokens_most` tokens and at most the model's
-        context, and `sequences` outputs of `max_tokens` each, or, when it sets none, of as
-        much of the context as the node may fill (a vLLM backend's default)."""
+        none does): at most `prompt_tokens_most` prompt tokens, and at most the model's context
+        for each of its `prompts` (a completions batch), and `sequences` outputs of
+        `max_tokens` each, or, when it sets none, of as much of the context as the node may
+        fill (a vLLM backend's default)."""
         per_in, per_out, context = self._ceilings.get((model, tier), (0.0, 0.0, 0))
         output = context if max_tokens is None else min(max_tokens, context)
-        return min(prompt_tokens_most, context) * per_in + sequences * output * per_out
+        prompt = min(prompt_tokens_most, context * prompts)
+        return prompt * per_in + sequences * output * per_out
 
     def output_usd_per_million(self, model: str, tier: Tier) -> float:
         """The dearest output price, per million tokens, of the pools of `tier` serving

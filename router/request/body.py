@@ -80,6 +80,8 @@ class CompletionRequest:
     raw: bytes | None = None  # the client's bytes, forwarded as they are while `body` is unchanged
     #: Sequences generated: `n` (or `best_of`) for each prompt of a batch.
     sequences: int = 1
+    #: Prompts: more than one in a completions batch, each up to the model's context.
+    prompts: int = 1
     #: The choices each prompt gets (`n`): a stream's choice `i` is of prompt `i // n`.
     choices_per_prompt: int = 1
     #: The most prompt tokens the node may count: a token is at least one byte of the body.
@@ -173,6 +175,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         prefix_text=text[:PREFIX_CHARS],
         raw=raw if capped is None else None,
         sequences=generated * prompts,
+        prompts=prompts,
         choices_per_prompt=choices,
         prompt_tokens_most=(
             len(raw) + TEMPLATE_TOKENS + MEDIA_TOKENS_MOST * len(media)

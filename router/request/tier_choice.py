@@ -25,7 +25,7 @@ def most_it_may_cost(
     both); see `PoolView.most_cost_usd`."""
     if tenant.budget_usd is None:
         return 0.0
-    bounds = (request.prompt_tokens_most, request.max_tokens, request.sequences)
+    bounds = (request.prompt_tokens_most, request.max_tokens, request.sequences, request.prompts)
     if plan is None:
         return max(view.most_cost_usd(request.model, tier, *bounds) for tier in tiers)
     first, then = plan.cascade.first, plan.cascade.then

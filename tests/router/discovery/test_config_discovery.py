@@ -1,5 +1,6 @@
 """Router configuration and discovery: validation, the pool view's index, hot reload."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -7,9 +8,14 @@ import pytest
 import yaml
 from polling_helpers import settled
 
+from tiergate.common.tiers import Tier
 from tiergate.router.config import ConfigError, parse_config
 from tiergate.router.discovery.kube_state import pool_from_object
 from tiergate.router.discovery.view import FileSource, build_pool, build_view
+from tiergate.router.request.body import parse_completion
+from tiergate.router.request.relay import capped
+from tiergate.router.request.tier_choice import most_it_may_cost
+from tiergate.router.tenants.registry import Tenant
 from tiergate.sim_nodes.catalogs import default_catalog
 
 POOLS = """
@@ -414,3 +420,27 @@ def test_a_name_only_previous_pods_answer_to_is_held_at_its_dearest_price(order:
         view.pools["b-dear"].cost_usd(1000, 1000)
     )
     assert view.served_models["coder"] == ("batched",)
+
+
+def test_a_batch_of_prompts_is_held_a_context_for_each_prompt() -> None:
+    """A completions batch bills every prompt (as vLLM counts them), each up to the model's
+    context: the hold covers the most such a batch may be billed (`capped`), not one context."""
+    config = parse_config(
+        "pools:\n"
+        "  - {name: b, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm,"
+        " servedModelName: coder, endpoints: ['http://b:1'],"
+        " billing: {outputPerMillionUsd: 10, inputPerMillionUsd: 1}}\n"
+    )
+    view = build_view(config.pools, default_catalog())
+    pool = view.pools["b"]
+    context = pool.max_context_tokens
+    prompt = "word " * context  # about a context's tokens as the node counts them
+    raw = json.dumps({"model": "coder", "prompt": [prompt] * 3, "max_tokens": 16}).encode()
+    request = parse_completion(raw, chat=False)
+    assert (request.prompts, request.sequences) == (3, 3)
+    billed_at_most = pool.cost_usd(*capped(pool, request, 10**9, 10**9, say=False))
+    tiers: list[Tier] = ["batched"]
+    tenant = Tenant(name="t", budget_usd=100.0)
+    hold = most_it_may_cost(view, request, None, tiers, tenant)
+    assert hold == pytest.approx(billed_at_most)
+    assert hold > 2 * pool.cost_usd(context, 3 * 16)  # more than one context of prompt
