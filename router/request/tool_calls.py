@@ -31,10 +31,15 @@ def tool_call_problem(reply: dict[str, Any], request: dict[str, Any]) -> str | N
     Validation can take as long as the client's schema likes: the router runs this in a
     worker process with a deadline (router/request/tool_check.py), never on the event loop.
     """
+    offered = request.get("tools")
+    # Tools that are not a list of functions with string names (a node let them through)
+    # offer nothing to check a call against.
     tools = {
         t["function"]["name"]: t["function"].get("parameters") or {}
-        for t in request.get("tools") or []
-        if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+        for t in (offered if isinstance(offered, list) else ())
+        if isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
     }
     if not tools:
         return None

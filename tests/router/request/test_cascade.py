@@ -125,6 +125,21 @@ def test_a_text_answer_or_no_tools_has_nothing_to_escalate() -> None:
     assert tool_call_problem(reply("{bad"), {"model": "m", "messages": []}) is None
 
 
+@pytest.mark.parametrize(
+    "tools",
+    [
+        5,
+        "run",
+        {"function": TOOL["function"]},
+        [{"type": "function", "function": {"name": ["run"]}}],
+    ],
+)
+def test_tools_that_are_not_a_list_of_named_functions_have_nothing_to_check(tools: Any) -> None:
+    """A node that let malformed `tools` through: the first reply is kept, not a TypeError
+    between the reply and its bill."""
+    assert tool_call_problem(reply('{"cmd": 3}'), {**REQUEST, "tools": tools}) is None
+
+
 def test_the_plan_names_a_model_an_endpoint_answers_to() -> None:
     """Mid-rollout, the wafer pool's one ready pod is of the previous spec: it answers to the
     old name (now an alias), not to the new primary name, which would get a 404 from it."""
