@@ -2,7 +2,8 @@
 request shape out. Pure (the scrape itself is the handler's).
 
 Sim nodes and vLLM name their figures `vllm:*`, SGLang (`--enable-metrics`, which the
-operator passes) `sglang:*`; a pod's text is read with the first engine's names it holds.
+operator passes) `sglang:*` (tiergate/pools/engine_metrics.py); a pod's text is read with the
+first engine's names it holds.
 
 `vllm:num_requests_running` counts the simulated other tenants too (the engine's running
 batch holds them), so `tiergate_background_sequences` is subtracted: the autoscaler sizes for
@@ -21,15 +22,13 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tiergate.pools.engine_metrics import METRIC_NAMES, VLLM
+
 from .capacity import RequestShape
 from .decide import ObservedLoad
 
 __all__ = [
-    "ENGINES",
     "MIN_FINISHED_FOR_SHAPE",
-    "SGLANG",
-    "VLLM",
-    "EngineMetricNames",
     "MetricsError",
     "PodMetrics",
     "observed_load",
@@ -41,38 +40,6 @@ __all__ = [
 MIN_FINISHED_FOR_SHAPE = 20
 
 BACKGROUND = "tiergate_background_sequences"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineMetricNames:
-    """An engine's names for what the autoscaler reads: two gauges and three counters (by
-    their sample names, `_total` included)."""
-
-    running: str
-    waiting: str
-    prompt_tokens: str
-    generation_tokens: str
-    finished: str
-
-
-VLLM = EngineMetricNames(
-    running="vllm:num_requests_running",
-    waiting="vllm:num_requests_waiting",
-    prompt_tokens="vllm:prompt_tokens_total",
-    generation_tokens="vllm:generation_tokens_total",
-    finished="vllm:request_success_total",
-)
-#: SGLang's scheduler gauges and its tokenizer's counters (sglang/srt/metrics/collector.py);
-#: `num_requests_total` counts requests as they finish, as vLLM's `request_success` does.
-SGLANG = EngineMetricNames(
-    running="sglang:num_running_reqs",
-    waiting="sglang:num_queue_reqs",
-    prompt_tokens="sglang:prompt_tokens_total",
-    generation_tokens="sglang:generation_tokens_total",
-    finished="sglang:num_requests_total",
-)
-#: In the order a pod's text is tried: the first whose two gauges it holds is read.
-ENGINES = (VLLM, SGLANG)
 
 
 class MetricsError(ValueError):
@@ -94,8 +61,8 @@ class PodMetrics:
 
 def parse_pod_metrics(text: str) -> PodMetrics:
     """One pod's `/metrics` (Prometheus text) read; samples of every model name summed.
-    Raises MetricsError when it is not a sim node's, vLLM's or SGLang's, or a sample it reads
-    is not finite."""
+    Raises MetricsError when it holds no engine's two gauges, or a sample it reads is not
+    finite."""
     sums: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -103,20 +70,18 @@ def parse_pod_metrics(text: str) -> PodMetrics:
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     except ValueError as exc:  # the parser's word for text it cannot read
         raise MetricsError(f"unreadable metrics: {exc}") from None
-    names = next((e for e in ENGINES if e.running in sums and e.waiting in sums), None)
+    names = next((e for e in METRIC_NAMES if e.running in sums and e.waiting in sums), None)
     if names is None:
         missing = [n for n in (VLLM.running, VLLM.waiting) if n not in sums]
-        raise MetricsError(
-            f"not a sim node's, vLLM's or SGLang's metrics: no {', '.join(missing)}"
-            f" (nor {SGLANG.running} and {SGLANG.waiting})"
-        )
+        others = "; ".join(f"{e.running} and {e.waiting}" for e in METRIC_NAMES[1:])
+        raise MetricsError(f"not an engine's metrics: no {', '.join(missing)} (nor {others})")
     counters = (names.prompt_tokens, names.generation_tokens, names.finished)
     # Summed first: finite samples may still add up to infinity.
     for name in (names.running, names.waiting, BACKGROUND, *counters):
-        if name in sums and not math.isfinite(sums[name]):
+        if name is not None and name in sums and not math.isfinite(sums[name]):
             raise MetricsError(f"{name} is {sums[name]}: not a count")
     running = round(sums[names.running] - sums.get(BACKGROUND, 0.0))
-    prompt, generation, finished = (sums.get(name, 0.0) for name in counters)
+    prompt, generation, finished = (sums.get(name, 0.0) if name else 0.0 for name in counters)
     return PodMetrics(
         running=max(running, 0),
         waiting=max(round(sums[names.waiting]), 0),

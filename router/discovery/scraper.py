@@ -30,6 +30,7 @@ from functools import partial
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tiergate.pools.engine_metrics import METRIC_NAMES, VLLM
 from tiergate.router.discovery.scrape_schedule import ScrapeSchedule
 from tiergate.router.endpoints.state import EndpointState
 
@@ -46,16 +47,11 @@ __all__ = [
 
 log = logging.getLogger("tiergate.router.discovery.scraper")
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-#: vLLM before v0.10 called it this; read it when the new name is absent.
-KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
-#: Each figure's names, the first one present wins: vLLM's, then SGLang's, then llama.cpp's
-#: (its server's `--metrics`; `kv_cache_usage_ratio` only in releases that still export it).
-RUNNING_NAMES = (RUNNING, "sglang:num_running_reqs", "llamacpp:requests_processing")
-WAITING_NAMES = (WAITING, "sglang:num_queue_reqs", "llamacpp:requests_deferred")
-KV_USAGE_NAMES = (KV_USAGE, KV_USAGE_LEGACY, "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
+RUNNING, WAITING = VLLM.running, VLLM.waiting
+#: Each figure's names, the first one present wins: vLLM's, then SGLang's, then llama.cpp's.
+RUNNING_NAMES = tuple(engine.running for engine in METRIC_NAMES)
+WAITING_NAMES = tuple(engine.waiting for engine in METRIC_NAMES)
+KV_USAGE_NAMES = tuple(name for engine in METRIC_NAMES for name in engine.kv_usage)
 _WANTED = (*RUNNING_NAMES, *WAITING_NAMES, *KV_USAGE_NAMES)
 
 #: Consecutive failed scrapes after which an endpoint's last figures are dropped (unknown): a
