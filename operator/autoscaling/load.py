@@ -73,7 +73,7 @@ def parse_pod_metrics(text: str) -> PodMetrics:
     names = next((e for e in METRIC_NAMES if e.running in sums and e.waiting in sums), None)
     if names is None:
         missing = [n for n in (VLLM.running, VLLM.waiting) if n not in sums]
-        others = "; ".join(f"{e.running} and {e.waiting}" for e in METRIC_NAMES[1:])
+        others = "; ".join(f"{e.engine}'s {e.running} and {e.waiting}" for e in METRIC_NAMES[1:])
         raise MetricsError(f"not an engine's metrics: no {', '.join(missing)} (nor {others})")
     counters = (names.prompt_tokens, names.generation_tokens, names.finished)
     # Summed first: finite samples may still add up to infinity.

@@ -219,4 +219,4 @@ def test_a_page_without_either_engines_gauges_names_both() -> None:
     with pytest.raises(MetricsError) as refused:
         parse_pod_metrics(text)
     assert "no vllm:num_requests_running, vllm:num_requests_waiting" in str(refused.value)
-    assert "nor sglang:num_running_reqs and sglang:num_queue_reqs;" in str(refused.value)
+    assert "nor SGLang's sglang:num_running_reqs and sglang:num_queue_reqs;" in str(refused.value)
