@@ -124,3 +124,32 @@ def test_a_pool_s_rollout_reaches_its_deployment_and_restarts_no_pod(release: Re
     done = release.apply(yaml.safe_dump(pool))
     assert done.returncode != 0 and ROLLOUT_VALUE in done.stderr, done.stderr
     release.kubectl("delete", "inferencepool.tiergate.dev", "rolled")
+
+
+def test_replicas_set_on_the_deployment_are_set_back_and_who_set_them_is_told(
+    release: Release,
+) -> None:
+    """`kubectl scale deployment` (as an HPA aimed at the Deployment would) fights the
+    operator, which keeps the pool's spec.replicas: it sets them back and names kubectl."""
+    pool = POOLS["batched"]
+    release.kubectl("apply", "-f", str(EXAMPLES / "batched.yaml"))
+    release.wait(lambda: release.ready_replicas(pool) == 1, "the pool's one replica ready")
+    release.kubectl("scale", "deployment", pool, "--replicas=3")
+
+    def told() -> list[str]:
+        return release.kubectl(
+            "get", "events", "--field-selector",
+            f"involvedObject.kind=InferencePool,involvedObject.name={pool},"
+            "reason=ReplicasOverridden",
+            "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}",
+        ).splitlines()  # fmt: skip
+
+    release.wait(lambda: bool(told()), "a ReplicasOverridden event on the pool")
+    assert told()[0].startswith(f"kubectl set Deployment {pool}'s replicas through its scale"), (
+        told()
+    )
+    release.wait(
+        lambda: release.get("deployment", pool)["spec"]["replicas"] == 1,
+        "the Deployment's replicas back at the pool's 1",
+    )
+    assert release.get("inferencepool.tiergate.dev", pool)["spec"]["replicas"] == 1

@@ -5,7 +5,8 @@
   or edited Deployment is re-applied) and refreshes readiness in the status.
 - `inferencepool_deleted`: a pool was deleted: its conditions leave the operator's metrics.
 - `deployment_changed`: a Deployment the operator owns changed (pods became ready, someone
-  deleted it): reconcile its pool at once rather than at the next timer.
+  deleted it or set its replicas): reconcile its pool at once rather than at the next timer.
+  Replicas someone else set are set back, and told (`_tell_override`).
 - With `OperatorMemo.gateway`, each reconciliation of a pool of the routers' namespace also
   keeps the Gateway API Inference Extension InferencePool there (`gateway_pool`).
 - `inferencepool_autoscale`: a timer on pools with `spec.autoscaling`, every interval the
@@ -45,6 +46,9 @@ log = logging.getLogger("tiergate.operator")
 
 #: Seconds between two reconciliations of an idle pool (drift repair, readiness refresh).
 RESYNC_S = 30
+#: A pool whose Deployment's replicas another manager keeps setting (an HPA aimed at the
+#: Deployment syncs every 15 s) gets one Warning event per manager in this many seconds.
+OVERRIDE_WARN_EVERY_S = 600
 #: The API server ends each watch after this long; kopf then re-opens it.
 WATCH_SERVER_TIMEOUT_S = 270
 #: A watch silent for longer than this is presumed stalled and re-opened.
@@ -99,6 +103,9 @@ class OperatorMemo:
     gateway_owners: frozenset[str] = frozenset()
     gateway_kept_at: float | None = None
     monotonic: Callable[[], float] = time.monotonic
+    #: (pool uid, manager) -> (the time of its override last told, when it was warned of in
+    #: monotonic seconds): each override is counted once, warned of once a period.
+    overrides: dict[tuple[str, str], tuple[str, float | None]] = field(default_factory=dict)
 
     def api(self) -> Cluster:
         if self.cluster is None:
@@ -152,6 +159,7 @@ def _run(body: kopf.Body, memo: OperatorMemo, *, report: bool) -> None:
         memo.api().patch_pool_status(namespace, name, outcome.status, base=_status_of(body))
         _export_conditions(body, outcome, memo)
     _alert(body, outcome, memo)
+    _tell_override(body, outcome, memo)
     _keep_gateway_pool(body, memo, report=report)
     if not report:
         return
@@ -231,6 +239,31 @@ def _alert(pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMem
         memo.warn(pool, reason=reason, message=message)
 
 
+def _tell_override(pool: kopf.Body | dict[str, Any], outcome: Outcome, memo: OperatorMemo) -> None:
+    """Count, log and post (once per `OVERRIDE_WARN_EVERY_S` and manager) that someone else
+    set the pool's Deployment's replicas, which the reconciliation set back."""
+    override = outcome.override
+    meta = pool.get("metadata") or {}
+    if override is None:
+        return
+    key = (str(meta.get("uid")), override.manager)
+    told, warned_at = memo.overrides.get(key, ("", None))
+    if told == override.time and told:
+        return  # the same override, read again before the operator's apply took the field
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    memo.metrics.count_override(namespace, name, override.manager)
+    now = memo.monotonic()
+    if warned_at is not None and now - warned_at < OVERRIDE_WARN_EVERY_S:
+        memo.overrides[key] = (override.time, warned_at)
+        return
+    memo.overrides[key] = (override.time, now)
+    log.warning(
+        "event=replicas_overridden pool=%s/%s manager=%s subresource=%s",
+        namespace, name, override.manager, override.subresource or "-",
+    )  # fmt: skip
+    memo.warn(pool, reason="ReplicasOverridden", message=override.message)
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -256,6 +289,7 @@ def inferencepool_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None
     namespace, name = body.metadata.namespace, body.metadata.name
     if namespace is not None and name is not None:
         memo.metrics.pool_conditions.forget(namespace, name, body.metadata.uid)
+    memo.overrides = {k: v for k, v in memo.overrides.items() if k[0] != body.metadata.uid}
 
 
 def _status_of(pool: kopf.Body | dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +322,7 @@ def deployment_changed(event: kopf.RawEvent, body: kopf.Body, memo: OperatorMemo
     cluster.patch_pool_status(namespace, pool, outcome.status, base=_status_of(obj))
     _export_conditions(obj, outcome, memo)
     _alert(obj, outcome, memo)
+    _tell_override(obj, outcome, memo)
     log.debug("event=deployment_changed pool=%s/%s type=%s", namespace, pool, event.get("type"))
 
 

@@ -1,6 +1,6 @@
-"""The operator's Prometheus metrics: reconciliations by handler and result, and autoscaling
-decisions by reason, served on their own port (`tiergate operator --metrics-port`); kopf
-exports none.
+"""The operator's Prometheus metrics: reconciliations by handler and result, autoscaling
+decisions by reason, and Deployments' replicas someone else set (`replicas_owner`), served
+on their own port (`tiergate operator --metrics-port`); kopf exports none.
 
 Each pool's conditions, as the operator last reconciled them, are a gauge too
 (`tiergate_operator_pool_condition`): the alert on a pool without a ready endpoint leaves out a
@@ -136,9 +136,19 @@ class OperatorMetrics:
         )
         for reason in (*REASONS, "error"):
             self.autoscale_decisions.labels(reason)
+        self.replicas_overridden = Counter(
+            "tiergate_operator_replicas_overridden",
+            "Times another manager (an HPA aimed at the Deployment, kubectl scale deployment) "
+            "set a pool's Deployment's replicas, which the operator then set back.",
+            ["pool_namespace", "pool", "manager"],
+            registry=self.registry,
+        )
 
     def count(self, handler: Handler, result: Result) -> None:
         self.reconciles.labels(handler, result).inc()
+
+    def count_override(self, namespace: str, pool: str, manager: str) -> None:
+        self.replicas_overridden.labels(namespace, pool, manager).inc()
 
     def count_decision(self, reason: str) -> None:
         """One autoscaling tick, by its decision's reason (`error`: it raised)."""

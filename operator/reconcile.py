@@ -41,6 +41,7 @@ from tiergate.sim_nodes.catalogs import Catalog
 from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster
 from .render import DEFAULT_POD_SETTINGS, GENERATION_ANNOTATION, PodSettings, pool_manifests
+from .replicas_owner import ReplicasOverride, replicas_override
 from .status import (
     Assessment,
     ConditionValue,
@@ -78,6 +79,10 @@ class Outcome:
     #: A reconciliation of a newer generation of the pool applied its Deployment since this
     #: one's body was read: nothing was applied, and `status` (empty) is not to be written.
     superseded: bool = False
+    #: Someone else set the pool's Deployment's replicas since the operator last applied
+    #: them (an HPA aimed at the Deployment, `kubectl scale deployment`): this
+    #: reconciliation set them back.
+    override: ReplicasOverride | None = None
 
 
 def owner_reference(body: Manifest) -> Manifest:
@@ -199,6 +204,7 @@ def reconcile(
             return _blocked(body, spec, assessment, "NameTaken", taken, now())
     if _superseded(existing["Deployment"], meta):
         return Outcome({}, superseded=True)
+    override = replicas_override(existing["Deployment"], name, spec.replicas)
     owner = owner_reference(body)
     applied: list[str] = []
     try:
@@ -219,7 +225,7 @@ def reconcile(
                 body, spec, assessment, cluster, now(), blocked=("ApplyRejected", rejected)
             )
         return _alerting(body, status, "ApplyRejected", rejected)
-    return Outcome(observe(body, spec, assessment, cluster, now()))
+    return Outcome(observe(body, spec, assessment, cluster, now()), override=override)
 
 
 def _someone_elses(manifest: Manifest, existing: Manifest | None, uid: str | None) -> str | None:
