@@ -9,22 +9,22 @@ from tiergate.cli import build_parser
 from tiergate.operator.commands.operator_cmd import operator_options
 
 READ = {"get", "list", "watch"}
-WRITE_CHILDREN = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 # (apiGroup, resource) -> verbs, in every namespace the operator serves.
 OPERATOR_NAMESPACED = {
-    ("tiergate.dev", "inferencepools"): {"get", "list", "watch", "patch", "update"},
-    ("tiergate.dev", "inferencepools/status"): {"get", "patch", "update"},
+    ("tiergate.dev", "inferencepools"): {"get", "list", "watch", "patch"},
+    ("tiergate.dev", "inferencepools/status"): {"patch"},
     # its children's owner references block the pool's deletion (OpenShift checks this verb)
     ("tiergate.dev", "inferencepools/finalizers"): {"update"},
     # the autoscaler: scale, scrape the pods, stand down for an HPA
     ("tiergate.dev", "inferencepools/scale"): {"patch"},
     ("", "pods"): {"list"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"},
-    ("apps", "deployments"): WRITE_CHILDREN,
-    ("", "services"): WRITE_CHILDREN,
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    # server-side apply creates an object with the create verb, changes it with patch
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"get", "create", "patch", "delete"},
+    ("", "events"): {"create"},
+    ("events.k8s.io", "events"): {"create"},
 }
 OPERATOR_CLUSTER_WIDE = {
     **OPERATOR_NAMESPACED,
@@ -69,8 +69,8 @@ def subjects(binding: Manifest) -> list[tuple[str, str, str]]:
 def test_router_reads_pools_and_pods_only(any_manifests: list[Manifest]) -> None:
     role = one(any_manifests, "Role", ROUTER)
     assert grants(role) == {
-        ("tiergate.dev", "inferencepools"): READ,
-        ("", "pods"): READ,
+        ("tiergate.dev", "inferencepools"): {"list", "watch"},
+        ("", "pods"): {"list", "watch"},
     }
     binding = one(any_manifests, "RoleBinding", ROUTER)
     assert bound_role(any_manifests, binding) is role
