@@ -72,6 +72,10 @@ class PodAddress:
     #: container's (ImagePullBackOff, CrashLoopBackOff, ...), with its message. None: it
     #: runs, or is on its way.
     problem: str | None = None
+    #: On its way to serving: not created yet, or a container not past its startup probe
+    #: (`started` false: a real engine loading weights; without a startup probe a container
+    #: counts as started once it runs). A pod that lost its readiness while running is not.
+    starting: bool = False
 
 
 #: A container waiting for one of these is not on its way: it needs someone to act.
@@ -166,6 +170,13 @@ def _problem(status: Any) -> str | None:
         if waiting is not None and waiting.reason in CANNOT_START:
             return f"{waiting.reason}: {waiting.message or container.name}"
     return None
+
+
+def _starting(status: Any) -> bool:
+    """Whether a pod (its `status`, a V1PodStatus) has not started yet: no container created,
+    or one whose `started` is not true."""
+    containers = (status.container_statuses if status else None) or []
+    return not containers or any(not c.started for c in containers)
 
 
 def _temporary(action: str, exc: ApiException) -> kopf.TemporaryError:
@@ -379,7 +390,8 @@ class KubeCluster:
                 for c in (status.conditions if status else None) or []
             )
             ip = status.pod_ip if status else None
-            found.append(PodAddress(str(meta.name), ip, ready, _problem(status)))
+            starting = not ready and meta.deletion_timestamp is None and _starting(status)
+            found.append(PodAddress(str(meta.name), ip, ready, _problem(status), starting))
         return found
 
     def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:

@@ -39,13 +39,14 @@ from tiergate.pools import (
 from tiergate.sim_nodes.catalogs import Catalog
 
 from .images import ImagePolicy
-from .kube import ApplyRejected, Cluster
+from .kube import ApplyRejected, Cluster, PodAddress
 from .render import DEFAULT_POD_SETTINGS, GENERATION_ANNOTATION, PodSettings, pool_manifests
 from .replicas_owner import ReplicasOverride, replicas_override
 from .status import (
     Assessment,
     ConditionValue,
     assess,
+    cold_start,
     conditions,
     fits_message,
     not_rolled_out_conditions,
@@ -374,13 +375,18 @@ def observe(
     deployment = rollout(cluster.deployment_status(meta["namespace"], meta["name"]))
     envelope = assessment.envelope
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
-    failing = None
+    failing, on_their_way = None, True
     if deployment.ready < max(spec.replicas, deployment.total):  # why are the others not?
-        problems = _problems(cluster, meta["namespace"], meta["name"])
+        waiting = [p for p in _pods(cluster, meta["namespace"], meta["name"]) if not p.ready]
+        problems = {p.name: p.problem for p in waiting if p.problem is not None}
         failing = pods_not_starting(problems) or pods_refused(deployment)
+        on_their_way = all(p.starting and p.problem is None for p in waiting)
+    starting_from_zero = cold_start(body.get("status") or {}, on_their_way)
     values: dict[Any, ConditionValue] = {
         "Fits": ConditionValue("True", "ModelFits", fits),
-        **replica_conditions(assessment, spec.replicas, deployment, failing),
+        **replica_conditions(
+            assessment, spec.replicas, deployment, failing, cold_start=starting_from_zero
+        ),
     }
     generations: dict[Any, int | None] = {}
     if values["Ready"].reason == "ServingPreviousSpec":
@@ -403,15 +409,14 @@ def observe(
     )
 
 
-def _problems(cluster: Cluster, namespace: str, pool: str) -> dict[str, str]:
-    """The pool's pods that cannot start, and why (none when they cannot be listed now: the
-    status says what the Deployment says, and the next resync looks again)."""
+def _pods(cluster: Cluster, namespace: str, pool: str) -> list[PodAddress]:
+    """The pool's pods (none when they cannot be listed now: the status says what the
+    Deployment says, and the next resync looks again)."""
     try:
-        pods = cluster.pool_pods(namespace, pool)
+        return cluster.pool_pods(namespace, pool)
     except kopf.TemporaryError as exc:
         log.info("event=pods_unlisted pool=%s/%s error=%s", namespace, pool, exc)
-        return {}
-    return {pod.name: pod.problem for pod in pods if pod.problem is not None and not pod.ready}
+        return []
 
 
 def _hosted(body: Manifest, spec: InferencePoolSpec, cluster: Cluster, now: str) -> Outcome:

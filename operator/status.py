@@ -29,6 +29,7 @@ __all__ = [
     "ConditionValue",
     "Rollout",
     "assess",
+    "cold_start",
     "conditions",
     "fits_message",
     "not_rolled_out_conditions",
@@ -195,7 +196,12 @@ def _count(value: Any) -> int:
 
 
 def replica_conditions(
-    assessment: Assessment, desired: int, deployment: Rollout, failing: str | None = None
+    assessment: Assessment,
+    desired: int,
+    deployment: Rollout,
+    failing: str | None = None,
+    *,
+    cold_start: bool = False,
 ) -> dict[ConditionType, ConditionValue]:
     """Ready / Progressing / Degraded of a runnable pool from its Deployment's rollout.
 
@@ -205,7 +211,10 @@ def replica_conditions(
     would call it done. Until then, ready pods include the previous spec's, so Ready says
     ServingPreviousSpec (about the generation they run: the caller sets it). Past the
     Deployment's progress deadline the rollout is stuck: not progressing, and degraded.
-    `failing`: why pods cannot start (`pods_not_starting`), said by Degraded first."""
+    `failing`: why pods cannot start (`pods_not_starting`), said by Degraded first.
+    `cold_start`: the pool was scaled up from zero and its pods are all on their way
+    (`cold_start`): starting, not degraded, though the Deployment's controller counts no
+    rollout."""
     d = deployment
     old = d.total - d.updated
     counts = f"{d.updated}/{desired} replicas updated, {d.ready} ready" + (
@@ -252,6 +261,12 @@ def replica_conditions(
             "False", "Starting", f"0/{desired} replicas ready: the pods are starting; a rollout "
             "that makes no progress is stuck at the Deployment's progress deadline",
         )  # fmt: skip
+    elif desired > 0 and d.ready == 0 and d.stuck is None and cold_start:
+        degraded = ConditionValue(
+            "False", "Starting", f"0/{desired} replicas ready: scaled up from zero, the pods "
+            "are starting; a pod whose startup probe gives up is restarted, and one that keeps "
+            "failing says PodsCannotStart",
+        )  # fmt: skip
     elif desired > 0 and d.ready == 0 and d.updated >= desired:
         # Rolled out, yet nothing serves: the pods lost their readiness, or never had it.
         degraded = ConditionValue("True", "NoReplicaReady", f"{d.ready}/{desired} replicas ready")
@@ -279,6 +294,16 @@ def pods_not_starting(problems: Mapping[str, str]) -> str | None:
         told = told[: PROBLEM_CHARS - 3] + "..."
     others = len(problems) - 1
     return told + (f" (and {others} more pod{'s' if others > 1 else ''})" if others else "")
+
+
+def cold_start(status: Mapping[str, Any], pods_on_their_way: bool) -> bool:
+    """Whether a pool is starting from zero replicas: its status (`status`, as last written)
+    said it had none, or that they were starting, and every pod of it not ready is on its way
+    (`pods_on_their_way`: none stuck, none that lost its readiness). A pool that served and
+    lost its pods is not: its status said it served, whatever its new pods do."""
+    was_zero = written_condition(status, "Ready").get("reason") == "ScaledToZero"
+    was_starting = written_condition(status, "Degraded").get("reason") == "Starting"
+    return (was_zero or was_starting) and pods_on_their_way
 
 
 def pods_refused(deployment: Rollout) -> str | None:

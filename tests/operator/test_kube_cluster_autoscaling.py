@@ -63,6 +63,31 @@ def test_a_pod_that_cannot_start_says_why(api: ApiServer) -> None:
     }
 
 
+def test_a_pod_is_starting_until_its_containers_pass_their_startup_probes(api: ApiServer) -> None:
+    """`started` is false until a container's startup probe passes (a real engine loading its
+    weights); a pod with no container yet is on its way too; a ready pod, or one running past
+    its startup probe that is not ready (it lost its readiness), is not starting."""
+
+    def with_containers(name: str, ready: str, *started: bool) -> dict[str, Any]:
+        one = pod(name, "10.0.0.4", ready)
+        one["status"]["containerStatuses"] = [
+            {"name": f"c{i}", "image": "x", "imageID": "", "ready": ready == "True",
+             "restartCount": 0, "started": s, "state": {"running": {}}}
+            for i, s in enumerate(started)
+        ]  # fmt: skip
+        return one
+
+    items = [
+        with_containers("loading", "False", True, False),
+        pod("created", None, "False"),  # no container status yet
+        with_containers("lost", "False", True),
+        with_containers("serving", "True", True),
+    ]
+    api.answers[("GET", PODS)] = (200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+    starting = {p.name: p.starting for p in cluster_of(api).pool_pods(NS, "frontier-premium")}
+    assert starting == {"loading": True, "created": True, "lost": False, "serving": False}
+
+
 def hpa(name: str, kind: str, target: str, api_version: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": NS},
@@ -153,9 +178,9 @@ def test_the_pool_pods_are_listed_by_its_selector_and_read_as_ready_or_not(
     pods = cluster_of(api).pool_pods(NS, "frontier-premium")
     assert pods == [
         PodAddress("a", "10.0.0.1", True),
-        PodAddress("b", "10.0.0.2", False),
+        PodAddress("b", "10.0.0.2", False, starting=True),  # no container status yet
         PodAddress("c", "10.0.0.3", False),  # being deleted: not ready, whatever it says
-        PodAddress("d", None, False),
+        PodAddress("d", None, False, starting=True),
     ]
     (_, _, query, _, _) = api.requests[-1]
     selector = query["labelSelector"].split(",")
@@ -222,7 +247,7 @@ def test_the_router_pods_are_listed_by_the_selector_given_and_a_refusal_says_why
     selector = "app.kubernetes.io/component=router,app.kubernetes.io/instance=tg"
     assert cluster.router_pods(NS, selector) == [
         PodAddress("router-a", "10.0.1.1", True),
-        PodAddress("router-b", "10.0.1.2", False),
+        PodAddress("router-b", "10.0.1.2", False, starting=True),
     ]
     assert api.requests[-1][2]["labelSelector"] == selector
     forbidden = status_body(403, "Forbidden", 'pods is forbidden: cannot list resource "pods"')
