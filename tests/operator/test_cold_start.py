@@ -25,6 +25,12 @@ def degraded(body: dict[str, Any], cluster: FakeCluster) -> tuple[str, str]:
     return found["status"], found["reason"]
 
 
+def rolled(replicas: int, ready: int = 0) -> dict[str, Any]:
+    """A Deployment's status: `replicas` pods of its spec, `ready` of them ready, scaled."""
+    return {"replicas": replicas, "readyReplicas": ready, "updatedReplicas": replicas,
+            "conditions": [SCALED]}  # fmt: skip
+
+
 def loading(name: str) -> PodAddress:
     """A pod running whose container has not passed its startup probe."""
     return PodAddress(name, "10.0.0.9", False, starting=True)
@@ -44,8 +50,7 @@ def test_a_pool_scaled_up_from_zero_is_starting_while_its_pods_load() -> None:
     # The edit's own reconciliation: the Deployment has no pod of it yet.
     cluster.deployments[DEPLOYMENT] = {"replicas": 0, "conditions": [SCALED]}
     assert degraded(body, cluster) == ("False", "Starting")
-    cluster.deployments[DEPLOYMENT] = {
-        "replicas": 2, "readyReplicas": 0, "updatedReplicas": 2, "conditions": [SCALED]}  # fmt: skip
+    cluster.deployments[DEPLOYMENT] = rolled(2)
     cluster.pods[DEPLOYMENT] = [loading("p-0"), loading("p-1")]
     assert degraded(body, cluster) == ("False", "Starting")
     message = conditions(body["status"])["Degraded"]["message"]
@@ -69,8 +74,7 @@ def test_a_cold_start_with_a_pod_stuck_or_one_that_lost_readiness_is_degraded() 
         cluster = FakeCluster()
         body = scaled_to_zero(cluster)
         body["spec"]["replicas"] = 2
-        cluster.deployments[DEPLOYMENT] = {
-            "replicas": 2, "readyReplicas": 0, "updatedReplicas": 2, "conditions": [SCALED]}  # fmt: skip
+        cluster.deployments[DEPLOYMENT] = rolled(2)
         cluster.pods[DEPLOYMENT] = pods
         assert degraded(body, cluster) == ("True", reason), pods
 
@@ -80,7 +84,6 @@ def test_a_pool_that_served_and_lost_every_pod_is_degraded_at_once() -> None:
     did, which is what the alert is for."""
     cluster = FakeCluster()
     body = served(cluster, pool())
-    cluster.deployments[DEPLOYMENT] = {
-        "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1, "conditions": [SCALED]}  # fmt: skip
+    cluster.deployments[DEPLOYMENT] = rolled(1)
     cluster.pods[DEPLOYMENT] = [loading("p-9")]
     assert degraded(body, cluster) == ("True", "NoReplicaReady")
