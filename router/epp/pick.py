@@ -26,7 +26,7 @@ from tiergate.router.base.errors import RouterError
 from tiergate.router.config import MAX_REPLY_BYTES
 from tiergate.router.endpoints.hosted import HostedApi
 from tiergate.router.endpoints.state import CandidateSet, EndpointState
-from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamUnavailable
+from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamUnavailable, WholeReplyTimeout
 
 __all__ = ["Gateway", "GatewayOpener", "GatewayReply", "ReplyHead", "address_of"]
 
@@ -34,6 +34,10 @@ log = logging.getLogger("tiergate.router")
 
 #: Statuses the gateway answers with itself when the endpoint cannot be reached or failed.
 ENDPOINT_FAILED = frozenset({502, 503, 504})
+#: What the gateway answers when its route's timeout runs out before the reply's headers: on a
+#: whole reply, a long generation on a busy endpoint (as the router's own
+#: whole_reply_timeout_s), not a broken one; on a stream, whose headers come at once, a hung one.
+GATEWAY_TIMEOUT = 504
 #: Request headers never passed to an endpoint: the tenant's key stays at the gateway and
 #: tiergate, as with the proxy; the fault header only when the router passes it on.
 NEVER_FORWARDED = ("authorization", "x-tiergate-fault")
@@ -167,6 +171,9 @@ class GatewayOpener:
                 picked.inflight -= 1
                 served.inflight += 1
         reply = GatewayReply(served, attempts, head, self.gateway, self.max_reply_bytes)
+        if head.status == GATEWAY_TIMEOUT and whole:
+            await reply.close()
+            raise WholeReplyTimeout(served.tier, None, attempts)
         if head.status in ENDPOINT_FAILED:
             await reply.close()
             self.on_failure(served)

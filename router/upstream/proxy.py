@@ -25,7 +25,7 @@ would do the same work again). A node that stops answering its metrics scrapes w
 a whole reply (three failed in a row, and no answer at all, not even an error status, for
 `unresponsive_after_s`) is taken for hung: the wait ends, the node counts a failure and the
 request goes to the next endpoint. A hosted API has no scrapes: its pool's `timeoutS`
-bounds a reply's start, whole or streamed.
+bounds a stream's start, and `whole_reply_timeout_s` a whole reply.
 
 Redirects are never followed: a 3xx is the endpoint's failure, like a 502. An endpoint that
 sent the request elsewhere would send the prompt to a host no pool names. A whole reply larger
@@ -106,12 +106,14 @@ class UpstreamUnavailable(RouterError):
 
 class WholeReplyTimeout(RouterError):
     """A whole reply not begun within `whole_reply_timeout_s` on a node still answering, or
-    a provider: the client's 504, tried nowhere else (the work may be done, and paid for)."""
+    a provider, or within a gateway's route timeout (`timeout_s` None): the client's 504, tried
+    nowhere else (the work may be done, and paid for)."""
 
-    def __init__(self, tier: str, timeout_s: float, attempts: int) -> None:
+    def __init__(self, tier: str, timeout_s: float | None, attempts: int) -> None:
+        within = "in the gateway's time" if timeout_s is None else f"within {timeout_s:g} s"
         super().__init__(
             504,
-            f"the {tier} tier's endpoint did not finish the reply within {timeout_s:g} s; "
+            f"the {tier} tier's endpoint did not finish the reply {within}; "
             'ask for a stream ("stream": true) to receive a long reply as it is generated',
             type="server_error",
             code="upstream_timeout",

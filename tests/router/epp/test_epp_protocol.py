@@ -12,7 +12,7 @@ from google.protobuf import struct_pb2
 from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.epp import protocol
 from tiergate.router.epp.pick import GatewayOpener, ReplyHead, address_of, in_subset
-from tiergate.router.upstream.proxy import ReplyTooLarge
+from tiergate.router.upstream.proxy import ReplyTooLarge, UpstreamUnavailable, WholeReplyTimeout
 
 
 def endpoint(url: str) -> EndpointState:
@@ -126,6 +126,42 @@ def test_fallbacks_follow_the_pick_in_order_and_the_served_one_is_the_reply() ->
     asyncio.run(reply.close())
     assert b.inflight == 0
     assert gateway.closed  # what is left of its body is dropped as it comes
+
+
+class _Status(_Gateway):
+    """The gateway's own answer in the endpoint's stead."""
+
+    def __init__(self, served: str, status: int) -> None:
+        super().__init__(served)
+        self.status = status
+
+    async def reply_head(self) -> ReplyHead:
+        return ReplyHead(self.status, {"content-type": "text/plain"}, self.served)
+
+
+@pytest.mark.parametrize(
+    ("status", "whole", "error", "counted"),
+    [
+        # The route's timeout on a whole reply: a long generation on a busy endpoint.
+        (504, True, WholeReplyTimeout, False),
+        # A stream's headers come at once: one that sent none in the route's time hung.
+        (504, False, UpstreamUnavailable, True),
+        (503, True, UpstreamUnavailable, True),
+        (502, False, UpstreamUnavailable, True),
+    ],
+)
+def test_the_gateway_s_own_failure_statuses_say_whose_fault_it_was(
+    status: int, whole: bool, error: type[Exception], counted: bool
+) -> None:
+    a = endpoint("http://10.0.0.1:80")
+    failed: list[EndpointState] = []
+    opener = GatewayOpener(_Status("10.0.0.1:80", status), on_failure=failed.append)
+    with pytest.raises(error) as raised:
+        asyncio.run(opener.open([a], "/v1/completions", b"{}", {}, whole=whole))
+    assert failed == ([a] if counted else [])
+    assert a.inflight == 0
+    if status == 504 and whole:
+        assert raised.value.status == 504 and "in the gateway's time" in str(raised.value)
 
 
 class _LongReply(_Gateway):
