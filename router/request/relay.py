@@ -193,7 +193,8 @@ def tally(
     prompt as the node counted it and every token of the chunks relayed. Chunks relayed after
     it count a token each, and a node that never says its usage is billed so: a token per
     content chunk, and, once a token came out (the node had read the whole prompt), the prompt
-    at the router's estimate (`prompt_tokens_estimate`). Each within what the request could use
+    at the router's estimate (`prompt_tokens_estimate`), logged (`event=usage_estimated`, at
+    the `final` tally) as a whole reply's estimate is. Each within what the request could use
     (`capped`; logged once, at the `final` tally)."""
     if rewriter.counts is not None:  # checked (`usage_tokens`)
         prompt, completion = rewriter.counts
@@ -201,6 +202,10 @@ def tally(
     else:
         completion = rewriter.content_chunks
         prompt = request.prompt_tokens_estimate if rewriter.content_chunks else 0
+        if final and completion:
+            log.warning("event=usage_estimated pool=%s stream=true missing=prompt_tokens,"
+                        "completion_tokens prompt_tokens=%d completion_tokens=%d",
+                        pool.spec.name, prompt, completion)  # fmt: skip
     done.prompt_tokens, done.completion_tokens = capped(pool, request, prompt, completion, final)
     done.cost_usd = pool.cost_usd(done.prompt_tokens, done.completion_tokens)
 

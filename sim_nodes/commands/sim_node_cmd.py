@@ -6,7 +6,8 @@ camelCase YAML), or from flags alone; `vllm serve`'s command line (``serve MODEL
 flags, `vllm_flags`) overrides the spec, and tiergate's own flags override both, field by
 field. Either way it is validated once, by
 `ReplicaSpec` (the model the InferencePool spec extends). One process, one uvicorn server,
-access log off; SIGTERM/SIGINT shut down gracefully (open streams get a few seconds).
+access log off; SIGTERM/SIGINT shut down gracefully (open streams get a few seconds, or
+vLLM's --shutdown-timeout).
 ``--port 0`` picks a free port; the chosen one is printed as ``listening host=... port=...``.
 """
 
@@ -53,6 +54,14 @@ from .serving_args import add_serving_arguments, spec_overrides
 from .vllm_flags import add_vllm_arguments, vllm_overrides
 
 GRACEFUL_SHUTDOWN_S = 5
+
+
+def graceful_shutdown_s(args: argparse.Namespace) -> int:
+    """How long open streams get on SIGTERM: vLLM's --shutdown-timeout when given (0, as in
+    vLLM, ends them at once), else GRACEFUL_SHUTDOWN_S."""
+    given: int | None = args.vllm_shutdown_timeout
+    return GRACEFUL_SHUTDOWN_S if given is None else given
+
 
 #: File descriptors kept beside client connections: the event loop's, the standard streams.
 RESERVED_FDS = 64
@@ -357,7 +366,7 @@ def _serve(
             log_config=None,
             log_level=args.log_level,
             lifespan="on",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_graceful_shutdown=graceful_shutdown_s(args),
             **server_options(gate),
         )
     )

@@ -16,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-from tiergate.common.cli import CliError, positive_int
+from tiergate.common.cli import CliError, non_negative_int, positive_int
 
 from ..catalogs import Catalog
 
@@ -68,6 +68,13 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--quantization", dest="vllm_quantization", help="fp8 (others: not simulated)")
     g.add_argument("--kv-cache-dtype", dest="vllm_kv_cache_dtype", choices=list(KV_CACHE_DTYPES))
+    g.add_argument(
+        "--shutdown-timeout",
+        dest="vllm_shutdown_timeout",
+        type=non_negative_int,
+        metavar="S",
+        help="seconds the requests in flight get to finish on SIGTERM (default: a few)",
+    )
     g.add_argument(
         "--speculative-config",
         dest="vllm_speculative_config",

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from engine_process import installer
 
-from tiergate.operator.engine_args import vllm_args
+from tiergate.operator.gpu_pods import VLLM_SHUTDOWN_TIMEOUT_S
+from tiergate.operator.render import container_command
 from tiergate.pools import InferencePoolSpec, Layout
 
 #: Run in the engine's venv: parse each argument list read from stdin; print, one JSON line,
@@ -23,7 +24,8 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 FIELDS = ("model_tag", "served_model_name", "host", "port", "tensor_parallel_size",
           "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens",
-          "enable_chunked_prefill", "quantization", "kv_cache_dtype", "speculative_config")
+          "enable_chunked_prefill", "quantization", "kv_cache_dtype", "speculative_config",
+          "shutdown_timeout")
 out = []
 for args in json.load(sys.stdin):
     parser = make_arg_parser(FlexibleArgumentParser())
@@ -44,7 +46,7 @@ POOLS: list[tuple[str, dict[str, Any], Layout]] = [
      {**GPU, "model": "llama-3.1-70b", "servedModelName": "chat", "aliases": ["chat-70b"]},
      Layout(4, 4)),
     ("pipeline stages, no chunked prefill",
-     {**GPU, "model": "llama-3.1-70b", "batching": {"maxNumSeqs": 32, "maxBatchedTokens": 4096,
+     {**GPU, "model": "llama-3.1-70b", "batching": {"maxNumSeqs": 32, "maxBatchedTokens": 131072,
                                                     "chunkedPrefill": False}},
      Layout(8, 4)),
     ("fp8 weights and KV cache, premium batch cap",
@@ -76,20 +78,28 @@ def expected(spec: InferencePoolSpec, layout: Layout, args: list[str]) -> dict[s
         "speculative_config": None
         if speculative is None
         else {"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4},
+        "shutdown_timeout": VLLM_SHUTDOWN_TIMEOUT_S,
     }
+
+
+def rendered(spec: InferencePoolSpec, layout: Layout) -> list[str]:
+    """The vLLM container's arguments, as the operator renders them."""
+    command, args = container_command(spec, layout)
+    assert command == ["vllm"]
+    return args
 
 
 @pytest.fixture(scope="module")
 def parsed(engine_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """What vLLM's parser makes of every pool's rendered arguments (one interpreter: importing
     vLLM takes seconds)."""
-    rendered = [
-        vllm_args(InferencePoolSpec.model_validate(spec), layout)[1:]  # after `serve`
+    lines = [
+        rendered(InferencePoolSpec.model_validate(spec), layout)[1:]  # after `serve`
         for _, spec, layout in POOLS
     ]
     result = subprocess.run(
         [str(installer().venv_python(engine_root)), "-P", "-c", PARSE],
-        input=json.dumps(rendered),
+        input=json.dumps(lines),
         capture_output=True,
         text=True,
         timeout=300,
@@ -107,6 +117,6 @@ def test_vllm_parses_the_rendered_arguments_as_the_spec_says(
 ) -> None:
     _, raw, layout = POOLS[index]
     spec = InferencePoolSpec.model_validate(raw)
-    args = vllm_args(spec, layout)
+    args = rendered(spec, layout)
     assert "error" not in parsed[index], (args, parsed[index])
     assert parsed[index] == expected(spec, layout, args)

@@ -22,6 +22,8 @@ import httpx
 from loopback_ports import free_port
 from polling_helpers import until
 
+from tiergate.operator.gpu_pods import VLLM_SHUTDOWN_TIMEOUT_S
+
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "tools" / "real_engine.py"
 #: How long a first start may take on a busy 2-core machine (~45 s when idle).
@@ -87,6 +89,8 @@ class EngineProcess:
             command = module.engine_command(self.root, port, self.max_num_seqs, worker_in_core=True)
             if self.api_key is not None:
                 command += ["--api-key", self.api_key]
+            # As the operator renders it: on SIGTERM the requests in flight finish.
+            command += ["--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S)]
             self.process = subprocess.Popen(
                 command,
                 env=module.engine_environment(worker_in_core=True),
@@ -110,6 +114,19 @@ class EngineProcess:
     def kill(self) -> None:
         """SIGKILL the engine and its children at once, as a crash or the OOM killer would."""
         self._signal_group(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """SIGTERM the engine's own process only, as the kubelet stops a container (its
+        PID 1); `wait_exit` waits for it to go."""
+        assert self.process is not None and self.process.poll() is None
+        self.process.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """The engine's exit status once it has exited (within `timeout_s`), its group gone."""
+        assert self.process is not None
+        code = self.process.wait(timeout_s)
+        self.stop()  # what is left of its group; forgets the process
+        return code
 
     def stop(self) -> None:
         """SIGTERM the engine's process group; SIGKILL what is left after 60 s."""

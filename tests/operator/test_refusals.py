@@ -51,7 +51,7 @@ def test_an_image_not_allowed_gets_a_condition_one_event_and_no_deployment() -> 
     assert c["Fits"]["status"] == "True"  # the model fits: the image is what is refused
     assert c["Ready"]["message"] == (
         "spec.template.image docker.io/someone/miner:latest is not allowed: this operator runs "
-        "tiergate:0.1.0, vllm/vllm-openai:v0.10.1.1, lmsysorg/sglang:v0.5.3-cu126 (its "
+        "tiergate:0.1.0, vllm/vllm-openai:v0.32.0, lmsysorg/sglang:v0.5.3-cu126 (its "
         "allow-list: `tiergate operator --allowed-image`, chart value operator.allowedImages)"
     )
     assert events == [("ImageNotAllowed", c["Ready"]["message"])]

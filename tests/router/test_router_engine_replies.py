@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
@@ -115,6 +116,9 @@ def system(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator
                          [*JSON, (b"content-encoding", b"gzip")]),
             "no-done": node(200, chunk("one") + chunk("two"), SSE),
             "no-usage": node(200, whole(None, "x" * 400), JSON),
+            # A stream that never says its usage (SGLang's, cut short; a provider that ignores
+            # stream_options).
+            "no-usage-stream": node(200, chunk("one") + chunk("two") + b"data: [DONE]\n\n", SSE),
             "half-usage": node(200, whole({"prompt_tokens": 7}, "x" * 40), JSON),
             "absurd": node(200, whole(absurd), JSON),
             "absurd-stream": node(200, chunk("one") + chunk(None, absurd) + b"data: [DONE]\n\n",
@@ -248,6 +252,20 @@ def test_a_whole_reply_that_leaves_usage_out_is_billed_its_estimate(
     cost = prompt * IN_USD + completion * OUT_USD
     assert float(reply.headers["x-tiergate-cost-usd"]) == pytest.approx(cost)
     assert rows(system, pool) == [("ok", 200, prompt, completion, pytest.approx(cost))]
+
+
+def test_a_stream_that_never_says_its_usage_is_billed_a_token_a_chunk_and_logged(
+    system: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tiergate"):
+        reply = httpx.post(system["url"], json=ask("no-usage-stream", stream=True), timeout=30)
+        assert reply.status_code == 200 and reply.text.endswith("data: [DONE]\n\n")
+        until(lambda: len(rows(system, "no-usage-stream")) == 1, "no row for the stream")
+    assert rows(system, "no-usage-stream") == [
+        ("ok", 200, 1, 2, pytest.approx(IN_USD + 2 * OUT_USD))
+    ]
+    (line,) = [r.getMessage() for r in caplog.records if "usage_estimated" in r.getMessage()]
+    assert "pool=no-usage-stream stream=true" in line and "completion_tokens=2" in line, line
 
 
 @pytest.mark.parametrize("stream", [False, True])

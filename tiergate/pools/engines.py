@@ -29,6 +29,7 @@ __all__ = [
     "ENGINES",
     "Engine",
     "EngineDefinition",
+    "batching_problem",
     "engine_problem",
     "kv_dtype_problem",
     "memory_kind_problem",
@@ -147,6 +148,36 @@ def spans_nodes_problem(
         "or use smaller weights (weightDtype), a smaller model or an accelerator with more "
         "memory"
     )
+
+
+def batching_problem(
+    engine: Engine,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    chunked_prefill: bool,
+    model: str,
+    context_tokens: int,
+) -> str | None:
+    """Why vLLM would refuse to start with the pool's batch limits (its scheduler's checks at
+    start), or None: a step's token budget must cover every running sequence's token, and
+    without chunked prefill a whole prompt of the model's context (`context_tokens`, which
+    vLLM serves unless told less) must fit one step."""
+    if engine != "vllm":
+        return None
+    if max_batched_tokens < max_num_seqs:
+        return (
+            f"batching.maxBatchedTokens ({max_batched_tokens}) is below batching.maxNumSeqs "
+            f"({max_num_seqs}): vLLM refuses to start so (each running sequence takes a token "
+            "of every step); raise maxBatchedTokens or lower maxNumSeqs"
+        )
+    if not chunked_prefill and max_batched_tokens < context_tokens:
+        return (
+            f"batching.chunkedPrefill: false needs batching.maxBatchedTokens "
+            f"({max_batched_tokens}) of at least the model's context ({context_tokens:,} "
+            f"tokens of {model}): vLLM then prefills a prompt in one step, and refuses to start "
+            "otherwise; raise maxBatchedTokens or leave chunked prefill on"
+        )
+    return None
 
 
 def weight_dtype_problem(engine: Engine) -> str | None:

@@ -10,7 +10,12 @@ from cli_status import exit_status
 
 from tiergate.cli import build_parser, main
 from tiergate.common.cli import CliError
-from tiergate.sim_nodes.commands.sim_node_cmd import node_config, replica_spec
+from tiergate.sim_nodes.commands.sim_node_cmd import (
+    GRACEFUL_SHUTDOWN_S,
+    graceful_shutdown_s,
+    node_config,
+    replica_spec,
+)
 from tiergate.sim_nodes.replica_spec import ReplicaSpec
 
 H100 = {"TIERGATE_ACCELERATOR": "h100-sxm"}
@@ -84,6 +89,14 @@ def test_the_accelerator_can_come_from_the_environment_only() -> None:
     assert (spec.accelerator, spec.chips) == ("a100-80gb", 2)
 
 
+def test_vllm_s_shutdown_timeout_is_how_long_open_streams_get_when_stopped() -> None:
+    """What the operator renders for vLLM pods, the sim node reads as vLLM does (0: none)."""
+    parse = build_parser("sim-node").parse_args
+    for flags, seconds in (([], GRACEFUL_SHUTDOWN_S), (["--shutdown-timeout", "170"], 170),
+                           (["--shutdown-timeout", "0"], 0)):  # fmt: skip
+        assert graceful_shutdown_s(parse(["sim-node", "serve", "llama-3.1-8b", *flags])) == seconds
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -94,6 +107,7 @@ def test_the_accelerator_can_come_from_the_environment_only() -> None:
         (["serve", "llama-3.1-70b", "--speculative-config", '{"model": "x"}'],
          "num_speculative_tokens"),
         (["serve", "llama-3.1-8b", "--kv-cache-dtype", "int4"], "invalid choice"),
+        (["serve", "llama-3.1-8b", "--shutdown-timeout", "-5"], "--shutdown-timeout"),
         (["launch", "llama-3.1-8b"], "invalid choice"),
     ],
 )  # fmt: skip
