@@ -69,6 +69,8 @@ __all__ = [
 #: one (a chat reply with `n: 16` choices of 32k tokens is about 2 MB, with 20 `top_logprobs`
 #: for every token about 40 MB), small enough that a few at once fit in memory.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+#: The largest request body by default (router.maxBodyBytes).
+MAX_BODY_BYTES = 4 * 1024 * 1024
 #: An entry of router.allowedMediaDomains: `*`, a host name (or an IPv4 address), or `*.` and
 #: a domain whose last label is a name (`*.0.0.1` would match 10.0.0.1).
 MEDIA_DOMAIN = re.compile(
@@ -374,7 +376,7 @@ class RouterSettings(_Model):
         ),
     )
     max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="Largest request body; larger: 413."
+        default=MAX_BODY_BYTES, ge=1024, description="Largest request body; larger: 413."
     )
     max_reply_bytes: int = Field(
         default=MAX_REPLY_BYTES,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tiergate.router.config import MAX_BODY_BYTES
 from tiergate.router.epp.deadline import MESSAGE_TIMEOUT_S
 
 START_WITHIN_S = 60.0
@@ -227,6 +228,7 @@ class GatewayConfig:
                     {
                         "name": "gateway",
                         "address": _address("127.0.0.1", 0),
+                        **self._buffer_limit(),
                         "filter_chains": [
                             {
                                 "filters": [
@@ -242,6 +244,14 @@ class GatewayConfig:
                 "clusters": self._clusters(),
             },
         }
+
+    def _buffer_limit(self) -> dict[str, Any]:
+        """A fail-open gateway buffers a request's whole body for the picker: past its buffer
+        limit (1 MiB by Envoy's default) it would refuse the body itself, so the limit is the
+        router's largest body (router.maxBodyBytes, by default)."""
+        if not self.fail_open:
+            return {}
+        return {"per_connection_buffer_limit_bytes": MAX_BODY_BYTES}
 
     def _clusters(self) -> list[dict[str, Any]]:
         if self.direct is not None:

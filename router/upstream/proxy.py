@@ -43,12 +43,14 @@ endpoints. The client's 503 names the tier and the last failure, never an endpoi
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.payload import TOO_LARGE_BYTES_BODY
 from yarl import URL
 
 from tiergate.router.base.errors import RouterError
@@ -119,6 +121,13 @@ class WholeReplyTimeout(RouterError):
             code="upstream_timeout",
         )
         self.attempts = attempts
+
+
+def _payload(body: bytes) -> bytes | io.BytesIO:
+    """A request body as aiohttp should send it: a large one (past a MiB; bodies go up to
+    router.maxBodyBytes) from a file-like object, written in pieces, not as one buffer (aiohttp
+    warns that one such write may hold the event loop). A new one for each attempt."""
+    return io.BytesIO(body) if len(body) > TOO_LARGE_BYTES_BODY else body
 
 
 class _Unresponsive(Exception):
@@ -324,7 +333,7 @@ class Upstream:
             endpoint.inflight += 1
             try:
                 post = session.post(
-                    self._url(url), data=data, headers=sent, timeout=timeout,
+                    self._url(url), data=_payload(data), headers=sent, timeout=timeout,
                     allow_redirects=False,
                 )  # fmt: skip
                 response = await (

@@ -357,3 +357,26 @@ def test_a_body_followed_by_trailers_is_picked(system: System, fail_open: bool) 
     reply = post_with_trailers(envoy.url, json.dumps(chat(max_tokens=2)).encode())
     assert reply.status == 200
     assert reply.headers["x-tiergate-request-id"]  # picked by tiergate, not the fallback
+
+
+def test_a_body_up_to_the_router_s_limit_is_picked_when_the_gateway_fails_open(
+    system: System,
+) -> None:
+    """A fail-open gateway buffers the whole body before the picker sees it: past its buffer
+    limit it refuses the body itself (a 503 here, no envelope, nothing billed; the picker sees
+    a reply before its pick). Its limit is set to
+    the router's body limit (docs/operations/gateway.md), so a 2 MiB body (images, say) is
+    picked and sent on as on the router's port (which sends a body past a MiB in pieces)."""
+    fallback = address(system.nodes["coder-batched"][0])
+    envoy = system.envoy(fail_open=True, fallback=fallback)
+    long_prompt = "word " * 420_000  # 2.1 MB
+    body = {"model": "coder", "messages": [{"role": "user", "content": long_prompt}],
+            "max_tokens": 2}  # fmt: skip
+    direct, through = post(system.url, body), post(envoy.url, body)
+    # The node read it all, and says it holds more tokens than the model's context: the same
+    # answer both ways, the gateway's picked by tiergate (not the fallback's).
+    for reply in (direct, through):
+        assert reply.status_code == 400, reply.text[:300]
+        assert reply.json()["error"]["code"] == "context_length_exceeded"
+        assert "420007 in the messages" in reply.json()["error"]["message"]
+    assert through.headers["x-tiergate-request-id"]
