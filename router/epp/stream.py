@@ -194,8 +194,6 @@ class GatewayStream:
                       request_mode, reply_mode)  # fmt: skip
             self._refuse(_misconfigured(request_mode, reply_mode))
             return
-        if self._buffered:
-            self._emit(protocol.ack("request_headers"))  # the body comes only after this
         method, path = headers.get(":method", ""), headers.get(":path", "").partition("?")[0]
         if path == MODELS_PATH:  # as the router's port answers it
             if method not in ("GET", "HEAD"):
@@ -215,6 +213,11 @@ class GatewayStream:
             message = f"method not allowed: {path} takes POST"
             self._refuse(RouterError(405, message, code="method_not_allowed", headers=allow))
             return
+        if self._buffered and not self._body_ended:
+            # The body comes only after this. Not before the checks above, nor for a request
+            # with no body: an acknowledged request goes on, unpicked, to the gateway's
+            # fallback, while the refusal is on its way.
+            self._emit(protocol.ack("request_headers"))
         scope = {
             "type": "http",
             "method": method,

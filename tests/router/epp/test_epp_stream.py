@@ -24,8 +24,13 @@ HANG_S = 20.0
 ENDPOINT_ADDRESS = "10.0.0.1:8000"
 
 
-def headers(buffered: bool = False, end: bool = False) -> ext.ProcessingRequest:
-    values = {":method": "POST", ":path": "/v1/chat/completions", "accept-encoding": "gzip"}
+def headers(
+    buffered: bool = False,
+    end: bool = False,
+    method: str = "POST",
+    path: str = "/v1/chat/completions",
+) -> ext.ProcessingRequest:
+    values = {":method": method, ":path": path, "accept-encoding": "gzip"}
     request = ext.ProcessingRequest(
         request_headers=ext.HttpHeaders(
             headers=base_pb2.HeaderMap(
@@ -212,6 +217,27 @@ async def test_a_buffered_body_is_whole_though_trailers_follow_it() -> None:
     stream.feed(reply_body(b"{}", True))
     await asyncio.wait_for(path.done.wait(), HANG_S)
     assert kinds(drain(stream)) == ["response_headers", "response_body"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "end", "status"),
+    [
+        ("GET", "/v1/chat/completions", True, 405),
+        ("POST", "/v1/embeddings", False, 404),
+    ],
+)
+async def test_a_buffered_request_the_picker_answers_itself_is_never_acknowledged(
+    method: str, path: str, end: bool, status: int
+) -> None:
+    """An acknowledged request goes on to the gateway's fallback, unpicked, while the answer
+    is on its way: in buffered mode the headers are acknowledged only once the request is one
+    the picker will pick for."""
+    stream = stream_for(RequestPath(pick_and_read_the_reply))
+    stream.feed(headers(buffered=True, end=end, method=method, path=path))
+    await answered(stream, 1)
+    (answer, *_) = drain(stream)
+    assert kinds([answer]) == ["immediate_response"]
+    assert answer.immediate_response.status.code == status
 
 
 async def test_the_picker_asks_the_endpoint_for_an_uncompressed_reply() -> None:
