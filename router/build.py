@@ -189,6 +189,7 @@ def build_app(
         ready_needs_endpoints=source.ready_needs_endpoints,
         connections=connections,
         metrics=metrics,
+        shutdown_grace_s=settings.shutdown_grace_s,
     )
     if settings.epp_port is not None:
         # Imported here: gRPC and Envoy's generated messages load only where the picker runs.
@@ -204,6 +205,7 @@ def build_app(
                 ready=lambda: app.readiness()[0],
                 on_failure=lambda e: outliers.record_failure(e, clock()),
                 internal_error=metrics.internal_errors.inc,
+                grace_s=settings.shutdown_grace_s,
             )
         )
     return app

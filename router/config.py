@@ -69,6 +69,9 @@ __all__ = [
 #: one (a chat reply with `n: 16` choices of 32k tokens is about 2 MB, with 20 `top_logprobs`
 #: for every token about 40 MB), small enough that a few at once fit in memory.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+#: How long requests in flight get to finish when the router stops, by default
+#: (router.shutdownGraceS).
+SHUTDOWN_GRACE_S = 10
 #: The largest request body by default (router.maxBodyBytes).
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: An entry of router.allowedMediaDomains: `*`, a host name (or an IPv4 address), or `*.` and
@@ -421,6 +424,17 @@ class RouterSettings(_Model):
             "it. A node that stops answering its metrics scrapes meanwhile counts a failure and "
             "the request goes to another endpoint. A hosted pool's `timeoutS` bounds its "
             "streams."
+        ),
+    )
+    shutdown_grace_s: int = Field(
+        default=SHUTDOWN_GRACE_S,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds the requests in flight, streams included, get to finish when the router is "
+            "told to stop (SIGTERM: a rollout, a scale-down); past it they are cut, billed for "
+            "what was relayed. The pod's termination grace period must be longer (the chart "
+            "sets it)."
         ),
     )
     allowed_media_domains: tuple[str, ...] = Field(

@@ -17,8 +17,6 @@ from tiergate.router.upstream import proxy
 
 log = logging.getLogger("tiergate.router")
 
-#: Open streams get this long to finish when the router is told to stop.
-GRACEFUL_SHUTDOWN_S = 10
 
 #: File descriptors kept beside client connections and their upstream ones: the scraper's
 #: idle connection to each endpoint (a few hundred), the Kubernetes watches, the ledger's
@@ -92,10 +90,13 @@ async def serve(
 
     The metrics port's server starts once the app's lifespan has, and stops first: it
     handles no signals of its own (the app's server does), and it reads what the app owns.
+    Told to stop, both let the requests in flight finish for up to `app.shutdown_grace_s`.
     """
     import uvicorn
 
     from tiergate.common.limited_protocol import server_options
+
+    grace = app.shutdown_grace_s
 
     metrics_gate = ConnectionGate(ConnectionLimits(max_connections=METRICS_MAX_CONNECTIONS), log)
     metrics_server = uvicorn.Server(
@@ -107,7 +108,7 @@ async def serve(
             lifespan="off",
             **server_options(metrics_gate),
             proxy_headers=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_graceful_shutdown=grace,
         )
     )
 
@@ -143,7 +144,7 @@ async def serve(
             # The router reads no client address, and logs none: the X-Forwarded-* rewrite
             # would cost every request ~2% for nothing.
             proxy_headers=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_graceful_shutdown=grace,
         )
     )
     await server.serve(sockets=[sock])

@@ -11,7 +11,7 @@ watches them:
 - a worker that exits later is started again (RestartBackoff: at once, then 1 s doubling to
   30 s while it keeps exiting soon after its start);
 - SIGTERM or SIGINT goes on to the workers as SIGTERM: they stop accepting and finish what
-  they serve (up to GRACEFUL_SHUTDOWN_S); a second one as SIGINT: they stop at once. A worker
+  they serve (up to router.shutdownGraceS); a second one as SIGINT: they stop at once. A worker
   still running KILL_MARGIN_S past the grace period is killed;
 - a worker gets SIGTERM from the kernel if the supervisor dies (router/cli/worker.py).
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tiergate.common.cli import CliError, listen_socket, shared_port_socket
 from tiergate.router.cli.router_cmd import Addresses, check_epp_tls, check_ledger, listening
-from tiergate.router.cli.serve import GRACEFUL_SHUTDOWN_S, connection_cap
+from tiergate.router.cli.serve import connection_cap
 from tiergate.router.config import ConfigError, RouterConfig, load_config
 from tiergate.router.tenants.registry import TenantConfigError, load_tenants
 
@@ -46,7 +46,7 @@ __all__ = ["KILL_MARGIN_S", "RestartBackoff", "supervise"]
 
 log = logging.getLogger("tiergate.router.supervisor")
 
-#: How long past GRACEFUL_SHUTDOWN_S a stopping worker may take before it is killed.
+#: How long past router.shutdownGraceS a stopping worker may take before it is killed.
 KILL_MARGIN_S = 5.0
 #: prometheus_client's multiprocess folder, read by the workers (set before they import it).
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -112,7 +112,8 @@ def supervise(
 
         env = {**os.environ, METRICS_DIR_ENV: str(metrics_dir)}
         where = listening(held, held_metrics)
-        return _Supervisor(workers, command, env, metrics_dir, where).run()
+        grace_s = config.router.shutdown_grace_s
+        return _Supervisor(workers, command, env, metrics_dir, where, grace_s).run()
     finally:
         held.close()
         held_metrics.close()
@@ -199,6 +200,8 @@ class _Supervisor:
     metrics_dir: Path
     #: The `event=listening` line's URLs (router/cli/router_cmd.py: listening).
     where: str
+    #: How long a stopping worker may finish what it serves (router.shutdownGraceS).
+    grace_s: float
     clock: Callable[[], float] = time.monotonic
     workers: dict[int, _Worker] = field(default_factory=dict)
     restart_at: dict[int, float] = field(default_factory=dict)
@@ -343,7 +346,7 @@ class _Supervisor:
         if not self.stopping:
             self.stopping = True
             self.restart_at.clear()
-            self.kill_at = self.clock() + GRACEFUL_SHUTDOWN_S + KILL_MARGIN_S
+            self.kill_at = self.clock() + self.grace_s + KILL_MARGIN_S
             log.info("event=stopping workers=%d", len(self.workers))
         for worker in self.workers.values():
             worker.process.send_signal(forward)

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tiergate.router.config import EppTls
+from tiergate.router.config import SHUTDOWN_GRACE_S, EppTls
 from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.epp import protocol
 from tiergate.router.epp.deadline import PICK_WITHIN_S
@@ -39,8 +39,6 @@ log = logging.getLogger("tiergate.router")
 HEALTH_NAMES = ("", "readiness", protocol.SERVICE, "inference-extension")
 #: How often health follows the router's readiness.
 HEALTH_INTERVAL_S = 1.0
-#: Open streams get this long to finish when the router stops.
-GRACE_S = 5.0
 
 
 class EppServer:
@@ -60,8 +58,11 @@ class EppServer:
         on_failure: Callable[[EndpointState], object] = lambda e: None,
         internal_error: Callable[[], None] = lambda: None,
         pick_within_s: float = PICK_WITHIN_S,
+        grace_s: float = SHUTDOWN_GRACE_S,
     ) -> None:
         self.router, self.host, self.port = router, host, port
+        #: Open streams get this long to finish when the router stops (router.shutdownGraceS).
+        self.grace_s = grace_s
         self.fallbacks = fallbacks
         self.pick_within_s = pick_within_s
         self.tls = tls if tls is not None else EppTls()
@@ -113,7 +114,7 @@ class EppServer:
             self._health_task.cancel()
         if self._server is not None:
             await self._health.enter_graceful_shutdown()
-            await self._server.stop(GRACE_S)
+            await self._server.stop(self.grace_s)
         for task in list(self.requests):  # their streams are gone: each ends as a client left
             task.cancel()
         if self.requests:

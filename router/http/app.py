@@ -26,6 +26,7 @@ from tiergate.router.base.asgi import (
     send_json,
 )
 from tiergate.router.base.errors import RouterError
+from tiergate.router.config import SHUTDOWN_GRACE_S
 from tiergate.router.handler import Router
 from tiergate.router.http.metrics import RouterMetrics
 from tiergate.router.http.metrics_app import MetricsApp
@@ -59,8 +60,11 @@ class RouterApp:
         ready_needs_endpoints: bool = True,
         connections: ConnectionGate | None = None,
         metrics: RouterMetrics,
+        shutdown_grace_s: int = SHUTDOWN_GRACE_S,
     ) -> None:
         self.router = router
+        #: How long requests in flight get to finish when the server stops (router.shutdownGraceS).
+        self.shutdown_grace_s = shutdown_grace_s
         # The same object as the router's (which sees only what its stages report).
         self.metrics = metrics
         # Its clients' connections, as the server that serves the app limits and counts them.

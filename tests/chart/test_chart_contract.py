@@ -263,6 +263,7 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
         "admissionOrder": "fair",
         "upstreamReadTimeoutS": 300,
         "wholeReplyTimeoutS": 600,
+        "shutdownGraceS": 120,
     }
     assert config["discovery"] == {"kubernetes": {"namespace": NAMESPACE}}
     assert config["pools"] == []
@@ -274,6 +275,10 @@ def test_router_config_without_tenants_is_open_mode(default_manifests: list[Mani
     assert parsed.router.upstream_read_timeout_s == READ_TIMEOUT_S
     assert parsed.router.whole_reply_timeout_s == WHOLE_REPLY_TIMEOUT_S
     assert parsed.router.allowed_media_domains == ()  # no media URL is fetched
+    # Streams get two minutes to finish when a pod stops, within the pod's own grace period.
+    assert parsed.router.shutdown_grace_s == 120
+    pod = one(default_manifests, "Deployment", ROUTER)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > parsed.router.shutdown_grace_s
 
 
 def test_ledger_limits_can_be_switched_off(helm: Helm) -> None:
