@@ -16,6 +16,7 @@ Extension InferencePool beside the pools (`gateway_pool`).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,6 +77,8 @@ class PodAddress:
     #: (`started` false: a real engine loading weights; without a startup probe a container
     #: counts as started once it runs). A pod that lost its readiness while running is not.
     starting: bool = False
+    #: Seconds since the pod was created, as it was listed (None: not said).
+    age_s: float | None = None
 
 
 #: A container waiting for one of these is not on its way: it needs someone to act.
@@ -391,7 +394,9 @@ class KubeCluster:
             )
             ip = status.pod_ip if status else None
             starting = not ready and meta.deletion_timestamp is None and _starting(status)
-            found.append(PodAddress(str(meta.name), ip, ready, _problem(status), starting))
+            created = meta.creation_timestamp
+            age = None if created is None else time.time() - created.timestamp()
+            found.append(PodAddress(str(meta.name), ip, ready, _problem(status), starting, age))
         return found
 
     def hpa_targeting(self, namespace: str, pool: str) -> str | HpaUnknown | None:

@@ -40,13 +40,18 @@ from tiergate.sim_nodes.catalogs import Catalog
 
 from .images import ImagePolicy
 from .kube import ApplyRejected, Cluster, PodAddress
-from .render import DEFAULT_POD_SETTINGS, GENERATION_ANNOTATION, PodSettings, pool_manifests
+from .render import (
+    DEFAULT_POD_SETTINGS,
+    GENERATION_ANNOTATION,
+    PodSettings,
+    pool_manifests,
+    progress_deadline_s,
+)
 from .replicas_owner import ReplicasOverride, replicas_override
 from .status import (
     Assessment,
     ConditionValue,
     assess,
-    cold_start,
     conditions,
     fits_message,
     not_rolled_out_conditions,
@@ -375,17 +380,17 @@ def observe(
     deployment = rollout(cluster.deployment_status(meta["namespace"], meta["name"]))
     envelope = assessment.envelope
     fits = fits_message(spec, envelope) if envelope else f"{spec.model} fits"
-    failing, on_their_way = None, True
+    failing, starting = None, False
     if deployment.ready < max(spec.replicas, deployment.total):  # why are the others not?
-        waiting = [p for p in _pods(cluster, meta["namespace"], meta["name"]) if not p.ready]
+        pods = _pods(cluster, meta["namespace"], meta["name"])
+        waiting = [p for p in pods or [] if not p.ready]
         problems = {p.name: p.problem for p in waiting if p.problem is not None}
         failing = pods_not_starting(problems) or pods_refused(deployment)
-        on_their_way = all(p.starting and p.problem is None for p in waiting)
-    starting_from_zero = cold_start(body.get("status") or {}, on_their_way)
+        starting = bool(waiting) and all(_on_its_way(p, progress_deadline_s(spec)) for p in waiting)
     values: dict[Any, ConditionValue] = {
         "Fits": ConditionValue("True", "ModelFits", fits),
         **replica_conditions(
-            assessment, spec.replicas, deployment, failing, cold_start=starting_from_zero
+            assessment, spec.replicas, deployment, failing, pods_starting=starting
         ),
     }
     generations: dict[Any, int | None] = {}
@@ -409,14 +414,21 @@ def observe(
     )
 
 
-def _pods(cluster: Cluster, namespace: str, pool: str) -> list[PodAddress]:
-    """The pool's pods (none when they cannot be listed now: the status says what the
-    Deployment says, and the next resync looks again)."""
+def _pods(cluster: Cluster, namespace: str, pool: str) -> list[PodAddress] | None:
+    """The pool's pods; None when they cannot be listed now (the status says what the
+    Deployment says, none is taken to be starting, and the next resync looks again)."""
     try:
         return cluster.pool_pods(namespace, pool)
     except kopf.TemporaryError as exc:
         log.info("event=pods_unlisted pool=%s/%s error=%s", namespace, pool, exc)
-        return []
+        return None
+
+
+def _on_its_way(pod: PodAddress, deadline_s: int) -> bool:
+    """A pod not ready that is starting, not stuck, and younger than the Deployment's progress
+    deadline (a pod waiting longer for its volume, image or startup probe is not coming)."""
+    young = pod.age_s is not None and pod.age_s < deadline_s
+    return pod.starting and pod.problem is None and young
 
 
 def _hosted(body: Manifest, spec: InferencePoolSpec, cluster: Cluster, now: str) -> Outcome:

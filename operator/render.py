@@ -48,6 +48,7 @@ __all__ = [
     "PodSettings",
     "RunAs",
     "container_command",
+    "progress_deadline_s",
     "deployment_manifest",
     "pod_labels",
     "pool_manifests",
@@ -111,6 +112,16 @@ def pod_labels(pool: str, spec: InferencePoolSpec) -> dict[str, str]:
         "tiergate.dev/tier": spec.tier,
         "tiergate.dev/engine": spec.engine,
     }
+
+
+#: A Deployment's progressDeadlineSeconds when it sets none (a sim pool's).
+DEFAULT_PROGRESS_DEADLINE_S = 600
+
+
+def progress_deadline_s(spec: InferencePoolSpec) -> int:
+    """How long the pool's Deployment waits for a new pod to become ready before it calls a
+    rollout stuck: a real engine's pull and weight load, else Kubernetes' default."""
+    return DEFAULT_PROGRESS_DEADLINE_S if spec.engine == "sim" else PROGRESS_DEADLINE_S
 
 
 def _literal(text: str) -> str:

@@ -29,7 +29,6 @@ __all__ = [
     "ConditionValue",
     "Rollout",
     "assess",
-    "cold_start",
     "conditions",
     "fits_message",
     "not_rolled_out_conditions",
@@ -216,7 +215,7 @@ def replica_conditions(
     deployment: Rollout,
     failing: str | None = None,
     *,
-    cold_start: bool = False,
+    pods_starting: bool = False,
 ) -> dict[ConditionType, ConditionValue]:
     """Ready / Progressing / Degraded of a runnable pool from its Deployment's rollout.
 
@@ -227,9 +226,9 @@ def replica_conditions(
     ServingPreviousSpec (about the generation they run: the caller sets it). Past the
     Deployment's progress deadline the rollout is stuck: not progressing, and degraded.
     `failing`: why pods cannot start (`pods_not_starting`), said by Degraded first.
-    `cold_start`: the pool was scaled up from zero and its pods are all on their way
-    (`cold_start`): starting, not degraded, though the Deployment's controller counts no
-    rollout."""
+    `pods_starting`: every pod not ready is on its way, none for longer than the Deployment's
+    progress deadline (a scale-up from zero, or pods replaced, whose real engines load their
+    weights): starting, not degraded, though the Deployment's controller counts no rollout."""
     d = deployment
     old = d.total - d.updated
     counts = f"{d.updated}/{desired} replicas updated, {d.ready} ready" + (
@@ -276,11 +275,11 @@ def replica_conditions(
             "False", "Starting", f"0/{desired} replicas ready: the pods are starting; a rollout "
             "that makes no progress is stuck at the Deployment's progress deadline",
         )  # fmt: skip
-    elif desired > 0 and d.ready == 0 and d.stuck is None and cold_start:
+    elif desired > 0 and d.ready == 0 and d.stuck is None and pods_starting:
         degraded = ConditionValue(
-            "False", "Starting", f"0/{desired} replicas ready: scaled up from zero, the pods "
-            "are starting; a pod whose startup probe gives up is restarted, and one that keeps "
-            "failing says PodsCannotStart",
+            "False", "Starting", f"0/{desired} replicas ready: the pods are starting (none has "
+            "passed its startup probe yet); one still starting past the Deployment's progress "
+            "deadline makes the pool NoReplicaReady",
         )  # fmt: skip
     elif desired > 0 and d.ready == 0 and d.updated >= desired:
         # Rolled out, yet nothing serves: the pods lost their readiness, or never had it.
@@ -309,16 +308,6 @@ def pods_not_starting(problems: Mapping[str, str]) -> str | None:
         told = told[: PROBLEM_CHARS - 3] + "..."
     others = len(problems) - 1
     return told + (f" (and {others} more pod{'s' if others > 1 else ''})" if others else "")
-
-
-def cold_start(status: Mapping[str, Any], pods_on_their_way: bool) -> bool:
-    """Whether a pool is starting from zero replicas: its status (`status`, as last written)
-    said it had none, or that they were starting, and every pod of it not ready is on its way
-    (`pods_on_their_way`: none stuck, none that lost its readiness). A pool that served and
-    lost its pods is not: its status said it served, whatever its new pods do."""
-    was_zero = written_condition(status, "Ready").get("reason") == "ScaledToZero"
-    was_starting = written_condition(status, "Degraded").get("reason") == "Starting"
-    return (was_zero or was_starting) and pods_on_their_way
 
 
 def pods_refused(deployment: Rollout) -> str | None:
