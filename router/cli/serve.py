@@ -128,6 +128,7 @@ async def serve(
                     on_started()
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.draining()  # the endpoint picker's streams get the same grace, at once
             if metrics_server.started:
                 await metrics_server.shutdown(sockets=[metrics_sock])
             await super().shutdown(sockets)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import os
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -72,6 +72,7 @@ class EppServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._health_task: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Future[None] | None = None
         #: Requests still running, whose streams may have ended (kept until they finish).
         self.requests: set[asyncio.Task[None]] = set()
 
@@ -109,7 +110,18 @@ class EppServer:
         except TlsProblem as problem:
             raise OSError(f"the endpoint picker's TLS (router.eppTls): {problem}") from None
 
-    async def stop(self) -> None:
+    def drain(self) -> Awaitable[None]:
+        """Told to stop: health says NOT_SERVING, no new stream is taken, and the open ones
+        get `grace_s` to finish, beside the router's port (`RouterApp.draining`); `stop` then
+        waits for the same."""
+        return self.stop()
+
+    def stop(self) -> Awaitable[None]:
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._stop())
+        return self._stopped
+
+    async def _stop(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
         if self._server is not None:

@@ -153,6 +153,16 @@ class RouterApp:
                 await started
         self.ready = True
 
+    def draining(self) -> None:
+        """Told to stop, before the router's port waits for what it serves: not ready, and the
+        services that serve requests of their own (the endpoint picker: a `drain` method) start
+        finishing theirs now, within the same grace, not once the port is done."""
+        self.ready = False
+        for service in self.services:
+            drain = getattr(service, "drain", None)
+            if drain is not None:
+                drain()
+
     async def stop(self) -> None:
         self.ready = False
         for service in reversed(self.services):
