@@ -21,6 +21,7 @@ __all__ = [
     "SGLANG_VERSION",
     "VLLM_COMMAND",
     "VLLM_VERSION",
+    "context_tokens",
     "draft_reference",
     "model_reference",
     "sglang_args",
@@ -46,6 +47,13 @@ def model_reference(spec: InferencePoolSpec) -> str:
         return spec.model_source
     model = layered_catalog(spec, default_catalog()).models.get(spec.model)
     return model.hugging_face_id if model is not None and model.hugging_face_id else spec.model
+
+
+def context_tokens(spec: InferencePoolSpec) -> int:
+    """The context an engine serves, said on its command line: the model profile's, so that
+    the router admits what the engine takes. The engine refuses to start if the weights'
+    config allows less (a profile's maxContextTokens above its max_position_embeddings)."""
+    return layered_catalog(spec, default_catalog()).model(spec.model).max_context_tokens
 
 
 def draft_reference(spec: InferencePoolSpec) -> str | None:
@@ -77,6 +85,7 @@ def vllm_args(
     stages = layout.chips // layout.tensor_parallel
     if stages > 1:
         args += ["--pipeline-parallel-size", str(stages)]
+    args += ["--max-model-len", str(context_tokens(spec))]
     batching = spec.batching
     args += [
         "--max-num-seqs", str(batching.max_num_seqs),
@@ -110,6 +119,7 @@ def sglang_args(spec: InferencePoolSpec, layout: Layout) -> list[str]:
     stages = layout.chips // layout.tensor_parallel
     if stages > 1:
         args += ["--pp-size", str(stages)]
+    args += ["--context-length", str(context_tokens(spec))]
     batching = spec.batching
     chunk = batching.max_batched_tokens if batching.chunked_prefill else -1
     args += [

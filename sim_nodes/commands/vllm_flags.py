@@ -1,13 +1,13 @@
 """`vllm serve`'s command line, as the sim node reads it: the sim node is a drop-in for vLLM.
 
 ``tiergate sim-node serve MODEL --served-model-name NAME ... --tensor-parallel-size N
---max-num-seqs N --max-num-batched-tokens N --quantization fp8 --kv-cache-dtype fp8
---speculative-config JSON --port P`` simulates what vLLM would serve with those flags. What
-the flags cannot say - the accelerator and its chips, inline profiles, the draft's acceptance
-rate, other tenants' load - comes from the environment (`replica_spec`'s `*_ENV` names) or
-from tiergate's own flags. MODEL is a catalog name or a catalog model's Hugging Face id; any
-other MODEL (a path to weights) needs the model to simulate from elsewhere (--model or the
-spec).
+--max-model-len N --max-num-seqs N --max-num-batched-tokens N --quantization fp8
+--kv-cache-dtype fp8 --speculative-config JSON --port P`` simulates what vLLM would serve
+with those flags. What the flags cannot say - the accelerator and its chips, inline profiles,
+the draft's acceptance rate, other tenants' load - comes from the environment
+(`replica_spec`'s `*_ENV` names) or from tiergate's own flags. MODEL is a catalog name or a
+catalog model's Hugging Face id; any other MODEL (a path to weights) needs the model to
+simulate from elsewhere (--model or the spec).
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--quantization", dest="vllm_quantization", help="fp8 (others: not simulated)")
     g.add_argument("--kv-cache-dtype", dest="vllm_kv_cache_dtype", choices=list(KV_CACHE_DTYPES))
+    g.add_argument(
+        "--max-model-len",
+        dest="vllm_max_model_len",
+        type=positive_int,
+        metavar="N",
+        help="context served, prompt and output (default: the model's; more is refused)",
+    )
     g.add_argument(
         "--shutdown-timeout",
         dest="vllm_shutdown_timeout",

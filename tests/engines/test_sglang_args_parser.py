@@ -18,6 +18,7 @@ from engine_process import installer
 
 from tiergate.operator.engine_args import SGLANG_VERSION, sglang_args
 from tiergate.pools import InferencePoolSpec, Layout
+from tiergate.sim_nodes.catalogs import default_catalog
 
 #: Run in the parser's venv: parse each argument list read from stdin; print, one JSON line,
 #: the installed SGLang version and the values the pool's spec sets, or the parser's complaint.
@@ -28,7 +29,7 @@ FIELDS = ("model_path", "served_model_name", "host", "port", "tensor_parallel_si
           "pipeline_parallel_size", "max_running_requests", "max_prefill_tokens",
           "chunked_prefill_size", "quantization", "kv_cache_dtype", "speculative_algorithm",
           "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
-          "speculative_num_draft_tokens", "enable_metrics")
+          "speculative_num_draft_tokens", "enable_metrics", "context_length")
 out = []
 for args in json.load(sys.stdin):
     parser = argparse.ArgumentParser()
@@ -92,6 +93,7 @@ def expected(spec: InferencePoolSpec, layout: Layout) -> dict[str, Any]:
         "speculative_eagle_topk": None if speculative is None else 1,
         "speculative_num_draft_tokens": None if speculative is None else speculative.tokens + 1,
         "enable_metrics": True,
+        "context_length": default_catalog().model(spec.model).max_context_tokens,
     }
 
 

@@ -15,6 +15,7 @@ from engine_process import installer
 from tiergate.operator.gpu_pods import VLLM_SHUTDOWN_TIMEOUT_S
 from tiergate.operator.render import container_command
 from tiergate.pools import InferencePoolSpec, Layout
+from tiergate.sim_nodes.catalogs import default_catalog
 
 #: Run in the engine's venv: parse each argument list read from stdin; print, one JSON line,
 #: the values the router's pools depend on, or the parser's complaint.
@@ -25,7 +26,7 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser
 FIELDS = ("model_tag", "served_model_name", "host", "port", "tensor_parallel_size",
           "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens",
           "enable_chunked_prefill", "quantization", "kv_cache_dtype", "speculative_config",
-          "shutdown_timeout")
+          "shutdown_timeout", "max_model_len")
 out = []
 for args in json.load(sys.stdin):
     parser = make_arg_parser(FlexibleArgumentParser())
@@ -57,6 +58,9 @@ POOLS: list[tuple[str, dict[str, Any], Layout]] = [
      {**GPU, "model": "llama-3.1-70b",
       "speculativeDecoding": {"draftModel": "llama-3.2-1b", "tokens": 4, "acceptanceRate": 0.7}},
      Layout(2, 2)),
+    ("a context the weights' config gives (Qwen3 without YaRN)",
+     {**GPU, "model": "qwen3-32b"},
+     Layout(2, 2)),
 ]  # fmt: skip
 
 
@@ -79,6 +83,7 @@ def expected(spec: InferencePoolSpec, layout: Layout, args: list[str]) -> dict[s
         if speculative is None
         else {"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4},
         "shutdown_timeout": VLLM_SHUTDOWN_TIMEOUT_S,
+        "max_model_len": default_catalog().model(spec.model).max_context_tokens,
     }
 
 

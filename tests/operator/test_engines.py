@@ -76,6 +76,7 @@ def test_vllm_serves_the_spec_s_model_layout_batching_dtypes_and_draft() -> None
         "--served-model-name", "llama-70b", "big-llama",
         "--host", "0.0.0.0", "--port", "8000",
         "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2",
+        "--max-model-len", "131072",
         "--max-num-seqs", "64", "--max-num-batched-tokens", "131072",
         "--no-enable-chunked-prefill",
         "--quantization", "fp8", "--kv-cache-dtype", "fp8",
@@ -92,6 +93,33 @@ def test_bf16_and_defaults_add_no_dtype_or_parallel_flags() -> None:
     assert not {"--quantization", "--kv-cache-dtype", "--pipeline-parallel-size",
                 "--speculative-config", "--no-enable-chunked-prefill"} & set(args)  # fmt: skip
     assert args[:2] == ["serve", "meta-llama/Llama-3.1-8B-Instruct"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "context"),
+    [
+        ({"model": "llama-3.1-8b"}, "131072"),
+        # Qwen3's config says 40,960; its model card's 131,072 needs YaRN, not rendered.
+        ({"model": "qwen3-32b"}, "40960"),
+        ({"model": "team-8b", "modelProfile": {
+            **default_catalog().model("llama-3.1-8b").model_dump(by_alias=True),
+            "name": "team-8b", "huggingFaceId": "team/8b", "maxContextTokens": 16384}},
+         "16384"),
+    ],
+    ids=["catalog", "qwen3-without-yarn", "inline-profile"],
+)  # fmt: skip
+def test_the_engines_serve_the_context_the_router_admits(
+    changes: dict[str, Any], context: str
+) -> None:
+    """Said, not left to the weights' config: a profile that claims more than the weights
+    allow makes the engine refuse to start, not the router admit prompts it cannot serve."""
+    for engine, render, flag in (("vllm", vllm_args, "--max-model-len"),
+                                 ("sglang", sglang_args, "--context-length")):  # fmt: skip
+        spec = spec_of(engine=engine, chips=1, **changes)
+        assert (flag, context) in flags_and_values(render(spec, Layout(1, 1)))
+        expected = default_catalog().models.get(spec.model)
+        if expected is not None:
+            assert str(expected.max_context_tokens) == context
 
 
 def test_model_source_names_the_weights_and_the_pool_s_name_is_served() -> None:
@@ -267,7 +295,7 @@ def test_sglang_serves_the_spec_with_its_own_flags_and_one_name() -> None:
         "--model-path", "meta-llama/Llama-3.1-70B-Instruct",
         "--served-model-name", "llama-70b",
         "--host", "0.0.0.0", "--port", "8000",
-        "--tp-size", "4", "--pp-size", "2",
+        "--tp-size", "4", "--pp-size", "2", "--context-length", "131072",
         "--max-running-requests", "64", "--max-prefill-tokens", "131072",
         "--chunked-prefill-size", "-1",
         "--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3",
@@ -327,6 +355,7 @@ SGLANG_FLAGS = {
     "--quantization", "--kv-cache-dtype", "--speculative-algorithm",
     "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
     "--speculative-num-draft-tokens", "--enable-metrics", "--mem-fraction-static",
+    "--context-length",
 }  # fmt: skip
 SGLANG_CHOICES = {
     "--kv-cache-dtype": {"auto", "fp8_e5m2", "fp8_e4m3"},

@@ -161,7 +161,7 @@ def batching_problem(
     """Why vLLM would refuse to start with the pool's batch limits (its scheduler's checks at
     start), or None: a step's token budget must cover every running sequence's token, and
     without chunked prefill a whole prompt of the model's context (`context_tokens`, which
-    vLLM serves unless told less) must fit one step."""
+    the pods' --max-model-len says) must fit one step."""
     if engine != "vllm":
         return None
     if max_batched_tokens < max_num_seqs:

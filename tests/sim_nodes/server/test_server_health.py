@@ -61,6 +61,19 @@ async def test_models_lists_every_served_name(make_client: ClientFactory) -> Non
     assert body["data"][0]["max_model_len"] == 131072
 
 
+async def test_max_model_len_is_the_context_served(make_client: ClientFactory) -> None:
+    """vLLM's --max-model-len below the model's: listed, and a request past it refused."""
+    client = await make_client(max_model_len=1000)
+    body = (await client.get("/v1/models")).json()
+    assert body["data"][0]["max_model_len"] == 1000
+    fits = {"model": "llama-3.1-8b", "prompt": [1] * 900, "max_tokens": 100}
+    assert (await client.post("/v1/completions", json=fits)).status_code == 200
+    longer = await client.post("/v1/completions", json={**fits, "max_tokens": 101})
+    assert longer.status_code == 400, longer.text
+    error = longer.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "1000" in error["message"], error
+
+
 async def test_models_defaults_to_the_catalog_name(client: httpx.AsyncClient) -> None:
     body = (await client.get("/v1/models")).json()
     assert [m["id"] for m in body["data"]] == ["llama-3.1-8b"]
