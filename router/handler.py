@@ -235,16 +235,19 @@ class Router:
         plan = cascade_plan(headers, request, view, tenant)
         if plan is not None and ex.upstream is not None:
             raise _no_cascade_through_gateway()
+        # A gateway reaches the pods alone: never a tier that only hosted pools serve.
+        hosted = ex.upstream is None
         if plan is None:
-            choice, tier = choose_tier(headers, request, view, tenant)
+            choice, tier = choose_tier(headers, request, view, tenant, hosted=hosted)
         else:
             choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
             tier = choice.tier
         ex.choice = choice
-        tiers = tiers_to_try(view, request.model, choice, tier, tenant)
+        tiers = tiers_to_try(view, request.model, choice, tier, tenant, hosted=hosted)
         spill = spill_over(
             self.admission, view, self.predictor, headers, request, tenant, tier,
             choice.priority, self.clock(), cascade=plan is not None,
+            usable=self.opener(ex).usable,
         )  # fmt: skip
         if spill is not None:  # its target had a free slot: it is tried first
             tiers = [spill.to, *tiers]

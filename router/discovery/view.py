@@ -89,22 +89,28 @@ class PoolView:
         members: dict[tuple[str, Tier], list[EndpointState]] = {}
         providers: dict[tuple[str, Tier], list[EndpointState]] = {}  # hosted pools' members
         tiers: dict[str, set[Tier]] = {}
+        pod_tiers: dict[str, set[Tier]] = {}  # tiers by pools of pods alone (not hosted)
         #: (model, tier) -> the dearest input and output prices and the longest context.
         self._ceilings: dict[tuple[str, Tier], tuple[float, float, int]] = {}
         #: (model, tier) -> the dearest output price per million tokens, as pools state it.
         self._output_prices: dict[tuple[str, Tier], float] = {}
         for pool in self.pools.values():
+            hosted = pool.spec.endpoint is not None
             for name in pool.spec.names:
                 key = (name, pool.spec.tier)
                 members.setdefault(key, [])
                 tiers.setdefault(name, set()).add(pool.spec.tier)
+                if not hosted:
+                    pod_tiers.setdefault(name, set()).add(pool.spec.tier)
                 self._raise_ceiling(key, pool)
             for endpoint in pool.endpoints:  # not every pod answers to every name (a rollout)
                 for name in endpoint.served_names:
                     key = (name, pool.spec.tier)
                     members.setdefault(key, []).append(endpoint)
-                    if pool.spec.endpoint is not None:
+                    if hosted:
                         providers.setdefault(key, []).append(endpoint)
+                    else:
+                        pod_tiers.setdefault(name, set()).add(pool.spec.tier)
                     tiers.setdefault(name, set()).add(pool.spec.tier)
                     self._raise_ceiling(key, pool)  # a name only previous pods may answer to
         self._candidates = {
@@ -112,6 +118,7 @@ class PoolView:
             for (model, tier), eps in members.items()
         }
         self._tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in tiers.items()}
+        self._pod_tiers = {m: tuple(t for t in TIERS if t in ts) for m, ts in pod_tiers.items()}
         #: What latency prediction reads (`PoolShapes`), computed once per view.
         self._deployments = {
             name: p.deployment for name, p in self.pools.items() if p.deployment is not None
@@ -172,8 +179,10 @@ class PoolView:
         `model` (what a request served there may pay at most; 0 when none serves it)."""
         return self._output_prices.get((model, tier), 0.0)
 
-    def tiers_serving(self, model: str) -> tuple[Tier, ...]:
-        return self._tiers.get(model, ())
+    def tiers_serving(self, model: str, *, hosted: bool = True) -> tuple[Tier, ...]:
+        """The tiers with a pool serving `model` (one scaled to zero included), in tier order;
+        `hosted=False`: by pools of pods alone, the only ones a gateway reaches."""
+        return (self._tiers if hosted else self._pod_tiers).get(model, ())
 
     @property
     def served_models(self) -> dict[str, tuple[Tier, ...]]:

@@ -23,13 +23,14 @@ says where it was served (`x-tiergate-tier`, `x-tiergate-spilled-from`, the body
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from tiergate.router.admission import Admission
 from tiergate.router.base.tiers import Priority, Tier
 from tiergate.router.discovery.view import PoolView
+from tiergate.router.endpoints.state import EndpointState
 from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
 from tiergate.router.request.body import CompletionRequest
 from tiergate.router.tenants.registry import Tenant
@@ -38,6 +39,12 @@ from tiergate.router.tenants.spill_policy import SpillPolicy, parse_spill_header
 __all__ = ["Spill", "SpillReason", "choose_spill", "spill_over", "spill_targets"]
 
 SpillReason = Literal["saturated", "slo"]
+#: Of a tier's endpoints, those the request's way can send it to (`Opener.usable`).
+Usable = Callable[[Sequence[EndpointState]], Sequence[EndpointState]]
+
+
+def _all(endpoints: Sequence[EndpointState]) -> Sequence[EndpointState]:
+    return endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +68,18 @@ def spill_over(
     now_s: float,
     *,
     cascade: bool,
+    usable: Usable = _all,
 ) -> Spill | None:
     """Where `request` moves from `asked`, under its tenant's policy and its own spill
     headers (checked on every request: a bad one is a 400 even where nothing may move), or
     None to stay. A flex request (it asked to wait, not to pay more) and a cascade never
-    move."""
+    move. `usable`: the endpoints the request's way can send it to (a gateway's: no hosted
+    pool's), of those a tier has."""
     policy = parse_spill_headers(headers, tenant.spill, tenant.allowed_tiers, tenant.name)
     if cascade or priority == "flex":
         return None
-    targets = spill_targets(view, request, asked, tenant.allowed_tiers, policy)
-    return choose_spill(admission, view, predictor, request, asked, targets, now_s)
+    targets = spill_targets(view, request, asked, tenant.allowed_tiers, policy, usable)
+    return choose_spill(admission, view, predictor, request, asked, targets, now_s, usable)
 
 
 def spill_targets(
@@ -79,18 +88,19 @@ def spill_targets(
     asked: Tier,
     allowed: Sequence[Tier],
     policy: SpillPolicy,
+    usable: Usable = _all,
 ) -> tuple[Tier, ...]:
     """The tiers `request` may move to from `asked`, cheapest first: the policy's (less those
-    excluded for a request with tools), with endpoints serving its model (a pool scaled to
-    zero still names it), allowed to its tenant, and no dearer per million output tokens than
-    the policy's cap."""
+    excluded for a request with tools), with `usable` endpoints serving its model (a pool
+    scaled to zero still names it), allowed to its tenant, and no dearer per million output
+    tokens than the policy's cap."""
     if not policy.to:
         return ()
     model, cap = request.model, policy.max_output_usd_per_million
     priced = [
         (view.output_usd_per_million(model, tier), tier)
         for tier in policy.tiers_for(bool(request.body.get("tools")))
-        if tier != asked and tier in allowed and view.candidates(model, tier)
+        if tier != asked and tier in allowed and usable(view.candidates(model, tier))
     ]
     return tuple(tier for price, tier in sorted(priced) if cap is None or price <= cap)
 
@@ -103,9 +113,10 @@ def choose_spill(
     asked: Tier,
     targets: Sequence[Tier],
     now_s: float,
+    usable: Usable = _all,
 ) -> Spill | None:
     """Where `request` moves from `asked`, or None to stay (the module docstring). `now_s`
-    is the router's clock, for endpoint ejections."""
+    is the router's clock, for endpoint ejections; `usable` as `spill_over`'s."""
     if not targets:
         return None
     model = request.model
@@ -118,10 +129,11 @@ def choose_spill(
     def meets_slo(tier: Tier) -> bool:
         if request.slo is None:
             return True
-        return _meets(request, _predict(admission, view, predictor, request, tier, now_s))
+        estimate = _predict(admission, view, predictor, request, tier, now_s, usable)
+        return _meets(request, estimate)
 
     def reachable(tier: Tier) -> bool:
-        return any(not e.is_ejected(now_s) for e in view.candidates(model, tier))
+        return any(not e.is_ejected(now_s) for e in usable(view.candidates(model, tier)))
 
     reason: SpillReason
     if not free(asked):
@@ -143,11 +155,13 @@ def _predict(
     request: CompletionRequest,
     tier: Tier,
     now_s: float,
+    usable: Usable,
 ) -> LatencyEstimate | None:
     """The best latency an endpoint of `tier` that is not ejected is predicted to give
     `request`, counting the requests waiting at the router for the tier as spread over its
     endpoints (None: no such endpoint, or the perf model knows none of their pools)."""
-    endpoints = [e for e in view.candidates(request.model, tier) if not e.is_ejected(now_s)]
+    offered = usable(view.candidates(request.model, tier))
+    endpoints = [e for e in offered if not e.is_ejected(now_s)]
     if not endpoints:
         return None
     queued = admission.queue_for(request.model, tier).waiting / len(endpoints)

@@ -63,19 +63,37 @@ def budget_cap(
     return max(1, int((room_usd - fixed) / per_token * (1 + 1e-9)))
 
 
+#: Why a request a gateway carries is not served by hosted pools.
+_GATEWAY_CANNOT = "which a gateway cannot reach (they have no pods): send it to tiergate's own port"
+
+
 def choose_tier(
-    headers: dict[str, str], request: CompletionRequest, view: PoolView, tenant: Tenant
+    headers: dict[str, str],
+    request: CompletionRequest,
+    view: PoolView,
+    tenant: Tenant,
+    *,
+    hosted: bool = True,
 ) -> tuple[TierChoice, Tier]:
     """The request's tier choice (`resolve_tier`) and the tier it is served in: the chosen one,
     or for `service_tier: auto` one the tenant may use when the chosen one does not serve the
     model. 404 for a model nobody serves, 403 for a tier the tenant may not use, 400 for a
-    tier that does not serve the model."""
-    serving = view.tiers_serving(request.model)
+    tier that does not serve the model. `hosted=False`: the request's way reaches no hosted
+    pool (a gateway carries it), so tiers served by hosted pools alone do not serve it."""
+    model = request.model
+    serving = view.tiers_serving(model, hosted=hosted)
     if not serving:
+        if view.tiers_serving(model):
+            raise RouterError(
+                404,
+                f"model {model!r} is served here only by hosted pools, {_GATEWAY_CANNOT}",
+                code="model_not_found",
+                param="model",
+            )
         served = ", ".join(sorted(view.served_models)) or "none"
         raise RouterError(
             404,
-            f"model {request.model!r} is not served here; served models: {served}",
+            f"model {model!r} is not served here; served models: {served}",
             code="model_not_found",
             param="model",
         )
@@ -86,9 +104,17 @@ def choose_tier(
     allowed = [t for t in serving if t in tenant.allowed_tiers]
     if choice.may_fall_back and allowed:
         return choice, allowed[0]
+    if choice.tier in view.tiers_serving(model):
+        raise RouterError(
+            400,
+            f"model {model!r} is served in the {choice.tier} tier only by hosted pools, "
+            f"{_GATEWAY_CANNOT}; tiers serving it through the gateway: {', '.join(serving)}",
+            code="tier_not_served",
+            param="model",
+        )
     raise RouterError(
         400,
-        f"model {request.model!r} is not served in the {choice.tier} tier; "
+        f"model {model!r} is not served in the {choice.tier} tier; "
         f"tiers serving it: {', '.join(serving)}",
         code="tier_not_served",
         param="model",
@@ -96,11 +122,17 @@ def choose_tier(
 
 
 def tiers_to_try(
-    view: PoolView, model: str, choice: TierChoice, tier: Tier, tenant: Tenant
+    view: PoolView,
+    model: str,
+    choice: TierChoice,
+    tier: Tier,
+    tenant: Tenant,
+    *,
+    hosted: bool = True,
 ) -> list[Tier]:
     """`tier`, then for `service_tier: auto` the other tiers serving the model that the
-    tenant may use, in the order admission tries them."""
+    tenant may use (`hosted=False`: by pools of pods), in the order admission tries them."""
     if not choice.may_fall_back:
         return [tier]
-    others = view.tiers_serving(model)
+    others = view.tiers_serving(model, hosted=hosted)
     return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers)]

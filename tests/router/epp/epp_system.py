@@ -60,7 +60,12 @@ def node(names: list[str], accelerator: str = "wse-3", **overrides: Any) -> Node
     return NodeConfig(serving=serving, served_model_names=names, **overrides)
 
 
-def config_yaml(urls: dict[str, list[str]], tenants: Path, ledger: Path, router: str = "") -> str:
+def config_yaml(
+    urls: dict[str, list[str]], tenants: Path, ledger: Path, router: str = "", more: str = ""
+) -> str:
+    """The router's file: its settings (and `router`'s), the three pools of `urls`, and the
+    pool entries `more` lists."""
+
     def pool(name: str, tier: str, served: str) -> str:
         return (
             f"  - {{name: {name}, tier: {tier}, model: llama-3.1-8b, accelerator: wse-3, "
@@ -75,6 +80,7 @@ def config_yaml(urls: dict[str, list[str]], tenants: Path, ledger: Path, router:
         + pool("coder-batched", "batched", "coder")
         + pool("coder-premium", "premium", "coder")
         + pool("spark", "wafer-scale", "coder-spark")
+        + more
     )
 
 
@@ -132,9 +138,10 @@ def epp_system(
     *,
     router: str = "",
     nodes: dict[str, list[NodeConfig]] | None = None,
+    pools: str = "",
 ) -> Iterator[System]:
     """Real sim nodes and the router with its picker on loopback ports; Envoys started with
-    `System.envoy` stop first."""
+    `System.envoy` stop first. `pools`: more pool entries for the router's file."""
     tenants = folder / "tenants.yaml"
     tenants.write_text(TENANTS)
     nodes = nodes or {
@@ -148,7 +155,7 @@ def epp_system(
             for pool, configs in nodes.items()
         }
         ledger = folder / "ledger.sqlite"
-        config = parse_config(config_yaml(urls, tenants, ledger, router))
+        config = parse_config(config_yaml(urls, tenants, ledger, router, pools))
         app = build_app(config, StaticSource(build_view(config.pools, default_catalog())))
         url = stack.enter_context(served(app))
         metrics = stack.enter_context(served(app.metrics_app))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from tiergate.router.admission import Admission, Grant, Saturation
 from tiergate.router.base.tiers import TIERS, Tier
 from tiergate.router.config import parse_config
 from tiergate.router.discovery.view import PoolView, build_view
+from tiergate.router.epp.pick import GatewayOpener
 from tiergate.router.policy.latency import LatencyPredictor
 from tiergate.router.request.body import CompletionRequest, parse_completion
 from tiergate.router.request.spill import Spill, choose_spill, spill_targets
@@ -171,6 +173,47 @@ async def test_never_a_tier_without_endpoints() -> None:
     assert decision.targets() == ()
     async with decision.full("batched"):
         assert decision.choose(targets=decision.targets()) is None
+
+
+def hosted_pool(name: str, tier: Tier, price: float, key: Path) -> str:
+    """A pool of `tier` on a provider's API: no pod, so no gateway reaches it."""
+    key.write_text("provider-key\n")
+    return (
+        f"  - {{name: {name}, tier: {tier}, model: llama-3.1-8b, servedModelName: coder,"
+        f" endpoint: {{url: 'https://api.example.com/v1', model: m, apiKeyFile: '{key}'}},"
+        f" billing: {{outputPerMillionUsd: {price}}}}}\n"
+    )
+
+
+async def test_a_gateway_s_request_never_moves_to_a_tier_only_hosted_pools_serve(
+    tmp_path: Path,
+) -> None:
+    """The gateway reaches pods alone: moved to the provider's tier, the request would find no
+    endpoint there and be refused 503. The router's own port does move it there."""
+    decision = Decision(
+        pool("b", "batched", "a100-40gb", 1),
+        pool("pp", "premium", "wse-3", 20),
+        hosted_pool("www", "wafer-scale", 10, tmp_path / "key"),
+    )
+    gateway = GatewayOpener(_NoSubset()).usable
+    request_ = request()
+    assert decision.targets() == ("wafer-scale", "premium")
+    targets = spill_targets(decision.view, request_, "batched", TIERS, EVERYWHERE, gateway)
+    assert targets == ("premium",)
+    async with decision.full("batched"):
+        args = (decision.admission, decision.view, decision.predictor, request_, "batched")
+        assert choose_spill(*args, ("wafer-scale", "premium"), NOW_S) == Spill(
+            "batched", "wafer-scale", "saturated"
+        )
+        assert choose_spill(*args, ("wafer-scale", "premium"), NOW_S, gateway) == Spill(
+            "batched", "premium", "saturated"
+        )
+
+
+class _NoSubset:
+    """A gateway that names no subset of endpoints: it may send to any pod."""
+
+    subset = None
 
 
 # -- choose_spill ------------------------------------------------------------------------------
