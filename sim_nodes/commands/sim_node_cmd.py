@@ -326,7 +326,6 @@ def node_config(
         background_turn_input_tokens=bg.turn_input_tokens if bg else 0,
         background_turn_output_tokens=bg.turn_output_tokens if bg else 0,
         max_body_bytes=args.max_body_bytes,
-        max_model_len=args.vllm_max_model_len,
     )
 
 

@@ -73,7 +73,8 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         dest="vllm_max_model_len",
         type=positive_int,
         metavar="N",
-        help="context served, prompt and output (default: the model's; more is refused)",
+        help="context served, prompt and output, as spec.maxContextTokens (default: the "
+        "model's; more is refused)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -131,12 +132,27 @@ def vllm_overrides(
                 "weight dtypes: --weight-dtype)"
             )
         out["weightDtype"] = QUANTIZATIONS[args.vllm_quantization]
+    served = args.vllm_max_model_len
+    if served is not None and served != _model_context({**base, **out}, args, catalog):
+        out["maxContextTokens"] = served  # the model's own context is no override
     if args.vllm_kv_cache_dtype not in (None, "auto"):
         out["kvDtype"] = KV_CACHE_DTYPES[args.vllm_kv_cache_dtype]
     config = args.vllm_speculative_config
     if config is not None:
         out["speculativeDecoding"] = _speculative(config, args, base, catalog)
     return out
+
+
+def _model_context(spec: dict[str, Any], args: argparse.Namespace, catalog: Catalog) -> int | None:
+    """The context of the model the spec so far (or --model) names, where known."""
+    profile = args.model_profile_json or spec.get("modelProfile")
+    if isinstance(profile, dict):
+        context = profile.get("maxContextTokens")
+        return context if isinstance(context, int) else None
+    if profile is not None:
+        return int(profile.max_context_tokens)
+    model = catalog.models.get(str(args.model or spec.get("model")))
+    return model.max_context_tokens if model is not None else None
 
 
 def _speculative(

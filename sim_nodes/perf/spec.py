@@ -112,6 +112,17 @@ class ServingSpec(_Spec):
         default=None, description="Speculative decoding, if any."
     )
     pricing: PricingSpec | None = Field(default=None, description="Price override.")
+    max_context_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description=(
+            "The longest context a replica serves, prompt and output (vLLM's --max-model-len, "
+            "SGLang's --context-length): at most the model's, which is the default. The engine "
+            "refuses longer requests, and a replica on GPUs needs KV cache for one sequence of "
+            "it (vLLM refuses to start otherwise): a shorter one fits fewer chips."
+        ),
+    )
 
     @model_validator(mode="after")
     def _names_its_hardware(self) -> ServingSpec:
@@ -160,8 +171,28 @@ def profile_label(name: str, source: ProfileSource) -> str:
 
 
 def layered_catalog(spec: ServingSpec, catalog: Catalog) -> Catalog:
-    """`catalog` with the spec's inline profiles added (a new catalog; `catalog` is untouched)."""
-    return catalog.with_profiles(model=spec.model_profile, accelerator=spec.accelerator_profile)
+    """`catalog` with the spec's inline profiles added (a new catalog; `catalog` is untouched),
+    its model's context cut to spec.maxContextTokens when that is shorter (a longer one is
+    `build_deployment`'s PerfConfigError)."""
+    layered = catalog.with_profiles(model=spec.model_profile, accelerator=spec.accelerator_profile)
+    served = spec.max_context_tokens
+    model = layered.models.get(spec.model)
+    if served is None or model is None or served >= model.max_context_tokens:
+        return layered
+    return layered.with_profiles(model=model.model_copy(update={"max_context_tokens": served}))
+
+
+def context_problem(spec: ServingSpec, catalog: Catalog) -> str | None:
+    """Why spec.maxContextTokens cannot be served (more than the model's context), or None."""
+    served = spec.max_context_tokens
+    model = catalog.with_profiles(model=spec.model_profile).models.get(spec.model)
+    if served is None or model is None or served <= model.max_context_tokens:
+        return None
+    return (
+        f"maxContextTokens {served} is more than the {model.max_context_tokens}-token context of "
+        f"{model.name}: an engine serves at most its model's (vLLM refuses a longer "
+        "--max-model-len)"
+    )
 
 
 def profile_sources(spec: ServingSpec, catalog: Catalog) -> tuple[ProfileSource, ProfileSource]:
@@ -188,6 +219,9 @@ def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0)
     """
     catalog = layered_catalog(spec, catalog)
     model = catalog.model(spec.model)
+    problem = context_problem(spec, catalog)
+    if problem is not None:
+        raise PerfConfigError(problem)
     accelerator = catalog.accelerator(spec.hardware())
     if spec.pricing is not None:
         accelerator = accelerator.model_copy(

@@ -155,7 +155,7 @@ async def _admit_and_reply(request: Request, node: Node, *, chat: bool) -> Respo
     if fault is not None and (not fault.midstream or not req.stream):
         raise fault.error()
     ctx = PlanContext(
-        max_context_tokens=node.max_context_tokens,
+        max_context_tokens=node.model.max_context_tokens,
         default_max_tokens=node.config.default_max_tokens,
         quality=node.model.quality,
         vocab_size=node.model.vocab_size,
@@ -244,7 +244,7 @@ async def _models(request: Request) -> Response:
             id=name,
             created=node.started,
             root=node.model.name,
-            max_model_len=node.max_context_tokens,
+            max_model_len=node.model.max_context_tokens,
         )
         for name in node.names
     ]

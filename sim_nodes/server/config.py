@@ -70,12 +70,6 @@ class NodeConfig(BaseModel):
         description="KV tokens per batch slot provisioned by `chips: auto` on SRAM chips.",
     )
     block_size: int = Field(default=16, ge=1, description="KV cache block size, tokens.")
-    max_model_len: int | None = Field(
-        default=None,
-        ge=1,
-        description="Context served, prompt and output (vLLM's --max-model-len); None: the "
-        "model's. More than the model's is refused, as vLLM refuses it.",
-    )
 
     @property
     def names(self) -> list[str]:

@@ -13,7 +13,6 @@ import time
 from ..catalogs import Catalog, ModelProfile, default_catalog
 from ..engine.clock import Clock, MonotonicClock
 from ..engine.engine import Background, Engine
-from ..engine.errors import EngineError
 from ..engine.realtime import RealtimeEngine
 from ..perf import Deployment, build_deployment, layered_catalog
 from .config import NodeConfig
@@ -39,8 +38,6 @@ class Node:
         self.deployment: Deployment = build_deployment(
             serving, catalog, kv_tokens=_sizing_kv_tokens(config, catalog)
         )
-        #: The context served, prompt and output: --max-model-len's, else the model's.
-        self.max_context_tokens = _served_context(config, self.deployment.model)
         background = None
         if config.background_sequences > 0:
             background = Background(
@@ -94,20 +91,6 @@ class Node:
         """Stop taking requests, then stop the engine (open streams end as aborted)."""
         self.ready = False
         await self.realtime.stop()
-
-
-def _served_context(config: NodeConfig, model: ModelProfile) -> int:
-    """The context the node serves (EngineError for more than the model's, which vLLM refuses
-    to start with unless told to override the weights' config)."""
-    asked, limit = config.max_model_len, model.max_context_tokens
-    if asked is None:
-        return limit
-    if asked > limit:
-        raise EngineError(
-            f"--max-model-len {asked} is more than the {limit}-token context of {model.name} "
-            "(vLLM refuses to start so)"
-        )
-    return asked
 
 
 def _sizing_kv_tokens(config: NodeConfig, catalog: Catalog) -> int:

@@ -259,7 +259,9 @@ def _layouts(
         # More chips than the batch needs only add pipeline hops.
         chips = hold(kv_tokens)
         return [(chips, default_tensor_parallel(chips, model, accelerator))]
-    fewest = hold(longest_request)
+    # A GPU replica holds one sequence of the model's whole context (vLLM will not start
+    # otherwise, and the router admits requests that long): the operator refuses fewer chips.
+    fewest = hold(max(longest_request, model.max_context_tokens))
     per_system = accelerator.chips_per_system
     sizes = [c for c in (1, 2, 4, 8, 16, 32) if c < per_system] + [
         per_system * k for k in range(1, 17)

@@ -22,6 +22,7 @@ from tiergate.sim_nodes.perf import (
     Workload,
     build_deployment,
     evaluate,
+    layered_catalog,
     max_running,
     profile_sources,
 )
@@ -70,12 +71,20 @@ class PoolPerformance:
 def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) -> PoolPerformance:
     """The envelope: `spec`'s batch as full as its cap and KV cache allow, under `workload`.
 
-    `catalog` is the shared one; the spec's inline profiles join a copy of it. Raises
-    CatalogError (unknown names) and PerfConfigError (impossible layouts).
+    `catalog` is the shared one; the spec's inline profiles join a copy of it. A replica on
+    GPUs must also hold one sequence of its whole context (spec.maxContextTokens, else the
+    model's): `chips: auto` counts it, and a layout short of it does not fit (the wafer
+    engine, simulated only, is sized by its batch). Raises CatalogError (unknown names) and
+    PerfConfigError (impossible layouts).
     """
     w = workload
     shape = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, None)
     kv_tokens = spec.batching.max_num_seqs * shape.tokens_per_sequence
+    layered = layered_catalog(spec, catalog)
+    context = layered.model(spec.model).max_context_tokens
+    whole = layered.accelerator(spec.hardware()).layout != "pipeline"
+    if whole:  # `chips: auto` holds one sequence of the whole context too
+        kv_tokens = max(kv_tokens, context)
     try:
         deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
         batching = spec.batching.to_batching()
@@ -84,12 +93,25 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
         result = evaluate(deployment, full, batching)
     except ArithmeticError as exc:  # overflow, a division by zero: absurd inline profiles
         raise PerfConfigError(_beyond_the_model(f"{type(exc).__name__}: {exc}")) from None
+    if whole and result.fits and deployment.kv_capacity_tokens < context:
+        result = result.model_copy(update={"fits": False, "reason": _short_of(deployment)})
     if result.fits and not all(
         math.isfinite(x) and x >= 0
         for x in (result.ttft_s, result.tpot_s, result.cost_per_million_output_tokens_usd)
     ):
         raise PerfConfigError(_beyond_the_model("a figure came out infinite or undefined"))
     return PoolPerformance(deployment, result, *profile_sources(spec, catalog))
+
+
+def _short_of(d: Deployment) -> str:
+    """Why a GPU replica whose KV cache holds less than one sequence of its context does not
+    fit: vLLM checks it when it starts, and no engine could serve a request that long."""
+    context = d.model.max_context_tokens
+    return (
+        f"its KV cache holds {d.kv_capacity_tokens:,} tokens, less than one sequence of the "
+        f"{context:,}-token context (vLLM refuses to start so): use more chips, kvDtype fp8, "
+        "or a shorter spec.maxContextTokens"
+    )
 
 
 def _beyond_the_model(detail: str) -> str:

@@ -51,6 +51,7 @@ POD_FIELDS = (
     "speculativeDecoding",
     "pricing",
     "background",
+    "maxContextTokens",
     "engine",
     "modelSource",
     "huggingFaceTokenSecretRef",
@@ -190,9 +191,12 @@ def needs_accelerator_problem(prefix: str = SPEC) -> str:
 
 
 def pod_field_problem(field: str, prefix: str = SPEC) -> str:
+    instead = ""
+    if field == "maxContextTokens":
+        instead = f" (the provider's context is {prefix}endpoint.maxContextTokens)"
     return (
         f"{prefix}{field} describes the pool's pods or hardware; a hosted pool "
-        f"({prefix}endpoint) has neither: remove it"
+        f"({prefix}endpoint) has neither: remove it{instead}"
     )
 
 

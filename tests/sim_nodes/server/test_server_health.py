@@ -7,6 +7,7 @@ import pytest
 from sim_server_helpers import ClientFactory, node_config
 
 from tiergate.sim_nodes.engine.clock import VirtualClock
+from tiergate.sim_nodes.perf import ServingSpec
 from tiergate.sim_nodes.server import create_app, running
 
 
@@ -61,9 +62,11 @@ async def test_models_lists_every_served_name(make_client: ClientFactory) -> Non
     assert body["data"][0]["max_model_len"] == 131072
 
 
-async def test_max_model_len_is_the_context_served(make_client: ClientFactory) -> None:
-    """vLLM's --max-model-len below the model's: listed, and a request past it refused."""
-    client = await make_client(max_model_len=1000)
+async def test_a_shorter_context_is_the_one_served(make_client: ClientFactory) -> None:
+    """spec.maxContextTokens (vLLM's --max-model-len) below the model's: listed, and a request
+    past it refused."""
+    serving = ServingSpec(model="llama-3.1-8b", accelerator="h100-sxm", max_context_tokens=1000)
+    client = await make_client(serving=serving)
     body = (await client.get("/v1/models")).json()
     assert body["data"][0]["max_model_len"] == 1000
     fits = {"model": "llama-3.1-8b", "prompt": [1] * 900, "max_tokens": 100}

@@ -111,7 +111,7 @@ def test_vllm_s_shutdown_timeout_is_how_long_open_streams_get_when_stopped() -> 
         (["launch", "llama-3.1-8b"], "invalid choice"),
         # More context than the weights' config gives: vLLM refuses to start so.
         (["serve", "qwen3-32b", "--max-model-len", "131072"],
-         "--max-model-len 131072 is more than the 40960-token context of qwen3-32b"),
+         "maxContextTokens 131072 is more than the 40960-token context of qwen3-32b"),
         (["serve", "llama-3.1-8b", "--max-model-len", "0"], "--max-model-len"),
     ],
 )  # fmt: skip
