@@ -32,15 +32,16 @@ INTERVAL_S = 5
 WINDOW_S = 20  # the example's scale-down window, shortened to keep the test short (4 ticks)
 #: How long to wait for what a tick or two should bring, on a machine busy with other tests.
 TICKS_WITHIN_S = 60
-#: 12 clients on a pool whose replica carries 4 * 0.8 requests at its SLO: 4 replicas
-#: (its maximum; 9 would need only 3: the margin keeps the recommendation off its edge).
-#: One replica's batch of 4 leaves 8 waiting at the router, which the autoscaler reads too:
-#: one tick goes from 1 to 4. Output lengths vary (50-100 tokens): requests of one length sent
-#: together finish together, and a tick that reads the pod and the router while a whole batch
-#: is on its way back to the clients counts up to 4 requests fewer (it saw 7 of 12 once) and
-#: rightly decides 3 (docs/concepts/autoscaling.md, Limits).
+#: 16 clients on a pool whose replica carries 4 * 0.8 requests at its SLO: 4 replicas (its
+#: maximum), the 16 batch slots of 4 replicas full and none waiting. One replica's batch of 4
+#: leaves 12 waiting at the router, which the autoscaler reads too: one tick goes from 1 to 4.
+#: A tick that reads the pods and the router while replies are on their way back to their
+#: clients counts those requests nowhere (docs/concepts/autoscaling.md, Limits): it still
+#: decides 4 while it sees 10 or more, so the load stays off the edge between 3 and 4 (with 12
+#: clients a tick that missed 3 decided 3, and a window of such ticks let the pool step down
+#: to 3 under load).
 BENCH = [
-    "--mix", "batched=1", "--model", MODEL, "--concurrency", "12", "--input-tokens", "512",
+    "--mix", "batched=1", "--model", MODEL, "--concurrency", "16", "--input-tokens", "512",
     "--max-tokens", "50-100", "--tools-fraction", "0",
 ]  # fmt: skip
 SLO = SloTargets(ttft_ms=500)  # the example's spec.slo

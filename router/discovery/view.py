@@ -184,10 +184,9 @@ class PoolView:
         `hosted=False`: by pools of pods alone, the only ones a gateway reaches."""
         return (self._tiers if hosted else self._pod_tiers).get(model, ())
 
-    @property
-    def served_models(self) -> dict[str, tuple[Tier, ...]]:
-        """Model name -> tiers serving it."""
-        return dict(self._tiers)
+    def models_served(self, *, hosted: bool = True) -> dict[str, tuple[Tier, ...]]:
+        """Model name -> tiers serving it (`hosted=False`: by pools of pods alone)."""
+        return dict(self._tiers if hosted else self._pod_tiers)
 
     def endpoints(self) -> list[EndpointState]:
         return [e for p in self.pools.values() for e in p.endpoints]

@@ -201,7 +201,8 @@ class GatewayStream:
                 message = f"method not allowed: {path} takes GET, HEAD"
                 self._refuse(RouterError(405, message, code="method_not_allowed", headers=allow))
                 return
-            body = b"" if method == "HEAD" else dumps(models_reply(self.router.view()))
+            reply = models_reply(self.router.view(), hosted=False)  # the gateway's reach
+            body = b"" if method == "HEAD" else dumps(reply)
             self._immediate_parts(200, {"content-type": "application/json"}, body, "models")
             return
         chat = COMPLETION_PATHS.get(path)

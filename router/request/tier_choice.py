@@ -90,7 +90,7 @@ def choose_tier(
                 code="model_not_found",
                 param="model",
             )
-        served = ", ".join(sorted(view.served_models)) or "none"
+        served = ", ".join(sorted(view.models_served(hosted=hosted))) or "none"
         raise RouterError(
             404,
             f"model {model!r} is not served here; served models: {served}",

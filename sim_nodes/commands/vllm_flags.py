@@ -133,8 +133,8 @@ def vllm_overrides(
             )
         out["weightDtype"] = QUANTIZATIONS[args.vllm_quantization]
     served = args.vllm_max_model_len
-    if served is not None and served != _model_context({**base, **out}, args, catalog):
-        out["maxContextTokens"] = served  # the model's own context is no override
+    if served is not None and served != _served_context({**base, **out}, args, catalog):
+        out["maxContextTokens"] = served  # the context served already is no override
     if args.vllm_kv_cache_dtype not in (None, "auto"):
         out["kvDtype"] = KV_CACHE_DTYPES[args.vllm_kv_cache_dtype]
     config = args.vllm_speculative_config
@@ -143,8 +143,12 @@ def vllm_overrides(
     return out
 
 
-def _model_context(spec: dict[str, Any], args: argparse.Namespace, catalog: Catalog) -> int | None:
-    """The context of the model the spec so far (or --model) names, where known."""
+def _served_context(spec: dict[str, Any], args: argparse.Namespace, catalog: Catalog) -> int | None:
+    """The context the spec so far serves: its maxContextTokens, else that of the model it
+    (or --model) names, where known."""
+    given = spec.get("maxContextTokens")
+    if isinstance(given, int):
+        return given
     profile = args.model_profile_json or spec.get("modelProfile")
     if isinstance(profile, dict):
         context = profile.get("maxContextTokens")

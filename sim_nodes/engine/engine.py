@@ -124,6 +124,12 @@ class Engine:
         self._rng = random.Random(seed)
         self.blocks = BlockAllocator.for_deployment(deployment, block_size)
         bg = self.background
+        context = deployment.model.max_context_tokens
+        if bg.sequences and bg.context_tokens > context:
+            raise EngineCapacityError(
+                f"background sequences of {bg.context_tokens} tokens exceed the {context}-token "
+                f"context {deployment.model.name} is served with"
+            )
         bg_blocks = bg.sequences * blocks_for(bg.context_tokens, block_size)
         if bg.sequences and bg_blocks >= self.blocks.total_blocks:
             raise EngineCapacityError(

@@ -7,6 +7,7 @@ from .deployment import (
     Speculative,
     chips_to_hold,
     default_tensor_parallel,
+    holds_whole_context,
 )
 from .seeds import evaluate_seed_tiers, load_seed_tiers
 from .spec import (
@@ -34,6 +35,7 @@ __all__ = [
     "SloCapacity",
     "SpeculativeSpec",
     "build_deployment",
+    "holds_whole_context",
     "layered_catalog",
     "profile_label",
     "profile_sources",

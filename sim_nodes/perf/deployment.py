@@ -20,6 +20,13 @@ class PerfConfigError(ValueError):
     """An impossible configuration (as opposed to one that merely does not fit)."""
 
 
+def holds_whole_context(accelerator: Accelerator) -> bool:
+    """Whether a replica on `accelerator` must keep KV cache for one sequence of its whole
+    context: GPUs do (vLLM checks so when it starts; SGLang and the sim node stand in for the
+    same pods). SRAM chips (wafer-scale, LPU; simulated only) are sized by their batch."""
+    return accelerator.memory_kind != "sram"
+
+
 @dataclass(frozen=True, slots=True)
 class Speculative:
     """Speculative decoding: a draft model proposes `tokens`, the target verifies them at once."""

@@ -20,7 +20,13 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from ..catalogs import Accelerator, Catalog, Dtype, ModelProfile
-from .deployment import Deployment, PerfConfigError, Speculative, chips_to_hold
+from .deployment import (
+    Deployment,
+    PerfConfigError,
+    Speculative,
+    chips_to_hold,
+    holds_whole_context,
+)
 from .deployment import default_tensor_parallel as _default_tp
 from .steady_state import Batching
 
@@ -212,7 +218,8 @@ def profile_sources(spec: ServingSpec, catalog: Catalog) -> tuple[ProfileSource,
 
 
 def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0) -> Deployment:
-    """The replica a spec describes. `kv_tokens` sizes `chips: auto` (SRAM chips hold KV too).
+    """The replica a spec describes. `kv_tokens` sizes `chips: auto` (SRAM chips hold KV too;
+    on GPUs at least one sequence of the whole context, `holds_whole_context`).
 
     Names resolve in `catalog` layered with the spec's inline profiles. Raises CatalogError for
     unknown names and PerfConfigError for impossible layouts.
@@ -233,6 +240,8 @@ def build_deployment(spec: ServingSpec, catalog: Catalog, *, kv_tokens: int = 0)
         sd = spec.speculative_decoding
         speculative = Speculative(sd.tokens, sd.acceptance_rate, catalog.model(sd.draft_model))
     if spec.chips == "auto":
+        if holds_whole_context(accelerator):
+            kv_tokens = max(kv_tokens, model.max_context_tokens)
         chips = chips_to_hold(
             model,
             accelerator,

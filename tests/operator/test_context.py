@@ -103,3 +103,14 @@ def test_the_router_bounds_a_request_s_cost_by_the_pool_s_context(tmp_path: Path
     assert view.most_cost_usd("short", "batched", 10, None) == pytest.approx(
         10 * view.pools["short"].input_price_per_token_usd + 4096 * per_token
     )
+
+
+def test_background_sequences_longer_than_the_context_are_an_invalid_spec() -> None:
+    """A sim pool's background load is sequences the engine keeps decoding: none may be longer
+    than the context the pool serves."""
+    background = {"sequences": 2, "contextTokens": 8000}
+    sim = {"engine": "sim", "chips": 2, "batching": {"maxNumSeqs": 8}, "background": background}
+    assert assess(spec(**sim), CATALOG).problem is None
+    problem = assess(spec(**sim, maxContextTokens=4096), CATALOG).problem
+    assert problem is not None
+    assert "background sequences of 8000 tokens exceed the 4096-token context" in problem

@@ -445,8 +445,8 @@ def test_the_flag_check_can_fail() -> None:
         ({"maxNumSeqs": 256, "maxBatchedTokens": 128},
          "batching.maxBatchedTokens (128) is below batching.maxNumSeqs (256)"),
         ({"maxBatchedTokens": 8192, "chunkedPrefill": False},
-         "needs batching.maxBatchedTokens (8192) of at least the model's context (131,072 "
-         "tokens of llama-3.1-70b)"),
+         "needs batching.maxBatchedTokens (8192) of at least the context the pool serves "
+         "(131,072 tokens of llama-3.1-70b"),
     ],
 )  # fmt: skip
 def test_batch_limits_vllm_refuses_at_start_are_refused_before_a_pod_runs(

@@ -118,8 +118,11 @@ REAL_405B = {"model": "llama-3.1-405b", "accelerator": "h100-sxm", "chips": "aut
         # the node would refuse to start: its pods would crash-loop, the reason in their log
         ({"batching": {"maxNumSeqs": 4}, "background": {"sequences": 4, "contextTokens": 1000}},
          "background: 4 resident sequences leave no batch slot"),
-        ({"background": {"sequences": 2, "contextTokens": 100_000_000}},
+        ({"chips": 2, "tensorParallel": 2, "batching": {"maxNumSeqs": 16},
+          "background": {"sequences": 15, "contextTokens": 100_000}},
          "tokens of KV cache but the replica holds"),
+        ({"background": {"sequences": 2, "contextTokens": 300_000}},
+         "background sequences of 300000 tokens exceed the 200000-token context"),
         ({"background": {"sequences": 2, "contextTokens": 10, "turnInputTokens": 50,
                          "turnOutputTokens": 10}},
          "background: a background turn (50 tokens) cannot exceed the background context"),

@@ -30,6 +30,7 @@ def test_a_sim_node_serves_the_rendered_vllm_command_line(
             "weightDtype": "fp8",
             "kvDtype": "fp8",
             "batching": {"maxNumSeqs": 8, "maxBatchedTokens": 4096},
+            "maxContextTokens": 32768,
             "speculativeDecoding": {"draftModel": "llama-3.2-1b", "tokens": 3,
                                     "acceptanceRate": 0.7},
             "servedModelName": "llama-fast",
@@ -49,7 +50,7 @@ def test_a_sim_node_serves_the_rendered_vllm_command_line(
         assert httpx.get(f"{node.url}/health", timeout=30).status_code == 200
         models = httpx.get(f"{node.url}/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["llama-fast", "llama-premium"]
-        assert {m["max_model_len"] for m in models["data"]} == {131072}  # --max-model-len
+        assert {m["max_model_len"] for m in models["data"]} == {32768}  # --max-model-len
         reply = httpx.post(
             f"{node.url}/v1/chat/completions",
             json={"model": "llama-premium", "messages": [{"role": "user", "content": "hi"}],

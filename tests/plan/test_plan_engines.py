@@ -17,7 +17,7 @@ from tiergate.cli import main
 from tiergate.operator.status import assess
 from tiergate.plan import PlanReport, plan_traffic
 from tiergate.plan.space import candidates
-from tiergate.pools import InferencePool
+from tiergate.pools import InferencePool, ReferenceWorkload, predict
 from tiergate.sim_nodes.catalogs import default_catalog
 
 
@@ -58,6 +58,15 @@ def test_a_real_engine_s_space_keeps_to_one_system_and_its_dtypes() -> None:
         assert {c.weight_dtype for c in real} == {"bf16", "fp8"}, engine
         assert {c.kv_dtype for c in real} == {"bf16"}, engine
         assert {str(c) for c in real} <= {str(c) for c in simulated}, engine
+
+
+def test_a_gpu_layout_holds_one_sequence_of_the_model_s_whole_context() -> None:
+    """Qwen3-32B on an H100: one chip holds the weights and a batch of short requests, not one
+    40,960-token sequence, so vLLM would not start on it and the operator refuses it."""
+    layouts = space(tiny_plan(model="qwen3-32b", engine="vllm"))
+    assert layouts and min(c.chips for c in layouts) == 2
+    for c in layouts:
+        assert predict(c.serving_spec(), ReferenceWorkload(), default_catalog()).result.fits, c
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

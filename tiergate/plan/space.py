@@ -24,6 +24,7 @@ from tiergate.sim_nodes.perf import (
     SpeculativeSpec,
     chips_to_hold,
     default_tensor_parallel,
+    holds_whole_context,
 )
 from tiergate.sim_nodes.tier_rules import accelerators_with, tier_problem
 
@@ -110,7 +111,8 @@ def candidates(
     """Every configuration of `tier` the catalog and `search` allow, in a fixed order.
 
     `tokens_per_request`: the mean request's KV footprint (sizes SRAM replicas for a full
-    batch); `longest_request`: the longest, which every replica must hold."""
+    batch); `longest_request`: the longest, which every replica must hold (a GPU replica, one
+    sequence of the model's whole context: `holds_whole_context`)."""
     model = catalog.model(demand.model)
     names = search.accelerators if search.accelerators is not None else sorted(catalog.accelerators)
     accelerators = _engine_runs(
@@ -255,13 +257,15 @@ def _layouts(
             draft=draft,
         )
 
+    # A GPU replica holds one sequence of the model's whole context (vLLM will not start
+    # otherwise): the operator refuses fewer chips.
+    if holds_whole_context(accelerator):
+        longest_request = max(longest_request, model.max_context_tokens)
     if accelerator.layout == "pipeline":
         # More chips than the batch needs only add pipeline hops.
-        chips = hold(kv_tokens)
+        chips = hold(max(kv_tokens, longest_request))
         return [(chips, default_tensor_parallel(chips, model, accelerator))]
-    # A GPU replica holds one sequence of the model's whole context (vLLM will not start
-    # otherwise, and the router admits requests that long): the operator refuses fewer chips.
-    fewest = hold(max(longest_request, model.max_context_tokens))
+    fewest = hold(longest_request)
     per_system = accelerator.chips_per_system
     sizes = [c for c in (1, 2, 4, 8, 16, 32) if c < per_system] + [
         per_system * k for k in range(1, 17)

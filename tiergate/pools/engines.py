@@ -173,9 +173,10 @@ def batching_problem(
     if not chunked_prefill and max_batched_tokens < context_tokens:
         return (
             f"batching.chunkedPrefill: false needs batching.maxBatchedTokens "
-            f"({max_batched_tokens}) of at least the model's context ({context_tokens:,} "
-            f"tokens of {model}): vLLM then prefills a prompt in one step, and refuses to start "
-            "otherwise; raise maxBatchedTokens or leave chunked prefill on"
+            f"({max_batched_tokens}) of at least the context the pool serves "
+            f"({context_tokens:,} tokens of {model}: spec.maxContextTokens, else the model's): "
+            "vLLM then prefills a prompt in one step, and refuses to start otherwise; raise "
+            "maxBatchedTokens, leave chunked prefill on, or shorten spec.maxContextTokens"
         )
     return None
 

@@ -22,6 +22,7 @@ from tiergate.sim_nodes.perf import (
     Workload,
     build_deployment,
     evaluate,
+    holds_whole_context,
     layered_catalog,
     max_running,
     profile_sources,
@@ -73,8 +74,8 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
 
     `catalog` is the shared one; the spec's inline profiles join a copy of it. A replica on
     GPUs must also hold one sequence of its whole context (spec.maxContextTokens, else the
-    model's): `chips: auto` counts it, and a layout short of it does not fit (the wafer
-    engine, simulated only, is sized by its batch). Raises CatalogError (unknown names) and
+    model's, `holds_whole_context`): `chips: auto` counts it, and a layout short of it does
+    not fit. Raises CatalogError (unknown names) and
     PerfConfigError (impossible layouts).
     """
     w = workload
@@ -82,9 +83,9 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     kv_tokens = spec.batching.max_num_seqs * shape.tokens_per_sequence
     layered = layered_catalog(spec, catalog)
     context = layered.model(spec.model).max_context_tokens
-    whole = layered.accelerator(spec.hardware()).layout != "pipeline"
-    if whole:  # `chips: auto` holds one sequence of the whole context too
-        kv_tokens = max(kv_tokens, context)
+    whole = holds_whole_context(layered.accelerator(spec.hardware()))
+    if shape.tokens_per_sequence > context and spec.max_context_tokens is not None:
+        raise PerfConfigError(_longer_than_served(shape, context, catalog, spec))
     try:
         deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
         batching = spec.batching.to_batching()
@@ -94,7 +95,8 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     except ArithmeticError as exc:  # overflow, a division by zero: absurd inline profiles
         raise PerfConfigError(_beyond_the_model(f"{type(exc).__name__}: {exc}")) from None
     if whole and result.fits and deployment.kv_capacity_tokens < context:
-        result = result.model_copy(update={"fits": False, "reason": _short_of(deployment)})
+        reason = _short_of(deployment, spec)
+        result = result.model_copy(update={"fits": False, "reason": reason})
     if result.fits and not all(
         math.isfinite(x) and x >= 0
         for x in (result.ttft_s, result.tpot_s, result.cost_per_million_output_tokens_usd)
@@ -103,14 +105,27 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     return PoolPerformance(deployment, result, *profile_sources(spec, catalog))
 
 
-def _short_of(d: Deployment) -> str:
+def _short_of(d: Deployment, spec: ServingSpec) -> str:
     """Why a GPU replica whose KV cache holds less than one sequence of its context does not
     fit: vLLM checks it when it starts, and no engine could serve a request that long."""
-    context = d.model.max_context_tokens
+    remedies = ["more chips", *(["kvDtype fp8"] if spec.kv_dtype != "fp8" else [])]
+    remedies.append("a shorter spec.maxContextTokens")
     return (
         f"its KV cache holds {d.kv_capacity_tokens:,} tokens, less than one sequence of the "
-        f"{context:,}-token context (vLLM refuses to start so): use more chips, kvDtype fp8, "
-        "or a shorter spec.maxContextTokens"
+        f"{d.model.max_context_tokens:,}-token context it serves (vLLM refuses to start so, "
+        f"and no engine could serve a request that long): use {', '.join(remedies[:-1])} or "
+        f"{remedies[-1]}"
+    )
+
+
+def _longer_than_served(shape: Workload, context: int, catalog: Catalog, spec: ServingSpec) -> str:
+    """Why a reference workload longer than spec.maxContextTokens cannot be predicted."""
+    model = catalog.with_profiles(model=spec.model_profile).models.get(spec.model)
+    own = f"; the model's is {model.max_context_tokens}" if model is not None else ""
+    return (
+        f"the reference workload's input + output tokens ({shape.tokens_per_sequence}) exceed "
+        f"the {context}-token context the pool serves (spec.maxContextTokens{own}): shorten "
+        "spec.workload or lengthen spec.maxContextTokens"
     )
 
 

@@ -65,7 +65,7 @@ def test_view_indexes_candidates_by_model_and_tier() -> None:
     }
     assert view.tiers_serving("coder") == ("batched", "premium")
     assert view.tiers_serving("spark") == ("wafer-scale",)
-    assert view.served_models == {
+    assert view.models_served() == {
         "coder": ("batched", "premium"),
         "coder-spark": ("wafer-scale",),
         "spark": ("wafer-scale",),
@@ -419,7 +419,7 @@ def test_a_name_only_previous_pods_answer_to_is_held_at_its_dearest_price(order:
     assert view.most_cost_usd("coder", "batched", 1000, 1000) == pytest.approx(
         view.pools["b-dear"].cost_usd(1000, 1000)
     )
-    assert view.served_models["coder"] == ("batched",)
+    assert view.models_served()["coder"] == ("batched",)
 
 
 def test_a_batch_of_prompts_is_held_a_context_for_each_prompt() -> None:

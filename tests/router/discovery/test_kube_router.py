@@ -134,7 +134,7 @@ async def test_a_name_a_pool_is_rolling_out_to_is_a_503_with_retry_after(node_ur
         renamed = copy.deepcopy(pools["items"][0])
         renamed["spec"]["servedModelName"] = "coder-2"
         api.give_watch(INFERENCE_POOLS, watch_event("MODIFIED", renamed, "48301"))
-        await eventually(lambda: "coder-2" in source.view.served_models)
+        await eventually(lambda: "coder-2" in source.view.models_served())
         for headers in ({}, {"x-tiergate-tier": "batched"}):
             r = await client.post(
                 "/v1/chat/completions", json={**body, "model": "coder-2"}, headers=headers

@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
+import httpx
 import pytest
 from envoy_gateway import Envoy
-from epp_system import System, chat, epp_system, node, post
+from epp_system import ALICE, System, chat, epp_system, node, post
 
 from tiergate.sim_nodes.server import create_app
 
@@ -91,3 +92,15 @@ def test_through_the_gateway_a_model_only_hosted_pools_serve_is_not_found(envoy:
     error = _error(reply)
     assert error["code"] == "model_not_found", error
     assert "only by hosted pools" in error["message"], error
+
+
+def test_the_gateway_s_model_list_is_what_it_can_serve(envoy: Envoy, system: System) -> None:
+    def listed(base: str) -> dict[str, list[str]]:
+        reply = httpx.get(base + "/v1/models", headers=ALICE, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return {m["id"]: m["tiers"] for m in reply.json()["data"]}
+
+    through_gateway, own_port = listed(envoy.url), listed(system.url)
+    assert through_gateway["coder"] == ["batched", "premium"] and "solo" not in through_gateway
+    assert own_port["coder"] == ["batched", "premium", "wafer-scale"]
+    assert own_port["solo"] == ["batched"]

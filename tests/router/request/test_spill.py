@@ -21,6 +21,7 @@ from tiergate.router.policy.latency import LatencyPredictor
 from tiergate.router.request.body import CompletionRequest, parse_completion
 from tiergate.router.request.spill import Spill, choose_spill, spill_targets
 from tiergate.router.tenants.spill_policy import SpillPolicy
+from tiergate.router.upstream.proxy import Upstream
 from tiergate.sim_nodes.catalogs import default_catalog
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -208,6 +209,26 @@ async def test_a_gateway_s_request_never_moves_to_a_tier_only_hosted_pools_serve
         assert choose_spill(*args, ("wafer-scale", "premium"), NOW_S, gateway) == Spill(
             "batched", "premium", "saturated"
         )
+
+
+def test_a_tier_whose_providers_are_all_at_their_limit_is_no_target(tmp_path: Path) -> None:
+    """The router's own port reaches a provider, but one with as many requests open as its
+    pool allows would answer 429: its tier is no place to move a request to meanwhile."""
+    decision = Decision(
+        pool("b", "batched", "a100-40gb", 1),
+        pool("pp", "premium", "wse-3", 20),
+        hosted_pool("www", "wafer-scale", 10, tmp_path / "key"),
+    )
+    own = Upstream().usable
+    request_ = request()
+    assert spill_targets(decision.view, request_, "batched", TIERS, EVERYWHERE, own) == (
+        "wafer-scale",
+        "premium",
+    )
+    (provider,) = decision.view.candidates("coder", "wafer-scale")
+    assert provider.hosted is not None
+    provider.inflight = provider.hosted.max_concurrent
+    assert spill_targets(decision.view, request_, "batched", TIERS, EVERYWHERE, own) == ("premium",)
 
 
 class _NoSubset:

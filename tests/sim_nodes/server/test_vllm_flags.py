@@ -97,6 +97,22 @@ def test_vllm_s_shutdown_timeout_is_how_long_open_streams_get_when_stopped() -> 
         assert graceful_shutdown_s(parse(["sim-node", "serve", "llama-3.1-8b", *flags])) == seconds
 
 
+def test_vllm_s_max_model_len_is_the_context_served_over_the_spec_s() -> None:
+    """The pool's context, else the model's: the flag is an override only where it differs."""
+    assert spec_of("serve", "llama-3.1-8b").max_context_tokens is None
+    assert spec_of("serve", "llama-3.1-8b", "--max-model-len", "131072").max_context_tokens is None
+    assert spec_of("serve", "llama-3.1-8b", "--max-model-len", "4096").max_context_tokens == 4096
+    pool = {
+        "TIERGATE_POOL_JSON": json.dumps(
+            {"model": "llama-3.1-8b", "accelerator": "h100-sxm", "maxContextTokens": 4096}
+        )
+    }
+    assert spec_of(environ=pool).max_context_tokens == 4096
+    assert spec_of("--max-model-len", "4096", environ=pool).max_context_tokens == 4096
+    longer = spec_of("--max-model-len", "131072", environ=pool)
+    assert longer.max_context_tokens == 131072  # the flags override the spec
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
