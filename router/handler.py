@@ -409,6 +409,7 @@ class Router:
             prefix_hashes(request.prefix_text),
             ttft_slo,
             tpot_slo,
+            request.prompt_tokens_estimate // request.prompts + (request.max_tokens or 1),
         )
         opener = self.opener(ex)
         offered = view.candidates(request.model, tier)

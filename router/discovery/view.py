@@ -124,6 +124,15 @@ class PoolView:
             name: p.deployment for name, p in self.pools.items() if p.deployment is not None
         }
         self._batch_caps = {name: p.slots for name, p in self.pools.items()}
+        self._contexts = {name: p.max_context_tokens for name, p in self.pools.items()}
+        #: (model, tier) -> the shortest context of the pools serving it, for `context-filter`.
+        self._shortest: dict[tuple[str, Tier], int] = {}
+        for pool in self.pools.values():
+            names = {*pool.spec.names, *(n for e in pool.endpoints for n in e.served_names)}
+            for name in names:
+                key = (name, pool.spec.tier)
+                held = self._shortest.get(key)
+                self._shortest[key] = min(held or pool.max_context_tokens, pool.max_context_tokens)
 
     def deployment(self, pool: str) -> Deployment | None:
         """The replica `pool`'s spec describes (None: unknown pool, or hosted)."""
@@ -132,6 +141,14 @@ class PoolView:
     def batch_cap(self, pool: str) -> int | None:
         """Requests one endpoint of `pool` takes at once (its `slots`)."""
         return self._batch_caps.get(pool)
+
+    def context(self, pool: str) -> int | None:
+        """The longest context `pool` serves (its `max_context_tokens`)."""
+        return self._contexts.get(pool)
+
+    def shortest_context(self, model: str, tier: Tier) -> int | None:
+        """The shortest context of the pools of `tier` serving `model` (None: none serves it)."""
+        return self._shortest.get((model, tier))
 
     def _raise_ceiling(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
         """The dearest prices and longest context of any pool serving `key`: a budget holds

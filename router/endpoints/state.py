@@ -105,3 +105,5 @@ class RequestContext:
     prefix_hashes: tuple[int, ...] = field(default=())  # hashes of the prompt's first blocks
     slo_ttft_s: float | None = None  # the request's latency targets (x-slo-ttft-ms, ...)
     slo_tpot_s: float | None = None
+    #: Context one sequence needs: its prompt (estimated) and its output cap (else a token).
+    context_tokens: int = 0

@@ -34,6 +34,7 @@ from tiergate.router.policy.registry import PolicyConfigError, known_types, regi
 BUILT_IN = (
     "model_filter",
     "tier_filter",
+    "context_filter",
     "random_sample",
     "ejected_filter",
     "slo_filter",

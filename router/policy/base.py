@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from tiergate.router.base.tiers import Tier
 from tiergate.router.endpoints.state import EndpointState, RequestContext
 from tiergate.sim_nodes.perf import Deployment
 
@@ -73,6 +74,14 @@ class PoolShapes(Protocol):
         """Requests one endpoint of the pool takes at once; None: uncapped."""
         ...
 
+    def context(self, pool: str) -> int | None:
+        """The longest context the pool's engines serve; None: unknown."""
+        ...
+
+    def shortest_context(self, model: str, tier: Tier) -> int | None:
+        """The shortest `context` of the pools of `tier` serving `model` (None: one unknown)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class FixedPools:
@@ -86,6 +95,16 @@ class FixedPools:
 
     def batch_cap(self, pool: str) -> int | None:
         return self.batch_caps.get(pool)
+
+    def context(self, pool: str) -> int | None:
+        d = self.deployments.get(pool)
+        return d.model.max_context_tokens if d is not None else None
+
+    def shortest_context(self, model: str, tier: Tier) -> int | None:
+        """The shortest of every pool's here (which serve `model` is not known: that of any
+        pool is at most theirs)."""
+        contexts = [d.model.max_context_tokens for d in self.deployments.values()]
+        return min(contexts) if contexts else None
 
     def now(self) -> FixedPools:
         """Itself: the `pools` callable of a context that never changes."""

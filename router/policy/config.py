@@ -126,8 +126,10 @@ def default_policy() -> PolicyConfig:
     """The policy used when the configuration names none.
 
     Filters keep the endpoints that serve the model at the tier (the view's precomputed set,
-    kept without a scan), then a random sample of 8 of them plus those prefix affinity
-    favours (power of k choices: a pool of 300 costs a request about what a pool of 8 does),
+    kept without a scan), those whose pool serves a context as long as the request's (kept
+    without a scan when every pool of the tier does), then a random sample of 8 of them plus
+    those prefix affinity favours (power of k choices: a pool of 300 costs a request about
+    what a pool of 8 does),
     then those of the sample that are not ejected, then those predicted to meet the request's
     SLO headers, if it sent any. The predicted latency (perf model over
     each endpoint's load and hardware) weighs most; queue depth reacts to the router's own
@@ -139,6 +141,7 @@ def default_policy() -> PolicyConfig:
         filters=[
             PluginSpec(type="model-filter"),
             PluginSpec(type="tier-filter"),
+            PluginSpec(type="context-filter"),
             PluginSpec(type="random-sample", parameters={"size": 8}),
             PluginSpec(type="ejected-filter"),
             PluginSpec(type="slo-filter"),

@@ -1,12 +1,19 @@
-"""model-filter, tier-filter and ejected-filter (random-sample has a file of its own)."""
+"""model-filter, tier-filter, context-filter and ejected-filter (random-sample has a file of
+its own)."""
+
+from collections.abc import Sequence
 
 from policy_helpers import MODEL, endpoint, endpoints, request
 
-from tiergate.router.endpoints.state import CandidateSet
+from tiergate.router.config import parse_config
+from tiergate.router.discovery.view import PoolView, build_view
+from tiergate.router.endpoints.state import CandidateSet, EndpointState, RequestContext
 from tiergate.router.policy import NoParameters, PluginContext
+from tiergate.router.policy.context_filter import ContextFilter
 from tiergate.router.policy.ejected_filter import EjectedFilter
 from tiergate.router.policy.model_filter import ModelFilter
 from tiergate.router.policy.tier_filter import TierFilter
+from tiergate.sim_nodes.catalogs import default_catalog
 
 CONTEXT = PluginContext()
 
@@ -64,3 +71,35 @@ def test_model_and_tier_filters_keep_the_views_set_without_looking_inside() -> N
     assert list(m.filter(request(model="other"), candidates, 0.0)) == members
     assert list(t.filter(request(tier="premium"), candidates, 0.0)) == members
     assert list(m.filter(request(model="third"), candidates, 0.0)) == []
+
+
+def _two_contexts() -> PoolView:
+    """`coder` in the batched tier from two pools: one serving 4,096 tokens, one the model's
+    131,072."""
+
+    def pool(name: str, more: str) -> str:
+        return (
+            f"  - {{name: {name}, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, "
+            f"servedModelName: coder, endpoints: ['http://10.0.0.{len(name)}:8000']{more}}}\n"
+        )
+
+    config = parse_config(
+        "router: {}\npools:\n" + pool("short", ", maxContextTokens: 4096") + pool("whole", "")
+    )
+    return build_view(config.pools, default_catalog())
+
+
+def test_context_filter_keeps_the_pools_whose_context_holds_the_request() -> None:
+    view = _two_contexts()
+    f = ContextFilter("c", NoParameters(), PluginContext(pools=lambda: view))
+    candidates = view.candidates("coder", "batched")
+    short, whole = (next(e for e in candidates if e.pool == p) for p in ("short", "whole"))
+
+    def ask(tokens: int) -> Sequence[EndpointState]:
+        ctx = RequestContext("coder", "batched", tokens - 100, 100, context_tokens=tokens)
+        return f.filter(ctx, candidates, 0.0)
+
+    assert ask(4096) is candidates  # both serve it: no look at each
+    assert list(ask(4097)) == [whole]
+    assert ask(131_073) is candidates  # none does: the engine's 400 says the limit
+    assert short.pool == "short"

@@ -18,6 +18,7 @@ from tiergate.router.policy.registry import build_plugin
 BUILT_IN = {
     "model-filter": "filter",
     "tier-filter": "filter",
+    "context-filter": "filter",
     "ejected-filter": "filter",
     "random-sample": "filter",
     "queue-depth-scorer": "scorer",
@@ -112,6 +113,7 @@ def test_default_policy_is_valid_and_round_trips() -> None:
     assert [s.type for s in config.filters] == [
         "model-filter",
         "tier-filter",
+        "context-filter",
         "random-sample",
         "ejected-filter",
         "slo-filter",

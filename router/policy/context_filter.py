@@ -1,0 +1,42 @@
+"""`context-filter`: keep the endpoints whose pool serves a context as long as the request's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tiergate.router.endpoints.state import EndpointState, RequestContext
+from tiergate.router.policy.base import Filter, NoParameters, PluginContext
+from tiergate.router.policy.registry import register
+
+__all__ = ["ContextFilter"]
+
+
+@register("context-filter", NoParameters)
+class ContextFilter(Filter):
+    """Drops the endpoints of pools whose context (spec.maxContextTokens, else the model's)
+    is shorter than the request's prompt (estimated) and output cap: their engine would
+    refuse it while a pool with a longer context in the same tier could serve it.
+
+    When every pool of the tier serves the request's length (pools of one model and tier
+    usually serve one context) it keeps the candidates as they are, without a look at each.
+    When none does, it keeps them all: the engine's own 400 (`context_length_exceeded`) says
+    the limit exactly, where the router has only an estimate of the prompt.
+    """
+
+    def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
+        super().__init__(name, parameters, context)
+        self.pools = context.pools
+
+    def filter(
+        self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
+    ) -> Sequence[EndpointState]:
+        pools = self.pools()
+        shortest = pools.shortest_context(ctx.model, ctx.tier)
+        if shortest is not None and ctx.context_tokens <= shortest:
+            return candidates
+        kept = []
+        for endpoint in candidates:
+            context = pools.context(endpoint.pool)
+            if context is None or context >= ctx.context_tokens:
+                kept.append(endpoint)
+        return kept or candidates
