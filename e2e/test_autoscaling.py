@@ -146,7 +146,7 @@ def test_a_load_step_scales_the_pool_up_holds_through_an_operator_restart_and_ba
             assert first_up.at - load.started_at <= 2 * INTERVAL_S + 5, (
                 f"first scale-up {first_up.at - load.started_at:.1f} s after the step"
             )
-            up = scaled_up(release, POOL)  # 1 -> 4: ... (4 running, ..., 8 queued at 1 router)
+            up = scaled_up(release, POOL)  # 1 -> 4: ... (4 running, ..., 12 queued at 1 router)
             assert first_up.replicas == 4, f"the first scale-up was to {first_up.replicas}: {up}"
             assert up and up[0].startswith("1 -> 4 replicas") and "queued at 1 router" in up[0], up
             release.wait(lambda: release.ready_replicas(POOL) == 4, "4 ready replicas", 180)

@@ -243,7 +243,10 @@ class Router:
             choice = TierChoice(plan.cascade.first, "cascade", "standard", False)
             tier = choice.tier
         ex.choice = choice
-        tiers = tiers_to_try(view, request.model, choice, tier, tenant, hosted=hosted)
+        tiers = tiers_to_try(
+            view, request.model, choice, tier, tenant, hosted=hosted,
+            context=request.context_needed,
+        )  # fmt: skip
         spill = spill_over(
             self.admission, view, self.predictor, headers, request, tenant, tier,
             choice.priority, self.clock(), cascade=plan is not None,
@@ -409,7 +412,7 @@ class Router:
             prefix_hashes(request.prefix_text),
             ttft_slo,
             tpot_slo,
-            request.prompt_tokens_estimate // request.prompts + (request.max_tokens or 1),
+            request.context_needed,
         )
         opener = self.opener(ex)
         offered = view.candidates(request.model, tier)

@@ -125,11 +125,11 @@ class PoolView:
         }
         self._batch_caps = {name: p.slots for name, p in self.pools.items()}
         self._contexts = {name: p.max_context_tokens for name, p in self.pools.items()}
-        #: (model, tier) -> the shortest context of the pools serving it, for `context-filter`.
+        #: (model, tier) -> the shortest context of the pools with endpoints serving it (those
+        #: `candidates` holds), for `context-filter`.
         self._shortest: dict[tuple[str, Tier], int] = {}
         for pool in self.pools.values():
-            names = {*pool.spec.names, *(n for e in pool.endpoints for n in e.served_names)}
-            for name in names:
+            for name in {n for e in pool.endpoints for n in e.served_names}:
                 key = (name, pool.spec.tier)
                 held = self._shortest.get(key)
                 self._shortest[key] = min(held or pool.max_context_tokens, pool.max_context_tokens)
@@ -147,8 +147,13 @@ class PoolView:
         return self._contexts.get(pool)
 
     def shortest_context(self, model: str, tier: Tier) -> int | None:
-        """The shortest context of the pools of `tier` serving `model` (None: none serves it)."""
+        """The shortest context of the pools of `tier` whose endpoints serve `model` (None:
+        no endpoint does)."""
         return self._shortest.get((model, tier))
+
+    def longest_context(self, model: str, tier: Tier) -> int:
+        """The longest context of the pools of `tier` serving `model` (0: none does)."""
+        return self._ceilings.get((model, tier), (0.0, 0.0, 0))[2]
 
     def _raise_ceiling(self, key: tuple[str, Tier], pool: RoutedPool) -> None:
         """The dearest prices and longest context of any pool serving `key`: a budget holds

@@ -79,7 +79,8 @@ class PoolShapes(Protocol):
         ...
 
     def shortest_context(self, model: str, tier: Tier) -> int | None:
-        """The shortest `context` of the pools of `tier` serving `model` (None: one unknown)."""
+        """At most the shortest `context` of the pools whose endpoints serve `model` in `tier`
+        (None: not known; `context-filter` then looks at each endpoint)."""
         ...
 
 

@@ -92,6 +92,14 @@ class CompletionRequest:
     #: The URLs of its media parts that are not inline (`data:`): what a node would fetch.
     #: Each with where it is in the body (`messages[0].content[1]`).
     media_urls: tuple[tuple[str, str], ...] = ()
+    #: The longest of its prompts (a completions batch has several), estimated as the rest.
+    longest_prompt_tokens: int = 1
+
+    @property
+    def context_needed(self) -> int:
+        """The context a sequence of it needs of its engine: its longest prompt (estimated)
+        and its output cap, else a token (vLLM refuses prompt + max_tokens > max_model_len)."""
+        return self.longest_prompt_tokens + (self.max_tokens or 1)
 
     @property
     def output_tokens_expected(self) -> int:
@@ -160,7 +168,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         if value is not None and not isinstance(value, bool):
             raise _bad(f"`stream_options.{key}` must be a boolean", param="stream_options")
     max_tokens, capped = _output_cap(body, chat)
-    text, tokens, prompts = _prompt(body, chat)
+    text, tokens, prompts, longest = _prompt(body, chat)
     choices, generated = _per_prompt(body)
     parts = _media_parts(body) if chat else ()
     media = tuple(kind for kind, _, _ in parts)
@@ -172,6 +180,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> CompletionRequest:
         include_usage=include_usage is True,
         max_tokens=max_tokens,
         prompt_tokens_estimate=max(1, tokens + MEDIA_TOKENS * len(media)),
+        longest_prompt_tokens=max(1, longest + MEDIA_TOKENS * len(media)),
         prefix_text=text[:PREFIX_CHARS],
         raw=raw if capped is None else None,
         sequences=generated * prompts,
@@ -318,9 +327,10 @@ def _per_prompt(body: dict[str, Any]) -> tuple[int, int]:
     return asked["n"], max(asked.values())
 
 
-def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int, int]:
     """The prompt's text (what prefix affinity hashes), its size in tokens (estimated for
-    text, counted for token ids) and how many prompts it is (a completions batch)."""
+    text, counted for token ids), how many prompts it is (a completions batch) and the size
+    of the longest of them."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -336,18 +346,22 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int, int]:
             parts.append(_content_text(content, i))
             extra += _json_tokens(message.get("tool_calls"))
         text = "\n".join(parts)
-        return text, len(text) // CHARS_PER_TOKEN + extra, 1
+        tokens = len(text) // CHARS_PER_TOKEN + extra
+        return text, tokens, 1, tokens
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return prompt, len(prompt) // CHARS_PER_TOKEN, 1
+        tokens = len(prompt) // CHARS_PER_TOKEN
+        return prompt, tokens, 1, tokens
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             text = "\n".join(prompt)
-            return text, len(text) // CHARS_PER_TOKEN, len(prompt)
+            longest = max(len(p) for p in prompt) // CHARS_PER_TOKEN
+            return text, len(text) // CHARS_PER_TOKEN, len(prompt), longest
         if _token_ids(prompt):  # OpenAI's and vLLM's pre-tokenised prompt
-            return _ids_text(prompt), len(prompt), 1
+            return _ids_text(prompt), len(prompt), 1, len(prompt)
         if all(isinstance(p, list) and p and _token_ids(p) for p in prompt):
-            return _ids_text(prompt[0]), sum(len(p) for p in prompt), len(prompt)
+            sizes = [len(p) for p in prompt]
+            return _ids_text(prompt[0]), sum(sizes), len(prompt), max(sizes)
     raise _bad(
         "`prompt` must be a string, a non-empty array of strings, an array of token ids "
         "(non-negative integers) or a non-empty array of such arrays",

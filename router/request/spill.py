@@ -92,15 +92,18 @@ def spill_targets(
 ) -> tuple[Tier, ...]:
     """The tiers `request` may move to from `asked`, cheapest first: the policy's (less those
     excluded for a request with tools), with `usable` endpoints serving its model (a pool
-    scaled to zero still names it), allowed to its tenant, and no dearer per million output
-    tokens than the policy's cap."""
+    scaled to zero still names it) and a pool whose context holds it, allowed to its tenant,
+    and no dearer per million output tokens than the policy's cap."""
     if not policy.to:
         return ()
-    model, cap = request.model, policy.max_output_usd_per_million
+    model, cap, need = request.model, policy.max_output_usd_per_million, request.context_needed
     priced = [
         (view.output_usd_per_million(model, tier), tier)
         for tier in policy.tiers_for(bool(request.body.get("tools")))
-        if tier != asked and tier in allowed and usable(view.candidates(model, tier))
+        if tier != asked
+        and tier in allowed
+        and usable(view.candidates(model, tier))
+        and view.longest_context(model, tier) >= need
     ]
     return tuple(tier for price, tier in sorted(priced) if cap is None or price <= cap)
 

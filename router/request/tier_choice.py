@@ -129,10 +129,13 @@ def tiers_to_try(
     tenant: Tenant,
     *,
     hosted: bool = True,
+    context: int = 0,
 ) -> list[Tier]:
     """`tier`, then for `service_tier: auto` the other tiers serving the model that the
-    tenant may use (`hosted=False`: by pools of pods), in the order admission tries them."""
+    tenant may use (`hosted=False`: by pools of pods) with a pool whose context holds the
+    request's `context` tokens, in the order admission tries them."""
     if not choice.may_fall_back:
         return [tier]
     others = view.tiers_serving(model, hosted=hosted)
-    return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers)]
+    return [tier, *(t for t in others if t != tier and t in tenant.allowed_tiers
+                    and view.longest_context(model, t) >= context)]  # fmt: skip

@@ -58,7 +58,8 @@ class Accelerator(BaseModel):
         default=None,
         description="How a model spans chips. tensor-parallel: groups of chips within a system "
         "split every layer, whole systems become pipeline stages, and a deployment takes the "
-        "fewest chips that hold the weights (the KV cache gets what is left), as on GPUs. "
+        "fewest chips that hold the weights and, on GPU memory, one sequence of the whole "
+        "context (the KV cache gets what is left), as on GPUs. "
         "pipeline: layers are laid out chip after chip (a tensor-parallel group per stage only "
         "when chips outnumber layers), and a deployment takes the chips the weights and a full "
         "batch's KV cache need, since a chip more only adds a hop, as on SRAM dataflow chips. "

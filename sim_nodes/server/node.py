@@ -98,8 +98,8 @@ def _sizing_kv_tokens(config: NodeConfig, catalog: Catalog) -> int:
 
     A pipeline layout (SRAM chips) holds the KV cache in the same scarce memory as the
     weights, so a full batch of `sizing_tokens_per_sequence` each is provisioned; a
-    tensor-parallel layout takes the fewest chips that hold the weights (the KV cache gets what
-    is left), as a vLLM deployment would.
+    tensor-parallel layout takes the fewest chips that hold the weights and one sequence of the
+    whole context (`build_deployment`; the KV cache gets what is left), as vLLM needs.
     """
     accelerator = catalog.accelerator(config.serving.hardware())
     if accelerator.layout != "pipeline":

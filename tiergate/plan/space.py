@@ -2,9 +2,10 @@
 
 A configuration is what a pool spec sets: accelerator, chips and tensor-parallel layout,
 weight and KV dtypes, batch cap, and speculative decoding where the catalog holds a draft (a
-model distilled from the tier's). GPUs are tried from the fewest chips that hold one request
-up to `max_chip_multiple` times that, in every layout that divides the heads within a system;
-SRAM chips hold the KV cache too, so each batch cap gets the fewest chips that hold its batch.
+model distilled from the tier's). GPUs are tried from the fewest chips that hold one sequence
+of the model's whole context (as vLLM needs to start) up to `max_chip_multiple` times that, in
+every layout that divides the heads within a system; SRAM chips hold the KV cache too, so each
+batch cap gets the fewest chips that hold its batch.
 A tier planned for a real engine (vLLM, SGLang) keeps to what the engine runs: GPUs, a replica
 within one system, its weight and KV-cache dtypes, a model (and draft) with published weights.
 """

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tiergate.sim_nodes.catalogs import Catalog
+from tiergate.sim_nodes.catalogs import DTYPE_BYTES, Catalog
 from tiergate.sim_nodes.perf import (
     Deployment,
     PerfConfigError,
@@ -21,6 +21,7 @@ from tiergate.sim_nodes.perf import (
     ServingSpec,
     Workload,
     build_deployment,
+    context_problem,
     evaluate,
     holds_whole_context,
     layered_catalog,
@@ -84,7 +85,10 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     layered = layered_catalog(spec, catalog)
     context = layered.model(spec.model).max_context_tokens
     whole = holds_whole_context(layered.accelerator(spec.hardware()))
-    if shape.tokens_per_sequence > context and spec.max_context_tokens is not None:
+    problem = context_problem(spec, catalog)
+    if problem is not None:
+        raise PerfConfigError(problem)
+    if shape.tokens_per_sequence > context:
         raise PerfConfigError(_longer_than_served(shape, context, catalog, spec))
     try:
         deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
@@ -108,7 +112,8 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
 def _short_of(d: Deployment, spec: ServingSpec) -> str:
     """Why a GPU replica whose KV cache holds less than one sequence of its context does not
     fit: vLLM checks it when it starts, and no engine could serve a request that long."""
-    remedies = ["more chips", *(["kvDtype fp8"] if spec.kv_dtype != "fp8" else [])]
+    smaller_kv = DTYPE_BYTES[spec.kv_dtype] > DTYPE_BYTES["fp8"]
+    remedies = ["more chips", *(["kvDtype fp8"] if smaller_kv else [])]
     remedies.append("a shorter spec.maxContextTokens")
     return (
         f"its KV cache holds {d.kv_capacity_tokens:,} tokens, less than one sequence of the "
@@ -119,13 +124,16 @@ def _short_of(d: Deployment, spec: ServingSpec) -> str:
 
 
 def _longer_than_served(shape: Workload, context: int, catalog: Catalog, spec: ServingSpec) -> str:
-    """Why a reference workload longer than spec.maxContextTokens cannot be predicted."""
-    model = catalog.with_profiles(model=spec.model_profile).models.get(spec.model)
-    own = f"; the model's is {model.max_context_tokens}" if model is not None else ""
+    """Why a reference workload longer than the pool's context cannot be predicted."""
+    words = f"the {context}-token context of {spec.model}"
+    if spec.max_context_tokens is not None:
+        model = catalog.with_profiles(model=spec.model_profile).models.get(spec.model)
+        own = f"; the model's is {model.max_context_tokens}" if model is not None else ""
+        words = f"the {context}-token context the pool serves (spec.maxContextTokens{own})"
     return (
         f"the reference workload's input + output tokens ({shape.tokens_per_sequence}) exceed "
-        f"the {context}-token context the pool serves (spec.maxContextTokens{own}): shorten "
-        "spec.workload or lengthen spec.maxContextTokens"
+        f"{words}: shorten spec.workload"
+        + (" or lengthen spec.maxContextTokens" if spec.max_context_tokens is not None else "")
     )
 
 

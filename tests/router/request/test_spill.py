@@ -237,6 +237,20 @@ class _NoSubset:
     subset = None
 
 
+def test_never_a_tier_whose_pools_are_all_shorter_than_the_request() -> None:
+    """Its engines would refuse it (400 context_length_exceeded), where it waits or is shed
+    in its own tier."""
+    short = pool("pp", "premium", "wse-3", 20).replace(
+        "billing:", "maxContextTokens: 4096, billing:"
+    )
+    decision = Decision(pool("b", "batched", "a100-40gb", 1), short, VIEW_POOLS[2])
+    body = {"model": "coder", "messages": [{"role": "user", "content": "word " * 6000}],
+            "max_tokens": 16}  # fmt: skip
+    longer = parse_completion(json.dumps(body).encode(), chat=True)
+    assert decision.targets() == ("wafer-scale", "premium")
+    assert decision.targets(req=longer) == ("wafer-scale",)
+
+
 # -- choose_spill ------------------------------------------------------------------------------
 
 

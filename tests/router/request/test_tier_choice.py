@@ -95,3 +95,26 @@ def test_a_gateway_s_request_for_a_model_only_hosted_pools_serve_is_a_404_saying
         choose_tier({}, request("solo"), view_of(tmp_path / "key"), ANYONE, hosted=False)
     assert (refused.value.status, refused.value.code) == (404, "model_not_found")
     assert "only by hosted pools" in str(refused.value) and "own port" in str(refused.value)
+
+
+def test_auto_tries_only_the_other_tiers_whose_context_holds_the_request(tmp_path: Path) -> None:
+    """A request longer than every pool of a tier serves would be refused there."""
+    view = view_of(tmp_path / "key")
+    choice, tier = choose_tier({}, request(service_tier="auto"), view, ANYONE)
+    assert tiers_to_try(view, "coder", choice, tier, ANYONE, context=131_072) == [
+        "batched", "premium", "wafer-scale"]  # fmt: skip
+    assert tiers_to_try(view, "coder", choice, tier, ANYONE, context=131_073) == ["batched"]
+
+
+def test_a_batch_needs_the_context_of_its_longest_prompt() -> None:
+    batch = parse_completion(
+        json.dumps({"model": "coder", "prompt": [[1] * 10, [1] * 3000, [1] * 20],
+                    "max_tokens": 5}).encode(),
+        chat=False,
+    )  # fmt: skip
+    assert (batch.prompts, batch.prompt_tokens_estimate) == (3, 3030)
+    assert batch.context_needed == 3000 + 5
+    text = parse_completion(
+        json.dumps({"model": "coder", "prompt": ["hi", "word " * 4000]}).encode(), chat=False
+    )
+    assert text.context_needed == len("word " * 4000) // 4 + 1
