@@ -76,8 +76,8 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     `catalog` is the shared one; the spec's inline profiles join a copy of it. A replica on
     GPUs must also hold one sequence of its whole context (spec.maxContextTokens, else the
     model's, `holds_whole_context`): `chips: auto` counts it, and a layout short of it does
-    not fit. Raises CatalogError (unknown names) and
-    PerfConfigError (impossible layouts).
+    not fit. Raises CatalogError (unknown names) and PerfConfigError (impossible layouts, a
+    context longer than the model's, a reference workload longer than the context).
     """
     w = workload
     shape = Workload(w.input_tokens, w.output_tokens, w.cached_input_tokens, None)
