@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--headroom", type=int, default=0, help="headroomPerPool")
     args = p.parse_args(argv)
     postgres = started_server("tiergate-bench-pg-")
-    results: dict[str, list[tuple[dict[str, float], float, float]]] = {}
+    results: dict[str, list[tuple[dict[str, float], float, float, float]]] = {}
     cost: list[tuple[float, float, float]] = []
     try:
         for mode, interval in (("fleet", args.interval), ("per process", None)):
@@ -70,24 +70,28 @@ def main(argv: list[str] | None = None) -> int:
                     found = asyncio.run(flooded(f))
                     after = [exchange_cost(r.metrics_url) for r in f.routers]
                     elapsed_s = time.monotonic() - started
-                    results.setdefault(mode, []).append((found.shares, found.light_p90_s, idle))
+                    results.setdefault(mode, []).append(
+                        (found.shares, found.light_p90_s, idle, found.flood_tokens_per_s)
+                    )
                     if interval is not None:
                         n = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
                         s = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
                         cost.append((n / elapsed_s / len(f.routers), s / max(n, 1), elapsed_s))
-                    print(mode, found.shares, f"light p90 {found.light_p90_s * 1000:.0f} ms",
+                    print(mode, found.shares, f"{found.flood_tokens_per_s:.0f} tok/s",
+                          f"light p90 {found.light_p90_s * 1000:.0f} ms",
                           f"idle {idle * 1000:.0f} ms", file=sys.stderr, flush=True)  # fmt: skip
     finally:
         postgres.close()
     print("| routers | " + " | ".join(f"share {t}" for t in FLOODERS)
-          + " | light TTFT p90 (ms) | light alone p90 (ms) |")  # fmt: skip
-    print("|---|" + "---:|" * (len(FLOODERS) + 2))
+          + " | flood tok/s | light TTFT p90 (ms) | light alone p90 (ms) |")  # fmt: skip
+    print("|---|" + "---:|" * (len(FLOODERS) + 3))
     for mode, rows in results.items():
         median = {t: statistics.median(r[0].get(t, 0.0) for r in rows) for t in FLOODERS}
         light = statistics.median(r[1] for r in rows) * 1000
         idle = statistics.median(r[2] for r in rows) * 1000
+        rate = statistics.median(r[3] for r in rows)
         print(f"| {mode} | " + " | ".join(f"{median[t]:.3f}" for t in FLOODERS)
-              + f" | {light:.0f} | {idle:.0f} |")  # fmt: skip
+              + f" | {rate:.0f} | {light:.0f} | {idle:.0f} |")  # fmt: skip
     if cost:
         per_s = statistics.median(c[0] for c in cost)
         rtt_ms = statistics.median(c[1] for c in cost) * 1000

@@ -9,14 +9,15 @@ over the processes it waits in by its demand there. Slots are whole: a slot that
 leave over goes to the tenant the fleet served least lately per unit of weight, and within a
 tenant to the process that served it least lately per request it claims, so over time each
 share follows its fraction. A process holding such a slot cannot keep it by handing it on to
-its next waiter: when the turn moves, the next process takes it once the request holding it
-ends. Slots nobody asks for are spare, split evenly over the live processes, so a process
-admits a burst at once without waiting for an exchange.
+its next waiter: when the turn moves, to another tenant or to another of the tenant's
+processes, the next takes it once the request holding it ends. Slots nobody asks for are
+spare, split evenly over the live processes, so a process admits a burst at once without
+waiting for an exchange.
 
 Every process computes the same answer from the same claims, in whatever order they come (sums
 of floats are correctly rounded, ties go by name), so the slots handed out add up to the
-tier's, less those a tenant still holds where its part moved away.
-"""
+tier's, less those still held where a part moved away: the fleet never fills more than the
+tier's slots."""
 
 from __future__ import annotations
 
@@ -105,6 +106,11 @@ def allot(
         weight[c.tenant] = max(weight.get(c.tenant, 0.0), c.weight)
         served.setdefault(c.tenant, []).append(c.served)
     tenant_slots = _whole(water_fill(slots, demand, weight), served, weight)
+    spare = slots - sum(tenant_slots.values())
+    holding: dict[str, int] = {}
+    for c in claims:
+        holding[c.tenant] = holding.get(c.tenant, 0) + c.holding
+    tenant_slots = _withhold(tenant_slots, holding, served, weight)
     live = sorted({*holders, *(c.holder for c in claims)})
     out: dict[str, dict[str, int]] = {h: {} for h in live}
     for tenant, n in tenant_slots.items():
@@ -112,7 +118,6 @@ def allot(
         for holder, part in _split(n, mine).items():
             if part:
                 out[holder][tenant] = part
-    spare = slots - sum(tenant_slots.values())
     each, extra = divmod(spare, len(live)) if live else (0, 0)
     return {h: HolderSlots(out[h], each + (i < extra)) for i, h in enumerate(live)}
 
@@ -137,6 +142,27 @@ def _whole(
     per unit of weight (on a tie, the larger fraction, then the name)."""
     per_weight = {t: math.fsum(served[t]) / weight[t] for t in shares}
     return _rounded(shares, lambda t, fraction: (per_weight[t], -fraction, t))
+
+
+def _withhold(
+    slots: Mapping[str, int],
+    holding: Mapping[str, int],
+    served: Mapping[str, list[float]],
+    weight: Mapping[str, float],
+) -> dict[str, int]:
+    """`slots` (each tenant's whole slots) less those withheld from the tenants they go to
+    while another tenant still holds them: a slot whose turn moved from one tenant to another
+    is the second's once the first's request holding it ends (the tenant served most lately per
+    unit of weight waits first), so the fleet never fills more slots than the tier shares out.
+    A tenant is never cut below what it holds."""
+    out = dict(slots)
+    over = sum(max(holding.get(t, 0) - n, 0) for t, n in out.items())
+    ranked = sorted(out, key=lambda t: (math.fsum(served[t]) / weight[t], t), reverse=True)
+    for t in ranked:
+        withheld = min(over, max(out[t] - holding.get(t, 0), 0))
+        out[t] -= withheld
+        over -= withheld
+    return out
 
 
 def _split(n: int, claims: list[Claim]) -> dict[str, int]:

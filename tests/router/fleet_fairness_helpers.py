@@ -93,10 +93,12 @@ def fleet(
 @dataclass
 class Measured:
     """Each flooder's share of the tokens the fleet served it and the others over the
-    window, and the light tenant's times to first token (inf for one refused)."""
+    window, the tokens per second the fleet served them, and the light tenant's times to first
+    token (inf for one refused)."""
 
     shares: dict[str, float]
     light_ttfts_s: list[float]
+    flood_tokens_per_s: float = 0.0
 
     @property
     def light_p90_s(self) -> float:
@@ -149,4 +151,5 @@ async def flooded(
     await asyncio.gather(*loads)
     sent = await light
     ttfts = [math.inf if s.ttft_s is None else s.ttft_s for s in sent if s.sent_s >= warmup_s]
-    return Measured(shares(before, after), ttfts)
+    served = sum(after.values()) - sum(before.values())
+    return Measured(shares(before, after), ttfts, served / window_s)

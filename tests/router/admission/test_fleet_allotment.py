@@ -54,12 +54,13 @@ def test_three_processes_with_a_tenant_each_get_slots_by_weight() -> None:
 
 
 def test_the_slot_a_fraction_leaves_goes_to_the_tenant_served_least_per_weight() -> None:
-    # 7 slots by 1:1:2 is 1.75, 1.75, 3.5: 5 whole ones, and 2 for the fractions.
+    # 7 slots by 1:1:2 is 1.75, 1.75, 3.5: 5 whole ones, and 2 for the fractions (nobody
+    # holds a slot yet, so none waits for another's request to end).
     def of(served: dict[str, float]) -> dict[str, int]:
         claims = [
-            claim("p1", "a", 1, 2, 9, served["a"]),
-            claim("p2", "b", 1, 2, 9, served["b"]),
-            claim("p3", "c", 2, 2, 9, served["c"]),
+            claim("p1", "a", 1, 0, 11, served["a"]),
+            claim("p2", "b", 1, 0, 11, served["b"]),
+            claim("p3", "c", 2, 0, 11, served["c"]),
         ]
         return totals(allot(7, claims))
 
@@ -129,6 +130,37 @@ def test_a_slot_whose_turn_moved_waits_for_the_request_holding_it() -> None:
     # p1's request ended: the slot is p2's.
     ended = [claim("p1", "x", 1, 0, 2, 100.0), *first[1:]]
     assert {h: s.total for h, s in allot(1, ended).items()} == {"p1": 0, "p2": 1, "p3": 0}
+
+
+def test_a_slot_whose_turn_moved_to_another_tenant_waits_for_the_request_holding_it() -> None:
+    # 7 slots by 1:1:2 with b served most lately per weight: the fractions' slots go to a and
+    # c. b still holds 2 from its last turn, so c's fourth waits for one of b's to end.
+    held = [claim("p1", "a", 1, 2, 9, 100.0), claim("p2", "b", 1, 2, 9, 300.0),
+            claim("p3", "c", 2, 3, 9, 300.0)]  # fmt: skip
+    assert totals(allot(7, held)) == {"a": 2, "b": 1, "c": 3}
+    ended = [held[0], claim("p2", "b", 1, 1, 10, 300.0), held[2]]
+    assert totals(allot(7, ended)) == {"a": 2, "b": 1, "c": 4}
+
+
+def test_the_fleet_never_fills_more_than_the_tier_as_turns_move_between_tenants() -> None:
+    # a, b and c (weights 1:1:2) flood 7 slots through a process each; at every exchange each
+    # starts what its part allows, and its requests end before the next (so a tenant whose
+    # turn moved away still holds its slot at the exchange that moves it).
+    weights, holder = {"a": 1, "b": 1, "c": 2}, {"a": "p1", "b": "p2", "c": "p3"}
+    holding, served, ran = dict.fromkeys(weights, 0), dict.fromkeys(weights, 0.0), {}
+    for _ in range(400):
+        found = allot(7, [claim(holder[t], t, w, holding[t], 12 - holding[t], served[t])
+                          for t, w in weights.items()])  # fmt: skip
+        part = {t: found[holder[t]].tenants.get(t, 0) for t in weights}
+        assert sum(max(holding[t], part[t]) for t in weights) <= 7, (holding, part)
+        for t in weights:
+            served[t] = served[t] * 0.97 + 100 * part[t]
+            ran[t] = ran.get(t, 0) + part[t]
+        holding = part
+    total = sum(ran.values())
+    assert {t: n / total for t, n in ran.items()} == pytest.approx(
+        {"a": 0.25, "b": 0.25, "c": 0.5}, abs=0.01
+    )
 
 
 def test_every_order_of_the_same_claims_gives_the_same_allotment() -> None:
