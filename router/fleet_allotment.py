@@ -10,19 +10,20 @@ leave over goes to the tenant the fleet served least lately per unit of weight, 
 tenant to the process that served it least lately per request it claims, so over time each
 share follows its fraction. A process holding such a slot cannot keep it by handing it on to
 its next waiter: when the turn moves, to another tenant or to another of the tenant's
-processes, the next takes it once the request holding it ends. Slots nobody asks for are
-spare, split evenly over the live processes, so a process admits a burst at once without
-waiting for an exchange.
+processes, the next takes it once the request holding it ends; a tenant asking for less than
+its share takes its slot at once, its request waiting at the engine if it must. Slots nobody
+asks for are spare, split evenly over the live processes, so a process admits a burst at
+once without waiting for an exchange.
 
 Every process computes the same answer from the same claims, in whatever order they come (sums
 of floats are correctly rounded, ties go by name), so the slots handed out add up to the
-tier's, less those still held where a part moved away: the fleet never fills more than the
-tier's slots."""
+tier's, less those still held where a part moved away: turns moving never fill more than the
+tier's slots, and a headroom slot stays free for a light tenant."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["Claim", "HolderSlots", "allot", "water_fill"]
@@ -105,12 +106,14 @@ def allot(
         demand[c.tenant] = demand.get(c.tenant, 0) + c.demand
         weight[c.tenant] = max(weight.get(c.tenant, 0.0), c.weight)
         served.setdefault(c.tenant, []).append(c.served)
-    tenant_slots = _whole(water_fill(slots, demand, weight), served, weight)
+    shares = water_fill(slots, demand, weight)
+    tenant_slots = _whole(shares, served, weight)
     spare = slots - sum(tenant_slots.values())
     holding: dict[str, int] = {}
     for c in claims:
         holding[c.tenant] = holding.get(c.tenant, 0) + c.holding
-    tenant_slots = _withhold(tenant_slots, holding, served, weight)
+    met = {t for t, share in shares.items() if share >= demand[t] - _EPS}
+    tenant_slots = _withhold(tenant_slots, holding, served, weight, met)
     live = sorted({*holders, *(c.holder for c in claims)})
     out: dict[str, dict[str, int]] = {h: {} for h in live}
     for tenant, n in tenant_slots.items():
@@ -149,15 +152,23 @@ def _withhold(
     holding: Mapping[str, int],
     served: Mapping[str, list[float]],
     weight: Mapping[str, float],
+    met: Collection[str],
 ) -> dict[str, int]:
     """`slots` (each tenant's whole slots) less those withheld from the tenants they go to
     while another tenant still holds them: a slot whose turn moved from one tenant to another
     is the second's once the first's request holding it ends (the tenant served most lately per
-    unit of weight waits first), so the fleet never fills more slots than the tier shares out.
-    A tenant is never cut below what it holds."""
+    unit of weight waits first), so turns going round the tenants that ask for more than their
+    share never fill more slots than the tier shares out. A tenant whose demand is `met` in
+    full (it asks for less than its share) is never made to wait so: its request may wait at
+    the engine for the next slot to free instead, as it would for the next slot in one
+    process. A tenant is never cut below what it holds."""
     out = dict(slots)
     over = sum(max(holding.get(t, 0) - n, 0) for t, n in out.items())
-    ranked = sorted(out, key=lambda t: (math.fsum(served[t]) / weight[t], t), reverse=True)
+    ranked = sorted(
+        (t for t in out if t not in met),
+        key=lambda t: (math.fsum(served[t]) / weight[t], t),
+        reverse=True,
+    )
     for t in ranked:
         withheld = min(over, max(out[t] - holding.get(t, 0), 0))
         out[t] -= withheld

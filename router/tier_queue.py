@@ -24,7 +24,8 @@ a step, instead of waiting for one of the flood's requests to end.
 Across a fleet of router processes (router/fleet_share.py), each process's queue fills only the
 slots the fleet allotted it (`share_fleet`): per tenant, plus spare ones. It serves its own
 tenants still under their allotment first, and lends headroom only to a tenant whose slots
-across the fleet stay within its share.
+across the fleet stay within its share. Slots held over a part that moved away are withheld
+by the fleet where the part went, so they take none of the headroom.
 
 The wait queue is bounded (`max_waiting`). When it is full, an arrival pushes out a waiter of
 a lower priority; within one priority, `fair` pushes out the latest request of the tenant
@@ -152,6 +153,10 @@ class TierQueue:
         self.served: dict[str, int] = {}
         #: This process's part of the fleet's slots; None: the tier's, on its own.
         self._fleet: FleetSlots | None = None
+        #: Slots tenants still hold here beyond their part of the fleet's allotment (a part
+        #: that moved away): the fleet withholds them from where the part went until they end
+        #: (router/fleet_allotment.py), so they take none of this process's headroom.
+        self._held_over: dict[str, int] = {}
 
     @property
     def waiting(self) -> int:
@@ -182,6 +187,11 @@ class TierQueue:
         """Fill only `slots` from now on (None: every slot of the tier, on its own). Nothing
         admitted is shed by fewer: it takes effect as requests end."""
         self._fleet = slots
+        self._held_over = {}
+        if slots is not None:
+            for tenant, held in self._holding.items():
+                if (over := held - slots.tenants.get(tenant, 0)) > 0:
+                    self._held_over[tenant] = over
         self._hand_on()
 
     def has_room(self) -> bool:
@@ -256,6 +266,12 @@ class TierQueue:
             self._holding[grant.tenant] = held
         else:
             self._holding.pop(grant.tenant, None)
+        if over := self._held_over.get(grant.tenant):
+            part = self._fleet.tenants.get(grant.tenant, 0) if self._fleet is not None else 0
+            if (over := min(over, held - part)) > 0:
+                self._held_over[grant.tenant] = over
+            else:
+                del self._held_over[grant.tenant]
         if served_tokens:
             self.served[grant.tenant] = self.served.get(grant.tenant, 0) + served_tokens
         if served_tokens is not None and grant.weight > 0:
@@ -276,9 +292,12 @@ class TierQueue:
     # -- internals -------------------------------------------------------------------------
 
     def _open(self) -> int:
-        """The slots whoever waits may fill (the rest of the capacity is headroom)."""
+        """The slots whoever waits may fill (the rest of the capacity is headroom): across a
+        fleet, this process's part, and the slots held over it that the fleet withholds
+        elsewhere (those in its spare slots are not)."""
         if self._fleet is not None:
-            return self._fleet.total
+            fleet = self._fleet
+            return fleet.total + max(sum(self._held_over.values()) - fleet.spare, 0)
         return self.capacity - self.headroom
 
     def _below_share(self, tenant: str) -> bool:

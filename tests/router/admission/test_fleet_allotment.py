@@ -142,6 +142,16 @@ def test_a_slot_whose_turn_moved_to_another_tenant_waits_for_the_request_holding
     assert totals(allot(7, ended)) == {"a": 2, "b": 1, "c": 4}
 
 
+def test_a_tenant_asking_less_than_its_share_is_not_made_to_wait_for_a_moved_slot() -> None:
+    # a, b and c hold all 8 slots; light asks for one, less than its share, and gets it at
+    # once although c still holds the slot it gives up: light's request waits at the engine
+    # for the next slot to free, as it would in one process, not for the next exchange.
+    held = [claim("p1", "a", 1, 2, 9, 100.0), claim("p1", "light", 1, 0, 1, 10.0),
+            claim("p2", "b", 1, 2, 9, 100.0), claim("p3", "c", 2, 4, 9, 200.0)]  # fmt: skip
+    found = totals(allot(8, held))
+    assert found["light"] == 1 and sum(found.values()) == 8
+
+
 def test_the_fleet_never_fills_more_than_the_tier_as_turns_move_between_tenants() -> None:
     # a, b and c (weights 1:1:2) flood 7 slots through a process each; at every exchange each
     # starts what its part allows, and its requests end before the next (so a tenant whose

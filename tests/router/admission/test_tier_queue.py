@@ -9,7 +9,14 @@ import asyncio
 import pytest
 
 from tiergate.router.base.tiers import Priority
-from tiergate.router.tier_queue import AdmissionOrder, Grant, Shed, TenantQueueFull, TierQueue
+from tiergate.router.tier_queue import (
+    AdmissionOrder,
+    FleetSlots,
+    Grant,
+    Shed,
+    TenantQueueFull,
+    TierQueue,
+)
 
 TOKENS = 100
 
@@ -387,3 +394,28 @@ async def test_a_small_tier_holds_no_headroom(capacity: int) -> None:
 
 async def test_fcfs_holds_no_headroom() -> None:
     assert QueueDriver(capacity=8, order="fcfs", headroom=2).queue.headroom == 0
+
+
+async def test_slots_held_over_a_part_that_moved_take_none_of_a_fleet_processes_headroom() -> None:
+    # Across a fleet (router/fleet_share.py) a held 2 of this process's 7 shared slots; then
+    # its turn moved to another process, which the fleet makes wait until one of a's ends.
+    tier = QueueDriver(capacity=8, headroom=1)
+    elsewhere = ({"b": 1.0, "c": 2.0}, {"b": 2, "c": 3})
+    tier.queue.share_fleet(FleetSlots({"a": 2}, 0, 7, *elsewhere))
+    await tier.hold("a", tokens=TOKENS)
+    await tier.hold("a", tokens=TOKENS)
+    await tier.wait("a")
+    tier.queue.share_fleet(FleetSlots({"a": 1}, 0, 7, *elsewhere))
+    # The headroom slot is still free: a light tenant starts at once, and a gets nothing more.
+    await tier.wait("light")
+    light = tier.granted[-1]
+    assert (light.tenant, tier.queue.active, tier.queue.waiting) == ("light", 3, 1)
+    # One of a's ends: a holds its part, and the light tenant the headroom; a still waits.
+    tier.queue.release(tier.granted[0], TOKENS)
+    await settle()
+    assert (tier.queue.active, tier.queue.waiting) == (2, 1)
+    # The light request ends: its slot is headroom again, not a's.
+    tier.queue.release(light, TOKENS)
+    await settle()
+    assert (tier.queue.active, tier.queue.waiting) == (1, 1)
+    await tier.close()
