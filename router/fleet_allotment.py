@@ -17,14 +17,14 @@ once without waiting for an exchange.
 
 Every process computes the same answer from the same claims, in whatever order they come (sums
 of floats are correctly rounded, ties go by name), so the slots handed out add up to the
-tier's, less those still held where a part moved away: turns moving never fill more than the
-tier's slots, and a headroom slot stays free for a light tenant."""
+tier's, less those still held where a part moved away: turns going round the tenants that ask
+for more than their share never fill more than the tier's slots, nor a headroom slot."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Claim", "HolderSlots", "allot", "water_fill"]
 
@@ -53,10 +53,15 @@ class Claim:
 @dataclass(frozen=True, slots=True)
 class HolderSlots:
     """What one process may fill of a tier: slots for each of its tenants, and `spare` slots
-    for any request."""
+    for any request. `held_over`: per tenant, the slots it claimed to hold here beyond its part
+    (a part that moved away), when the fleet holds every such slot back where the parts went,
+    so that the process may count them apart from its headroom (empty when it does not: a
+    tenant asking less than its share took one at once, or the fleet holds more than the tier
+    already)."""
 
     tenants: Mapping[str, int]
     spare: int = 0
+    held_over: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -122,7 +127,16 @@ def allot(
             if part:
                 out[holder][tenant] = part
     each, extra = divmod(spare, len(live)) if live else (0, 0)
-    return {h: HolderSlots(out[h], each + (i < extra)) for i, h in enumerate(live)}
+    over: dict[str, dict[str, int]] = {h: {} for h in live}
+    for c in claims:
+        if c.holding > (part := out[c.holder].get(c.tenant, 0)):
+            over[c.holder][c.tenant] = c.holding - part
+    filled = spare + sum(max(c.holding, out[c.holder].get(c.tenant, 0)) for c in claims)
+    withheld = filled <= slots  # every process keeping what it holds fits in the tier
+    return {
+        h: HolderSlots(out[h], each + (i < extra), over[h] if withheld else {})
+        for i, h in enumerate(live)
+    }
 
 
 def _check(claims: list[Claim]) -> None:

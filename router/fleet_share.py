@@ -232,4 +232,6 @@ def _slots(mine: HolderSlots, shared: int, claims: list[Claim], holder: str) -> 
             continue
         weights[c.tenant] = max(weights.get(c.tenant, 0.0), c.weight)
         holding[c.tenant] = holding.get(c.tenant, 0) + c.holding
-    return FleetSlots(dict(mine.tenants), mine.spare, shared, weights, holding)
+    return FleetSlots(
+        dict(mine.tenants), mine.spare, shared, weights, holding, dict(mine.held_over)
+    )

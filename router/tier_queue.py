@@ -24,8 +24,8 @@ a step, instead of waiting for one of the flood's requests to end.
 Across a fleet of router processes (router/fleet_share.py), each process's queue fills only the
 slots the fleet allotted it (`share_fleet`): per tenant, plus spare ones. It serves its own
 tenants still under their allotment first, and lends headroom only to a tenant whose slots
-across the fleet stay within its share. Slots held over a part that moved away are withheld
-by the fleet where the part went, so they take none of the headroom.
+across the fleet stay within its share. Slots held over a part that moved away take none of
+the headroom while the fleet holds them back where the part went.
 
 The wait queue is bounded (`max_waiting`). When it is full, an arrival pushes out a waiter of
 a lower priority; within one priority, `fair` pushes out the latest request of the tenant
@@ -97,6 +97,9 @@ class FleetSlots:
     shared: int
     weights_elsewhere: Mapping[str, float]
     holding_elsewhere: Mapping[str, int]
+    #: Per tenant, slots it held here beyond its part when the fleet holds them back where the
+    #: part went (router/fleet_allotment.py `HolderSlots.held_over`).
+    held_over: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -154,8 +157,8 @@ class TierQueue:
         #: This process's part of the fleet's slots; None: the tier's, on its own.
         self._fleet: FleetSlots | None = None
         #: Slots tenants still hold here beyond their part of the fleet's allotment (a part
-        #: that moved away): the fleet withholds them from where the part went until they end
-        #: (router/fleet_allotment.py), so they take none of this process's headroom.
+        #: that moved away) which the fleet holds back where the part went until they end
+        #: (`FleetSlots.held_over`): they take none of this process's headroom.
         self._held_over: dict[str, int] = {}
 
     @property
@@ -189,8 +192,9 @@ class TierQueue:
         self._fleet = slots
         self._held_over = {}
         if slots is not None:
-            for tenant, held in self._holding.items():
-                if (over := held - slots.tenants.get(tenant, 0)) > 0:
+            for tenant, claimed in slots.held_over.items():
+                now = self._holding.get(tenant, 0) - slots.tenants.get(tenant, 0)
+                if (over := min(claimed, now)) > 0:  # some may have ended since the claims
                     self._held_over[tenant] = over
         self._hand_on()
 
@@ -293,11 +297,10 @@ class TierQueue:
 
     def _open(self) -> int:
         """The slots whoever waits may fill (the rest of the capacity is headroom): across a
-        fleet, this process's part, and the slots held over it that the fleet withholds
-        elsewhere (those in its spare slots are not)."""
+        fleet, this process's part, and the slots held over it that the fleet holds back
+        where the part went."""
         if self._fleet is not None:
-            fleet = self._fleet
-            return fleet.total + max(sum(self._held_over.values()) - fleet.spare, 0)
+            return self._fleet.total + sum(self._held_over.values())
         return self.capacity - self.headroom
 
     def _below_share(self, tenant: str) -> bool:

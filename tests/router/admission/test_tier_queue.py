@@ -405,9 +405,13 @@ async def test_slots_held_over_a_part_that_moved_take_none_of_a_fleet_processes_
     await tier.hold("a", tokens=TOKENS)
     await tier.hold("a", tokens=TOKENS)
     await tier.wait("a")
+    # Had the fleet not held it back, a's second slot would take the headroom: nobody starts.
     tier.queue.share_fleet(FleetSlots({"a": 1}, 0, 7, *elsewhere))
-    # The headroom slot is still free: a light tenant starts at once, and a gets nothing more.
     await tier.wait("light")
+    assert (tier.queue.active, tier.queue.waiting) == (2, 2)
+    # It does: the headroom slot is still free, the light tenant starts, a gets nothing more.
+    tier.queue.share_fleet(FleetSlots({"a": 1}, 0, 7, *elsewhere, held_over={"a": 1}))
+    await settle()
     light = tier.granted[-1]
     assert (light.tenant, tier.queue.active, tier.queue.waiting) == ("light", 3, 1)
     # One of a's ends: a holds its part, and the light tenant the headroom; a still waits.
