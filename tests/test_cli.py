@@ -80,6 +80,24 @@ def test_a_configuration_that_does_not_fit_is_not_an_error(
     assert code == 0 and data["fits"] is False and "GB per chip" in data["reason"]
 
 
+def test_a_gpu_layout_that_cannot_hold_one_whole_context_does_not_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Qwen3-32B on one H100: the weights fit, its KV cache holds fewer tokens than one
+    # sequence of the 40,960-token context, which vLLM checks when it starts.
+    base = ["perf", "--model", "qwen3-32b", "--accelerator", "h100-sxm", "--chips", "1"]
+    code, out, _ = run(capsys, *base, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["fits"] is False
+    assert "less than one sequence of the 40,960-token context" in data["reason"]
+    assert "--kv-dtype fp8" in data["reason"] and "--max-context-tokens" in data["reason"]
+    # Served with a shorter context, or sized by `auto`, it fits.
+    code, out, _ = run(capsys, *base, "--max-context-tokens", "16384", "--json")
+    assert code == 0 and json.loads(out)["fits"] is True
+    code, out, _ = run(capsys, *base[:-2], "--json")
+    assert code == 0 and json.loads(out)["fits"] is True and json.loads(out)["chips"] == 2
+
+
 def test_speculative_decoding_flags(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["perf", "--model", "llama-3.1-70b", "--accelerator", "h100-sxm", "--json"]
     code, out, _ = run(
@@ -115,6 +133,12 @@ def test_speculative_decoding_flags(capsys: pytest.CaptureFixture[str]) -> None:
         (["--model", "llama-3.1-8b", "--accelerator", "h100-sxm", "--input-tokens", "200000"],
          "exceed the 131072-token context"),
         (["--accelerator", "h100-sxm"], "required: --model"),
+        (["--model", "qwen3-32b", "--accelerator", "h100-sxm", "--max-context-tokens", "50000"],
+         "maxContextTokens 50000 is more than the 40960-token context"),
+        (["--model", "qwen3-32b", "--accelerator", "h100-sxm", "--max-context-tokens", "0"],
+         "must be at least 1, got 0"),
+        (["--model", "qwen3-32b", "--accelerator", "h100-sxm", "--max-context-tokens", "4096",
+          "--input-tokens", "5000"], "exceed the 4096-token context"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_line(

@@ -11,7 +11,7 @@ from tiergate.common.cli import int_or, non_negative_int, positive_int
 
 from ..catalogs import Accelerator, default_catalog
 from ..perf import PerfResult, Workload, build_deployment, evaluate
-from .serving_args import add_serving_arguments, spec_from_args
+from .serving_args import add_serving_arguments, short_of_context, spec_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     kv_tokens = (concurrency or 1) * workload.tokens_per_sequence
     deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
     result = evaluate(deployment, workload, spec.batching.to_batching())
+    if result.fits and not deployment.holds_its_context:
+        result = result.model_copy(update={"fits": False, "reason": short_of_context(deployment)})
     if args.json:
         print(result.model_dump_json(indent=2))
     else:

@@ -14,18 +14,24 @@ from tiergate.common.cli import (
     profile_json,
 )
 
-from ..catalogs import DTYPES, Accelerator, ModelProfile
-from ..perf import ServingSpec
+from ..catalogs import DTYPE_BYTES, DTYPES, Accelerator, ModelProfile
+from ..perf import Deployment, ServingSpec
 
 
 def add_serving_arguments(
-    p: argparse.ArgumentParser, *, max_num_seqs: int | None, defaults: bool = True
+    p: argparse.ArgumentParser,
+    *,
+    max_num_seqs: int | None,
+    defaults: bool = True,
+    context: bool = True,
 ) -> None:
-    """Flags describing a replica: model, hardware, layout, dtypes, batching, speculation.
+    """Flags describing a replica: model, hardware, layout, dtypes, batching, speculation, and
+    the context it serves.
 
     `max_num_seqs`: the batch cap's default (None: uncapped, only the KV cache limits it).
     `defaults=False` leaves every flag unset unless given, so that the flags can override a
-    pool spec field by field (`tiergate sim-node --pool-file` / `--pool-json`).
+    pool spec field by field (`tiergate sim-node --pool-file` / `--pool-json`). `context=False`
+    leaves out `--max-context-tokens` (the sim node takes vLLM's `--max-model-len` instead).
     """
 
     def default(value: object) -> object:
@@ -52,6 +58,13 @@ def add_serving_arguments(
     g.add_argument("--tensor-parallel", type=positive_int, help="TP group size")
     g.add_argument("--weight-dtype", choices=DTYPES, default=default("bf16"), help="weights")
     g.add_argument("--kv-dtype", choices=DTYPES, default=default("bf16"), help="KV cache")
+    if context:
+        g.add_argument(
+            "--max-context-tokens",
+            type=positive_int,
+            help="context served, prompt and output, as spec.maxContextTokens (default: the "
+            "model's)",
+        )
     cap = "uncapped" if max_num_seqs is None else str(max_num_seqs)
     g.add_argument(
         "--max-num-seqs",
@@ -89,6 +102,7 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "tensorParallel": args.tensor_parallel,
         "weightDtype": args.weight_dtype,
         "kvDtype": args.kv_dtype,
+        "maxContextTokens": getattr(args, "max_context_tokens", None),
     }
     data: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     batching = {
@@ -118,3 +132,16 @@ def spec_from_args(args: argparse.Namespace) -> ServingSpec:
     data = spec_overrides(args)
     data.setdefault("batching", {}).setdefault("maxNumSeqs", UNCAPPED)
     return ServingSpec.model_validate(data)
+
+
+def short_of_context(d: Deployment) -> str:
+    """Why a GPU layout whose KV cache holds less than one sequence of its context does not
+    fit (`Deployment.holds_its_context`), with the flags that mend it."""
+    remedies = ["more --chips (or --chips auto)"]
+    if DTYPE_BYTES[d.kv_dtype] > DTYPE_BYTES["fp8"]:
+        remedies.append("--kv-dtype fp8")
+    return (
+        f"its KV cache holds {d.kv_capacity_tokens:,} tokens, less than one sequence of the "
+        f"{d.model.max_context_tokens:,}-token context it serves (vLLM refuses to start so): "
+        f"use {', '.join(remedies)} or a shorter --max-context-tokens"
+    )

@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="InferencePool spec (or the object) as JSON, as the operator passes it; flags "
         "override it",
     )
-    add_serving_arguments(parser, max_num_seqs=None, defaults=False)
+    add_serving_arguments(parser, max_num_seqs=None, defaults=False, context=False)
     add_vllm_arguments(parser)
     node = parser.add_argument_group("node")
     node.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")

@@ -25,7 +25,7 @@ from ..engine.workload import (
     poisson_workload,
 )
 from ..perf import build_deployment
-from .serving_args import add_serving_arguments, spec_from_args
+from .serving_args import add_serving_arguments, short_of_context, spec_from_args
 
 #: vLLM's default batch cap.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -99,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
             f"{deployment.accelerator.name} offers "
             f"{deployment.accelerator.usable_bytes_per_chip / gb:.1f} GB usable on each of "
             f"{deployment.chips} chips"
+        )
+    if not deployment.holds_its_context:
+        raise CliError(
+            f"{deployment.model.name} on {deployment.chips} x {deployment.accelerator.name} "
+            f"does not fit: {short_of_context(deployment)}"
         )
     try:
         report = simulate(

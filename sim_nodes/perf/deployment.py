@@ -140,6 +140,16 @@ class Deployment:
             return 0
         return int(self.kv_capacity_bytes_per_chip // self.kv_bytes_per_token_per_chip)
 
+    @property
+    def holds_its_context(self) -> bool:
+        """Whether the replica can serve one request as long as its context (the model's, cut
+        to what the pool serves): on GPUs its KV cache must hold one such sequence, which vLLM
+        checks when it starts (`holds_whole_context`); SRAM chips are sized by their batch."""
+        return (
+            not holds_whole_context(self.accelerator)
+            or self.kv_capacity_tokens >= self.model.max_context_tokens
+        )
+
     def max_concurrency(self, tokens_per_sequence: int) -> int:
         """Sequences of `tokens_per_sequence` context the KV cache holds at once."""
         return self.kv_capacity_tokens // max(tokens_per_sequence, 1)

@@ -23,7 +23,6 @@ from tiergate.sim_nodes.perf import (
     build_deployment,
     context_problem,
     evaluate,
-    holds_whole_context,
     layered_catalog,
     max_running,
     profile_sources,
@@ -75,7 +74,7 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
 
     `catalog` is the shared one; the spec's inline profiles join a copy of it. A replica on
     GPUs must also hold one sequence of its whole context (spec.maxContextTokens, else the
-    model's, `holds_whole_context`): `chips: auto` counts it, and a layout short of it does
+    model's, `Deployment.holds_its_context`): `chips: auto` counts it, and a layout short of it does
     not fit. Raises CatalogError (unknown names) and PerfConfigError (impossible layouts, a
     context longer than the model's, a reference workload longer than the context).
     """
@@ -84,7 +83,6 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
     kv_tokens = spec.batching.max_num_seqs * shape.tokens_per_sequence
     layered = layered_catalog(spec, catalog)
     context = layered.model(spec.model).max_context_tokens
-    whole = holds_whole_context(layered.accelerator(spec.hardware()))
     problem = context_problem(spec, catalog)
     if problem is not None:
         raise PerfConfigError(problem)
@@ -98,7 +96,7 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
         result = evaluate(deployment, full, batching)
     except ArithmeticError as exc:  # overflow, a division by zero: absurd inline profiles
         raise PerfConfigError(_beyond_the_model(f"{type(exc).__name__}: {exc}")) from None
-    if whole and result.fits and deployment.kv_capacity_tokens < context:
+    if result.fits and not deployment.holds_its_context:
         reason = _short_of(deployment, spec)
         result = result.model_copy(update={"fits": False, "reason": reason})
     if result.fits and not all(

@@ -75,6 +75,9 @@ def test_human_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
         (["--output-tokens", "lognormal:100:1e308"], "--output-tokens: lognormal needs"),
         (["--output-tokens", "2000000000"], "--output-tokens: token count must be in"),
         (["--chips", "1", "--model", "llama-3.1-405b"], "does not fit"),
+        # Weights fit, but not one sequence of its 40,960-token context: vLLM would not start.
+        (["--chips", "1", "--model", "qwen3-32b"], "less than one sequence of the 40,960-token"),
+        (["--max-context-tokens", "200000"], "maxContextTokens 200000 is more than"),
         (["--model", "no-such-model"], "unknown model"),
         (["--max-batched-tokens", "512", "--no-chunked-prefill"], "chunked prefill is off"),
     ],
