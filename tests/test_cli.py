@@ -91,6 +91,8 @@ def test_a_gpu_layout_that_cannot_hold_one_whole_context_does_not_fit(
     assert code == 0 and data["fits"] is False
     assert "less than one sequence of the 40,960-token context" in data["reason"]
     assert "--kv-dtype fp8" in data["reason"] and "--max-context-tokens" in data["reason"]
+    # No figures a script could rank a layout vLLM would not start by.
+    assert data["throughput_output_tokens_per_s"] == data["ttft_s"] == 0
     # Served with a shorter context, or sized by `auto`, it fits.
     code, out, _ = run(capsys, *base, "--max-context-tokens", "16384", "--json")
     assert code == 0 and json.loads(out)["fits"] is True

@@ -10,7 +10,7 @@ import argparse
 from tiergate.common.cli import int_or, non_negative_int, positive_int
 
 from ..catalogs import Accelerator, default_catalog
-from ..perf import PerfResult, Workload, build_deployment, evaluate
+from ..perf import PerfResult, Workload, build_deployment, evaluate, unfit
 from .serving_args import add_serving_arguments, short_of_context, spec_from_args
 
 
@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     deployment = build_deployment(spec, catalog, kv_tokens=kv_tokens)
     result = evaluate(deployment, workload, spec.batching.to_batching())
     if result.fits and not deployment.holds_its_context:
-        result = result.model_copy(update={"fits": False, "reason": short_of_context(deployment)})
+        reason = short_of_context(deployment, spec)
+        result = unfit(deployment, workload, reason, result.concurrency, result.max_concurrency)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:

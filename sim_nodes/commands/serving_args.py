@@ -134,14 +134,21 @@ def spec_from_args(args: argparse.Namespace) -> ServingSpec:
     return ServingSpec.model_validate(data)
 
 
-def short_of_context(d: Deployment) -> str:
+def short_of_context(d: Deployment, spec: ServingSpec) -> str:
     """Why a GPU layout whose KV cache holds less than one sequence of its context does not
     fit (`Deployment.holds_its_context`), with the flags that mend it."""
-    remedies = ["more --chips (or --chips auto)"]
+    remedies = [] if spec.chips == "auto" else ["more --chips (or --chips auto)"]
+    if DTYPE_BYTES[d.weight_dtype] > DTYPE_BYTES["fp8"]:
+        remedies.append("--weight-dtype fp8")
     if DTYPE_BYTES[d.kv_dtype] > DTYPE_BYTES["fp8"]:
         remedies.append("--kv-dtype fp8")
     return (
         f"its KV cache holds {d.kv_capacity_tokens:,} tokens, less than one sequence of the "
         f"{d.model.max_context_tokens:,}-token context it serves (vLLM refuses to start so): "
-        f"use {', '.join(remedies)} or a shorter --max-context-tokens"
+        f"use {_either(*remedies, 'a shorter --max-context-tokens')}"
     )
+
+
+def _either(*choices: str) -> str:
+    """ "a, b or c"."""
+    return " or ".join(filter(None, (", ".join(choices[:-1]), choices[-1])))

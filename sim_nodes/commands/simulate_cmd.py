@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if not deployment.holds_its_context:
         raise CliError(
             f"{deployment.model.name} on {deployment.chips} x {deployment.accelerator.name} "
-            f"does not fit: {short_of_context(deployment)}"
+            f"does not fit: {short_of_context(deployment, spec)}"
         )
     try:
         report = simulate(

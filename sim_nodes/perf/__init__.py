@@ -22,7 +22,15 @@ from .spec import (
     profile_label,
     profile_sources,
 )
-from .steady_state import Batching, PerfResult, StepBreakdown, Workload, evaluate, max_running
+from .steady_state import (
+    Batching,
+    PerfResult,
+    StepBreakdown,
+    Workload,
+    evaluate,
+    max_running,
+    unfit,
+)
 from .step import IDLE, StepTerms, step_terms, touched_expert_fraction
 
 __all__ = [
@@ -54,6 +62,7 @@ __all__ = [
     "default_tensor_parallel",
     "evaluate",
     "max_running",
+    "unfit",
     "slo_capacity",
     "step_terms",
     "touched_expert_fraction",

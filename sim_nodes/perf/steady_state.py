@@ -153,7 +153,7 @@ def evaluate(d: Deployment, workload: Workload, batching: Batching | None = None
     running = min(concurrency, max_conc)
     reason = _misfit(d, workload, concurrency, kv_max)
     if reason is not None:
-        return _unfit(d, workload, batching, reason, concurrency, max_conc)
+        return unfit(d, workload, reason, concurrency, max_conc)
 
     spec = d.speculative
     per_step = spec.tokens_per_step if spec else 1.0
@@ -276,14 +276,11 @@ def _identity(
     }
 
 
-def _unfit(
-    d: Deployment,
-    workload: Workload,
-    batching: Batching,
-    reason: str,
-    concurrency: int,
-    max_conc: int,
+def unfit(
+    d: Deployment, workload: Workload, reason: str, concurrency: int, max_conc: int
 ) -> PerfResult:
+    """The result for `d` under `workload` when it does not fit, for `reason`: no figures a
+    script could rank it by (every time, speed and cost per token zero)."""
     return PerfResult(
         fits=False,
         reason=reason,

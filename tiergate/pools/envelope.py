@@ -26,6 +26,7 @@ from tiergate.sim_nodes.perf import (
     layered_catalog,
     max_running,
     profile_sources,
+    unfit,
 )
 
 from .inference_pool import Envelope, ReferenceWorkload
@@ -98,7 +99,7 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
         raise PerfConfigError(_beyond_the_model(f"{type(exc).__name__}: {exc}")) from None
     if result.fits and not deployment.holds_its_context:
         reason = _short_of(deployment, spec)
-        result = result.model_copy(update={"fits": False, "reason": reason})
+        result = unfit(deployment, full, reason, result.concurrency, result.max_concurrency)
     if result.fits and not all(
         math.isfinite(x) and x >= 0
         for x in (result.ttft_s, result.tpot_s, result.cost_per_million_output_tokens_usd)
@@ -110,8 +111,11 @@ def predict(spec: ServingSpec, workload: ReferenceWorkload, catalog: Catalog) ->
 def _short_of(d: Deployment, spec: ServingSpec) -> str:
     """Why a GPU replica whose KV cache holds less than one sequence of its context does not
     fit: vLLM checks it when it starts, and no engine could serve a request that long."""
-    smaller_kv = DTYPE_BYTES[spec.kv_dtype] > DTYPE_BYTES["fp8"]
-    remedies = ["more chips", *(["kvDtype fp8"] if smaller_kv else [])]
+    remedies = ["more chips"]
+    if DTYPE_BYTES[spec.weight_dtype] > DTYPE_BYTES["fp8"]:
+        remedies.append("weightDtype fp8")
+    if DTYPE_BYTES[spec.kv_dtype] > DTYPE_BYTES["fp8"]:
+        remedies.append("kvDtype fp8")
     remedies.append("a shorter spec.maxContextTokens")
     return (
         f"its KV cache holds {d.kv_capacity_tokens:,} tokens, less than one sequence of the "

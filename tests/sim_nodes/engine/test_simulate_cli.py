@@ -57,6 +57,17 @@ def test_human_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
     assert "time to first token (ms)" in out and "whole prefill" in out
 
 
+def test_a_shorter_context_served_lets_fewer_chips_run(capsys: pytest.CaptureFixture[str]) -> None:
+    # Qwen3-32B on one H100 cannot hold one sequence of its 40,960-token context (below), but
+    # serves a 16,384-token one.
+    argv = ["simulate", "--model", "qwen3-32b", "--accelerator", "h100-sxm", "--chips", "1",
+            "--max-context-tokens", "16384", "--requests", "20", "--rate", "5",
+            "--prompt-tokens", "1000", "--output-tokens", "64", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["completed"] == 20 and report["chips"] == 1
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
