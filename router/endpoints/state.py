@@ -61,6 +61,9 @@ class CandidateSet(tuple[EndpointState, ...]):
     by_url: Mapping[str, EndpointState]
     #: The members that are a provider's API (hosted pools): each takes only so many requests.
     providers: tuple[EndpointState, ...]
+    #: Providers of the pools' endpoints left out for now, having as many requests open as
+    #: their pool allows (`without_full_providers`): a request only they could serve waits.
+    at_limit: tuple[EndpointState, ...]
 
     def __new__(
         cls,
@@ -68,10 +71,12 @@ class CandidateSet(tuple[EndpointState, ...]):
         model: str,
         tier: Tier,
         providers: Iterable[EndpointState] = (),
+        at_limit: Iterable[EndpointState] = (),
     ) -> CandidateSet:
         members = super().__new__(cls, endpoints)
         members.model, members.tier = model, tier
         members.providers = tuple(providers)
+        members.at_limit = tuple(at_limit)
         by_url: dict[str, EndpointState] = {}
         for ep in members:
             by_url.setdefault(ep.url, ep)
@@ -91,6 +96,7 @@ class CandidateSet(tuple[EndpointState, ...]):
             self.model,
             self.tier,
             (ep for ep in self.providers if id(ep) not in full),
+            (ep for ep in self.providers if id(ep) in full),
         )
 
 

@@ -20,7 +20,10 @@ class ContextFilter(Filter):
     When every pool of the tier serves the request's length (pools of one model and tier
     usually serve one context) it keeps the candidates as they are, without a look at each.
     When none does, it keeps them all: the engine's own 400 (`context_length_exceeded`) says
-    the limit exactly, where the router has only an estimate of the prompt.
+    the limit exactly, where the router has only an estimate of the prompt. But when a
+    provider left out for being at its pool's `maxConcurrentRequests` would hold it, it keeps
+    none: the router sheds the request with 429 `provider_at_limit`, to be retried shortly,
+    rather than have an engine that never could serve it refuse it for good.
     """
 
     def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:
@@ -34,9 +37,14 @@ class ContextFilter(Filter):
         shortest = pools.shortest_context(ctx.model, ctx.tier)
         if shortest is not None and ctx.context_tokens <= shortest:
             return candidates
-        kept = []
-        for endpoint in candidates:
+
+        def holds(endpoint: EndpointState) -> bool:
             context = pools.context(endpoint.pool)
-            if context is None or context >= ctx.context_tokens:
-                kept.append(endpoint)
-        return kept or candidates
+            return context is None or context >= ctx.context_tokens
+
+        kept = [endpoint for endpoint in candidates if holds(endpoint)]
+        if kept:
+            return kept
+        if any(holds(endpoint) for endpoint in getattr(candidates, "at_limit", ())):
+            return []
+        return candidates

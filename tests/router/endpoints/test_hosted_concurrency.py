@@ -3,7 +3,8 @@ process, a real sim node and a fake provider on loopback ports. While the provid
 requests open as its pool allows, the tier's pods serve the rest; before, a policy that
 favoured the provider sent it the whole tier's load, and a provider past its limit answers
 429, which ejects it. A request only the provider could serve, admitted by a queue it shares
-with the pods, is shed with 429 `provider_at_limit`."""
+with the pods, is shed with 429 `provider_at_limit`: one for a model name only the provider
+answers to, and one longer than the pods' context (`context-filter`)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ router:
   tenantsFile: {tenants}
   scrapeIntervalS: 0.1
   policy:
-    filters: [{{type: model-filter}}, {{type: tier-filter}}]
+    filters: [{{type: model-filter}}, {{type: tier-filter}}, {{type: context-filter}}]
     scorers: [{{type: prefix-affinity-scorer}}]
 pools:
   - {{name: hosted, tier: batched, model: llama-3.1-8b, servedModelName: chat,
@@ -45,8 +46,10 @@ pools:
       endpoint: {{url: {url}, model: {model}, apiKeyFile: {key_file},
                   maxConcurrentRequests: {limit}}}}}
   - {{name: pods, tier: batched, model: llama-3.1-8b, accelerator: h100-sxm, servedModelName: chat,
-      batching: {{maxNumSeqs: 8}}, endpoints: [{node}]}}
+      batching: {{maxNumSeqs: 8}}, maxContextTokens: {short}, endpoints: [{node}]}}
 """
+#: The pods' context; the provider serves the model's whole context.
+SHORT = 4096
 
 
 @dataclass
@@ -67,7 +70,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixed]:
     tmp = tmp_path_factory.mktemp("mixed")
     node = start_sim_node(
         tmp / "node.log", "--model", "llama-3.1-8b", "--accelerator", "h100-sxm",
-        "--served-model-name", "chat", "--max-num-seqs", "8",
+        "--served-model-name", "chat", "--max-num-seqs", "8", "--max-model-len", str(SHORT),
     )  # fmt: skip
     try:
         with running_provider(PROVIDER_KEY, "prov-model") as provider:
@@ -87,6 +90,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixed]:
                     limit=LIMIT,
                     only_hosted=ONLY_HOSTED,
                     node=node.url,
+                    short=SHORT,
                 )  # fmt: skip
             )
             router = start_ready_router(config, tmp / "router.log")
@@ -171,4 +175,30 @@ def test_a_request_only_a_provider_at_its_limit_could_serve_is_shed_with_429(
     assert second.status_code == 429, second.text
     error = second.json()["error"]
     assert (error["code"], error["type"]) == ("provider_at_limit", "rate_limit_error")
+    assert second.headers["retry-after"] == "1"
+
+
+def test_a_request_longer_than_the_pods_context_waits_for_the_provider_at_its_limit(
+    mixed: Mixed,
+) -> None:
+    long_prompt = "word " * 6000  # more than the pods' 4,096 tokens however they are counted
+    # The provider free, it serves the long request: the pods' engine would refuse it.
+    reply = mixed.chat(long_prompt)
+    assert (reply.status_code, reply.headers.get("x-tiergate-pool")) == (200, "hosted"), reply.text
+    provider = mixed.provider
+    provider.release.clear()
+    provider.fail, provider.hang_s = "held", 60.0
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(mixed.chat, "first", ONLY_HOSTED)
+            until(lambda: provider.open_now == LIMIT, "the provider was not sent the first", 60)
+            # At its limit: shed to be retried, not sent to the pods for a permanent 400.
+            second = mixed.chat(long_prompt)
+            provider.release.set()
+            assert first.result().status_code == 200, first.result().text
+    finally:
+        provider.fail, provider.hang_s = None, 5.0
+        provider.release.set()
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "provider_at_limit"
     assert second.headers["retry-after"] == "1"

@@ -103,3 +103,24 @@ def test_context_filter_keeps_the_pools_whose_context_holds_the_request() -> Non
     assert ask(4096) is candidates  # both serve it: no look at each
     assert list(ask(4097)) == [whole]
     assert ask(131_073) is candidates  # none does: the engine's 400 says the limit
+
+
+def test_context_filter_keeps_none_when_only_a_provider_at_its_limit_holds_the_request() -> None:
+    # The long pool's endpoint stands for a provider the router left out of the candidates
+    # for now (at its pool's maxConcurrentRequests): the request waits for it (429, retried)
+    # rather than going to the short pool, whose engine would refuse it for good.
+    view = _two_contexts()
+    f = ContextFilter("c", NoParameters(), PluginContext(pools=lambda: view))
+    offered = view.candidates("coder", "batched")
+    (short,) = (e for e in offered if e.pool == "short")
+    (whole,) = (e for e in offered if e.pool == "whole")
+    ctx = RequestContext("coder", "batched", 4000, 100, context_tokens=4100)
+    assert list(f.filter(ctx, CandidateSet([short], "coder", "batched", at_limit=[whole]), 0)) == []
+    # Left out, it would not hold a request longer than its own context either: the engine's
+    # 400 answers that one.
+    longest = RequestContext("coder", "batched", 131_000, 100, context_tokens=131_100)
+    left = CandidateSet([short], "coder", "batched", at_limit=[whole])
+    assert f.filter(longest, left, 0.0) is left
+    # Nothing left out: the short pool's engine says the limit, as before.
+    alone = CandidateSet([short], "coder", "batched")
+    assert f.filter(ctx, alone, 0.0) is alone
