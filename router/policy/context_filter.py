@@ -23,7 +23,10 @@ class ContextFilter(Filter):
     the limit exactly, where the router has only an estimate of the prompt. But when a
     provider left out for being at its pool's `maxConcurrentRequests` would hold it, it keeps
     none: the router sheds the request with 429 `provider_at_limit`, to be retried shortly,
-    rather than have an engine that never could serve it refuse it for good.
+    rather than have an engine that never could serve it refuse it for good. It learns which
+    providers were left out from the tier's candidate set, which the filters that sample or
+    drop endpoints (`random-sample`, `ejected-filter`, `slo-filter`) do not pass on: it goes
+    before them.
     """
 
     def __init__(self, name: str, parameters: NoParameters, context: PluginContext) -> None:

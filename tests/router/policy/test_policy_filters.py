@@ -115,7 +115,9 @@ def test_context_filter_keeps_none_when_only_a_provider_at_its_limit_holds_the_r
     (short,) = (e for e in offered if e.pool == "short")
     (whole,) = (e for e in offered if e.pool == "whole")
     ctx = RequestContext("coder", "batched", 4000, 100, context_tokens=4100)
-    assert list(f.filter(ctx, CandidateSet([short], "coder", "batched", at_limit=[whole]), 0)) == []
+    assert (
+        list(f.filter(ctx, CandidateSet([short], "coder", "batched", at_limit=[whole]), 0.0)) == []
+    )
     # Left out, it would not hold a request longer than its own context either: the engine's
     # 400 answers that one.
     longest = RequestContext("coder", "batched", 131_000, 100, context_tokens=131_100)
