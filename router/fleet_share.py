@@ -8,6 +8,10 @@ live process's claims, in one round trip (`tiergate_share_exchange`,
 router/ledger/postgres_schema.py). From them it works out the fleet's allotment
 (router/fleet_allotment.py) and fills only its own part of each tier.
 
+A request held over a part that moved away (the fleet holds its slot back where the part went)
+ending makes the process exchange at once, not at its next period: the slot's new holder
+learns sooner that it is free.
+
 A claim lives `ttl_s` after it was published: a process that died stops claiming then, and its
 slots go to the others. While the database cannot be reached (or does not answer within
 `ttl_s`), the last allotment holds until it is `ttl_s` old; then each process fills the whole
@@ -75,6 +79,9 @@ class FleetShare(LoopService):
         self._recent: dict[tuple[str, str], float] = {}
         self._counted: dict[tuple[str, str], int] = {}
         self._decayed_at_s: float | None = None
+        #: Set when a request held over a moved part ends: exchange before the next period.
+        self._soon = asyncio.Event()
+        self.early_exchanges = 0
 
     # Claims.
 
@@ -166,6 +173,7 @@ class FleetShare(LoopService):
                 queue.share_fleet(None)  # new since the claims: alone until it is claimed
                 continue
             claims = [c for c in found if c.tenant]
+            queue.on_held_over_ended = self._soon.set
             shared = max(queue.capacity - queue.headroom, 0)
             try:
                 mine = allot(shared, claims, {c.holder for c in found}).get(self.holder)
@@ -206,12 +214,19 @@ class FleetShare(LoopService):
     async def _run(self) -> None:
         next_s = self._monotonic()
         while True:
+            self._soon.clear()
             await self.exchange()
-            next_s += self.period_s
             now_s = self._monotonic()
-            if next_s < now_s:  # an exchange took longer than a period: start afresh
-                next_s = now_s
-            await asyncio.sleep(next_s - now_s)
+            if next_s <= now_s:
+                next_s += self.period_s
+                if next_s < now_s:  # an exchange took longer than a period: start afresh
+                    next_s = now_s
+            try:
+                async with asyncio.timeout(next_s - now_s):
+                    await self._soon.wait()  # a request held over a moved part ended
+                self.early_exchanges += 1
+            except TimeoutError:
+                pass
 
     async def stop(self) -> None:
         """Stop exchanging and withdraw this process's claims (they expire anyway)."""

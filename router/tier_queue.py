@@ -160,6 +160,9 @@ class TierQueue:
         #: that moved away) which the fleet holds back where the part went until they end
         #: (`FleetSlots.held_over`): they take none of this process's headroom.
         self._held_over: dict[str, int] = {}
+        #: Called when one of those ends: the fleet learns sooner that its slot is free
+        #: (router/fleet_share.py exchanges at once).
+        self.on_held_over_ended: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> int:
@@ -270,12 +273,14 @@ class TierQueue:
             self._holding[grant.tenant] = held
         else:
             self._holding.pop(grant.tenant, None)
-        if over := self._held_over.get(grant.tenant):
+        if was := self._held_over.get(grant.tenant):
             part = self._fleet.tenants.get(grant.tenant, 0) if self._fleet is not None else 0
-            if (over := min(over, held - part)) > 0:
+            if (over := min(was, held - part)) > 0:
                 self._held_over[grant.tenant] = over
             else:
                 del self._held_over[grant.tenant]
+            if over < was and self.on_held_over_ended is not None:
+                self.on_held_over_ended()
         if served_tokens:
             self.served[grant.tenant] = self.served.get(grant.tenant, 0) + served_tokens
         if served_tokens is not None and grant.weight > 0:

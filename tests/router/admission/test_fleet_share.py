@@ -18,7 +18,7 @@ from tiergate.router.base.tiers import Tier
 from tiergate.router.fleet_allotment import Claim
 from tiergate.router.fleet_share import FleetShare
 from tiergate.router.ledger.postgres import PostgresLedger, open_check
-from tiergate.router.tier_queue import Grant, TierQueue
+from tiergate.router.tier_queue import FleetSlots, Grant, TierQueue
 
 SLOTS = 8
 
@@ -184,6 +184,36 @@ async def test_an_unreachable_database_sends_each_process_back_on_its_own(
             await cancel(a + b)
             await p1.stop()
             await p2.stop()
+
+
+async def test_a_request_held_over_a_moved_part_ending_is_exchanged_at_once(
+    ledger: PostgresLedger,
+) -> None:
+    # A period far longer than the test: only the ending request can bring an exchange.
+    queue = TierQueue("batched", SLOTS, 32, headroom=1)
+    share = FleetShare(ledger, lambda: {"batched": queue}, holder="p1", period_s=3600.0)
+    a = await flood(queue, "a", 1.0, 2)
+    share.start()
+    try:
+        for _ in range(400):
+            if share.exchanges:
+                break
+            await asyncio.sleep(0.05)
+        assert share.exchanges == 1
+        # a's part moved away while it held 2: the fleet holds one back where the part went.
+        queue.share_fleet(FleetSlots({"a": 1}, 0, SLOTS - 1, {}, {}, held_over={"a": 1}))
+        queue.release(a[0].result(), served_tokens=10)
+        for _ in range(400):
+            if share.exchanges > 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (share.exchanges, share.early_exchanges) == (2, 1)
+        # Another of a's ending, no longer held over its part, brings none.
+        queue.release(a[1].result(), served_tokens=10)
+        await asyncio.sleep(0.5)
+        assert share.exchanges == 2
+    finally:
+        await share.stop()
 
 
 async def test_the_processes_a_tenant_waits_in_take_turns_at_its_slot() -> None:
