@@ -96,11 +96,20 @@ def test_one_tick_reaches_what_the_step_needs_and_an_unanswering_router_holds_th
         for _ in range(CLIENTS):
             threading.Thread(target=send, args=(busy.url, errors), daemon=True).start()
 
-        def queued_at_the_router() -> bool:
+        def the_step_in_place() -> bool:
+            """4 wait at the router and 2 run at the node. The second admitted may still be on
+            its way, or waiting at the node for its next step, after the router's count is
+            right: the tick reads both."""
             text = httpx.get(busy.metrics_url, timeout=5).text
-            return parse_router_waiting(text).get(POOL) == CLIENTS - 2
+            if parse_router_waiting(text).get(POOL) != CLIENTS - 2:
+                return False
+            node_text = httpx.get(node.url + "/metrics", timeout=5).text
+            return any(
+                line.startswith("vllm:num_requests_running") and float(line.split()[-1]) == 2
+                for line in node_text.splitlines()
+            )
 
-        until(queued_at_the_router, f"{CLIENTS - 2} requests waiting at the router", 30)
+        until(the_step_in_place, f"{CLIENTS - 2} requests waiting at the router, 2 running", 30)
         # One replica carries 2 * 0.8: 2 running at the node + 4 queued = 6 -> 4 replicas.
         body = pool_body()
         tick = autoscale(body, cluster, CATALOG, node_scraper, NOW, config)
