@@ -107,16 +107,15 @@ def allot(
     demand: dict[str, int] = {}
     weight: dict[str, float] = {}
     served: dict[str, list[float]] = {}
+    holding: dict[str, int] = {}
     for c in claims:
         demand[c.tenant] = demand.get(c.tenant, 0) + c.demand
         weight[c.tenant] = max(weight.get(c.tenant, 0.0), c.weight)
         served.setdefault(c.tenant, []).append(c.served)
+        holding[c.tenant] = holding.get(c.tenant, 0) + c.holding
     shares = water_fill(slots, demand, weight)
     tenant_slots = _whole(shares, served, weight)
     spare = slots - sum(tenant_slots.values())
-    holding: dict[str, int] = {}
-    for c in claims:
-        holding[c.tenant] = holding.get(c.tenant, 0) + c.holding
     met = {t for t, share in shares.items() if share >= demand[t] - _EPS}
     tenant_slots = _withhold(tenant_slots, holding, served, weight, met)
     live = sorted({*holders, *(c.holder for c in claims)})

@@ -9,7 +9,7 @@ answers to, and one longer than the pods' context (`context-filter`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -156,9 +156,11 @@ def test_a_provider_at_its_limit_leaves_the_tier_s_other_requests_to_the_pods(
         assert len(provider.received) - before == LIMIT
 
 
-def test_a_request_only_a_provider_at_its_limit_could_serve_is_shed_with_429(
-    mixed: Mixed,
-) -> None:
+def while_the_provider_is_at_its_limit(
+    mixed: Mixed, ask: Callable[[], httpx.Response]
+) -> httpx.Response:
+    """`ask()`'s reply, asked while the provider holds a request of the name only it answers
+    to open (its pool's limit is 1); that request is then released and served."""
     provider = mixed.provider
     provider.release.clear()
     provider.fail, provider.hang_s = "held", 60.0
@@ -166,12 +168,19 @@ def test_a_request_only_a_provider_at_its_limit_could_serve_is_shed_with_429(
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(mixed.chat, "first", ONLY_HOSTED)
             until(lambda: provider.open_now == LIMIT, "the provider was not sent the first", 60)
-            second = mixed.chat("second", ONLY_HOSTED)
+            reply = ask()
             provider.release.set()
             assert first.result().status_code == 200, first.result().text
     finally:
         provider.fail, provider.hang_s = None, 5.0
         provider.release.set()
+    return reply
+
+
+def test_a_request_only_a_provider_at_its_limit_could_serve_is_shed_with_429(
+    mixed: Mixed,
+) -> None:
+    second = while_the_provider_is_at_its_limit(mixed, lambda: mixed.chat("second", ONLY_HOSTED))
     assert second.status_code == 429, second.text
     error = second.json()["error"]
     assert (error["code"], error["type"]) == ("provider_at_limit", "rate_limit_error")
@@ -185,20 +194,8 @@ def test_a_request_longer_than_the_pods_context_waits_for_the_provider_at_its_li
     # The provider free, it serves the long request: the pods' engine would refuse it.
     reply = mixed.chat(long_prompt)
     assert (reply.status_code, reply.headers.get("x-tiergate-pool")) == (200, "hosted"), reply.text
-    provider = mixed.provider
-    provider.release.clear()
-    provider.fail, provider.hang_s = "held", 60.0
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            first = pool.submit(mixed.chat, "first", ONLY_HOSTED)
-            until(lambda: provider.open_now == LIMIT, "the provider was not sent the first", 60)
-            # At its limit: shed to be retried, not sent to the pods for a permanent 400.
-            second = mixed.chat(long_prompt)
-            provider.release.set()
-            assert first.result().status_code == 200, first.result().text
-    finally:
-        provider.fail, provider.hang_s = None, 5.0
-        provider.release.set()
+    # At its limit: shed to be retried, not sent to the pods for a permanent 400.
+    second = while_the_provider_is_at_its_limit(mixed, lambda: mixed.chat(long_prompt))
     assert second.status_code == 429, second.text
     assert second.json()["error"]["code"] == "provider_at_limit"
     assert second.headers["retry-after"] == "1"
