@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from envoy_gateway import Envoy, GatewayConfig, start_envoy
+from polling_helpers import until
 
 from tiergate.router.build import build_app
 from tiergate.router.config import EppTls, RouterSettings, parse_config
@@ -117,6 +118,19 @@ class System:
         if request_ids is not None:
             rows = [r for r in rows if r["request_id"] in request_ids]
         return rows
+
+    def final_row(self, request_id: str) -> dict[str, Any]:
+        """The request's row once it is final: a stream's is written at its first token as
+        `incomplete` and amended when the request ends, which may come after its slot is
+        free."""
+
+        def final() -> bool:
+            rows = self.rows([request_id])
+            return len(rows) == 1 and rows[0]["outcome"] != "incomplete"
+
+        until(final, lambda: f"no final row for the request: {self.rows([request_id])}")
+        (row,) = self.rows([request_id])
+        return row
 
 
 def slots_free(system: System) -> bool:
