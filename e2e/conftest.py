@@ -11,7 +11,7 @@ Backends (TIERGATE_E2E_BACKEND):
 `make e2e` starts one local cluster for both of its passes (e2e/harness/shared_cluster.py,
 which names it in TIERGATE_E2E_SHARED_CLUSTER); every test process attaches to it, each test in
 a namespace of its own. Tests marked `serial` measure speed and run in a pass of their own,
-once the first pass's namespaces are gone. Without it, the controlling process of an xdist run
+once the first pass's namespaces are emptied. Without it, the controlling process of an xdist run
 starts the cluster before its workers and deletes it after them, and a run in one process starts
 its own.
 
@@ -100,7 +100,7 @@ def cluster() -> Iterator[LocalCluster]:
     shared = os.environ.get(SHARED)
     if shared:
         yield attached(shared)
-        settle()  # this process's namespaces gone before the next pass or the cluster's end
+        settle()  # this process's namespaces emptied before the next pass or the cluster's end
         return
     try:
         c = local_cluster()

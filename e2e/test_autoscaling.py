@@ -109,7 +109,7 @@ def release(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[R
 
 @pytest.fixture
 def quiet_machine() -> None:
-    """The load step measures SLO attainment: earlier tests' namespaces are gone first (and
+    """The load step measures SLO attainment: earlier tests' namespaces are emptied first (and
     `serial` keeps the other tests out while it runs)."""
     settle()
 

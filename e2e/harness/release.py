@@ -267,21 +267,45 @@ _removals: list[threading.Thread] = []
 
 
 def settle() -> None:
-    """Wait until every earlier test's namespace is gone: before a test that measures speed
-    (it needs the machine quiet) and before the cluster is deleted."""
+    """Wait until every earlier test's namespace is emptied (no pod left, the namespace's
+    deletion begun): before a test that measures speed (it needs the machine quiet) and before
+    the cluster is deleted."""
     while _removals:
         _removals.pop().join()
 
 
 def _remove(cluster: LocalCluster, namespace: str, release: str) -> None:
-    # Pools first, while their operator still runs (its sim nodes stop with them), then the
-    # release, then the namespace.
+    # Pools first, while their operator still runs (its sim nodes stop with them). Then every
+    # Deployment, until their pods have stopped, while the release's RBAC still stands: an
+    # operator whose Role went first retries its peering's last write (kopf retries a 403) for
+    # most of its grace period. Then the release, and the namespace once no pod is left in it
+    # (the namespace controller looks again at one that held terminating pods only after half
+    # their grace period). What is left in it holds nothing running: its deletion is not waited
+    # for (the namespace controller starts one only after five seconds).
     ns = ("-n", namespace)
     cluster.kubectl(
         *ns, "delete", "inferencepools.tiergate.dev", "--all", "--timeout=60s", check=False
     )
+    cluster.kubectl(
+        *ns, "delete", "deployments", "--all", "--cascade=foreground", "--timeout=60s",
+        check=False,
+    )  # fmt: skip
+    _pods_gone(cluster, namespace, within_s=60)
     cluster.helm("uninstall", release, *ns, "--wait", "--timeout", "2m", check=False)
-    cluster.kubectl("delete", "namespace", namespace, "--timeout=60s", check=False)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _pods_gone(cluster: LocalCluster, namespace: str, within_s: float) -> None:
+    """Wait until `namespace` has no pod (the namespace's deletion ends the rest)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            pods = cluster.read(f"/api/v1/namespaces/{namespace}/pods")
+            if pods is None or not pods.get("items"):
+                return
+        except HarnessError:
+            pass  # the API server busy for a moment: look again
+        time.sleep(0.2)
 
 
 def _healthy(r: Release) -> bool:
