@@ -245,15 +245,17 @@ def test_a_second_sigterm_stops_the_workers_without_waiting(
 def test_a_stream_cut_at_the_end_of_the_grace_period_is_billed_every_token_relayed(
     tmp_path: Path, served: Served
 ) -> None:
-    """SIGTERM while a node holds a stream: past the grace period the router cuts it. Its
-    row was last amended at the first token (1 token); the client has had 5 since, and the
-    router bills those 5."""
+    """SIGTERM while a node holds a stream: past the grace period (1 s here) the router cuts
+    it. Its row was last amended at the first token (1 token); the client has had 5 since, and
+    the router bills those 5."""
     gate = threading.Event()
     ledger = tmp_path / "ledger.sqlite"
     with served(held_stream(gate, usage=[1, 5])) as upstream:
         config = tmp_path / "router.yaml"
         config.write_text(
-            CONFIG.replace("':memory:'", f"'{ledger}'").format(ledger="", node=upstream)
+            CONFIG.replace("':memory:'", f"'{ledger}'").format(
+                ledger=", shutdownGraceS: 1", node=upstream
+            )
         )
         router = start_router(config, tmp_path / "router.log")
         try:

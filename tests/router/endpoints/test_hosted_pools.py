@@ -373,44 +373,6 @@ def ejected(hosted: Hosted, pool: str) -> bool:
     return line in text
 
 
-def test_a_provider_that_fails_is_ejected_and_its_requests_fail_over(hosted: Hosted) -> None:
-    a = hosted.providers["a"]
-    a.fail = 503
-    try:
-        before = len(a.requests())
-
-        def a_is_ejected() -> bool:
-            reply = hosted.chat(max_tokens=5)
-            assert reply.status_code == 200, reply.text  # the other provider served it
-            assert reply.headers["x-tiergate-pool"] == "hosted-b"
-            return ejected(hosted, "hosted-a")
-
-        until(a_is_ejected, "provider a was never ejected", 60)
-        assert len(a.requests()) > before
-        tried = len(a.requests())
-        for _ in range(10):  # ejected: no request goes its way
-            reply = hosted.chat(max_tokens=5)
-            assert reply.status_code == 200 and reply.headers["x-tiergate-pool"] == "hosted-b"
-        assert len(a.requests()) == tried
-    finally:
-        a.fail = None
-
-
-@contextlib.contextmanager
-def refusing(hosted: Hosted, status: int, **how: Any) -> Iterator[None]:
-    """Every provider refuses every request with `status` (as `Provider.fail_*` say)."""
-    for provider in hosted.providers.values():
-        provider.fail = status
-        for field, value in how.items():
-            setattr(provider, f"fail_{field}", value)
-    try:
-        yield
-    finally:
-        for provider in hosted.providers.values():
-            provider.fail, provider.fail_param, provider.fail_body = None, None, None
-            provider.fail_message = "the provider is unwell"
-
-
 @pytest.mark.parametrize("status", [400, 404])
 def test_a_providers_refusal_names_the_pools_model_and_ejects_nothing(
     hosted: Hosted, status: int
@@ -544,3 +506,43 @@ def test_a_provider_that_fails_is_a_clear_envelope_and_bills_nothing(
     for secret in ("prov-model", "127.0.0.1", *KEYS.values()):
         assert secret not in reply.text
     assert _spent(hosted) == before
+
+
+def test_a_provider_that_fails_is_ejected_and_its_requests_fail_over(hosted: Hosted) -> None:
+    """Last in the module: the ejection lasts its 10 s after the test, which a later test
+    of this router would wait out first."""
+    a = hosted.providers["a"]
+    a.fail = 503
+    try:
+        before = len(a.requests())
+
+        def a_is_ejected() -> bool:
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200, reply.text  # the other provider served it
+            assert reply.headers["x-tiergate-pool"] == "hosted-b"
+            return ejected(hosted, "hosted-a")
+
+        until(a_is_ejected, "provider a was never ejected", 60)
+        assert len(a.requests()) > before
+        tried = len(a.requests())
+        for _ in range(10):  # ejected: no request goes its way
+            reply = hosted.chat(max_tokens=5)
+            assert reply.status_code == 200 and reply.headers["x-tiergate-pool"] == "hosted-b"
+        assert len(a.requests()) == tried
+    finally:
+        a.fail = None
+
+
+@contextlib.contextmanager
+def refusing(hosted: Hosted, status: int, **how: Any) -> Iterator[None]:
+    """Every provider refuses every request with `status` (as `Provider.fail_*` say)."""
+    for provider in hosted.providers.values():
+        provider.fail = status
+        for field, value in how.items():
+            setattr(provider, f"fail_{field}", value)
+    try:
+        yield
+    finally:
+        for provider in hosted.providers.values():
+            provider.fail, provider.fail_param, provider.fail_body = None, None, None
+            provider.fail_message = "the provider is unwell"
