@@ -12,7 +12,8 @@ its tier is
 
 It moves to the cheapest of the policy's tiers (by output price per million tokens) that
 serves its model, is within the price cap, is not excluded for a request with tools, has a
-free slot now and an endpoint that is not ejected, and is predicted to meet its SLO. When
+free slot now and an endpoint whose pool's context holds the request, that its way reaches
+(not a provider at its limit) and that is not ejected, and is predicted to meet its SLO. When
 none does, it stays and waits or is shed in its own tier as any other request. A flex request
 (it asked to be served late and cheap) and a cascade never move. The decision is made once,
 on arrival, before the budget holds the request's most possible cost: at the target's price
@@ -91,19 +92,17 @@ def spill_targets(
     usable: Usable = _all,
 ) -> tuple[Tier, ...]:
     """The tiers `request` may move to from `asked`, cheapest first: the policy's (less those
-    excluded for a request with tools), with `usable` endpoints serving its model (a pool
-    scaled to zero still names it) and a pool whose context holds it, allowed to its tenant,
-    and no dearer per million output tokens than the policy's cap."""
+    excluded for a request with tools), with a `usable` endpoint serving its model whose
+    pool's context holds it (a pool scaled to zero still names the model, a provider at its
+    limit is not usable), allowed to its tenant, and no dearer per million output tokens than
+    the policy's cap."""
     if not policy.to:
         return ()
-    model, cap, need = request.model, policy.max_output_usd_per_million, request.context_needed
+    model, cap = request.model, policy.max_output_usd_per_million
     priced = [
         (view.output_usd_per_million(model, tier), tier)
         for tier in policy.tiers_for(bool(request.body.get("tools")))
-        if tier != asked
-        and tier in allowed
-        and usable(view.candidates(model, tier))
-        and view.longest_context(model, tier) >= need
+        if tier != asked and tier in allowed and _holding(view, request, tier, usable)
     ]
     return tuple(tier for price, tier in sorted(priced) if cap is None or price <= cap)
 
@@ -136,7 +135,7 @@ def choose_spill(
         return _meets(request, estimate)
 
     def reachable(tier: Tier) -> bool:
-        return any(not e.is_ejected(now_s) for e in usable(view.candidates(model, tier)))
+        return any(not e.is_ejected(now_s) for e in _holding(view, request, tier, usable))
 
     reason: SpillReason
     if not free(asked):
@@ -160,10 +159,11 @@ def _predict(
     now_s: float,
     usable: Usable,
 ) -> LatencyEstimate | None:
-    """The best latency an endpoint of `tier` that is not ejected is predicted to give
-    `request`, counting the requests waiting at the router for the tier as spread over its
-    endpoints (None: no such endpoint, or the perf model knows none of their pools)."""
-    offered = usable(view.candidates(request.model, tier))
+    """The best latency an endpoint of `tier` that holds `request` and is not ejected is
+    predicted to give it, counting the requests waiting at the router for the tier as spread
+    over those endpoints (None: no such endpoint, or the perf model knows none of their
+    pools)."""
+    offered = _holding(view, request, tier, usable)
     endpoints = [e for e in offered if not e.is_ejected(now_s)]
     if not endpoints:
         return None
@@ -179,6 +179,20 @@ def _predict(
         if estimate is not None and (best is None or estimate.total_s < best.total_s):
             best = estimate
     return best
+
+
+def _holding(
+    view: PoolView, request: CompletionRequest, tier: Tier, usable: Usable
+) -> list[EndpointState]:
+    """The endpoints of `tier` serving `request`'s model that its way can send it to and
+    whose pool's context holds it: a short pool's engine would refuse it for good, and the
+    context-filter sheds a request that only a provider at its limit holds."""
+    need = request.context_needed
+    return [
+        endpoint
+        for endpoint in usable(view.candidates(request.model, tier))
+        if (context := view.context(endpoint.pool)) is None or context >= need
+    ]
 
 
 def _meets(request: CompletionRequest, estimate: LatencyEstimate | None) -> bool:

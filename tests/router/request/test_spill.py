@@ -244,11 +244,53 @@ def test_never_a_tier_whose_pools_are_all_shorter_than_the_request() -> None:
         "billing:", "maxContextTokens: 4096, billing:"
     )
     decision = Decision(pool("b", "batched", "a100-40gb", 1), short, VIEW_POOLS[2])
+    assert decision.targets() == ("wafer-scale", "premium")
+    assert decision.targets(req=long_request()) == ("wafer-scale",)
+
+
+def long_request() -> CompletionRequest:
+    """About 6,000 tokens of prompt: longer than a 4,096-token context."""
     body = {"model": "coder", "messages": [{"role": "user", "content": "word " * 6000}],
             "max_tokens": 16}  # fmt: skip
-    longer = parse_completion(json.dumps(body).encode(), chat=True)
-    assert decision.targets() == ("wafer-scale", "premium")
-    assert decision.targets(req=longer) == ("wafer-scale",)
+    return parse_completion(json.dumps(body).encode(), chat=True)
+
+
+async def test_a_long_request_moves_only_where_an_endpoint_that_holds_it_can_take_it(
+    tmp_path: Path,
+) -> None:
+    """wafer-scale's pods serve 4,096 tokens, its provider the model's whole context. A long
+    request may move there while the provider can take it; not while the provider is at its
+    limit (the context-filter would shed it there with 429, where it could wait in its own
+    tier) nor while it is ejected. The pods still count for a short request."""
+    short = pool("www", "wafer-scale", "wse-3", 10).replace(
+        "billing:", "maxContextTokens: 4096, billing:"
+    )
+    decision = Decision(
+        pool("b", "batched", "a100-40gb", 1),
+        pool("pp", "premium", "wse-3", 20),
+        short,
+        hosted_pool("wwh", "wafer-scale", 10, tmp_path / "key"),
+    )
+    own = Upstream().usable
+    longer = long_request()
+
+    def targets(req: CompletionRequest) -> tuple[Tier, ...]:
+        return spill_targets(decision.view, req, "batched", TIERS, EVERYWHERE, own)
+
+    assert targets(longer) == ("wafer-scale", "premium")
+    (provider,) = [e for e in decision.view.candidates("coder", "wafer-scale") if e.hosted]
+    assert provider.hosted is not None
+    provider.inflight = provider.hosted.max_concurrent
+    assert targets(longer) == ("premium",)
+    assert targets(request()) == ("wafer-scale", "premium")
+    provider.inflight = 0
+    provider.ejected_until_s = NOW_S + 10
+    async with decision.full("batched"):
+        args = (decision.admission, decision.view, decision.predictor)
+        chosen = choose_spill(*args, longer, "batched", targets(longer), NOW_S, own)
+        assert chosen == Spill("batched", "premium", "saturated")
+        chosen = choose_spill(*args, request(), "batched", targets(request()), NOW_S, own)
+        assert chosen == Spill("batched", "wafer-scale", "saturated")
 
 
 # -- choose_spill ------------------------------------------------------------------------------
