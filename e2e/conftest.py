@@ -76,7 +76,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Controlling process: the workers are gone, and so are their namespaces; the cluster
+    """Controlling process: the workers are gone, and their namespaces emptied; the cluster
     goes."""
     while _shared:
         delete(_shared.pop())

@@ -7,6 +7,7 @@ conftest shadows: `pytest tests e2e` in one run would otherwise find tests/'s co
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -22,6 +23,8 @@ import pytest
 from cluster import HarnessError, LocalCluster
 
 from tiergate.pools import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
 
 #: `local` (the pod runner, pods on 127.x addresses) or `kind` (TIERGATE_E2E_BACKEND).
 BACKEND = os.environ.get("TIERGATE_E2E_BACKEND", "local")
@@ -296,16 +299,20 @@ def _remove(cluster: LocalCluster, namespace: str, release: str) -> None:
 
 
 def _pods_gone(cluster: LocalCluster, namespace: str, within_s: float) -> None:
-    """Wait until `namespace` has no pod (the namespace's deletion ends the rest)."""
+    """Wait until `namespace` has no pod (the namespace's deletion ends the rest); past
+    `within_s`, say which are left and go on (e.g. a failed `helm test` pod, which stays)."""
     deadline = time.monotonic() + within_s
+    left: list[str] = []
     while time.monotonic() < deadline:
         try:
             pods = cluster.read(f"/api/v1/namespaces/{namespace}/pods")
-            if pods is None or not pods.get("items"):
+            left = [p["metadata"]["name"] for p in (pods or {}).get("items", [])]
+            if not left:
                 return
         except HarnessError:
             pass  # the API server busy for a moment: look again
         time.sleep(0.2)
+    log.warning("namespace %s: pods left after %.0f s: %s", namespace, within_s, left)
 
 
 def _healthy(r: Release) -> bool:

@@ -183,14 +183,17 @@ def _predict(
 
 def _holding(
     view: PoolView, request: CompletionRequest, tier: Tier, usable: Usable
-) -> list[EndpointState]:
+) -> Sequence[EndpointState]:
     """The endpoints of `tier` serving `request`'s model that its way can send it to and
     whose pool's context holds it: a short pool's engine would refuse it for good, and the
     context-filter sheds a request that only a provider at its limit holds."""
-    need = request.context_needed
+    need, offered = request.context_needed, usable(view.candidates(request.model, tier))
+    shortest = view.shortest_context(request.model, tier)
+    if shortest is not None and need <= shortest:
+        return offered  # every pool holds it (the common case): no look at each endpoint
     return [
         endpoint
-        for endpoint in usable(view.candidates(request.model, tier))
+        for endpoint in offered
         if (context := view.context(endpoint.pool)) is None or context >= need
     ]
 

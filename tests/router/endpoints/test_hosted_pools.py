@@ -377,7 +377,7 @@ def ejected(hosted: Hosted, pool: str) -> bool:
 def test_a_providers_refusal_names_the_pools_model_and_ejects_nothing(
     hosted: Hosted, status: int
 ) -> None:
-    until(  # an earlier test's ejection has run out
+    until(  # no provider ejected: one that failed earlier has served its ejection
         lambda: not ejected(hosted, "hosted-a") and not ejected(hosted, "hosted-b"),
         "a provider stayed ejected",
         150,

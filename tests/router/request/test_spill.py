@@ -293,6 +293,34 @@ async def test_a_long_request_moves_only_where_an_endpoint_that_holds_it_can_tak
         assert chosen == Spill("batched", "wafer-scale", "saturated")
 
 
+async def test_a_long_request_s_slo_is_predicted_on_the_endpoints_that_hold_it() -> None:
+    """premium, the cheapest target here, has fast pods serving 4,096 tokens and a slower pool
+    on A100s serving the model's whole context: whether a long request moving there meets its
+    SLO is what the A100s would give it, not what the pods that would refuse it would."""
+    decision = Decision(
+        pool("b", "batched", "a100-40gb", 1),
+        pool("pp", "premium", "wse-3", 5).replace("billing:", "maxContextTokens: 4096, billing:"),
+        pool("slow5", "premium", "a100-40gb", 5),
+        pool("www", "wafer-scale", "wse-3", 10),
+    )
+    longer = long_request()
+    assert decision.targets(req=longer) == ("premium", "wafer-scale")
+
+    def ttft_s(pool_name: str) -> float:
+        estimate = decision.predictor.predict(
+            pool_name, 0, longer.prompt_tokens_estimate, longer.output_tokens_expected
+        )
+        assert estimate is not None
+        return estimate.ttft_s
+
+    fast, slow, wafer = ttft_s("pp"), ttft_s("slow5"), ttft_s("www")
+    assert max(fast, wafer) < slow, (fast, slow, wafer)
+    longer.slo = ((max(fast, wafer) * slow) ** 0.5, None)  # met on wafer chips, not on A100s
+    async with decision.full("batched"):
+        chosen = decision.choose(longer, targets=decision.targets(req=longer))
+    assert chosen == Spill("batched", "wafer-scale", "saturated")
+
+
 # -- choose_spill ------------------------------------------------------------------------------
 
 
