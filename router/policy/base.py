@@ -38,6 +38,7 @@ __all__ = [
     "PoolShapes",
     "Sampler",
     "Scorer",
+    "holding",
 ]
 
 PluginKind = Literal["filter", "scorer", "picker"]
@@ -82,6 +83,18 @@ class PoolShapes(Protocol):
         """At most the shortest `context` of the pools whose endpoints serve `model` in `tier`
         (None: not known; `context-filter` then looks at each endpoint)."""
         ...
+
+
+def holding(
+    pools: PoolShapes, endpoints: Sequence[EndpointState], model: str, tier: Tier, tokens: int
+) -> Sequence[EndpointState]:
+    """Of `endpoints` (serving `model` in `tier`), those whose pool's context holds `tokens`
+    (a pool of unknown context does): all of them, without a look at each, when the shortest
+    context of the tier's pools does (the common case)."""
+    shortest = pools.shortest_context(model, tier)
+    if shortest is not None and tokens <= shortest:
+        return endpoints
+    return [e for e in endpoints if (context := pools.context(e.pool)) is None or context >= tokens]
 
 
 @dataclass(frozen=True, slots=True)

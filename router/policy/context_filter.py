@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tiergate.router.endpoints.state import EndpointState, RequestContext
-from tiergate.router.policy.base import Filter, NoParameters, PluginContext
+from tiergate.router.policy.base import Filter, NoParameters, PluginContext, holding
 from tiergate.router.policy.registry import register
 
 __all__ = ["ContextFilter"]
@@ -36,18 +36,10 @@ class ContextFilter(Filter):
     def filter(
         self, ctx: RequestContext, candidates: Sequence[EndpointState], now_s: float
     ) -> Sequence[EndpointState]:
-        pools = self.pools()
-        shortest = pools.shortest_context(ctx.model, ctx.tier)
-        if shortest is not None and ctx.context_tokens <= shortest:
-            return candidates
-
-        def holds(endpoint: EndpointState) -> bool:
-            context = pools.context(endpoint.pool)
-            return context is None or context >= ctx.context_tokens
-
-        kept = [endpoint for endpoint in candidates if holds(endpoint)]
+        pools, model, tier, tokens = self.pools(), ctx.model, ctx.tier, ctx.context_tokens
+        kept = holding(pools, candidates, model, tier, tokens)
         if kept:
             return kept
-        if any(holds(endpoint) for endpoint in getattr(candidates, "at_limit", ())):
+        if holding(pools, getattr(candidates, "at_limit", ()), model, tier, tokens):
             return []
         return candidates

@@ -32,6 +32,7 @@ from tiergate.router.admission import Admission
 from tiergate.router.base.tiers import Priority, Tier
 from tiergate.router.discovery.view import PoolView
 from tiergate.router.endpoints.state import EndpointState
+from tiergate.router.policy.base import holding
 from tiergate.router.policy.latency import LatencyEstimate, LatencyPredictor, endpoint_load
 from tiergate.router.request.body import CompletionRequest
 from tiergate.router.tenants.registry import Tenant
@@ -187,15 +188,8 @@ def _holding(
     """The endpoints of `tier` serving `request`'s model that its way can send it to and
     whose pool's context holds it: a short pool's engine would refuse it for good, and the
     context-filter sheds a request that only a provider at its limit holds."""
-    need, offered = request.context_needed, usable(view.candidates(request.model, tier))
-    shortest = view.shortest_context(request.model, tier)
-    if shortest is not None and need <= shortest:
-        return offered  # every pool holds it (the common case): no look at each endpoint
-    return [
-        endpoint
-        for endpoint in offered
-        if (context := view.context(endpoint.pool)) is None or context >= need
-    ]
+    offered = usable(view.candidates(request.model, tier))
+    return holding(view, offered, request.model, tier, request.context_needed)
 
 
 def _meets(request: CompletionRequest, estimate: LatencyEstimate | None) -> bool:

@@ -275,6 +275,13 @@ def test_a_stream_that_does_not_begin_within_the_timeout_fails_over(hosted: Host
         a.fail = None
 
 
+def served_by_b(hosted: Hosted) -> None:
+    """A chat, served whole by provider b (a failing or ejected: the router went to b)."""
+    reply = hosted.chat(max_tokens=5)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-tiergate-pool"] == "hosted-b"
+
+
 def test_a_cdn_s_5xx_in_front_of_a_provider_fails_over(hosted: Hosted) -> None:
     """Cloudflare answers 520-524 for the provider behind it: the provider's failure."""
     a = hosted.providers["a"]
@@ -283,9 +290,7 @@ def test_a_cdn_s_5xx_in_front_of_a_provider_fails_over(hosted: Hosted) -> None:
         before = len(a.requests())
 
         def a_was_tried() -> bool:
-            reply = hosted.chat(max_tokens=5)
-            assert reply.status_code == 200, reply.text  # the other provider served it
-            assert reply.headers["x-tiergate-pool"] == "hosted-b"
+            served_by_b(hosted)
             return len(a.requests()) > before
 
         until(a_was_tried, "provider a was never tried", 60)
@@ -517,17 +522,14 @@ def test_a_provider_that_fails_is_ejected_and_its_requests_fail_over(hosted: Hos
         before = len(a.requests())
 
         def a_is_ejected() -> bool:
-            reply = hosted.chat(max_tokens=5)
-            assert reply.status_code == 200, reply.text  # the other provider served it
-            assert reply.headers["x-tiergate-pool"] == "hosted-b"
+            served_by_b(hosted)
             return ejected(hosted, "hosted-a")
 
         until(a_is_ejected, "provider a was never ejected", 60)
         assert len(a.requests()) > before
         tried = len(a.requests())
         for _ in range(10):  # ejected: no request goes its way
-            reply = hosted.chat(max_tokens=5)
-            assert reply.status_code == 200 and reply.headers["x-tiergate-pool"] == "hosted-b"
+            served_by_b(hosted)
         assert len(a.requests()) == tried
     finally:
         a.fail = None
